@@ -1,0 +1,3 @@
+"""NodeMedic core: contracts, domain logic and adapters shared by the stage Lambdas."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,175 @@
+"""The inputs that start a remediation: agent health events, CloudWatch alarms, runbook requests.
+
+Every input reaches the state machine as an EventBridge event (``source``, ``detail-type``,
+``detail``); operators who start an execution by hand send the same envelope. The ``source``
+field selects the model.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+AGENT_SOURCE = "nodemedic.agent"
+HEALTH_DETAIL_TYPE = "Node Health Event"
+OPERATOR_SOURCE = "nodemedic.operator"
+RUNBOOK_DETAIL_TYPE = "Remediation Request"
+ALARM_SOURCE = "aws.cloudwatch"
+ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
+
+SCHEMA_VERSION = "1"
+MAX_EVIDENCE_BYTES = 4096
+MAX_CLOCK_SKEW = timedelta(minutes=5)
+
+INSTANCE_ID = r"^i-[0-9a-f]{8,17}$"
+NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+CLUSTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
+FAULT_CODE = r"^[A-Z][A-Z0-9_]*( [0-9]{1,4})?$"
+
+Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual"]
+Severity = Literal["info", "warning", "error", "critical"]
+EvidenceValue = str | int | float | bool | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeIdentity(_Strict):
+    """Who the node is, in every system that names it."""
+
+    instance_id: str = Field(pattern=INSTANCE_ID, description="EC2 instance id")
+    hostname: str = Field(min_length=1, max_length=253)
+    slurm_node: str | None = Field(default=None, pattern=NODE_NAME, description="Slurm NodeName")
+    k8s_node: str | None = Field(default=None, max_length=253, description="Kubernetes node name")
+    hyperpod_node_id: str | None = Field(default=None, max_length=256)
+
+
+class Component(_Strict):
+    """The part of the node that failed: a GPU, a NIC, a disk, a file system or the node."""
+
+    kind: Literal["gpu", "nic", "disk", "filesystem", "node"]
+    index: int | None = Field(default=None, ge=0, le=255)
+    uuid: str | None = Field(default=None, max_length=128)
+    name: str | None = Field(default=None, max_length=256)
+
+
+class NodeHealthEvent(_Strict):
+    """Node Health Event v1: what the agent on a GPU node publishes (``detail`` of the event)."""
+
+    schema_version: Literal["1"] = Field(description="Contract version; only '1' exists")
+    event_id: str = Field(min_length=1, max_length=64, description="Unique per event, for dedupe")
+    cluster: str = Field(pattern=CLUSTER_NAME)
+    node: NodeIdentity
+    check: Check = Field(description="The check that saw the fault")
+    component: Component | None = None
+    fault_code: str = Field(pattern=FAULT_CODE, description="e.g. 'XID 79', 'ECC_DBE', 'GPU_LOST'")
+    severity: Severity
+    observed_at: AwareDatetime = Field(description="When the fault happened (kernel log / NVML)")
+    sent_at: AwareDatetime = Field(description="When the agent sent the event")
+    count: int = Field(default=1, ge=1, description="Occurrences folded into this event")
+    evidence: dict[str, EvidenceValue] = Field(
+        default_factory=dict, description=f"Raw facts; at most {MAX_EVIDENCE_BYTES} bytes as JSON"
+    )
+
+    @field_validator("evidence")
+    @classmethod
+    def _evidence_fits(cls, value: dict[str, EvidenceValue]) -> dict[str, EvidenceValue]:
+        size = len(json.dumps(value, separators=(",", ":")).encode())
+        if size > MAX_EVIDENCE_BYTES:
+            raise ValueError(f"evidence is {size} bytes; the limit is {MAX_EVIDENCE_BYTES}")
+        return value
+
+    @model_validator(mode="after")
+    def _observed_before_sent(self) -> NodeHealthEvent:
+        if self.observed_at - self.sent_at > MAX_CLOCK_SKEW:
+            raise ValueError("observed_at is later than sent_at by more than the allowed clock skew")
+        return self
+
+
+RunbookAction = Literal["replace", "reboot"]
+
+
+class RemediationRequest(_Strict):
+    """An operator's request to remediate a node by hand (``detail`` of a runbook start)."""
+
+    schema_version: Literal["1"]
+    cluster: str = Field(pattern=CLUSTER_NAME)
+    slurm_node: str | None = Field(default=None, pattern=NODE_NAME)
+    instance_id: str | None = Field(default=None, pattern=INSTANCE_ID)
+    action: RunbookAction
+    reason: str = Field(min_length=3, max_length=200, pattern=r"^[^\x00-\x1f'\"`$\\]+$")
+    requested_by: str = Field(min_length=1, max_length=128)
+    observed_at: AwareDatetime | None = Field(
+        default=None, description="When the operator saw the fault; defaults to the request time"
+    )
+
+    @model_validator(mode="after")
+    def _names_a_node(self) -> RemediationRequest:
+        if not (self.slurm_node or self.instance_id):
+            raise ValueError("a remediation request names slurm_node or instance_id")
+        return self
+
+
+class AlarmState(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    value: Literal["ALARM", "OK", "INSUFFICIENT_DATA"]
+    timestamp: AwareDatetime
+    reason: str = ""
+
+
+class AlarmDetail(BaseModel):
+    """The part of a CloudWatch ``Alarm State Change`` event that NodeMedic reads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    alarmName: str = Field(min_length=1)  # noqa: N815 - AWS's field name
+    state: AlarmState
+    configuration: dict[str, Any] = Field(default_factory=dict)
+
+    def metric_dimension(self, name: str) -> str | None:
+        """The value of a dimension of the alarm's metric (first metric that has it)."""
+        for metric in self.configuration.get("metrics", []):
+            dims = metric.get("metricStat", {}).get("metric", {}).get("dimensions", {})
+            if name in dims:
+                return str(dims[name])
+        return None
+
+    def metric_name(self) -> str | None:
+        for metric in self.configuration.get("metrics", []):
+            name = metric.get("metricStat", {}).get("metric", {}).get("name")
+            if name:
+                return str(name)
+        return None
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    id: str | None = None
+    time: datetime | None = None
+
+
+class HealthEventEnvelope(_Envelope):
+    source: Literal["nodemedic.agent"]
+    detail_type: Literal["Node Health Event"] = Field(alias="detail-type")
+    detail: NodeHealthEvent
+
+
+class AlarmEnvelope(_Envelope):
+    source: Literal["aws.cloudwatch"]
+    detail_type: Literal["CloudWatch Alarm State Change"] = Field(alias="detail-type")
+    detail: AlarmDetail
+
+
+class RunbookEnvelope(_Envelope):
+    source: Literal["nodemedic.operator"]
+    detail_type: Literal["Remediation Request"] = Field(alias="detail-type")
+    detail: RemediationRequest
+
+
+TriggerEvent = Annotated[
+    HealthEventEnvelope | AlarmEnvelope | RunbookEnvelope, Field(discriminator="source")
+]
+

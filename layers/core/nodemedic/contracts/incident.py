@@ -1,0 +1,57 @@
+"""The incident: one per remediation, one ledger item, one execution."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+Action = Literal["monitor", "replace", "reboot"]
+IncidentStatus = Literal["open", "closed", "failed"]
+Stage = Literal["detect", "drain", "replace", "health_check", "resume"]
+STAGES: tuple[Stage, ...] = ("detect", "drain", "replace", "health_check", "resume")
+
+
+class IncidentRef(BaseModel):
+    """What every stage needs to know about the incident it works on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    incident_id: str = Field(min_length=1, max_length=80)
+    cluster: str
+    instance_id: str
+    slurm_node: str
+    fault_code: str
+    fault_class: str
+    action: Action
+    source: str
+    observed_at: AwareDatetime
+
+
+class StageRecord(BaseModel):
+    """When a stage started and finished, and what it reported."""
+
+    model_config = ConfigDict(extra="forbid")
+    started_at: AwareDatetime
+    completed_at: AwareDatetime | None = None
+    result: dict[str, object] = Field(default_factory=dict)
+
+
+class Incident(IncidentRef):
+    """The ledger item of an incident."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    status: IncidentStatus
+    detected_at: AwareDatetime
+    reason: str = Field(description="Why the pipeline acted: the fault and its classification")
+    stages: dict[str, StageRecord] = Field(default_factory=dict)
+    duplicate_events: int = 0
+    closed_at: AwareDatetime | None = None
+    failed_at: AwareDatetime | None = None
+    failure: dict[str, str] | None = None
+
+    def duration_from_fault(self, moment: datetime) -> float:
+        """Seconds from the fault (``observed_at``) to ``moment``: the origin of every metric."""
+        return (moment - self.observed_at).total_seconds()

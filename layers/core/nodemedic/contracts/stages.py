@@ -1,0 +1,90 @@
+"""Input and output of each stage Lambda. Handlers validate input here and return ``model_dump``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nodemedic.contracts.events import TriggerEvent
+from nodemedic.contracts.incident import IncidentRef
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DetectInput(BaseModel):
+    """The trigger event as EventBridge delivered it, plus the execution's name (= incident id).
+
+    ``event`` is validated by :func:`nodemedic.stages.detect.parse_trigger` so that a bad event
+    is reported as ``InvalidEventError`` with the reason, not as a crash of the handler.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    event: dict[str, object]
+    incident_id: str = Field(min_length=1, max_length=80)
+
+
+Decision = Literal["remediate", "monitor", "deduplicated"]
+
+
+class DetectOutput(_Model):
+    decision: Decision
+    reason: str
+    incident: IncidentRef | None = None
+    existing_incident_id: str | None = None
+
+
+class StageInput(_Model):
+    incident: IncidentRef
+
+
+class DrainOutput(_Model):
+    slurm_node: str
+    drained_by_pipeline: bool = Field(description="False when an operator had drained it first")
+    requeued_jobs: list[str]
+    jobs_not_requeued: list[str]
+
+
+class ReplaceOutput(_Model):
+    action: Literal["replace", "reboot"]
+    old_instance_id: str
+    instance_id: str = Field(description="The instance now backing the Slurm node")
+
+
+class HealthCheckInput(_Model):
+    incident: IncidentRef
+    instance_id: str
+
+
+class HealthCheckOutput(_Model):
+    instance_id: str
+    healthy: bool
+    checks: list[dict[str, object]]
+
+
+class ResumeInput(_Model):
+    incident: IncidentRef
+    instance_id: str
+
+
+class ResumeOutput(_Model):
+    slurm_node: str
+    resumed: bool = Field(description="False when the drain was an operator's: it is left alone")
+    node_state: str
+    time_to_recover_s: float
+
+
+__all__ = [
+    "DetectInput",
+    "DetectOutput",
+    "DrainOutput",
+    "HealthCheckInput",
+    "HealthCheckOutput",
+    "ReplaceOutput",
+    "ResumeInput",
+    "ResumeOutput",
+    "StageInput",
+    "TriggerEvent",
+]

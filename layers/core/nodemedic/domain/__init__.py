@@ -1,0 +1,1 @@
+"""Pure domain logic: no boto3, no Slurm."""

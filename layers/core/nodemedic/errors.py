@@ -1,0 +1,57 @@
+"""Domain errors.
+
+The class name is what a Lambda reports as ``errorType``, so the state machine's
+``Retry``/``Catch`` clauses match on these names. Only subclasses of
+:class:`RetryableError` are listed in a ``Retry`` clause.
+"""
+
+
+class NodeMedicError(Exception):
+    """Base class of every error the pipeline raises on purpose."""
+
+
+class RetryableError(NodeMedicError):
+    """A condition expected to clear by itself; the state machine retries it."""
+
+
+class InvalidEventError(NodeMedicError):
+    """The input is not a valid health event, alarm or runbook request."""
+
+
+class UnknownNodeError(NodeMedicError):
+    """The event names a node that is not a member of the cluster."""
+
+
+class IncidentStateError(NodeMedicError):
+    """The ledger does not hold the incident a stage was asked to work on."""
+
+
+class CommandFailedError(NodeMedicError):
+    """A command run on an instance through SSM ended in failure."""
+
+
+class CommandPendingError(RetryableError):
+    """A command run through SSM did not finish before the stage's deadline."""
+
+
+class DrainFailedError(NodeMedicError):
+    """The scheduler refused to drain the node."""
+
+
+class ReplacementPendingError(RetryableError):
+    """No replacement instance is in service yet."""
+
+
+class ReplacementFailedError(NodeMedicError):
+    """The provider cannot replace or reboot the instance."""
+
+
+class HealthCheckFailedError(NodeMedicError):
+    """The deep health check found the node unhealthy; it must not return to service."""
+
+
+class ResumeFailedError(NodeMedicError):
+    """The node could not be returned to service."""
+
+
+RETRYABLE_ERRORS = tuple(cls.__name__ for cls in RetryableError.__subclasses__())

@@ -1,0 +1,24 @@
+"""Logging and metrics helpers shared by the stage handlers."""
+
+from __future__ import annotations
+
+from aws_lambda_powertools import Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+
+from nodemedic.contracts.incident import IncidentRef
+
+NAMESPACE = "NodeMedic"
+
+
+def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[str, float]) -> None:
+    """Emit ``TimeTo*`` metrics (seconds from the fault) with dimensions Cluster and FaultClass.
+
+    Node and incident ids are metadata, never dimensions (keeps cardinality low).
+    """
+    metrics.add_dimension(name="Cluster", value=incident.cluster)
+    metrics.add_dimension(name="FaultClass", value=incident.fault_class)
+    for name, seconds in durations.items():
+        metrics.add_metric(name=name, unit=MetricUnit.Seconds, value=max(0.0, seconds))
+    metrics.add_metadata(key="incident", value=incident.incident_id)
+    metrics.add_metadata(key="node", value=incident.slurm_node)
+    metrics.add_metadata(key="instance", value=incident.instance_id)

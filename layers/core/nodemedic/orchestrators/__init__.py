@@ -1,0 +1,1 @@
+"""Adapters to the workload orchestrator (Slurm today; Kubernetes later)."""

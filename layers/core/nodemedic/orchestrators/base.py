@@ -1,0 +1,39 @@
+"""The interface every orchestrator adapter implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    state: str  # e.g. "IDLE+DRAIN", "MIXED", "DOWN*+DRAIN"
+    reason: str  # "" when none
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.state
+
+    def drained_by(self, owner: str) -> bool:
+        """True when the node is drained with a reason that starts with ``owner``'s tag."""
+        return self.drained and (self.reason == owner or self.reason.startswith(f"{owner} "))
+
+
+@dataclass(frozen=True)
+class EvacuationResult:
+    requeued: list[str]
+    not_requeued: list[str]
+
+
+class Orchestrator(Protocol):
+    def node_status(self, node: str) -> NodeStatus: ...
+
+    def drain(self, node: str, reason: str) -> None: ...
+
+    def evacuate(self, node: str) -> EvacuationResult:
+        """Requeue the jobs running on ``node`` and make them eligible to start at once."""
+        ...
+
+    def resume(self, node: str) -> None: ...

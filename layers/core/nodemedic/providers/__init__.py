@@ -1,0 +1,1 @@
+"""Adapters to AWS services that run, replace and reboot instances."""

@@ -1,0 +1,1 @@
+"""One module per stage: the domain function a stage handler calls."""

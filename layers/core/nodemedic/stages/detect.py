@@ -1,0 +1,136 @@
+"""Detect: validate the trigger, classify the fault, resolve the node, open the incident."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import TypeAdapter, ValidationError
+
+from nodemedic.contracts.events import (
+    AlarmEnvelope,
+    HealthEventEnvelope,
+    RunbookEnvelope,
+    TriggerEvent,
+)
+from nodemedic.contracts.incident import Action, Incident, IncidentRef, StageRecord
+from nodemedic.contracts.stages import DetectInput, DetectOutput
+from nodemedic.domain.classification import alarm_fault_code, classify, parse_overrides
+from nodemedic.errors import InvalidEventError, UnknownNodeError
+from nodemedic.providers.base import Member, Provider
+from nodemedic.store.ledger import Ledger
+
+_TRIGGER = TypeAdapter(TriggerEvent)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A trigger reduced to what the pipeline needs, whatever its source."""
+
+    source: str
+    cluster: str
+    instance_id: str | None
+    slurm_node: str | None
+    fault_code: str
+    observed_at: datetime
+    requested_action: Action | None = None
+    requested_reason: str = ""
+
+
+def parse_trigger(event: dict[str, object]) -> TriggerEvent:
+    try:
+        return _TRIGGER.validate_python(event)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}"
+            for err in exc.errors(include_url=False)[:5]
+        )
+        raise InvalidEventError(f"rejected event: {problems}") from exc
+
+
+def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
+    if isinstance(trigger, HealthEventEnvelope):
+        d = trigger.detail
+        return Fault(trigger.source, d.cluster, d.node.instance_id, d.node.slurm_node,
+                     d.fault_code, d.observed_at)
+    if isinstance(trigger, AlarmEnvelope):
+        a = trigger.detail
+        if a.state.value != "ALARM":
+            raise InvalidEventError(f"alarm {a.alarmName} is {a.state.value}, not ALARM")
+        instance = a.metric_dimension("InstanceId")
+        if instance is None:
+            raise InvalidEventError(f"alarm {a.alarmName} has no InstanceId dimension")
+        return Fault(trigger.source, a.metric_dimension("Cluster") or cluster, instance, None,
+                     alarm_fault_code(a.metric_name()), a.state.timestamp)
+    assert isinstance(trigger, RunbookEnvelope)
+    r = trigger.detail
+    return Fault(trigger.source, r.cluster, r.instance_id, r.slurm_node, "MANUAL",
+                 r.observed_at or now, r.action, f"runbook by {r.requested_by}: {r.reason}")
+
+
+def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
+    """The cluster member the fault is about; anything else is an unknown node."""
+    member = (
+        provider.member(fault.instance_id) if fault.instance_id
+        else provider.member_by_node(fault.slurm_node or "")
+    )
+    who = fault.instance_id or fault.slurm_node
+    if member is None:
+        raise UnknownNodeError(f"{who} is not a member of cluster {cluster}; nothing was drained")
+    if member.slurm_node is None:
+        raise UnknownNodeError(f"instance {member.instance_id} backs no Slurm node; nothing was drained")
+    if fault.slurm_node and fault.slurm_node != member.slurm_node:
+        raise UnknownNodeError(
+            f"identity mismatch: the event names Slurm node {fault.slurm_node} but instance "
+            f"{member.instance_id} backs {member.slurm_node}; nothing was drained"
+        )
+    return member
+
+
+def detect(
+    request: DetectInput,
+    *,
+    cluster: str,
+    overrides_json: str,
+    provider: Provider,
+    ledger: Ledger,
+    now: datetime,
+) -> DetectOutput:
+    fault = to_fault(parse_trigger(request.event), cluster, now)
+    if fault.cluster != cluster:
+        raise InvalidEventError(f"event is for cluster {fault.cluster}; this pipeline serves {cluster}")
+    if fault.requested_action:
+        fault_class, action, reason = "manual", fault.requested_action, fault.requested_reason
+    else:
+        c = classify(fault.fault_code, parse_overrides(overrides_json))
+        fault_class, action, reason = c.fault_class, c.action, c.reason
+    if action == "monitor":
+        return DetectOutput(decision="monitor", reason=reason)
+
+    member = resolve_member(fault, provider, cluster)
+    ref = IncidentRef(
+        incident_id=request.incident_id,
+        cluster=cluster,
+        instance_id=member.instance_id,
+        slurm_node=member.slurm_node or "",
+        fault_code=fault.fault_code,
+        fault_class=fault_class,
+        action=action,
+        source=fault.source,
+        observed_at=fault.observed_at,
+    )
+    incident = Incident(
+        **ref.model_dump(),
+        status="open",
+        detected_at=now,
+        reason=reason,
+        stages={"detect": StageRecord(started_at=now, completed_at=now, result={"reason": reason})},
+    )
+    existing = ledger.open_incident(incident)
+    if existing is not None:
+        return DetectOutput(
+            decision="deduplicated",
+            reason=f"incident {existing} is already active for {member.slurm_node}",
+            existing_incident_id=existing,
+        )
+    return DetectOutput(decision="remediate", reason=reason, incident=ref)

@@ -1,0 +1,1 @@
+"""Persistence: the DynamoDB incident ledger."""

@@ -1,0 +1,243 @@
+"""The incident ledger in DynamoDB.
+
+Items (partition key ``pk``):
+- ``INCIDENT#<id>``: the :class:`~nodemedic.contracts.incident.Incident`.
+- ``NODE#<cluster>#<instance>``: the lock that allows one active incident per node, written
+  in the same transaction as the incident with ``attribute_not_exists(pk)``. A closed incident
+  releases it; a failed one keeps it, so later events for that node are deduplicated until an
+  operator has dealt with the node.
+- ``CLAIM#<instance>``: a replacement instance taken by one incident, so two concurrent
+  replacements never take the same new instance.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from nodemedic.contracts.incident import Incident, IncidentRef, Stage, StageRecord
+from nodemedic.errors import IncidentStateError
+
+
+def _incident_key(incident_id: str) -> dict[str, Any]:
+    return {"pk": {"S": f"INCIDENT#{incident_id}"}}
+
+
+def _lock_key(cluster: str, instance_id: str) -> dict[str, Any]:
+    return {"pk": {"S": f"NODE#{cluster}#{instance_id}"}}
+
+
+def _condition_failed(exc: ClientError) -> bool:
+    code = exc.response["Error"]["Code"]
+    if code == "ConditionalCheckFailedException":
+        return True
+    if code == "TransactionCanceledException":
+        reasons = exc.response.get("CancellationReasons", [])
+        return any(r.get("Code") == "ConditionalCheckFailed" for r in reasons)
+    return False
+
+
+class Ledger:
+    """All reads and writes of incidents; nothing else touches the table."""
+
+    def __init__(self, client: Any, table: str) -> None:
+        self._db = client
+        self._table = table
+
+    # -- opening -------------------------------------------------------------------------
+    def open_incident(self, incident: Incident) -> str | None:
+        """Write the incident and its node lock atomically.
+
+        Returns ``None`` when opened, or the id of the incident already active for the node.
+        """
+        item = {
+            "pk": {"S": f"INCIDENT#{incident.incident_id}"},
+            "doc": {"S": incident.model_dump_json(exclude={"stages"})},
+            "status": {"S": incident.status},
+            "stages": {"M": {k: {"S": v.model_dump_json()} for k, v in incident.stages.items()}},
+        }
+        lock = {
+            **_lock_key(incident.cluster, incident.instance_id),
+            "incident_id": {"S": incident.incident_id},
+            "slurm_node": {"S": incident.slurm_node},
+        }
+        try:
+            self._db.transact_write_items(
+                TransactItems=[
+                    {
+                        "Put": {
+                            "TableName": self._table,
+                            "Item": lock,
+                            "ConditionExpression": "attribute_not_exists(pk)",
+                        }
+                    },
+                    {
+                        "Put": {
+                            "TableName": self._table,
+                            "Item": item,
+                            "ConditionExpression": "attribute_not_exists(pk)",
+                        }
+                    },
+                ]
+            )
+        except ClientError as exc:
+            if not _condition_failed(exc):
+                raise
+            existing = self.active_incident_id(incident.cluster, incident.instance_id)
+            if existing is None:  # the lock was released between our write and our read
+                return self.open_incident(incident)
+            self._count_duplicate(existing)
+            return existing
+        return None
+
+    def active_incident_id(self, cluster: str, instance_id: str) -> str | None:
+        resp = self._db.get_item(
+            TableName=self._table, Key=_lock_key(cluster, instance_id), ConsistentRead=True
+        )
+        item = resp.get("Item")
+        return item["incident_id"]["S"] if item else None
+
+    def _count_duplicate(self, incident_id: str) -> None:
+        self._db.update_item(
+            TableName=self._table,
+            Key=_incident_key(incident_id),
+            UpdateExpression="ADD duplicate_events :one",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        )
+
+    # -- reading -------------------------------------------------------------------------
+    def get(self, incident_id: str) -> Incident:
+        resp = self._db.get_item(
+            TableName=self._table, Key=_incident_key(incident_id), ConsistentRead=True
+        )
+        item = resp.get("Item")
+        if not item:
+            raise IncidentStateError(f"incident {incident_id} is not in the ledger")
+        return _from_item(item)
+
+    def list_incidents(self) -> list[Incident]:
+        pages = self._db.get_paginator("scan").paginate(
+            TableName=self._table,
+            FilterExpression="begins_with(pk, :p)",
+            ExpressionAttributeValues={":p": {"S": "INCIDENT#"}},
+            ConsistentRead=True,
+        )
+        return [_from_item(item) for page in pages for item in page.get("Items", [])]
+
+    # -- stages --------------------------------------------------------------------------
+    def start_stage(self, ref: IncidentRef, stage: Stage, now: datetime) -> StageRecord:
+        """Record that ``stage`` started (once); return its record, possibly completed earlier."""
+        record = StageRecord(started_at=now)
+        try:
+            self._db.update_item(
+                TableName=self._table,
+                Key=_incident_key(ref.incident_id),
+                UpdateExpression="SET stages.#s = :rec",
+                ConditionExpression="attribute_exists(pk) AND #status = :open "
+                "AND attribute_not_exists(stages.#s)",
+                ExpressionAttributeNames={"#s": stage, "#status": "status"},
+                ExpressionAttributeValues={
+                    ":rec": {"S": record.model_dump_json()},
+                    ":open": {"S": "open"},
+                },
+            )
+            return record
+        except ClientError as exc:
+            if not _condition_failed(exc):
+                raise
+        incident = self.get(ref.incident_id)
+        if incident.status != "open":
+            raise IncidentStateError(f"incident {ref.incident_id} is {incident.status}, not open")
+        return incident.stages[stage]
+
+    def complete_stage(
+        self, ref: IncidentRef, stage: Stage, now: datetime, result: dict[str, Any]
+    ) -> StageRecord:
+        record = self.get(ref.incident_id).stages[stage]
+        record.completed_at = record.completed_at or now
+        record.result = result
+        self._db.update_item(
+            TableName=self._table,
+            Key=_incident_key(ref.incident_id),
+            UpdateExpression="SET stages.#s = :rec",
+            ExpressionAttributeNames={"#s": stage},
+            ExpressionAttributeValues={":rec": {"S": record.model_dump_json()}},
+        )
+        return record
+
+    def record_progress(self, ref: IncidentRef, stage: Stage, result: dict[str, Any]) -> None:
+        """Save what a stage has done so far, so that a retried invocation does not redo it."""
+        record = self.get(ref.incident_id).stages[stage]
+        record.result = {**record.result, **result}
+        self._db.update_item(
+            TableName=self._table,
+            Key=_incident_key(ref.incident_id),
+            UpdateExpression="SET stages.#s = :rec",
+            ExpressionAttributeNames={"#s": stage},
+            ExpressionAttributeValues={":rec": {"S": record.model_dump_json()}},
+        )
+
+    # -- ending --------------------------------------------------------------------------
+    def close(self, ref: IncidentRef, now: datetime) -> None:
+        """Mark the incident closed and release the node lock, atomically."""
+        self._db.transact_write_items(
+            TransactItems=[
+                {
+                    "Update": {
+                        "TableName": self._table,
+                        "Key": _incident_key(ref.incident_id),
+                        "UpdateExpression": "SET #status = :closed, closed_at = :now",
+                        "ConditionExpression": "#status IN (:open, :closed)",
+                        "ExpressionAttributeNames": {"#status": "status"},
+                        "ExpressionAttributeValues": {
+                            ":closed": {"S": "closed"},
+                            ":open": {"S": "open"},
+                            ":now": {"S": now.isoformat()},
+                        },
+                    }
+                },
+                {
+                    "Delete": {
+                        "TableName": self._table,
+                        "Key": _lock_key(ref.cluster, ref.instance_id),
+                        "ConditionExpression": "attribute_not_exists(pk) OR incident_id = :id",
+                        "ExpressionAttributeValues": {":id": {"S": ref.incident_id}},
+                    }
+                },
+            ]
+        )
+
+    def claim_instance(self, instance_id: str, incident_id: str) -> bool:
+        """Take a replacement instance for an incident; False if another incident has it."""
+        try:
+            self._db.put_item(
+                TableName=self._table,
+                Item={"pk": {"S": f"CLAIM#{instance_id}"}, "incident_id": {"S": incident_id}},
+                ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
+                ExpressionAttributeValues={":id": {"S": incident_id}},
+            )
+        except ClientError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
+
+
+def _from_item(item: dict[str, Any]) -> Incident:
+    incident = Incident.model_validate_json(item["doc"]["S"])
+    incident.status = item["status"]["S"]  # type: ignore[assignment]
+    incident.stages = {
+        name: StageRecord.model_validate_json(value["S"])
+        for name, value in item.get("stages", {}).get("M", {}).items()
+    }
+    incident.duplicate_events = int(item.get("duplicate_events", {}).get("N", "0"))
+    if "closed_at" in item:
+        incident.closed_at = datetime.fromisoformat(item["closed_at"]["S"])
+    if "failed_at" in item:
+        incident.failed_at = datetime.fromisoformat(item["failed_at"]["S"])
+    if "failure" in item:
+        incident.failure = {k: v["S"] for k, v in item["failure"]["M"].items()}
+    return incident
