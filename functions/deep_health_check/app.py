@@ -1,6 +1,5 @@
 """Deep health check stage: validate the instance before it returns to service."""
 
-from datetime import UTC, datetime
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -8,7 +7,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from nodemedic import wiring
 from nodemedic.contracts.stages import HealthCheckInput
-from nodemedic.observability import record_durations
+from nodemedic.observability import record_durations, seconds_since_fault, utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.health_check import health_check
 
@@ -22,11 +21,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = HealthCheckInput.model_validate(event)
     incident = request.incident
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
-    now = datetime.now(UTC)
     out = health_check(incident, request.instance_id, runner=wiring.run_command(),
                        ledger=wiring.ledger(), command=settings().deep_health_check_command,
-                       timeout_s=settings().command_timeout_seconds, now=now)
+                       timeout_s=settings().command_timeout_seconds, clock=utc_now)
     logger.info("healthy", instance=out.instance_id, checks=len(out.checks))
-    record_durations(metrics, incident,
-                     {"TimeToHealthCheck": (now - incident.observed_at).total_seconds()})
+    record_durations(metrics, incident, {"TimeToHealthCheck": seconds_since_fault(incident)})
     return out.model_dump(mode="json")

@@ -1,6 +1,5 @@
 """Drain stage: drain the node with the pipeline's reason and requeue its jobs."""
 
-from datetime import UTC, datetime
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -8,7 +7,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from nodemedic import wiring
 from nodemedic.contracts.stages import StageInput
-from nodemedic.observability import record_durations
+from nodemedic.observability import record_durations, seconds_since_fault, utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.drain import drain
 
@@ -21,10 +20,9 @@ metrics = Metrics()
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     incident = StageInput.model_validate(event).incident
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
-    now = datetime.now(UTC)
     out = drain(incident, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
-                prefix=settings().drain_reason_prefix, now=now)
+                prefix=settings().drain_reason_prefix, clock=utc_now)
     logger.info("drained", drained_by_pipeline=out.drained_by_pipeline,
                 requeued=out.requeued_jobs, not_requeued=out.jobs_not_requeued)
-    record_durations(metrics, incident, {"TimeToDrain": (now - incident.observed_at).total_seconds()})
+    record_durations(metrics, incident, {"TimeToDrain": seconds_since_fault(incident)})
     return out.model_dump(mode="json")

@@ -1,6 +1,5 @@
 """Replace stage: replace (or reboot) the instance behind the node."""
 
-from datetime import UTC, datetime
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -8,7 +7,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from nodemedic import wiring
 from nodemedic.contracts.stages import StageInput
-from nodemedic.observability import record_durations
+from nodemedic.observability import record_durations, seconds_since_fault, utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.replace import replace
 
@@ -21,10 +20,9 @@ metrics = Metrics()
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     incident = StageInput.model_validate(event).incident
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
-    now = datetime.now(UTC)
     out = replace(incident, provider=wiring.provider(), runner=wiring.run_command(),
                   ledger=wiring.ledger(), join_command=settings().node_join_command,
-                  timeout_s=settings().command_timeout_seconds, now=now)
+                  timeout_s=settings().command_timeout_seconds, clock=utc_now)
     logger.info("instance restored", action=out.action, old=out.old_instance_id, new=out.instance_id)
-    record_durations(metrics, incident, {"TimeToReplace": (now - incident.observed_at).total_seconds()})
+    record_durations(metrics, incident, {"TimeToReplace": seconds_since_fault(incident)})
     return out.model_dump(mode="json")

@@ -6,6 +6,7 @@ Needs Debian's ``slurmctld``, ``slurmd`` and ``slurm-client`` and root (the daem
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -47,12 +48,18 @@ def _free_port_base(count: int) -> int:
     raise RuntimeError("no free port range for the local Slurm cluster")
 
 
+def version() -> str:
+    out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, check=False)
+    return out.stdout.strip().split()[-1] if out.stdout.strip() else "unknown"
+
+
 @dataclass
 class LocalSlurm:
     """A running local cluster. ``env`` is what a shell needs to talk to it (``SLURM_CONF``)."""
 
     root: Path
     nodes: list[str]
+    kind: str = "slurm"
     gpus_per_node: int = 8
     port_base: int = 0
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -127,6 +134,8 @@ class LocalSlurm:
     def start(self) -> None:
         self.port_base = self.port_base or _free_port_base(len(self.nodes))
         self.write_config()
+        info = {"kind": self.kind, "nodes": self.nodes, "port_base": self.port_base}
+        (self.root / "cluster.json").write_text(json.dumps(info))
         env = {**os.environ, **self.env}
         subprocess.run(["slurmctld", "-f", str(self.conf), "-c"], env=env, check=True, timeout=30)
         self._wait(lambda: self._ping_ok(), "slurmctld to answer")

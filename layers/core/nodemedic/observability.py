@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 from nodemedic.contracts.incident import IncidentRef
 
 NAMESPACE = "NodeMedic"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def seconds_since_fault(incident: IncidentRef) -> float:
+    """Seconds from the fault (``observed_at``) to now: every TimeTo* metric is measured so."""
+    return (utc_now() - incident.observed_at).total_seconds()
 
 
 def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[str, float]) -> None:

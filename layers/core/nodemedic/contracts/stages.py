@@ -64,11 +64,6 @@ class HealthCheckOutput(_Model):
     checks: list[dict[str, object]]
 
 
-class ResumeInput(_Model):
-    incident: IncidentRef
-    instance_id: str
-
-
 class ResumeOutput(_Model):
     slurm_node: str
     resumed: bool = Field(description="False when the drain was an operator's: it is left alone")
@@ -83,7 +78,6 @@ __all__ = [
     "HealthCheckInput",
     "HealthCheckOutput",
     "ReplaceOutput",
-    "ResumeInput",
     "ResumeOutput",
     "StageInput",
     "TriggerEvent",

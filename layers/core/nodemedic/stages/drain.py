@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from nodemedic.contracts.incident import IncidentRef
@@ -20,9 +21,9 @@ def owner_tag(prefix: str, incident: IncidentRef) -> str:
 
 
 def drain(
-    incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str, now: datetime
+    incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str, clock: Callable[[], datetime]
 ) -> DrainOutput:
-    record = ledger.start_stage(incident, "drain", now)
+    record = ledger.start_stage(incident, "drain", clock())
     if record.completed_at:  # a retried invocation: the work is done
         return DrainOutput.model_validate(record.result)
     status = orchestrator.node_status(incident.slurm_node)
@@ -37,5 +38,5 @@ def drain(
         requeued_jobs=evacuated.requeued,
         jobs_not_requeued=evacuated.not_requeued,
     )
-    ledger.complete_stage(incident, "drain", now, out.model_dump(mode="json"))
+    ledger.complete_stage(incident, "drain", clock(), out.model_dump(mode="json"))
     return out

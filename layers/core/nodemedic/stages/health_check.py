@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -40,9 +41,9 @@ def health_check(
     ledger: Ledger,
     command: str,
     timeout_s: int,
-    now: datetime,
+    clock: Callable[[], datetime],
 ) -> HealthCheckOutput:
-    record = ledger.start_stage(incident, "health_check", now)
+    record = ledger.start_stage(incident, "health_check", clock())
     if record.completed_at:
         return HealthCheckOutput.model_validate(record.result)
     result = runner.run(instance_id, command, timeout_s, f"deep health check {instance_id}")
@@ -57,5 +58,5 @@ def health_check(
             f"{instance_id} failed its deep health check ({failed or result.status}); "
             f"{incident.slurm_node} stays drained"
         )
-    ledger.complete_stage(incident, "health_check", now, out.model_dump(mode="json"))
+    ledger.complete_stage(incident, "health_check", clock(), out.model_dump(mode="json"))
     return out

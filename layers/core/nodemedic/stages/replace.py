@@ -6,6 +6,7 @@ the state machine continues where the last one stopped: one termination, one rep
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from nodemedic.contracts.incident import IncidentRef
@@ -24,9 +25,9 @@ def replace(
     ledger: Ledger,
     join_command: str,
     timeout_s: int,
-    now: datetime,
+    clock: Callable[[], datetime],
 ) -> ReplaceOutput:
-    record = ledger.start_stage(incident, "replace", now)
+    record = ledger.start_stage(incident, "replace", clock())
     if record.completed_at:
         return ReplaceOutput.model_validate(record.result)
     done = dict(record.result)
@@ -52,7 +53,7 @@ def replace(
             ledger.record_progress(incident, "replace", {"joined": True})
         out = ReplaceOutput(action="replace", old_instance_id=old, instance_id=str(new))
 
-    ledger.complete_stage(incident, "replace", now, out.model_dump(mode="json"))
+    ledger.complete_stage(incident, "replace", clock(), out.model_dump(mode="json"))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from nodemedic.contracts.incident import IncidentRef
@@ -12,9 +13,9 @@ from nodemedic.store.ledger import Ledger
 
 
 def resume(
-    incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str, now: datetime
+    incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str, clock: Callable[[], datetime]
 ) -> ResumeOutput:
-    record = ledger.start_stage(incident, "resume", now)
+    record = ledger.start_stage(incident, "resume", clock())
     if record.completed_at:
         return ResumeOutput.model_validate(record.result)
     status = orchestrator.node_status(incident.slurm_node)
@@ -22,12 +23,13 @@ def resume(
     if resumed:
         orchestrator.resume(incident.slurm_node)
         status = orchestrator.node_status(incident.slurm_node)
+    done = clock()
     out = ResumeOutput(
         slurm_node=incident.slurm_node,
         resumed=resumed,
         node_state=status.state,
-        time_to_recover_s=(now - incident.observed_at).total_seconds(),
+        time_to_recover_s=(done - incident.observed_at).total_seconds(),
     )
-    ledger.complete_stage(incident, "resume", now, out.model_dump(mode="json"))
-    ledger.close(incident, now)
+    ledger.complete_stage(incident, "resume", done, out.model_dump(mode="json"))
+    ledger.close(incident, done)
     return out

@@ -1,0 +1,182 @@
+"""Deploy ``template.yaml`` into the embedded AWS, as ``sam build && sam deploy`` would.
+
+Steps: rewrite local paths the way ``sam package`` does (code zipped into an S3 bucket,
+``DefinitionUri`` inlined), transform SAM to CloudFormation offline with aws-sam-translator,
+``create_stack`` in moto, then repair what moto's CloudFormation gets wrong for this template:
+the state machine is re-created where Step Functions executes, with its
+``DefinitionSubstitutions`` applied. Nothing here restates the infrastructure: every resource
+comes from the template.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import logging
+import warnings
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moto.cloudformation.models import cloudformation_backends
+from moto.cloudformation.parsing import clean_json
+from samtranslator.translator.managed_policy_translator import ManagedPolicyLoader
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, EmbeddedAWS, FunctionSource
+
+ARTIFACT_BUCKET = "nodemedic-local-artifacts"
+
+
+class _NoManagedPolicies(ManagedPolicyLoader):
+    """The template names no AWS managed policies by name; nothing to look up offline."""
+
+    def __init__(self) -> None:
+        pass
+
+    def load(self) -> dict[str, str]:
+        return {}
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    outputs: dict[str, str]
+    resources: dict[str, str]  # logical id -> physical id
+
+    @property
+    def state_machine_arn(self) -> str:
+        return self.outputs["StateMachineArn"]
+
+    @property
+    def bus_name(self) -> str:
+        return self.outputs["EventBusName"]
+
+    @property
+    def table_name(self) -> str:
+        return self.outputs["IncidentsTableName"]
+
+    @property
+    def topic_arn(self) -> str:
+        return self.outputs["EscalationTopicArn"]
+
+
+@contextlib.contextmanager
+def _quiet_about_policies() -> Iterator[None]:
+    """moto warns that it cannot create the bus/queue policies; :func:`_apply_policies` does."""
+    moto_log = logging.getLogger("moto.cloudformation.parsing")  # logs "No Moto CloudFormation support"
+    level = moto_log.level
+    moto_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Tried to parse AWS::(Events::EventBusPolicy|SQS::QueuePolicy)")
+            yield
+    finally:
+        moto_log.setLevel(level)
+
+
+def _zip_dir(path: Path) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for file in sorted(path.rglob("*")):
+            if file.is_file() and "__pycache__" not in file.parts:
+                zf.write(file, file.relative_to(path))
+    return buffer.getvalue()
+
+
+def package(template: dict[str, Any], root: Path, aws: EmbeddedAWS) -> tuple[dict[str, Any], dict[str, Path]]:
+    """What ``sam package`` does to local paths; returns the template and each function's code dir."""
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=ARTIFACT_BUCKET)
+    packaged = copy.deepcopy(template)
+    code_dirs: dict[str, Path] = {}
+    for logical_id, resource in packaged["Resources"].items():
+        props = resource.get("Properties", {})
+        for key in ("CodeUri", "ContentUri"):
+            if isinstance(props.get(key), str):
+                local = (root / props[key]).resolve()
+                s3_key = f"{logical_id}.zip"
+                s3.put_object(Bucket=ARTIFACT_BUCKET, Key=s3_key, Body=_zip_dir(local))
+                props[key] = f"s3://{ARTIFACT_BUCKET}/{s3_key}"
+                if key == "CodeUri":
+                    code_dirs[logical_id] = local
+        if isinstance(props.get("DefinitionUri"), str):
+            props["Definition"] = json.loads((root / props.pop("DefinitionUri")).read_text())
+    return packaged, code_dirs
+
+
+def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: dict[str, str]) -> Stack:
+    root = template_path.parent
+    sam = yaml_parse(template_path.read_text())
+    packaged, code_dirs = package(sam, root, aws)
+    cfn = transform(packaged, parameters, _NoManagedPolicies())
+    cloudformation = aws.client("cloudformation")
+    with _quiet_about_policies():
+        cloudformation.create_stack(
+            StackName=stack_name,
+            TemplateBody=json.dumps(cfn),
+            Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+            Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
+        )
+        described = cloudformation.describe_stacks(StackName=stack_name)["Stacks"][0]
+        summaries = cloudformation.list_stack_resources(StackName=stack_name)["StackResourceSummaries"]
+    if described["StackStatus"] != "CREATE_COMPLETE":
+        raise RuntimeError(f"stack {stack_name}: {described['StackStatus']}")
+    resources = {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in summaries}
+    for logical_id, code_dir in code_dirs.items():
+        handler = cfn["Resources"][logical_id]["Properties"]["Handler"]
+        aws.functions[resources[logical_id]] = FunctionSource(code_dir, handler)
+    _recreate_state_machines(aws, stack_name, cfn, resources)
+    _apply_policies(aws, stack_name, cfn)
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+    return Stack(stack_name, outputs, resources)
+
+
+def _moto_stack(aws: EmbeddedAWS, stack_name: str) -> Any:
+    return next(s for s in cloudformation_backends[ACCOUNT_ID][aws.region].stacks.values()
+                if s.name == stack_name and s.status == "CREATE_COMPLETE")
+
+
+def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> None:
+    """moto's CloudFormation skips bus and queue policies; apply them through their APIs."""
+    stack = _moto_stack(aws, stack_name)
+    for resource in cfn["Resources"].values():
+        props = resource.get("Properties", {})
+        if resource["Type"] == "AWS::Events::EventBusPolicy":
+            props = clean_json(props, stack.resource_map)
+            aws.client("events").put_permission(
+                EventBusName=props["EventBusName"],
+                Policy=json.dumps({"Version": "2012-10-17",
+                                   "Statement": [{"Sid": props["StatementId"], **props["Statement"]}]}))
+        elif resource["Type"] == "AWS::SQS::QueuePolicy":
+            props = clean_json(props, stack.resource_map)
+            for url in props["Queues"]:
+                aws.client("sqs").set_queue_attributes(
+                    QueueUrl=url, Attributes={"Policy": json.dumps(props["PolicyDocument"])})
+
+
+def _recreate_state_machines(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any],
+                             resources: dict[str, str]) -> None:
+    """moto's CloudFormation creates state machines where they cannot execute and ignores
+    ``DefinitionSubstitutions``; create each again in the executing backend, same name and ARN."""
+    stack = _moto_stack(aws, stack_name)
+    sfn = aws.client("stepfunctions")
+    for logical_id, resource in cfn["Resources"].items():
+        if resource["Type"] != "AWS::StepFunctions::StateMachine":
+            continue
+        props = resource["Properties"]
+        definition = clean_json(props["DefinitionString"], stack.resource_map)
+        for key, value in clean_json(props.get("DefinitionSubstitutions", {}), stack.resource_map).items():
+            definition = definition.replace("${" + key + "}", str(value))
+        if "${" in definition:
+            raise RuntimeError(f"{logical_id}: unresolved substitution in the definition")
+        arn = resources[logical_id]
+        sfn.create_state_machine(
+            name=arn.rsplit(":", 1)[1], definition=definition,
+            roleArn=clean_json(props["RoleArn"], stack.resource_map), type=props.get("StateMachineType", "STANDARD"),
+        )

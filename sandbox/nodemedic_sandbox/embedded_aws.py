@@ -1,0 +1,390 @@
+"""An AWS for this process: moto, with the few hooks that make a deployed template *run*.
+
+moto 5.2.5 (pinned) stores resources and interprets Step Functions ASL, but on its own it
+does not run Lambda code, does not deliver EventBridge events to Step Functions, does not
+execute SSM commands, does not turn EMF log lines into metrics and emits no alarm state
+change events. Each hook below fills one of those gaps; ``tests/component/test_embedded_aws.py``
+checks every one of them, so a moto upgrade that moves a hooked internal fails loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any, Protocol
+from unittest import mock
+
+import boto3
+from moto import mock_aws
+from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto.cloudwatch.models import CloudWatchBackend
+from moto.events.models import Rule
+from moto.ssm.models import Command
+from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.utilities.arns import parse_arn
+
+ACCOUNT_ID = "123456789012"
+REGION = "us-east-1"
+
+# What the hooks replace; the component tests assert these still exist with these names.
+HOOKED = {
+    "lambda invoke": (LambdaSimpleBackend, "invoke"),
+    "eventbridge delivery": (Rule, "send_to_targets"),
+    "ssm command result": (Command, "invocation_response"),
+    "ssm command targets": (Command, "_get_instance_ids_from_targets"),
+    "alarm state change": (CloudWatchBackend, "set_alarm_state"),
+    "retry sleep": (retrier_decl, "time"),
+}
+
+
+@dataclass(frozen=True)
+class FunctionSource:
+    """Where a deployed function's code lives on this machine."""
+
+    code_dir: Path
+    handler: str  # "module.function"
+
+
+@dataclass
+class Invocation:
+    function: str
+    event: Any
+    result: Any = None
+    error_type: str | None = None
+    error_message: str = ""
+    logs: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class CommandOutcome:
+    status: str  # SSM status: Success | Failed | TimedOut | Undeliverable
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class CommandHost(Protocol):
+    """Runs what SSM Run Command sends to an instance (the local mode runs it on this machine)."""
+
+    def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome: ...
+
+
+class _Capture(io.TextIOBase):
+    """A stdout that writes to the current invocation's buffer (loggers bind it at import)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def into(self, buffer: io.StringIO) -> Iterator[None]:
+        previous = getattr(self._local, "buffer", None)
+        self._local.buffer = buffer
+        try:
+            yield
+        finally:
+            self._local.buffer = previous
+
+    def write(self, text: str) -> int:
+        buffer = getattr(self._local, "buffer", None)
+        return (buffer or sys.__stdout__).write(text)
+
+    def flush(self) -> None:
+        return None
+
+
+class _ScaledTime:
+    """Stands in for the ``time`` module inside moto's retrier: Retry intervals × scale."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds * self.scale)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class EmbeddedAWS:
+    """Start moto in this process with the local mode's hooks; use as a context manager."""
+
+    def __init__(self, region: str = REGION, retry_time_scale: float = 1.0) -> None:
+        self.region = region
+        self.retry_time_scale = retry_time_scale
+        self.functions: dict[str, FunctionSource] = {}
+        self.command_host: CommandHost | None = None
+        self.invocations: list[Invocation] = []
+        self.delivery_failures: list[dict[str, Any]] = []
+        self._modules: dict[str, ModuleType] = {}
+        self._capture = _Capture()
+        self._lambda_lock = threading.RLock()
+        self._stack = contextlib.ExitStack()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> EmbeddedAWS:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+            "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
+            "MOTO_ACCOUNT_ID": ACCOUNT_ID,
+        }
+        self._stack.enter_context(mock.patch.dict(os.environ, env))
+        self._stack.enter_context(
+            mock_aws(config={"stepfunctions": {"execute_state_machine": True},
+                             "lambda": {"use_docker": False}})
+        )
+        embedded = self
+
+        def invoke(backend: LambdaSimpleBackend, function_name: str, qualifier: str | None,
+                   body: Any, headers: Any, response_headers: dict[str, str]) -> bytes:
+            return embedded._invoke(backend, function_name, qualifier, body, headers, response_headers)
+
+        def send_to_targets(rule: Rule, event: dict[str, Any], transform_input: bool = True) -> None:
+            embedded._deliver(rule, event, transform_input)
+
+        original_response = Command.invocation_response
+
+        def invocation_response(command: Command, instance_id: str, plugin: str) -> dict[str, Any]:
+            return embedded._run_command(command, instance_id, plugin, original_response)
+
+        original_targets = Command._get_instance_ids_from_targets
+
+        def instance_ids_from_targets(command: Command) -> list[str]:
+            # moto 5.2.5 adds *every* instance when a command has no Targets (only InstanceIds)
+            return original_targets(command) if command.targets else []
+
+        original_set_alarm_state = CloudWatchBackend.set_alarm_state
+
+        def set_alarm_state(backend: CloudWatchBackend, alarm_name: str, reason: str,
+                            reason_data: str, state_value: str) -> None:
+            old = backend.alarms[alarm_name].state_value if alarm_name in backend.alarms else None
+            original_set_alarm_state(backend, alarm_name, reason, reason_data, state_value)
+            if old != state_value:
+                embedded._emit_alarm_event(backend, alarm_name, old, state_value, reason)
+
+        self._original_send_to_targets = Rule.send_to_targets
+        for target, attr, new in (
+            (LambdaSimpleBackend, "invoke", invoke),
+            (Rule, "send_to_targets", send_to_targets),
+            (Command, "invocation_response", invocation_response),
+            (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
+            (CloudWatchBackend, "set_alarm_state", set_alarm_state),
+            (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
+        ):
+            self._stack.enter_context(mock.patch.object(target, attr, new))
+
+    def stop(self) -> None:
+        self._stack.close()
+        self._modules.clear()
+
+    def client(self, service: str) -> Any:
+        return boto3.client(service, region_name=self.region)
+
+    # -- Lambda: run the real handler --------------------------------------------------
+    def _load(self, name: str, source: FunctionSource) -> ModuleType:
+        if name not in self._modules:
+            module_name, _ = source.handler.rsplit(".", 1)
+            path = source.code_dir / f"{module_name.replace('.', '/')}.py"
+            spec = importlib.util.spec_from_file_location(f"nodemedic_fn_{name}", path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load handler {source.handler} from {source.code_dir}")
+            module = importlib.util.module_from_spec(spec)
+            with contextlib.redirect_stdout(self._capture):  # loggers bind this stream
+                spec.loader.exec_module(module)
+            self._modules[name] = module
+        return self._modules[name]
+
+    def _invoke(self, backend: LambdaSimpleBackend, function_name: str, qualifier: str | None,
+                body: Any, headers: Any, response_headers: dict[str, str]) -> bytes:
+        fn = backend.get_function(function_name, qualifier)
+        source = self.functions.get(fn.function_name)
+        if source is None:
+            raise RuntimeError(f"local mode: no source registered for function {fn.function_name}")
+        event = json.loads(body or "{}")
+        record = Invocation(function=fn.function_name, event=event)
+        buffer = io.StringIO()
+        request_id = str(uuid.uuid4())
+        context = SimpleNamespace(
+            function_name=fn.function_name, function_version="$LATEST",
+            invoked_function_arn=fn.function_arn, memory_limit_in_mb=fn.memory_size,
+            aws_request_id=request_id, log_group_name=f"/aws/lambda/{fn.function_name}",
+            log_stream_name=request_id, get_remaining_time_in_millis=lambda: int(fn.timeout) * 1000,
+        )
+        env = {**{k: str(v) for k, v in (fn.environment_vars or {}).items()},
+               "AWS_LAMBDA_FUNCTION_NAME": fn.function_name,
+               "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(fn.memory_size)}
+        started = time.perf_counter()
+        with self._lambda_lock, mock.patch.dict(os.environ, env), self._capture.into(buffer), \
+                contextlib.redirect_stdout(self._capture):
+            from nodemedic import wiring  # the layer's cached settings and clients
+
+            wiring.reset()
+            try:
+                module = self._load(fn.function_name, source)
+                handler = getattr(module, source.handler.rsplit(".", 1)[1])
+                record.result = handler(event, context)
+                payload = json.dumps(record.result).encode()
+            except Exception as exc:  # noqa: BLE001 - reported as the Lambda service does
+                record.error_type, record.error_message = type(exc).__name__, str(exc)
+                error = {"errorType": type(exc).__name__, "errorMessage": str(exc),
+                         "requestId": request_id,
+                         "stackTrace": traceback.format_tb(exc.__traceback__)[-5:]}
+                print(json.dumps({"level": "ERROR", **error}))
+                response_headers["x-amz-function-error"] = "Unhandled"
+                payload = json.dumps(error).encode()
+            finally:
+                wiring.reset()
+        record.seconds = time.perf_counter() - started
+        record.logs = [line for line in buffer.getvalue().splitlines() if line.strip()]
+        self.invocations.append(record)
+        self._ingest_logs(fn.function_name, request_id, record.logs)
+        return payload
+
+    def _ingest_logs(self, function_name: str, stream: str, lines: list[str]) -> None:
+        """What CloudWatch does with a function's output: store the log, extract EMF metrics."""
+        if not lines:
+            return
+        logs = self.client("logs")
+        group = f"/aws/lambda/{function_name}"
+        with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+            logs.create_log_group(logGroupName=group)
+        logs.create_log_stream(logGroupName=group, logStreamName=stream)
+        now = int(time.time() * 1000)
+        logs.put_log_events(logGroupName=group, logStreamName=stream,
+                            logEvents=[{"timestamp": now, "message": line} for line in lines])
+        for line in lines:
+            for datum in emf_to_metric_data(line):
+                self.client("cloudwatch").put_metric_data(
+                    Namespace=datum.pop("Namespace"), MetricData=[datum])
+
+    # -- EventBridge: deliver to Step Functions and Lambda targets ----------------------
+    def _deliver(self, rule: Rule, event: dict[str, Any], transform_input: bool) -> None:
+        if rule.state != "ENABLED" or not rule.event_pattern.matches_event(event):
+            return
+        delivered = {**event, "time": _iso_time(event.get("time"))}
+        others = []
+        for target in rule.targets:
+            arn = parse_arn(target["Arn"])
+            if arn.service not in ("states", "lambda"):
+                others.append(target)
+                continue
+            if any(k in target for k in ("Input", "InputPath", "InputTransformer")):
+                raise NotImplementedError(
+                    f"local mode: rule {rule.name} target {target['Id']} transforms its input; "
+                    "only whole-event delivery to Step Functions/Lambda is emulated")
+            try:
+                if arn.service == "states":
+                    self.client("stepfunctions").start_execution(
+                        stateMachineArn=target["Arn"], name=str(uuid.uuid4()),
+                        input=json.dumps(delivered))
+                else:
+                    self.client("lambda").invoke(FunctionName=target["Arn"], InvocationType="Event",
+                                                 Payload=json.dumps(delivered).encode())
+            except Exception as exc:  # noqa: BLE001 - a failed delivery goes to the DLQ, as on AWS
+                self._dead_letter(rule, target, delivered, exc)
+        if others:
+            with mock.patch.object(rule, "targets", others):
+                self._original_send_to_targets(rule, event, transform_input)
+
+    def _dead_letter(self, rule: Rule, target: dict[str, Any], event: dict[str, Any],
+                     exc: Exception) -> None:
+        failure = {"rule": rule.name, "target": target["Id"], "error": repr(exc), "event": event}
+        self.delivery_failures.append(failure)
+        dlq = target.get("DeadLetterConfig", {}).get("Arn")
+        if not dlq:
+            return
+        sqs = self.client("sqs")
+        url = sqs.get_queue_url(QueueName=parse_arn(dlq).resource_id)["QueueUrl"]
+        sqs.send_message(QueueUrl=url, MessageBody=json.dumps(event), MessageAttributes={
+            "RULE_ARN": {"DataType": "String", "StringValue": rule.arn},
+            "TARGET_ARN": {"DataType": "String", "StringValue": target["Arn"]},
+            "ERROR_MESSAGE": {"DataType": "String", "StringValue": str(exc)[:256] or repr(exc)},
+        })
+
+    # -- SSM: execute the command -------------------------------------------------------
+    def _run_command(self, command: Command, instance_id: str, plugin: str, original: Any) -> dict[str, Any]:
+        response: dict[str, Any] = original(command, instance_id, plugin)
+        if self.command_host is None:
+            return response
+        script = "\n".join(command.parameters.get("commands", []))
+        timeout = int(command.parameters.get("executionTimeout", ["3600"])[0])
+        started = datetime.now(UTC)
+        outcome = self.command_host.run(instance_id, script, timeout)
+        elapsed = (datetime.now(UTC) - started).total_seconds()
+        response.update(
+            Status=outcome.status, StatusDetails=outcome.status, ResponseCode=outcome.exit_code,
+            StandardOutputContent=outcome.stdout[-24000:], StandardErrorContent=outcome.stderr[-8000:],
+            ExecutionStartDateTime=started.isoformat(), ExecutionElapsedTime=f"PT{elapsed:.3f}S",
+            ExecutionEndDateTime=datetime.now(UTC).isoformat(),
+        )
+        return response
+
+    # -- CloudWatch alarms: emit the state change event ---------------------------------
+    def _emit_alarm_event(self, backend: CloudWatchBackend, name: str, old: str | None,
+                          new: str, reason: str) -> None:
+        alarm = backend.alarms[name]
+        now = datetime.now(UTC).isoformat()
+        metric = {"id": "m1", "metricStat": {"metric": {
+            "namespace": alarm.namespace, "name": alarm.metric_name,
+            "dimensions": {d.name: d.value for d in (alarm.dimensions or [])}},
+            "period": alarm.period, "stat": alarm.statistic}, "returnData": True}
+        detail = {"alarmName": name, "state": {"value": new, "reason": reason, "timestamp": now},
+                  "previousState": {"value": old or "INSUFFICIENT_DATA"},
+                  "configuration": {"metrics": [metric]}}
+        self.client("events").put_events(Entries=[{
+            "Source": "aws.cloudwatch", "DetailType": "CloudWatch Alarm State Change",
+            "Resources": [alarm.alarm_arn], "Detail": json.dumps(detail)}])
+
+
+def _iso_time(value: Any) -> str:
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(float(value), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return str(value or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+
+def emf_to_metric_data(line: str) -> list[dict[str, Any]]:
+    """Turn one Embedded Metric Format log line into ``put_metric_data`` entries."""
+    try:
+        blob = json.loads(line)
+    except ValueError:
+        return []
+    if not isinstance(blob, dict) or "_aws" not in blob:
+        return []
+    stamp = datetime.fromtimestamp(blob["_aws"].get("Timestamp", time.time() * 1000) / 1000, UTC)
+    data = []
+    for directive in blob["_aws"].get("CloudWatchMetrics", []):
+        for dim_set in directive.get("Dimensions", [[]]):
+            dims = [{"Name": d, "Value": str(blob[d])} for d in dim_set if d in blob]
+            for metric in directive.get("Metrics", []):
+                values = blob.get(metric["Name"])
+                for value in values if isinstance(values, list) else [values]:
+                    if value is None:
+                        continue
+                    data.append({"Namespace": directive["Namespace"], "MetricName": metric["Name"],
+                                 "Dimensions": dims, "Value": float(value),
+                                 "Unit": metric.get("Unit", "None"), "Timestamp": stamp})
+    return data

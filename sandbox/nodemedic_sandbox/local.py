@@ -1,0 +1,120 @@
+"""The local mode in one object: embedded AWS + local scheduler + simulated cluster + the
+deployed ``template.yaml``. Tests, benchmarks and the demo all start it the same way."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nodemedic.contracts.incident import Incident
+from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox import scheduler as scheduler_mod
+from nodemedic_sandbox.cluster import SimCluster
+from nodemedic_sandbox.deploy import Stack, deploy
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+TERMINAL = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+
+
+class LocalMode:
+    """``with LocalMode(nodes=4) as local: ...`` deploys everything; leaving stops it all."""
+
+    def __init__(self, nodes: int = 4, scheduler: str = "auto", retry_time_scale: float = 1.0,
+                 stack_name: str = "nodemedic-local", extra_parameters: dict[str, str] | None = None) -> None:
+        self.node_names = [f"gpu-{i}" for i in range(1, nodes + 1)]
+        self.prefer = scheduler
+        self.stack_name = stack_name
+        self.extra_parameters = extra_parameters or {}
+        self.aws = EmbeddedAWS(retry_time_scale=retry_time_scale)
+        self.scheduler_note = ""
+
+    def __enter__(self) -> LocalMode:
+        self.aws.start()
+        try:
+            self.scheduler, self.scheduler_note = scheduler_mod.create(self.node_names, prefer=self.prefer)
+            self.scheduler.start()
+            self.cluster = SimCluster(self.aws, self.scheduler)
+            self.cluster.create()
+            self.aws.command_host = self.cluster
+            params = {**self.cluster.template_parameters(), **self.extra_parameters}
+            self.stack: Stack = deploy(self.aws, TEMPLATE, self.stack_name, params)
+            self.ledger = Ledger(self.aws.client("dynamodb"), self.stack.table_name)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if hasattr(self, "scheduler"):
+            self.scheduler.stop()
+        self.aws.stop()
+
+    # -- inputs -----------------------------------------------------------------------------
+    def health_event(self, node: str, fault_code: str = "XID 79", *, observed_at: datetime | None = None,
+                     gpu: int = 0, **overrides: Any) -> dict[str, Any]:
+        """A valid Node Health Event v1 ``detail`` for ``node`` (as the agent would send it)."""
+        now = datetime.now(UTC)
+        detail: dict[str, Any] = {
+            "schema_version": "1", "event_id": str(uuid.uuid4()), "cluster": self.cluster.name,
+            "node": {"instance_id": self.cluster.instance_of(node), "hostname": f"{node}.local",
+                     "slurm_node": node},
+            "check": "kernel_log", "component": {"kind": "gpu", "index": gpu},
+            "fault_code": fault_code, "severity": "critical",
+            "observed_at": (observed_at or now).isoformat(), "sent_at": now.isoformat(),
+            "evidence": {"kmsg": f"NVRM: Xid (PCI:0000:{gpu:02x}:00): {fault_code.split()[-1]}"},
+        }
+        detail.update(overrides)
+        return detail
+
+    def put_event(self, detail: dict[str, Any], source: str = "nodemedic.agent",
+                  detail_type: str = "Node Health Event") -> dict[str, Any]:
+        return self.aws.client("events").put_events(Entries=[{
+            "Source": source, "DetailType": detail_type, "EventBusName": self.stack.bus_name,
+            "Detail": json.dumps(detail)}])
+
+    # -- observing ---------------------------------------------------------------------------
+    def executions(self) -> list[dict[str, Any]]:
+        sfn = self.aws.client("stepfunctions")
+        return sfn.list_executions(stateMachineArn=self.stack.state_machine_arn)["executions"]
+
+    def wait_for_executions(self, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """Wait until ``count`` executions exist and all have ended; return their descriptions."""
+        sfn = self.aws.client("stepfunctions")
+        deadline = time.monotonic() + timeout
+        while True:
+            execs = self.executions()
+            described = [sfn.describe_execution(executionArn=e["executionArn"]) for e in execs]
+            if len(described) >= count and all(d["status"] in TERMINAL for d in described):
+                return described
+            if time.monotonic() > deadline:
+                states = [(d["name"], d["status"]) for d in described]
+                raise TimeoutError(f"executions not done after {timeout}s: {states}")
+            time.sleep(0.1)
+
+    def incident(self, incident_id: str) -> Incident:
+        return self.ledger.get(incident_id)
+
+    def incidents(self) -> list[Incident]:
+        return self.ledger.list_incidents()
+
+    def metric_values(self, name: str, **dimensions: str) -> list[float]:
+        cw = self.aws.client("cloudwatch")
+        dims = [{"Name": k, "Value": v} for k, v in dimensions.items()]
+        now = datetime.now(UTC)
+        stats = cw.get_metric_statistics(
+            Namespace="NodeMedic", MetricName=name, Dimensions=dims,
+            StartTime=datetime.fromtimestamp(now.timestamp() - 3600, UTC),
+            EndTime=datetime.fromtimestamp(now.timestamp() + 60, UTC),
+            Period=60, Statistics=["Maximum", "SampleCount"])
+        return [p["Maximum"] for p in stats["Datapoints"]]
+
+    def scontrol_commands(self, verb: str) -> list[str]:
+        """Scripts run on the controller that contain ``verb`` (e.g. ``state=drain``)."""
+        return [c.script for c in self.cluster.commands
+                if c.instance_id == self.cluster.controller_id and verb in c.script]
