@@ -69,7 +69,7 @@ class Stack:
 @contextlib.contextmanager
 def _quiet_about_policies() -> Iterator[None]:
     """moto warns that it cannot create the bus/queue policies; :func:`_apply_policies` does."""
-    moto_log = logging.getLogger("moto.cloudformation.parsing")  # logs "No Moto CloudFormation support"
+    moto_log = logging.getLogger("moto")  # moto.cloudformation.parsing logs "No Moto CloudFormation support" here
     level = moto_log.level
     moto_log.setLevel(logging.ERROR)
     try:

@@ -45,6 +45,7 @@ class LocalMode:
             params = {**self.cluster.template_parameters(), **self.extra_parameters}
             self.stack: Stack = deploy(self.aws, TEMPLATE, self.stack_name, params)
             self.ledger = Ledger(self.aws.client("dynamodb"), self.stack.table_name)
+            self._escalation_queue = self._subscribe_queue(self.stack.topic_arn)
         except BaseException:
             self.__exit__()
             raise
@@ -78,6 +79,23 @@ class LocalMode:
             "Source": source, "DetailType": detail_type, "EventBusName": self.stack.bus_name,
             "Detail": json.dumps(detail)}])
 
+    def _subscribe_queue(self, topic_arn: str) -> str:
+        sqs = self.aws.client("sqs")
+        url = sqs.create_queue(QueueName=f"{self.stack_name}-escalations")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        self.aws.client("sns").subscribe(TopicArn=topic_arn, Protocol="sqs", Endpoint=arn)
+        return str(url)
+
+    def escalations(self) -> list[dict[str, Any]]:
+        """SNS notifications published to the escalation topic so far (drained from the queue)."""
+        sqs = self.aws.client("sqs")
+        messages = []
+        while batch := sqs.receive_message(QueueUrl=self._escalation_queue, MaxNumberOfMessages=10).get("Messages"):
+            for m in batch:
+                messages.append(json.loads(m["Body"]))
+                sqs.delete_message(QueueUrl=self._escalation_queue, ReceiptHandle=m["ReceiptHandle"])
+        return messages
+
     # -- observing ---------------------------------------------------------------------------
     def executions(self) -> list[dict[str, Any]]:
         sfn = self.aws.client("stepfunctions")
@@ -96,6 +114,12 @@ class LocalMode:
                 states = [(d["name"], d["status"]) for d in described]
                 raise TimeoutError(f"executions not done after {timeout}s: {states}")
             time.sleep(0.1)
+
+    @staticmethod
+    def detect_decision(execution: dict[str, Any]) -> str | None:
+        """What Detect decided in a finished execution (None if it never decided)."""
+        output = json.loads(execution.get("output") or "{}")
+        return output.get("detect", {}).get("decision")
 
     def incident(self, incident_id: str) -> Incident:
         return self.ledger.get(incident_id)

@@ -211,6 +211,10 @@ class LocalSlurm:
         )
         return out.strip().split(";")[0]
 
+    def hostnames(self, nodelist: str) -> list[str]:
+        """Expand a Slurm hostlist such as ``gpu-[1-2]``."""
+        return self._run("scontrol", "show", "hostnames", nodelist).split() if nodelist else []
+
     def job(self, job_id: str) -> dict[str, str]:
         out = self._run("scontrol", "show", "job", job_id, "-o")
         return _parse_kv(out)

@@ -57,12 +57,15 @@ class SlurmViaSSM:
 
     def evacuate(self, node: str) -> EvacuationResult:
         # Requeue each job on the node, then release it at once: a requeued job is otherwise
-        # held until requeue time + cred_expire (120 s by default, Reason=BeginTime).
+        # held until requeue time + cred_expire (120 s by default, Reason=BeginTime). The
+        # release only sticks once the job has left COMPLETING, so wait for that (<= 15 s).
         script = (
-            f"for j in $(squeue -h -w {shlex.quote(node)} -t R,CG,CF -o %A); do "
-            'if out=$(scontrol requeue "$j" 2>&1); then '
-            'scontrol update jobid="$j" starttime=now >/dev/null 2>&1; echo "requeued $j"; '
-            'else echo "not_requeued $j $out"; fi; done'
+            f"jobs=$(squeue -h -w {shlex.quote(node)} -t R,CG,CF -o %A)\n"
+            'for j in $jobs; do if out=$(scontrol requeue "$j" 2>&1); then echo "requeued $j"; '
+            'else echo "not_requeued $j $out"; fi; done\n'
+            "for j in $jobs; do for _ in $(seq 150); do "
+            '[ "$(squeue -h -j "$j" -o %T 2>/dev/null)" = COMPLETING ] || break; sleep 0.1; done; '
+            'scontrol update jobid="$j" starttime=now >/dev/null 2>&1 || true; done'
         )
         out = self._sh(script, f"requeue jobs on {node}")
         requeued, not_requeued = [], []

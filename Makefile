@@ -1,0 +1,40 @@
+# NodeMedic - `make demo` runs the local demo, `make test` the whole suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: help venv slurm demo test lint unit e2e bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+
+$(BIN)/.installed: pyproject.toml layers/core/requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "NodeMedic needs Python 3.11+ (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/.installed  ## build the environment in .venv/
+
+slurm:  ## install Debian's Slurm packages for the local cluster (as root)
+	@sandbox/install-slurm.sh
+
+demo: venv slurm  ## run the local end-to-end demo
+	$(BIN)/nodemedic demo
+
+lint: venv  ## cfn-lint the template, ruff the code
+	$(BIN)/cfn-lint template.yaml
+	$(BIN)/ruff check .
+
+test: venv slurm lint  ## run the whole test suite
+	$(BIN)/pytest
+
+unit: venv  ## fast tests only (no local stack)
+	$(BIN)/pytest tests/unit
+
+bench: venv slurm  ## run the benchmarks; writes docs/benchmarks.md and docs/benchmarks.json
+	$(BIN)/python -m bench
+
+clean:  ## remove the environment and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,20 @@
+"""JSON Schema export of the event contract (``events/schema/*.json`` are generated from here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodemedic.contracts.events import NodeHealthEvent, RemediationRequest
+
+SCHEMAS = {
+    "node-health-event.v1.json": NodeHealthEvent,
+    "remediation-request.v1.json": RemediationRequest,
+}
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    model = SCHEMAS[name]
+    schema = model.model_json_schema()
+    schema["$id"] = f"https://nodemedic.dev/schemas/{name}"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema

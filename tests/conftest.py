@@ -1,0 +1,33 @@
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodemedic_sandbox import slurm_cluster
+from nodemedic_sandbox.local import LocalMode
+
+ROOT = Path(__file__).resolve().parents[1]
+EVENTS = ROOT / "events"
+
+
+def require_slurm() -> None:
+    why = slurm_cluster.unavailable_reason()
+    if why is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI needs a real local Slurm: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def local() -> Iterator[LocalMode]:
+    """A freshly deployed local stack over a real 4-node Slurm cluster."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as stack:
+        yield stack
+
+
+def load_event(relative: str) -> dict:
+    return json.loads((EVENTS / relative).read_text())

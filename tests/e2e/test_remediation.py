@@ -1,0 +1,148 @@
+"""A health event on the bus of the locally deployed template remediates a real Slurm node."""
+
+import time
+
+from nodemedic_sandbox.local import LocalMode
+
+
+def wait_for(predicate, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job_running(local: LocalMode, job: str, timeout: float = 30.0) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while (info := local.scheduler.job(job))["JobState"] != "RUNNING":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job} not running after {timeout}s: {info['JobState']} "
+                                 f"(Reason={info['Reason']}, StartTime={info['StartTime']})")
+        time.sleep(0.2)
+    return info
+
+
+def running_job(local: LocalMode, nodes: int = 2) -> tuple[str, list[str]]:
+    job = local.scheduler.submit(nodes)
+    return job, local.scheduler.hostnames(job_running(local, job)["NodeList"])
+
+
+def test_xid79_on_a_running_job_is_remediated_end_to_end(local: LocalMode) -> None:
+    job, job_nodes = running_job(local)
+    sick = job_nodes[0]
+    old_instance = local.cluster.instance_of(sick)
+
+    local.put_event(local.health_event(sick, "XID 79"))
+    [execution] = local.wait_for_executions(1)
+
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    # drained with the pipeline's reason, the job requeued and running again on healthy nodes
+    [drain] = local.scontrol_commands("state=drain")
+    assert f"reason='nodemedic:{execution['name']} XID 79'" in drain
+    restarted = job_running(local, job)
+    assert int(restarted["Restarts"]) == 1
+    assert sick not in local.scheduler.hostnames(restarted["NodeList"])
+    # a replacement instance exists in the Auto Scaling group and backs the node now
+    group = {i["InstanceId"] for i in local.cluster.group_instances()}
+    assert old_instance not in group and len(group) == 4
+    new_instance = local.cluster.instance_of(sick)
+    assert new_instance in group and new_instance != old_instance
+    # the node is resumed
+    state = wait_for(lambda: (s := local.scheduler.node(sick)["State"]) in ("IDLE", "MIXED", "ALLOCATED") and s,
+                     "node to be back in service")
+    assert "DRAIN" not in state
+    # the ledger has every stage timestamp, in order
+    incident = local.incident(execution["name"])
+    assert incident.status == "closed"
+    stamps = [incident.stages[s] for s in ("detect", "drain", "replace", "health_check", "resume")]
+    assert all(s.completed_at for s in stamps)
+    assert [s.completed_at for s in stamps] == sorted(s.completed_at for s in stamps)
+    assert incident.closed_at >= stamps[-1].completed_at
+    # TimeToRecover is in the emulated CloudWatch with the incident's dimensions
+    recover = local.metric_values("TimeToRecover", Cluster="local", FaultClass="gpu_lost")
+    expected = (incident.closed_at - incident.observed_at).total_seconds()
+    assert recover and abs(recover[0] - expected) < 1.0
+    for name in ("TimeToDetect", "TimeToDrain", "TimeToReplace", "TimeToHealthCheck", "TimeToResume"):
+        assert local.metric_values(name, Cluster="local", FaultClass="gpu_lost"), name
+
+
+def test_mttd_and_mttr_are_measured_from_observed_at(local: LocalMode) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    observed = datetime.now(UTC) - timedelta(seconds=42)
+    local.put_event(local.health_event("gpu-3", "XID 79", observed_at=observed))
+    [execution] = local.wait_for_executions(1)
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    [detect] = local.metric_values("TimeToDetect", Cluster="local", FaultClass="gpu_lost")
+    [recover] = local.metric_values("TimeToRecover", Cluster="local", FaultClass="gpu_lost")
+    assert 42 <= detect < 52
+    assert detect < recover < 62
+
+
+def test_a_failed_deep_health_check_escalates_and_leaves_the_node_drained(local: LocalMode) -> None:
+    local.cluster.fail_next_replacements(1)
+    local.put_event(local.health_event("gpu-2", "XID 79"))
+    [execution] = local.wait_for_executions(1)
+
+    assert execution["status"] == "FAILED"
+    assert execution["error"] == "HealthCheckFailedError"
+    incident = local.incident(execution["name"])
+    assert incident.status == "failed"
+    assert incident.failure["stage"] == "health_check"
+    assert "gpu_count" in incident.failure["cause"]
+    assert "resume" not in incident.stages
+    # the node stays drained with the pipeline's reason; nothing resumed it
+    node = local.scheduler.node("gpu-2")
+    assert "DRAIN" in node["State"] and node["Reason"].startswith(f"nodemedic:{execution['name']}")
+    assert local.scontrol_commands("state=resume") == []
+    # the on-call was told, with the node and the stage
+    [message] = local.escalations()
+    assert "gpu-2" in message["Message"] and "health_check" in message["Message"]
+    assert "stays drained" in message["Message"]
+
+
+def test_a_second_event_for_the_node_within_a_second_opens_no_second_incident(local: LocalMode) -> None:
+    local.put_event(local.health_event("gpu-4", "XID 79"))
+    local.put_event(local.health_event("gpu-4", "XID 48"))
+    executions = local.wait_for_executions(2)
+
+    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+    decisions = sorted(local.detect_decision(e) for e in executions)
+    assert decisions == ["deduplicated", "remediate"]
+    [incident] = local.incidents()
+    assert incident.duplicate_events == 1
+    assert len(local.scontrol_commands("state=drain")) == 1
+
+
+def test_a_cloudwatch_alarm_starts_the_same_pipeline(local: LocalMode) -> None:
+    instance = local.cluster.instance_of("gpu-1")
+    cw = local.aws.client("cloudwatch")
+    cw.put_metric_alarm(
+        AlarmName="nodemedic-status-gpu-1", Namespace="AWS/EC2", MetricName="StatusCheckFailed_System",
+        Dimensions=[{"Name": "InstanceId", "Value": instance}], Statistic="Maximum", Period=60,
+        EvaluationPeriods=1, Threshold=1, ComparisonOperator="GreaterThanOrEqualToThreshold")
+    cw.set_alarm_state(AlarmName="nodemedic-status-gpu-1", StateValue="ALARM", StateReason="test")
+    [execution] = local.wait_for_executions(1)
+
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    incident = local.incident(execution["name"])
+    assert (incident.fault_code, incident.action, incident.source) == (
+        "STATUS_CHECK_SYSTEM", "replace", "aws.cloudwatch")
+    assert local.cluster.instance_of("gpu-1") != instance
+
+
+def test_a_runbook_sample_starts_an_execution_that_succeeds(local: LocalMode) -> None:
+    from tests.conftest import load_event
+    import json
+
+    sfn = local.aws.client("stepfunctions")
+    sfn.start_execution(stateMachineArn=local.stack.state_machine_arn, name="runbook-reboot-gpu-2",
+                        input=json.dumps(load_event("runbooks/reboot-node.json")))
+    [execution] = local.wait_for_executions(1)
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    incident = local.incident("runbook-reboot-gpu-2")
+    assert (incident.action, incident.fault_class, incident.slurm_node) == ("reboot", "manual", "gpu-2")
+    assert "oncall@example.com" in incident.reason
