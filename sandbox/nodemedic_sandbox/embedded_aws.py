@@ -106,6 +106,11 @@ class _Capture(io.TextIOBase):
         return None
 
 
+# One per process: powertools loggers are process-global per service name and keep the stream
+# they were created with, so every EmbeddedAWS must hand out the same one.
+_CAPTURE = _Capture()
+
+
 class _ScaledTime:
     """Stands in for the ``time`` module inside moto's retrier: Retry intervals × scale."""
 
@@ -130,7 +135,7 @@ class EmbeddedAWS:
         self.invocations: list[Invocation] = []
         self.delivery_failures: list[dict[str, Any]] = []
         self._modules: dict[str, ModuleType] = {}
-        self._capture = _Capture()
+        self._capture = _CAPTURE
         self._lambda_lock = threading.RLock()
         self._stack = contextlib.ExitStack()
 

@@ -149,9 +149,10 @@ class Ledger:
             if not _condition_failed(exc):
                 raise
         incident = self.get(ref.incident_id)
-        if incident.status != "open":
-            raise IncidentStateError(f"incident {ref.incident_id} is {incident.status}, not open")
-        return incident.stages[stage]
+        record = incident.stages.get(stage)
+        if record is not None and (record.completed_at or incident.status == "open"):
+            return record  # a retried invocation: finish, or report, what was started
+        raise IncidentStateError(f"incident {ref.incident_id} is {incident.status}, not open")
 
     def complete_stage(
         self, ref: IncidentRef, stage: Stage, now: datetime, result: dict[str, Any]

@@ -1,0 +1,46 @@
+"""A stage invoked twice for one incident (a Step Functions retry after a timeout) acts once."""
+
+import json
+
+from nodemedic_sandbox.local import LocalMode
+
+
+def invoke(local: LocalMode, logical_id: str, payload: dict) -> dict:
+    resp = local.aws.client("lambda").invoke(FunctionName=local.stack.resources[logical_id],
+                                             Payload=json.dumps(payload).encode())
+    body = json.loads(resp["Payload"].read())
+    assert "FunctionError" not in resp, body
+    return body
+
+
+def test_each_stage_twice_acts_once(local: LocalMode) -> None:
+    event = {"source": "nodemedic.agent", "detail-type": "Node Health Event",
+             "detail": local.health_event("gpu-2", "XID 79")}
+    old_instance = local.cluster.instance_of("gpu-2")
+    detected = invoke(local, "DetectFunction", {"event": event, "incident_id": "inc-twice"})
+    assert detected["decision"] == "remediate"
+    stage = {"incident": detected["incident"]}
+
+    drains = [invoke(local, "DrainFunction", stage) for _ in range(2)]
+    assert drains[0] == drains[1]
+    assert len(local.scontrol_commands("state=drain")) == 1
+
+    replaced = [invoke(local, "ReplaceFunction", stage) for _ in range(2)]
+    assert replaced[0] == replaced[1]
+    group = local.cluster.group_instances()
+    assert len(group) == 4 and old_instance not in {i["InstanceId"] for i in group}
+    ec2 = local.aws.client("ec2")
+    all_instances = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+    assert sum(i["State"]["Name"] == "terminated" for i in all_instances) == 1, "one termination"
+    joins = [c for c in local.cluster.commands if " join gpu-2" in c.script]
+    assert len(joins) == 1 and joins[0].instance_id == replaced[0]["instance_id"]
+
+    checks = [invoke(local, "DeepHealthCheckFunction",
+                     {**stage, "instance_id": replaced[0]["instance_id"]}) for _ in range(2)]
+    assert checks[0] == checks[1]
+    assert len([c for c in local.cluster.commands if "health-check" in c.script]) == 1
+
+    resumed = [invoke(local, "ResumeFunction", stage) for _ in range(2)]
+    assert resumed[0] == resumed[1] and resumed[0]["resumed"] is True
+    assert len(local.scontrol_commands("state=resume")) == 1
+    assert local.incident("inc-twice").status == "closed"
