@@ -1,0 +1,31 @@
+"""The local mode deploys template.yaml itself, with the state machine made executable."""
+
+import json
+from pathlib import Path
+
+from nodemedic_sandbox.deploy import deploy
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "template.yaml"
+PARAMS = {"ClusterName": "c1", "AutoScalingGroupName": "g", "SlurmControllerInstanceId": "i-0123456789abcdef0"}
+
+
+def test_the_template_deploys_with_substitutions_applied_and_policies_in_place() -> None:
+    with EmbeddedAWS() as aws:
+        stack = deploy(aws, TEMPLATE, "s", PARAMS)
+        sfn = aws.client("stepfunctions")
+        definition = sfn.describe_state_machine(stateMachineArn=stack.state_machine_arn)["definition"]
+        assert "${" not in definition
+        states = json.loads(definition)["States"]
+        assert states["Detect"]["Resource"].endswith(stack.resources["DetectFunction"])
+        assert states["MarkIncidentFailed"]["Parameters"]["TableName"] == stack.table_name
+        # one Lambda per stage, each with its source registered for the local runtime
+        assert {Path(src.code_dir).name for src in aws.functions.values()} == {
+            "detect", "drain", "replace", "deep_health_check", "resume"}
+        bus = aws.client("events").describe_event_bus(Name=stack.bus_name)
+        assert "AllowThisAccountToPublish" in bus["Policy"]
+        rules = aws.client("events").list_rules(EventBusName=stack.bus_name)["Rules"]
+        pattern = json.loads(rules[0]["EventPattern"])
+        assert pattern["detail"]["cluster"] == ["c1"]
+        targets = aws.client("events").list_targets_by_rule(Rule=rules[0]["Name"], EventBusName=stack.bus_name)
+        assert targets["Targets"][0]["DeadLetterConfig"]["Arn"].startswith("arn:aws:sqs:")

@@ -1,0 +1,178 @@
+"""One test per place where the local mode changes moto's behaviour.
+
+If a moto upgrade moves a hooked internal or fixes/changes the behaviour, these fail loudly.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import moto
+import pytest
+
+from nodemedic_sandbox.embedded_aws import HOOKED, CommandOutcome, EmbeddedAWS, FunctionSource
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_moto_is_the_pinned_version() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f"=={moto.__version__}\"" in pyproject
+
+
+@pytest.mark.parametrize("name", sorted(HOOKED))
+def test_every_hooked_internal_still_exists(name: str) -> None:
+    owner, attribute = HOOKED[name]
+    assert hasattr(owner, attribute), f"moto {moto.__version__} no longer has {owner}.{attribute}"
+
+
+@pytest.fixture
+def aws(tmp_path: Path):
+    code = tmp_path / "fn"
+    code.mkdir()
+    (code / "app.py").write_text(
+        "import json\n"
+        "class BoomError(Exception):\n    pass\n"
+        "def handler(event, context):\n"
+        "    if event.get('boom'):\n        raise BoomError('it broke')\n"
+        "    print(json.dumps({'_aws': {'Timestamp': 1700000000000, 'CloudWatchMetrics': [{'Namespace': 'T',"
+        " 'Dimensions': [['Cluster']], 'Metrics': [{'Name': 'TimeToRecover', 'Unit': 'Seconds'}]}]},"
+        " 'Cluster': 'c1', 'TimeToRecover': 12.5}))\n"
+        "    return {'echo': event}\n"
+    )
+    with EmbeddedAWS(retry_time_scale=0.01) as embedded:
+        iam = embedded.client("iam")
+        role = iam.create_role(RoleName="r", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        embedded.client("lambda").create_function(
+            FunctionName="fn", Runtime="python3.12", Role=role, Handler="app.handler",
+            Code={"ZipFile": b"PK"}, Environment={"Variables": {"X": "1"}})
+        embedded.functions["fn"] = FunctionSource(code, "app.handler")
+        yield embedded
+
+
+def test_lambda_invoke_runs_the_real_handler(aws: EmbeddedAWS) -> None:
+    resp = aws.client("lambda").invoke(FunctionName="fn", Payload=b'{"a": 1}')
+    assert json.loads(resp["Payload"].read()) == {"echo": {"a": 1}}
+
+
+def test_a_handler_exception_comes_back_shaped_as_aws_does(aws: EmbeddedAWS) -> None:
+    resp = aws.client("lambda").invoke(FunctionName="fn", Payload=b'{"boom": true}')
+    assert resp["FunctionError"] == "Unhandled"
+    body = json.loads(resp["Payload"].read())
+    assert (body["errorType"], body["errorMessage"]) == ("BoomError", "it broke")
+
+
+def test_emf_output_becomes_cloudwatch_metrics_and_logs_are_kept(aws: EmbeddedAWS) -> None:
+    aws.client("lambda").invoke(FunctionName="fn", Payload=b"{}")
+    metrics = aws.client("cloudwatch").list_metrics(Namespace="T")["Metrics"]
+    assert [(m["MetricName"], m["Dimensions"]) for m in metrics] == [
+        ("TimeToRecover", [{"Name": "Cluster", "Value": "c1"}])]
+    streams = aws.client("logs").describe_log_streams(logGroupName="/aws/lambda/fn")["logStreams"]
+    assert len(streams) == 1
+
+
+def _state_machine(aws: EmbeddedAWS, definition: dict) -> str:
+    return aws.client("stepfunctions").create_state_machine(
+        name=f"sm{time.monotonic_ns()}", definition=json.dumps(definition),
+        roleArn="arn:aws:iam::123456789012:role/r")["stateMachineArn"]
+
+
+def _rule_to(aws: EmbeddedAWS, arn: str, state: str = "ENABLED", dlq: str | None = None) -> None:
+    events = aws.client("events")
+    events.put_rule(Name="r", EventPattern=json.dumps({"source": ["t"]}), State=state)
+    target = {"Id": "t", "Arn": arn, "RoleArn": "arn:aws:iam::123456789012:role/r"}
+    if dlq:
+        target["DeadLetterConfig"] = {"Arn": dlq}
+    events.put_targets(Rule="r", Targets=[target])
+
+
+def _executions(aws: EmbeddedAWS, arn: str) -> list:
+    return aws.client("stepfunctions").list_executions(stateMachineArn=arn)["executions"]
+
+
+def test_eventbridge_starts_a_step_functions_target_with_the_whole_event(aws: EmbeddedAWS) -> None:
+    arn = _state_machine(aws, {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}})
+    _rule_to(aws, arn)
+    aws.client("events").put_events(Entries=[{"Source": "t", "DetailType": "d", "Detail": '{"k": 1}'}])
+    [execution] = _executions(aws, arn)
+    desc = aws.client("stepfunctions").describe_execution(executionArn=execution["executionArn"])
+    delivered = json.loads(desc["input"])
+    assert delivered["detail"] == {"k": 1} and delivered["source"] == "t"
+    assert delivered["time"].endswith("Z")
+
+
+def test_a_disabled_rule_delivers_nothing(aws: EmbeddedAWS) -> None:
+    arn = _state_machine(aws, {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}})
+    _rule_to(aws, arn, state="DISABLED")
+    aws.client("events").put_events(Entries=[{"Source": "t", "DetailType": "d", "Detail": "{}"}])
+    assert _executions(aws, arn) == []
+
+
+def test_a_failed_delivery_goes_to_the_dead_letter_queue(aws: EmbeddedAWS) -> None:
+    sqs = aws.client("sqs")
+    url = sqs.create_queue(QueueName="dlq")["QueueUrl"]
+    dlq = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    _rule_to(aws, "arn:aws:states:us-east-1:123456789012:stateMachine:missing", dlq=dlq)
+    aws.client("events").put_events(Entries=[{"Source": "t", "DetailType": "d", "Detail": "{}"}])
+    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    assert json.loads(message["Body"])["source"] == "t"
+    assert "ERROR_MESSAGE" in message["MessageAttributes"]
+
+
+def test_retry_intervals_are_scaled(aws: EmbeddedAWS) -> None:
+    arn = _state_machine(aws, {"StartAt": "F", "States": {"F": {
+        "Type": "Task", "Resource": "arn:aws:lambda:us-east-1:123456789012:function:fn",
+        "Parameters": {"boom": True},
+        "Retry": [{"ErrorEquals": ["BoomError"], "IntervalSeconds": 30, "MaxAttempts": 2, "BackoffRate": 1}],
+        "End": True}}})
+    started = time.monotonic()
+    aws.client("stepfunctions").start_execution(stateMachineArn=arn, name="x", input="{}")
+    while (d := aws.client("stepfunctions").describe_execution(
+            executionArn=arn.replace("stateMachine", "execution") + ":x"))["status"] == "RUNNING":
+        time.sleep(0.05)
+    assert d["status"] == "FAILED" and d["error"] == "BoomError"
+    assert time.monotonic() - started < 10, "60 s of retry intervals ran at x0.01"
+    assert sum(1 for inv in aws.invocations if inv.error_type == "BoomError") == 3
+
+
+class _Host:
+    def __init__(self) -> None:
+        self.ran: list[tuple[str, str]] = []
+
+    def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
+        self.ran.append((instance_id, script))
+        return CommandOutcome("Failed", 3, "out", "err")
+
+
+def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) -> None:
+    ec2 = aws.client("ec2")
+    ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=3, MaxCount=3)["Instances"]]
+    host = _Host()
+    aws.command_host = host
+    ssm = aws.client("ssm")
+    cmd = ssm.send_command(InstanceIds=[ids[1]], DocumentName="AWS-RunShellScript",
+                           Parameters={"commands": ["exit 3"]})["Command"]["CommandId"]
+    assert host.ran == [(ids[1], "exit 3")]
+    inv = ssm.get_command_invocation(CommandId=cmd, InstanceId=ids[1])
+    assert (inv["Status"], inv["ResponseCode"], inv["StandardOutputContent"]) == ("Failed", 3, "out")
+
+
+def test_an_alarm_state_change_emits_the_event_aws_emits(aws: EmbeddedAWS) -> None:
+    sqs = aws.client("sqs")
+    url = sqs.create_queue(QueueName="alarms")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    events = aws.client("events")
+    events.put_rule(Name="a", EventPattern=json.dumps({"source": ["aws.cloudwatch"]}))
+    events.put_targets(Rule="a", Targets=[{"Id": "q", "Arn": arn}])
+    cw = aws.client("cloudwatch")
+    cw.put_metric_alarm(AlarmName="nodemedic-x", Namespace="AWS/EC2", MetricName="StatusCheckFailed",
+                        Dimensions=[{"Name": "InstanceId", "Value": "i-0123456789abcdef0"}],
+                        Statistic="Maximum", Period=60, EvaluationPeriods=1, Threshold=1,
+                        ComparisonOperator="GreaterThanOrEqualToThreshold")
+    cw.set_alarm_state(AlarmName="nodemedic-x", StateValue="ALARM", StateReason="r")
+    [message] = sqs.receive_message(QueueUrl=url)["Messages"]
+    event = json.loads(message["Body"])
+    assert event["detail-type"] == "CloudWatch Alarm State Change"
+    assert event["detail"]["state"]["value"] == "ALARM"
+    dims = event["detail"]["configuration"]["metrics"][0]["metricStat"]["metric"]["dimensions"]
+    assert dims == {"InstanceId": "i-0123456789abcdef0"}

@@ -1,0 +1,57 @@
+"""The ledger against DynamoDB in the embedded AWS."""
+
+import threading
+from datetime import UTC, datetime
+
+import pytest
+
+from nodemedic.contracts.incident import Incident
+from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+
+
+@pytest.fixture
+def ledger():
+    with EmbeddedAWS() as aws:
+        db = aws.client("dynamodb")
+        db.create_table(TableName="incidents", BillingMode="PAY_PER_REQUEST",
+                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+        yield Ledger(db, "incidents")
+
+
+def incident(incident_id: str, instance: str = "i-0123456789abcdef0") -> Incident:
+    now = datetime.now(UTC)
+    return Incident(incident_id=incident_id, cluster="c", instance_id=instance, slurm_node="gpu-1",
+                    fault_code="XID 79", fault_class="gpu_lost", action="replace", source="test",
+                    observed_at=now, status="open", detected_at=now, reason="test")
+
+
+def test_racing_events_for_one_node_open_exactly_one_incident(ledger: Ledger) -> None:
+    results: list[str | None] = []
+    threads = [threading.Thread(target=lambda i=i: results.append(ledger.open_incident(incident(f"inc-{i}"))))
+               for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [r for r in results if r is None]
+    assert len(winners) == 1
+    [opened] = ledger.list_incidents()
+    assert set(results) - {None} == {opened.incident_id}
+    assert opened.duplicate_events == 19
+
+
+def test_a_closed_incident_frees_the_node_and_a_failed_one_does_not(ledger: Ledger) -> None:
+    first = incident("inc-1")
+    assert ledger.open_incident(first) is None
+    ledger.close(first, datetime.now(UTC))
+    assert ledger.open_incident(incident("inc-2")) is None  # the node is free again
+    # inc-2 is never closed (as after a failure): later events join it
+    assert ledger.open_incident(incident("inc-3")) == "inc-2"
+
+
+def test_a_replacement_instance_is_claimed_by_one_incident(ledger: Ledger) -> None:
+    assert ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-1")
+    assert ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-1"), "claiming again is idempotent"
+    assert not ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-2")

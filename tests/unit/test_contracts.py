@@ -1,0 +1,59 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from nodemedic.contracts.schema import SCHEMAS, json_schema
+from nodemedic.errors import InvalidEventError
+from nodemedic.stages.detect import parse_trigger
+
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+SAMPLES = sorted(p for p in EVENTS.rglob("*.json") if p.parent.name != "schema")
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_sample_event_parses(path: Path) -> None:
+    trigger = parse_trigger(json.loads(path.read_text()))
+    assert trigger.source in ("nodemedic.agent", "aws.cloudwatch", "nodemedic.operator")
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_the_published_json_schema_matches_the_model(name: str) -> None:
+    published = json.loads((EVENTS / "schema" / name).read_text())
+    assert published == json_schema(name), "regenerate with: nodemedic schema --write"
+
+
+def _sample() -> dict:
+    return json.loads((EVENTS / "health/xid-79-gpu-fallen-off-bus.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"schema_version": "2"}, "schema_version", id="unknown_version"),
+        pytest.param({"fault_code": "xid79; rm -rf /"}, "fault_code", id="bad_fault_code"),
+        pytest.param({"evidence": {"log": "x" * 5000}}, "evidence is", id="oversized_evidence"),
+        pytest.param({"observed_at": "2026-11-22T04:14:07Z"}, "clock skew", id="observed_after_sent"),
+        pytest.param({"observed_at": "2026-11-22T03:14:07"}, "observed_at", id="naive_timestamp"),
+        pytest.param({"extra": 1}, "extra", id="unknown_field"),
+    ],
+)
+def test_a_bad_health_event_names_what_is_wrong(change: dict, message: str) -> None:
+    event = _sample()
+    event["detail"].update(change)
+    with pytest.raises(InvalidEventError, match=message):
+        parse_trigger(event)
+
+
+def test_a_runbook_request_must_name_a_node() -> None:
+    event = json.loads((EVENTS / "runbooks/replace-node.json").read_text())
+    del event["detail"]["slurm_node"]
+    with pytest.raises(InvalidEventError, match="names slurm_node or instance_id"):
+        parse_trigger(event)
+
+
+def test_a_runbook_reason_cannot_smuggle_shell() -> None:
+    event = json.loads((EVENTS / "runbooks/replace-node.json").read_text())
+    event["detail"]["reason"] = "ok'; scontrol delete"
+    with pytest.raises(InvalidEventError, match="reason"):
+        parse_trigger(event)
