@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -244,7 +245,9 @@ class EmbeddedAWS:
                "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(fn.memory_size)}
         started = time.perf_counter()
         with self._lambda_lock, mock.patch.dict(os.environ, env), self._capture.into(buffer), \
-                contextlib.redirect_stdout(self._capture):
+                contextlib.redirect_stdout(self._capture), warnings.catch_warnings():
+            # Lambda does not surface Python warnings; powertools warns when a run emits no metric
+            warnings.filterwarnings("ignore", message="No application metrics to publish")
             from nodemedic import wiring  # the layer's cached settings and clients
 
             wiring.reset()

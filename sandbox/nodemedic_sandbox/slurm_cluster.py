@@ -206,7 +206,7 @@ class LocalSlurm:
         script.write_text(f"#!/bin/bash\nsleep {seconds}\n")
         script.chmod(0o755)
         out = self._run(
-            "sbatch", "--parsable", "--requeue", f"--nodes={nodes}", "--ntasks-per-node=1",
+            "sbatch", "--parsable", "--requeue", "--exclusive", f"--nodes={nodes}", "--ntasks-per-node=1",
             f"--job-name={name}", f"--output={self.root}/jobs/{name}-%j.out", str(script),
         )
         return out.strip().split(";")[0]

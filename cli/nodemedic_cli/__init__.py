@@ -1,0 +1,1 @@
+"""The ``nodemedic`` operator CLI (not Lambda code)."""
