@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv slurm demo test lint unit e2e bench clean
+.PHONY: help venv slurm demo test lint unit clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -32,9 +32,6 @@ test: venv slurm lint  ## run the whole test suite
 
 unit: venv  ## fast tests only (no local stack)
 	$(BIN)/pytest tests/unit
-
-bench: venv slurm  ## run the benchmarks; writes docs/benchmarks.md and docs/benchmarks.json
-	$(BIN)/python -m bench
 
 clean:  ## remove the environment and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

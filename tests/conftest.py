@@ -4,7 +4,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from nodemedic_sandbox import slurm_cluster
 from nodemedic_sandbox.local import LocalMode
 

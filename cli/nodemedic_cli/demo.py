@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from nodemedic.contracts.incident import Incident
+from nodemedic_sandbox.local import TERMINAL, LocalMode
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-
-from nodemedic.contracts.incident import Incident
-from nodemedic_sandbox.local import TERMINAL, LocalMode
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from nodemedic import wiring
 from nodemedic.contracts.stages import DetectInput
 from nodemedic.errors import InvalidEventError

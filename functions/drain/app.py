@@ -4,7 +4,6 @@ from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from nodemedic import wiring
 from nodemedic.contracts.stages import StageInput
 from nodemedic.observability import record_durations, seconds_since_fault, utc_now

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodemedic.providers.base import SLURM_NODE_TAG
+
 from nodemedic_sandbox.embedded_aws import CommandOutcome, EmbeddedAWS
 from nodemedic_sandbox.scheduler import Scheduler
 

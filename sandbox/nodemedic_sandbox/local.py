@@ -12,6 +12,7 @@ from typing import Any
 
 from nodemedic.contracts.incident import Incident
 from nodemedic.store.ledger import Ledger
+
 from nodemedic_sandbox import scheduler as scheduler_mod
 from nodemedic_sandbox.cluster import SimCluster
 from nodemedic_sandbox.deploy import Stack, deploy

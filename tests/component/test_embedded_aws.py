@@ -9,7 +9,6 @@ from pathlib import Path
 
 import moto
 import pytest
-
 from nodemedic_sandbox.embedded_aws import HOOKED, CommandOutcome, EmbeddedAWS, FunctionSource
 
 ROOT = Path(__file__).resolve().parents[2]

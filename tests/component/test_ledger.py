@@ -4,7 +4,6 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
-
 from nodemedic.contracts.incident import Incident
 from nodemedic.store.ledger import Ledger
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS

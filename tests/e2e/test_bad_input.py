@@ -1,7 +1,6 @@
 """Bad input opens no incident, touches no node and says why."""
 
 import pytest
-
 from nodemedic_sandbox.local import LocalMode
 
 

@@ -135,8 +135,9 @@ def test_a_cloudwatch_alarm_starts_the_same_pipeline(local: LocalMode) -> None:
 
 
 def test_a_runbook_sample_starts_an_execution_that_succeeds(local: LocalMode) -> None:
-    from tests.conftest import load_event
     import json
+
+    from tests.conftest import load_event
 
     sfn = local.aws.client("stepfunctions")
     sfn.start_execution(stateMachineArn=local.stack.state_machine_arn, name="runbook-reboot-gpu-2",

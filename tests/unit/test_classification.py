@@ -1,5 +1,4 @@
 import pytest
-
 from nodemedic.domain.classification import alarm_fault_code, classify, parse_overrides
 
 

@@ -2,7 +2,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from nodemedic.contracts.schema import SCHEMAS, json_schema
 from nodemedic.errors import InvalidEventError
 from nodemedic.stages.detect import parse_trigger

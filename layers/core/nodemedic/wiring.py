@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import boto3
@@ -14,7 +14,7 @@ from nodemedic.settings import settings
 from nodemedic.store.ledger import Ledger
 
 
-@lru_cache(maxsize=None)
+@cache
 def client(service: str) -> Any:
     return boto3.client(service)
 
