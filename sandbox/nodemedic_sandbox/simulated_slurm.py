@@ -109,7 +109,8 @@ def main(tool: str, args: list[str], path: Path) -> int:
             job.update(state="PENDING", nodes=[], begin=time.time() + HOLD_S, reason="BeginTime",
                        restarts=job["restarts"] + 1)
         elif verb == "update" and "jobid" in _kv(rest):
-            st["jobs"][_kv(rest)["jobid"]].update(begin=time.time(), reason="None")
+            delay = _kv(rest).get("starttime", "now").removeprefix("now").removeprefix("+") or "0"
+            st["jobs"][_kv(rest)["jobid"]].update(begin=time.time() + float(delay), reason="None")
         elif verb == "update" and "nodename" in _kv(rest):
             kv = _kv(rest)
             node = st["nodes"][kv["nodename"]]

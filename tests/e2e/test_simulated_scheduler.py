@@ -1,5 +1,7 @@
 """Where a real Slurm cannot start, the local mode runs the same adapter against a simulation."""
 
+import time
+
 
 from nodemedic_sandbox.local import LocalMode
 
@@ -13,7 +15,9 @@ def test_the_pipeline_remediates_on_the_simulated_scheduler_too() -> None:
         [execution] = local.wait_for_executions(1)
 
         assert execution["status"] == "SUCCEEDED", execution.get("cause")
-        info = local.scheduler.job(job)
+        deadline = time.monotonic() + 10
+        while (info := local.scheduler.job(job))["JobState"] != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert (info["JobState"], info["Restarts"]) == ("RUNNING", "1")  # released, not held 120 s
         assert node not in local.scheduler.hostnames(info["NodeList"])
         assert local.scheduler.node(node)["State"] == "IDLE"

@@ -58,14 +58,16 @@ class SlurmViaSSM:
     def evacuate(self, node: str) -> EvacuationResult:
         # Requeue each job on the node, then release it at once: a requeued job is otherwise
         # held until requeue time + cred_expire (120 s by default, Reason=BeginTime). The
-        # release only sticks once the job has left COMPLETING, so wait for that (<= 15 s).
+        # release only sticks once the job has left COMPLETING, so wait for that (<= 15 s), and it
+        # starts 2 s later: a node of the old allocation that still holds the previous run as
+        # killed refuses an immediate relaunch ("Job N already killed, do not launch batch job").
         script = (
             f"jobs=$(squeue -h -w {shlex.quote(node)} -t R,CG,CF -o %A)\n"
             'for j in $jobs; do if out=$(scontrol requeue "$j" 2>&1); then echo "requeued $j"; '
             'else echo "not_requeued $j $out"; fi; done\n'
             "for j in $jobs; do for _ in $(seq 150); do "
             '[ "$(squeue -h -j "$j" -o %T 2>/dev/null)" = COMPLETING ] || break; sleep 0.1; done; '
-            'scontrol update jobid="$j" starttime=now >/dev/null 2>&1 || true; done'
+            'scontrol update jobid="$j" starttime=now+2 >/dev/null 2>&1 || true; done'
         )
         out = self._sh(script, f"requeue jobs on {node}")
         requeued, not_requeued = [], []
