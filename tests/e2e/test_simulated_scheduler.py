@@ -2,7 +2,6 @@
 
 import time
 
-
 from nodemedic_sandbox.local import LocalMode
 
 
