@@ -18,8 +18,8 @@ def test_the_pipeline_remediates_on_the_simulated_scheduler_too() -> None:
         while (info := local.scheduler.job(job))["JobState"] != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.2)
         assert (info["JobState"], info["Restarts"]) == ("RUNNING", "1")  # released, not held 120 s
-        assert node not in local.scheduler.hostnames(info["NodeList"])
-        assert local.scheduler.node(node)["State"] == "IDLE"
+        assert all("DRAIN" not in local.scheduler.node(n)["State"] for n in local.scheduler.hostnames(info["NodeList"]))
+        assert "DRAIN" not in local.scheduler.node(node)["State"]  # resumed (it may run the job again)
         assert local.incident(execution["name"]).status == "closed"
 
 
