@@ -32,6 +32,7 @@ import boto3
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudwatch.models import CloudWatchBackend
+from moto.dynamodb.models import DynamoDBBackend
 from moto.events.models import Rule
 from moto.ssm.models import Command
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
@@ -48,7 +49,20 @@ HOOKED = {
     "ssm command targets": (Command, "_get_instance_ids_from_targets"),
     "alarm state change": (CloudWatchBackend, "set_alarm_state"),
     "retry sleep": (retrier_decl, "time"),
+    **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
+                                                                  "transact_write_items")},
 }
+_DYNAMODB_WRITES = threading.RLock()
+
+
+def _atomic(write: Any) -> Any:
+    """moto's DynamoDB writes are read-modify-write without a lock; on AWS each is atomic."""
+
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with _DYNAMODB_WRITES:
+            return write(*args, **kwargs)
+
+    return locked
 
 
 @dataclass(frozen=True)
@@ -200,6 +214,8 @@ class EmbeddedAWS:
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
+            *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name)))
+              for name in ("put_item", "update_item", "delete_item", "transact_write_items")),
         ):
             self._stack.enter_context(mock.patch.object(target, attr, new))
 

@@ -24,12 +24,12 @@ def parse_report(result: CommandResult) -> tuple[bool, list[dict[str, Any]]]:
         report = json.loads(lines[-1]) if lines else {}
     except json.JSONDecodeError:
         report = {}
-    checks = report.get("checks") if isinstance(report.get("checks"), list) else []
     if not isinstance(report, dict) or "healthy" not in report:
         checks = [{"name": "report", "ok": False,
                    "detail": f"no health report in the output ({result.status}, exit {result.exit_code}): "
                              f"{(result.stderr or result.stdout).strip()[-300:]}"}]
         return False, checks
+    checks = report["checks"] if isinstance(report.get("checks"), list) else []
     return bool(report["healthy"]) and result.ok, checks
 
 

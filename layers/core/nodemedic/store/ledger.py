@@ -160,19 +160,16 @@ class Ledger:
         record = self.get(ref.incident_id).stages[stage]
         record.completed_at = record.completed_at or now
         record.result = result
-        self._db.update_item(
-            TableName=self._table,
-            Key=_incident_key(ref.incident_id),
-            UpdateExpression="SET stages.#s = :rec",
-            ExpressionAttributeNames={"#s": stage},
-            ExpressionAttributeValues={":rec": {"S": record.model_dump_json()}},
-        )
+        self._put_stage(ref, stage, record)
         return record
 
     def record_progress(self, ref: IncidentRef, stage: Stage, result: dict[str, Any]) -> None:
         """Save what a stage has done so far, so that a retried invocation does not redo it."""
         record = self.get(ref.incident_id).stages[stage]
         record.result = {**record.result, **result}
+        self._put_stage(ref, stage, record)
+
+    def _put_stage(self, ref: IncidentRef, stage: Stage, record: StageRecord) -> None:
         self._db.update_item(
             TableName=self._table,
             Key=_incident_key(ref.incident_id),
