@@ -14,7 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 AGENT_SOURCE = "nodemedic.agent"
+SWEEPER_SOURCE = "nodemedic.sweeper"
 HEALTH_DETAIL_TYPE = "Node Health Event"
+HEARTBEAT_DETAIL_TYPE = "Node Heartbeat"
 OPERATOR_SOURCE = "nodemedic.operator"
 RUNBOOK_DETAIL_TYPE = "Remediation Request"
 ALARM_SOURCE = "aws.cloudwatch"
@@ -27,7 +29,7 @@ MAX_CLOCK_SKEW = timedelta(minutes=5)
 INSTANCE_ID = r"^i-[0-9a-f]{8,17}$"
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 CLUSTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
-FAULT_CODE = r"^[A-Z][A-Z0-9_]*( [0-9]{1,4})?$"
+FAULT_CODE = r"^[A-Z][A-Z0-9_]*( [0-9]{1,5})?$"  # "XID 79", "SXID 12028", "ECC_DBE"
 
 Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual"]
 Severity = Literal["info", "warning", "error", "critical"]
@@ -88,6 +90,20 @@ class NodeHealthEvent(_Strict):
         if self.observed_at - self.sent_at > MAX_CLOCK_SKEW:
             raise ValueError("observed_at is later than sent_at by more than the allowed clock skew")
         return self
+
+
+class NodeHeartbeat(_Strict):
+    """Node Heartbeat v1 (``detail``): the agent is alive. The cloud side turns silence into a
+    ``HEARTBEAT_MISSING`` health event (source ``nodemedic.sweeper``)."""
+
+    schema_version: Literal["1"]
+    cluster: str = Field(pattern=CLUSTER_NAME)
+    node: NodeIdentity
+    sent_at: AwareDatetime
+    status: Literal["running", "stopping"] = Field(
+        default="running", description="'stopping' on a clean shutdown: stop watching this node")
+    interval_seconds: float = Field(gt=0, le=3600, description="When the next heartbeat is due")
+    agent_version: str = Field(default="", max_length=32)
 
 
 RunbookAction = Literal["replace", "reboot"]
@@ -152,7 +168,7 @@ class _Envelope(BaseModel):
 
 
 class HealthEventEnvelope(_Envelope):
-    source: Literal["nodemedic.agent"]
+    source: Literal["nodemedic.agent", "nodemedic.sweeper"]
     detail_type: Literal["Node Health Event"] = Field(alias="detail-type")
     detail: NodeHealthEvent
 

@@ -1,0 +1,164 @@
+"""The running agent: watchers and checks feed findings through dedupe into the publisher.
+
+Threads: the NVML XID event wait, the kernel log follower, the polled checks, the heartbeat and
+the sender. Any error inside a watcher becomes a check-error finding and the watcher carries on
+after a pause; the agent never crash-loops on a bad counter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import boto3
+from botocore.config import Config
+from nodemedic.contracts.events import NodeIdentity
+
+from nodemedic_agent.checks.base import CheckResult, Finding, check_error
+from nodemedic_agent.checks.kernel_log import KernelLogFollower, bus_key, message_finding, xid_finding
+from nodemedic_agent.checks.polled import PolledChecks
+from nodemedic_agent.config import AgentConfig
+from nodemedic_agent.dedupe import Deduper
+from nodemedic_agent.events import entry, health_event, heartbeat
+from nodemedic_agent.hardware.base import Hardware, HardwareError
+from nodemedic_agent.publisher import Publisher
+from nodemedic_agent.spool import Spool
+
+log = logging.getLogger("nodemedic_agent")
+
+
+def events_client(config: AgentConfig) -> Any:
+    """PutEvents client; botocore's own retries are off, the spool and backoff do that job."""
+    cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=5)
+    return boto3.client("events", region_name=config.region, endpoint_url=config.publish.endpoint_url, config=cfg)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, hardware: Hardware, node: NodeIdentity, client: Any,
+                 dry_run: bool = False, out: TextIO = sys.stdout,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self.hw = hardware
+        self.node = node
+        self.dry_run = dry_run
+        self.out = out
+        self.dedupe = Deduper(config.intervals.dedupe_window_seconds, clock or time.monotonic)
+        self.spool = Spool(config.publish.spool_dir, config.publish.spool_max_events)
+        self.publisher = Publisher(client, self.spool, config.publish.max_backoff_seconds)
+        self.checks = PolledChecks(hardware, config)
+        self.kernel_log = KernelLogFollower(config.kernel_log.source, config.kernel_log.path, threading.Event())
+        self.stop_event = self.kernel_log.stop
+        self.published = 0
+        self.heartbeats = 0
+        self._gpu_by_bus: dict[str, int] = {}
+        self._threads: list[threading.Thread] = []
+        self._print_lock = threading.Lock()
+
+    # -- findings -> events -------------------------------------------------------------
+    def emit(self, finding: Finding) -> bool:
+        """Publish ``finding`` unless it repeats within the dedupe window. True if published."""
+        count = self.dedupe.admit(finding.key)
+        if count is None:
+            return False
+        event = health_event(finding, self.config.cluster, self.node, count)
+        item = entry(self.config.event_bus, event)
+        if self.dry_run:
+            with self._print_lock:
+                print(json.dumps({"Source": item["Source"], "DetailType": item["DetailType"],
+                                  "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
+        else:
+            self.publisher.submit(item, event.event_id)
+        self.published += 1
+        return True
+
+    def gpu_index(self, pci: str) -> int | None:
+        return self._gpu_by_bus.get(bus_key(pci))
+
+    def poll_once(self) -> list[CheckResult]:
+        results = self.checks.run_all()
+        try:
+            self._gpu_by_bus = {bus_key(g.pci_bus_id): g.index for g in self.hw.gpus() if g.pci_bus_id}
+        except HardwareError:
+            pass
+        for result in results:
+            for finding in result.findings:
+                self.emit(finding)
+        return results
+
+    # -- loops ----------------------------------------------------------------------------
+    def _guarded(self, name: str, check: str, body: Callable[[], None]) -> Callable[[], None]:
+        def loop() -> None:
+            while not self.stop_event.is_set():
+                try:
+                    body()
+                except Exception as exc:  # noqa: BLE001 - a watcher must never take the agent down
+                    log.exception("%s failed; retrying", name)
+                    for finding in check_error(check, name, exc).findings:
+                        self.emit(finding)
+                    self.stop_event.wait(min(30.0, self.config.intervals.poll_seconds))
+        return loop
+
+    def _xid_watch(self) -> None:
+        for xid in self.hw.wait_xid(1.0):
+            self.emit(xid_finding(xid.xid, xid.pci_bus_id, xid.gpu_index, xid.observed_at, {"source": "nvml_event"},
+                                  "nvml", self.config.fault_overrides))
+
+    def _follow_kernel_log(self) -> None:
+        for message, observed in self.kernel_log.messages():
+            finding = message_finding(message, observed, self.gpu_index, self.config.fault_overrides)
+            if finding:
+                self.emit(finding)
+
+    def _poll(self) -> None:
+        self.poll_once()
+        self.stop_event.wait(self.config.intervals.poll_seconds)
+
+    def send_heartbeat(self, status: str = "running") -> bool:
+        beat = heartbeat(self.config.cluster, self.node, self.config.intervals.heartbeat_seconds, status)
+        if self.dry_run:
+            return True
+        ok = self.publisher.send_direct([entry(self.config.event_bus, beat)])
+        self.heartbeats += ok
+        return ok
+
+    def _heartbeat(self) -> None:
+        self.send_heartbeat()
+        self.publisher.wake()  # a successful heartbeat means the bus is back: retry the spool now
+        self.stop_event.wait(self.config.intervals.heartbeat_seconds)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> Agent:
+        try:
+            self._gpu_by_bus = {bus_key(g.pci_bus_id): g.index for g in self.hw.gpus() if g.pci_bus_id}
+        except HardwareError:
+            pass
+        loops: list[tuple[str, Callable[[], None]]] = [
+            ("sender", lambda: self.publisher.run(self.stop_event)),
+            ("xid", self._guarded("xid watch", "nvml", self._xid_watch)),
+            ("poll", self._guarded("polled checks", "nvml", self._poll)),
+            ("heartbeat", self._guarded("heartbeat", "heartbeat", self._heartbeat)),
+        ]
+        if self.config.kernel_log.source != "off":
+            loops.append(("kernel-log", self._guarded("kernel log", "kernel_log", self._follow_kernel_log)))
+        for name, target in loops:
+            thread = threading.Thread(target=target, name=f"nodemedic-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self, graceful: bool = True, flush_timeout_s: float = 5.0) -> None:
+        """Stop the loops. Graceful: say goodbye (the cloud stops watching this node) and try to
+        empty the spool; what is left stays on disk for the next start."""
+        self.stop_event.set()
+        self.publisher.wake()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if graceful and not self.dry_run:
+            self.send_heartbeat("stopping")
+            self.publisher.flush(flush_timeout_s)
+        self.hw.close()

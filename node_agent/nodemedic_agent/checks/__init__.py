@@ -1,0 +1,1 @@
+"""The agent's checks. Each reports healthy / degraded / failed / error with evidence."""

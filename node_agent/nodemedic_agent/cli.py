@@ -1,0 +1,166 @@
+"""``nodemedic-agent``: run the agent, check a node once, validate a config, simulate faults."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from nodemedic_agent import __version__
+from nodemedic_agent.config import DEFAULT_PATH, AgentConfig, ConfigError, load_config
+
+EXIT_CONFIG = 2
+
+
+def _config(args: argparse.Namespace) -> AgentConfig:
+    return load_config(Path(args.config))
+
+
+def _agent(config: AgentConfig, dry_run: bool):  # noqa: ANN202 - imported lazily (boto3 is slow to import)
+    from nodemedic_agent.agent import Agent, events_client
+    from nodemedic_agent.hardware import open_hardware
+    from nodemedic_agent.identity import resolve_identity
+
+    return Agent(config, open_hardware(config), resolve_identity(config), events_client(config), dry_run=dry_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    agent = _agent(config, args.dry_run)
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
+    pending = len(agent.spool)
+    logging.info("nodemedic-agent %s watching %s (%s) for cluster %s on bus %s; %d spooled events to deliver",
+                 __version__, agent.node.slurm_node, agent.node.instance_id, config.cluster, config.event_bus, pending)
+    agent.start()
+    stopped.wait()
+    logging.info("stopping: goodbye heartbeat, then flushing %d spooled events", len(agent.spool))
+    agent.stop(graceful=True)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from nodemedic_agent.report import human
+
+    config = _config(args)
+    agent = _agent(config, args.dry_run)
+    while True:
+        results = agent.poll_once()
+        print(human(results, agent.node, config.cluster), flush=True)
+        if not args.dry_run and agent.published:
+            delivered = agent.publisher.flush(10.0)
+            where = "delivered to " + config.event_bus if delivered else (
+                f"NOT delivered ({agent.publisher.last_error}); kept in {agent.spool.dir} for the agent to send")
+            print(f"{agent.published} event(s) {where}", flush=True)
+        if args.once:
+            return 0 if all(r.status == "healthy" for r in results) else 1
+        agent.stop_event.wait(config.intervals.poll_seconds)
+
+
+def cmd_health_check(args: argparse.Namespace) -> int:
+    from nodemedic_agent.checks.polled import PolledChecks
+    from nodemedic_agent.hardware import open_hardware
+    from nodemedic_agent.identity import resolve_identity
+    from nodemedic_agent.report import machine
+
+    config = _config(args)
+    results = PolledChecks(open_hardware(config), config).run_all()
+    report = machine(results, args.level, resolve_identity(config).instance_id)
+    print(json.dumps(report))
+    return 0 if report["healthy"] else 1
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    config = _config(args)
+    print(f"{args.config}: valid (cluster {config.cluster}, bus {config.event_bus}, hardware {config.hardware.backend})")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from nodemedic_agent.hardware.simulated import FAULTS, SimulatedNode
+
+    if args.sim == "faults":
+        for name, what in FAULTS.items():
+            print(f"{name:<14} {what}")
+        return 0
+    node = SimulatedNode(args.dir)
+    if args.sim == "init":
+        node.create(gpus=args.gpus, efa=args.efa, shared_mounts=tuple(args.shared_mount))
+        print(f"simulated node in {args.dir}: {args.gpus} GPUs, {args.efa} EFA devices; kernel log {node.kmsg_path}")
+        return 0
+    if not (node.dir / "state.json").exists():
+        raise ConfigError(f"{args.dir} is not a simulated node (run: nodemedic-agent simulate init {args.dir})")
+    node.inject(args.fault, gpu=args.gpu, xid=args.xid, efa=args.efa)
+    print(f"injected {args.fault} into {args.dir}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nodemedic-agent",
+        description="NodeMedic node agent: detects GPU-node faults (NVML XIDs, ECC, NVLink, EFA, kernel log, "
+                    "storage) and publishes Node Health Events and heartbeats to EventBridge.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("-c", "--config", default=os.environ.get("NODEMEDIC_AGENT_CONFIG", str(DEFAULT_PATH)),
+                   help="TOML configuration file (default: $NODEMEDIC_AGENT_CONFIG or %(default)s)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the agent until SIGTERM (what the systemd unit starts)")
+    run.add_argument("--dry-run", action="store_true", help="print events on stdout instead of sending them")
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check", help="run every polled check and print a health report")
+    check.add_argument("--once", action="store_true", help="one report, then exit 0 healthy / 1 unhealthy")
+    check.add_argument("--dry-run", action="store_true", help="print the events instead of sending them")
+    check.set_defaults(func=cmd_check)
+
+    hc = sub.add_parser("health-check", help="one JSON line {healthy, checks} for the pipeline's health gate")
+    hc.add_argument("--level", choices=["quick", "full"], default="quick",
+                    help="quick: the agent's checks (full adds DCGM diag and NCCL where installed; see docs)")
+    hc.set_defaults(func=cmd_health_check)
+
+    val = sub.add_parser("validate", help="validate the configuration file and exit")
+    val.set_defaults(func=cmd_validate)
+
+    sim = sub.add_parser("simulate", help="a simulated GPU node for tests and the demo (no GPU needed)")
+    simsub = sim.add_subparsers(dest="sim", required=True, metavar="ACTION")
+    init = simsub.add_parser("init", help="create a simulated node directory")
+    init.add_argument("dir")
+    init.add_argument("--gpus", type=int, default=8)
+    init.add_argument("--efa", type=int, default=4)
+    init.add_argument("--shared-mount", action="append", default=[], help="a shared file system path (repeatable)")
+    inject = simsub.add_parser("inject", help="inject a fault (see: simulate faults)")
+    inject.add_argument("dir")
+    inject.add_argument("fault")
+    inject.add_argument("--gpu", type=int, default=0)
+    inject.add_argument("--xid", type=int, default=79)
+    inject.add_argument("--efa", type=int, default=0)
+    simsub.add_parser("faults", help="list the faults that can be injected")
+    sim.set_defaults(func=cmd_simulate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"nodemedic-agent: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ValueError as exc:  # identity / hardware selection problems named by the config
+        print(f"nodemedic-agent: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

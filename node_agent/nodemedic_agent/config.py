@@ -1,0 +1,124 @@
+"""The agent's configuration file (TOML), validated at start: a bad file stops the agent with
+an error that names the field."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from nodemedic.contracts.events import CLUSTER_NAME, INSTANCE_ID, NODE_NAME
+from nodemedic.domain.classification import parse_overrides
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 on older node images
+    import tomli as tomllib
+
+DEFAULT_PATH = Path("/etc/nodemedic/agent.toml")
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, not TOML, or has an invalid field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeSection(_Section):
+    """Who this node is. Discovered (IMDSv2, hostname) when left out."""
+
+    instance_id: str | None = Field(default=None, pattern=INSTANCE_ID)
+    slurm_node: str | None = Field(default=None, pattern=NODE_NAME)
+    hostname: str | None = Field(default=None, min_length=1, max_length=253)
+
+
+class Intervals(_Section):
+    heartbeat_seconds: float = Field(default=15, gt=0, le=300)
+    poll_seconds: float = Field(default=10, gt=0, le=3600)
+    dedupe_window_seconds: float = Field(default=300, ge=0, le=86400)
+
+
+class Expected(_Section):
+    gpus: int = Field(default=8, ge=0, le=64)
+    efa_devices: int = Field(default=0, ge=0, le=64)
+
+
+class Thresholds(_Section):
+    nvlink_errors_per_poll: int = Field(default=100, ge=1)
+    efa_errors_per_poll: int = Field(default=100, ge=1)
+
+
+class Storage(_Section):
+    paths: list[str] = Field(default_factory=lambda: ["/"])
+    min_free_percent: float = Field(default=5, ge=0, le=100)
+    shared_mounts: list[str] = Field(default_factory=list, description="e.g. the FSx for Lustre mount")
+    probe_timeout_seconds: float = Field(default=5, gt=0, le=120)
+
+
+class KernelLog(_Section):
+    source: Literal["kmsg", "journal", "file", "off"] = "kmsg"
+    path: str = "/dev/kmsg"
+
+
+class Hardware(_Section):
+    backend: Literal["nvml", "simulated"] = "nvml"
+    simulated_dir: str | None = Field(default=None, description="State of the simulated GPUs/EFA/disks")
+    sysfs_root: str = "/sys"
+    dcgm: bool = Field(default=True, description="Read DCGM health watches when dcgmi is installed")
+
+
+class Publish(_Section):
+    spool_dir: str = "/var/spool/nodemedic-agent"
+    spool_max_events: int = Field(default=10000, ge=10)
+    max_backoff_seconds: float = Field(default=30, gt=0, le=600)
+    endpoint_url: str | None = Field(default=None, description="EventBridge endpoint (VPC endpoint, tests)")
+
+
+class AgentConfig(_Section):
+    cluster: str = Field(pattern=CLUSTER_NAME)
+    event_bus: str = Field(min_length=1, max_length=256)
+    region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
+    node: NodeSection = Field(default_factory=NodeSection)
+    intervals: Intervals = Field(default_factory=Intervals)
+    expected: Expected = Field(default_factory=Expected)
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    storage: Storage = Field(default_factory=Storage)
+    kernel_log: KernelLog = Field(default_factory=KernelLog)
+    hardware: Hardware = Field(default_factory=Hardware)
+    publish: Publish = Field(default_factory=Publish)
+    fault_overrides: dict[str, str] = Field(
+        default_factory=dict, description='Fault code -> action, e.g. {"XID 74" = "monitor"}; same as the stack\'s')
+
+    @field_validator("fault_overrides")
+    @classmethod
+    def _known_actions(cls, value: dict[str, str]) -> dict[str, str]:
+        import json
+
+        parse_overrides(json.dumps(value))
+        return value
+
+
+def parse_config(data: dict[str, object], origin: str = "config") -> AgentConfig:
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"{origin}: {problems}") from None
+
+
+def load_config(path: Path) -> AgentConfig:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the configuration: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,63 @@
+"""The one interface every hardware backend implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+
+class HardwareError(Exception):
+    """A counter or device could not be read (NVML error, unreadable sysfs file)."""
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int
+    uuid: str = ""
+    pci_bus_id: str = ""
+    lost: bool = False
+    ecc_dbe_volatile: int = 0
+    retired_pages_pending: bool = False
+    remap_pending: bool = False
+    remap_failure: bool = False
+    thermal_violation: bool = False
+    power_violation: bool = False
+    nvlink_errors: int = 0  # cumulative replay + recovery + CRC counters over active links
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    xid: int
+    gpu_index: int | None
+    pci_bus_id: str
+    observed_at: datetime
+
+
+@dataclass(frozen=True)
+class EfaDevice:
+    name: str
+    port_state: str
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+class Hardware(Protocol):
+    def gpus(self) -> list[GpuState]:
+        """Every GPU the driver sees (fewer than expected means some are lost)."""
+
+    def wait_xid(self, timeout_s: float) -> list[XidEvent]:
+        """Block until XID events arrive or ``timeout_s`` passes (event-driven where supported)."""
+
+    def dcgm_health(self) -> list[str] | None:
+        """DCGM health-watch failures; ``None`` when DCGM is not installed."""
+
+    def efa_devices(self) -> list[EfaDevice]: ...
+
+    def disk_usage(self, path: str) -> tuple[int, int]:
+        """(total, free) bytes of the file system holding ``path``."""
+
+    def mount_responsive(self, path: str, timeout_s: float) -> bool: ...
+
+    def mount_read_only(self, path: str) -> bool: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,155 @@
+"""A real GPU node: NVML (nvidia-ml-py) for GPUs and XID events, sysfs for EFA, the OS for disks.
+
+XIDs come from NVML's event set (``nvmlEventSetWait``): the thread blocks in the driver until an
+event arrives, nothing polls. A counter NVML does not support on this GPU reads as healthy; any
+other NVML error becomes :class:`HardwareError`, which the agent reports as a check error.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, XidEvent
+from nodemedic_agent.hardware.host import OsStorage, SysfsEfa
+
+try:  # nvidia-ml-py; its absence is reported by the GPU checks, not at import
+    import pynvml
+except ImportError:  # pragma: no cover - the agent package depends on nvidia-ml-py
+    pynvml = None
+
+
+def _supported(call: Any, default: Any) -> Any:
+    try:
+        return call()
+    except pynvml.NVMLError_NotSupported:
+        return default
+
+
+class NvmlHardware:
+    def __init__(self, sysfs_root: str = "/sys", dcgm: bool = True) -> None:
+        self._efa = SysfsEfa(sysfs_root)
+        self._storage = OsStorage()
+        self._dcgm = dcgm
+        self._lock = threading.Lock()
+        self._ready = False
+        self._events: Any = None
+
+    # NVML starts lazily so that a missing driver is a check error, not an agent crash
+    def _start(self) -> None:
+        with self._lock:
+            if self._ready:
+                return
+            if pynvml is None:
+                raise HardwareError("nvidia-ml-py is not installed")
+            try:
+                pynvml.nvmlInit()
+                self._events = pynvml.nvmlEventSetCreate()
+                for i in range(pynvml.nvmlDeviceGetCount()):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    _supported(lambda h=handle: pynvml.nvmlDeviceRegisterEvents(
+                        h, pynvml.nvmlEventTypeXidCriticalError, self._events), None)
+            except pynvml.NVMLError as exc:
+                raise HardwareError(f"NVML: {exc}") from exc
+            self._ready = True
+
+    def gpus(self) -> list[GpuState]:
+        self._start()
+        try:
+            return [self._gpu(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError as exc:
+            raise HardwareError(f"NVML: {exc}") from exc
+
+    @staticmethod
+    def _gpu(index: int) -> GpuState:
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            pci = pynvml.nvmlDeviceGetPciInfo(h).busId
+        except pynvml.NVMLError_GpuIsLost:
+            return GpuState(index=index, lost=True)
+        pci = pci.decode() if isinstance(pci, bytes) else str(pci)
+        dbe = _supported(lambda: pynvml.nvmlDeviceGetTotalEccErrors(
+            h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC), 0)
+        pending = _supported(lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h), 0)
+        _, _, remap_pending, remap_failure = _supported(lambda: pynvml.nvmlDeviceGetRemappedRows(h), (0, 0, 0, 0))
+        reasons = _supported(lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h), 0)
+        thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonSwThermalSlowdown
+        nvlink = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            if not _supported(lambda lk=link: pynvml.nvmlDeviceGetNvLinkState(h, lk), 0):
+                continue
+            for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+                            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA):
+                nvlink += _supported(lambda lk=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, lk, c), 0)
+        return GpuState(
+            index=index, uuid=str(uuid), pci_bus_id=pci, ecc_dbe_volatile=int(dbe),
+            retired_pages_pending=bool(pending), remap_pending=bool(remap_pending),
+            remap_failure=bool(remap_failure), thermal_violation=bool(reasons & thermal),
+            power_violation=bool(reasons & pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
+            nvlink_errors=int(nvlink),
+        )
+
+    def wait_xid(self, timeout_s: float) -> list[XidEvent]:
+        try:
+            self._start()
+        except HardwareError:
+            time.sleep(timeout_s)  # reported by the polled GPU check; do not spin
+            return []
+        try:
+            data = pynvml.nvmlEventSetWait_v2(self._events, int(timeout_s * 1000))
+        except pynvml.NVMLError_Timeout:
+            return []
+        except pynvml.NVMLError as exc:
+            raise HardwareError(f"NVML event wait: {exc}") from exc
+        index: int | None = None
+        pci = ""
+        try:
+            index = pynvml.nvmlDeviceGetIndex(data.device)
+            pci = pynvml.nvmlDeviceGetPciInfo(data.device).busId
+            pci = pci.decode() if isinstance(pci, bytes) else str(pci)
+        except pynvml.NVMLError:
+            pass
+        return [XidEvent(int(data.eventData), index, pci, datetime.now(UTC))]
+
+    def dcgm_health(self) -> list[str] | None:
+        """``dcgmi health -c -j`` (needs health watches set, e.g. ``dcgmi health -s a``)."""
+        if not self._dcgm or shutil.which("dcgmi") is None:
+            return None
+        try:
+            out = subprocess.run(["dcgmi", "health", "-c", "-j"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise HardwareError(f"dcgmi health: {exc}") from exc
+        if out.returncode != 0:
+            raise HardwareError(f"dcgmi health exited {out.returncode}: {out.stderr.strip()[:200]}")
+        try:
+            report = json.loads(out.stdout)
+        except json.JSONDecodeError as exc:
+            raise HardwareError(f"dcgmi health printed no JSON: {exc}") from exc
+        text = json.dumps(report)
+        return [] if '"Healthy"' in text and "Failure" not in text and "Warning" not in text else [text[:500]]
+
+    def efa_devices(self) -> list[EfaDevice]:
+        return self._efa.devices()
+
+    def disk_usage(self, path: str) -> tuple[int, int]:
+        return self._storage.disk_usage(path)
+
+    def mount_responsive(self, path: str, timeout_s: float) -> bool:
+        return self._storage.mount_responsive(path, timeout_s)
+
+    def mount_read_only(self, path: str) -> bool:
+        return self._storage.mount_read_only(path)
+
+    def close(self) -> None:
+        if self._ready:
+            try:
+                pynvml.nvmlEventSetFree(self._events)
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass

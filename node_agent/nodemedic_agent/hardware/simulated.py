@@ -1,0 +1,232 @@
+"""A simulated GPU node, kept in a directory so that another process can inject faults into it.
+
+Layout of the directory:
+- ``state.json``: GPUs (the fields of :class:`GpuState`), DCGM health, disks, mounts;
+- ``kmsg``: the kernel log, one ``/dev/kmsg`` record per line (the agent follows it);
+- ``xids.jsonl``: XID events as NVML would deliver them;
+- ``sys/class/infiniband/...``: EFA devices laid out as in sysfs (read by the real sysfs reader).
+
+The agent reads it through :class:`SimulatedHardware`; tests, the demo and
+``nodemedic-agent simulate`` write to it through :class:`SimulatedNode`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, XidEvent
+from nodemedic_agent.hardware.host import EFA_COUNTERS, SysfsEfa
+
+FAULTS = {
+    "xid": "XID N on GPU k (kernel log line and NVML event)",
+    "ecc-dbe": "a double-bit ECC error on GPU k",
+    "remap-failure": "a failed row remap on GPU k",
+    "gpu-lost": "GPU k falls off the bus (no XID)",
+    "nvlink": "NVLink error counters of GPU k jump",
+    "thermal": "GPU k throttles for temperature",
+    "efa-down": "EFA device k's port goes DOWN",
+    "efa-errors": "EFA device k's hardware error counters jump",
+    "efa-driver": "an EFA driver error in the kernel log",
+    "disk-full": "the root file system has 1 % free",
+    "fs-readonly": "the root file system is remounted read-only",
+    "fs-hang": "the shared file system stops answering",
+    "hang": "a hung task in the kernel log",
+    "soft-lockup": "a CPU soft lockup in the kernel log",
+    "oom": "an OOM kill in the kernel log",
+    "sxid": "an NVSwitch SXID in the kernel log",
+    "nvml-error": "NVML itself fails (the GPU checks cannot read counters)",
+    "dcgm": "DCGM health watches report a failure",
+    "clear": "undo every injected fault",
+}
+
+
+def _pci(index: int) -> str:
+    return f"00000000:{0x10 + index:02X}:00.0"
+
+
+class SimulatedNode:
+    """Create a simulated node's directory and inject faults into it."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        self._lock = threading.Lock()
+
+    @property
+    def kmsg_path(self) -> Path:
+        return self.dir / "kmsg"
+
+    def create(self, gpus: int = 8, efa: int = 0, shared_mounts: tuple[str, ...] = ()) -> SimulatedNode:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        state = {
+            "gpus": [dataclasses.asdict(GpuState(index=i, uuid=f"GPU-sim-{i}", pci_bus_id=_pci(i))) for i in range(gpus)],
+            "dcgm": [], "nvml_error": None, "disks": {},
+            "mounts": {m: {"hung": False, "read_only": False} for m in ("/", *shared_mounts)},
+        }
+        self._write(state)
+        for path in (self.kmsg_path, self.dir / "xids.jsonl"):
+            path.touch()
+        for i in range(efa):
+            port = self.dir / "sys" / "class" / "infiniband" / f"rdmap{i}s0" / "ports" / "1"
+            (port / "hw_counters").mkdir(parents=True, exist_ok=True)
+            (port / "state").write_text("4: ACTIVE\n")
+            for name in EFA_COUNTERS:
+                (port / "hw_counters" / name).write_text("0\n")
+        return self
+
+    def state(self) -> dict[str, Any]:
+        return dict(json.loads((self.dir / "state.json").read_text()))
+
+    def _write(self, state: dict[str, Any]) -> None:
+        tmp = self.dir / "state.json.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.dir / "state.json")
+
+    def _update_gpu(self, index: int, **changes: Any) -> None:
+        state = self.state()
+        gpu = state["gpus"][index]
+        for key, value in changes.items():
+            gpu[key] = gpu[key] + value if isinstance(value, int) and not isinstance(value, bool) else value
+        self._write(state)
+
+    def kmsg(self, message: str, priority: int = 3) -> None:
+        """Append one kernel log record (``/dev/kmsg`` format)."""
+        with self._lock, self.kmsg_path.open("a") as f:
+            f.write(f"{priority},{time.monotonic_ns() // 1000 % 10**9},{time.monotonic_ns() // 1000},-;{message}\n")
+            f.flush()
+
+    def _efa_port(self, index: int) -> Path:
+        return self.dir / "sys" / "class" / "infiniband" / f"rdmap{index}s0" / "ports" / "1"
+
+    def inject(self, fault: str, gpu: int = 0, xid: int = 79, efa: int = 0) -> None:  # noqa: C901 - a dispatch table
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; one of: {', '.join(FAULTS)}")
+        if fault == "xid":
+            self.kmsg(f"NVRM: Xid (PCI:{_pci(gpu)[4:]}): {xid}, pid=4242, name=python3, Ch 00000008")
+            with (self.dir / "xids.jsonl").open("a") as f:
+                f.write(json.dumps({"xid": xid, "gpu": gpu, "at": datetime.now(UTC).isoformat()}) + "\n")
+        elif fault == "ecc-dbe":
+            self._update_gpu(gpu, ecc_dbe_volatile=1)
+        elif fault == "remap-failure":
+            self._update_gpu(gpu, remap_failure=True)
+        elif fault == "gpu-lost":
+            self._update_gpu(gpu, lost=True)
+            self.kmsg(f"NVRM: GPU {_pci(gpu)[4:]}: GPU has fallen off the bus.")
+        elif fault == "nvlink":
+            self._update_gpu(gpu, nvlink_errors=10_000)
+        elif fault == "thermal":
+            self._update_gpu(gpu, thermal_violation=True)
+        elif fault == "efa-down":
+            (self._efa_port(efa) / "state").write_text("1: DOWN\n")
+        elif fault == "efa-errors":
+            counter = self._efa_port(efa) / "hw_counters" / "retrans_timeout_events"
+            counter.write_text(f"{int(counter.read_text()) + 10_000}\n")
+        elif fault == "efa-driver":
+            self.kmsg(f"efa 0000:{0x30 + efa:02x}:00.0: Failed to process command CREATE_QP (opcode 1) err -110")
+        elif fault == "disk-full":
+            self._set("disks", "/", [100 * 2**30, 2**30])
+        elif fault == "fs-readonly":
+            self.kmsg("EXT4-fs (nvme0n1p1): Remounting filesystem read-only")
+            self._set("mounts", "/", {"hung": False, "read_only": True})
+        elif fault == "fs-hang":
+            for mount in self.state()["mounts"]:
+                if mount != "/":
+                    self._set("mounts", mount, {"hung": True, "read_only": False})
+        elif fault == "hang":
+            self.kmsg("INFO: task python3:4242 blocked for more than 120 seconds.")
+        elif fault == "soft-lockup":
+            self.kmsg("watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python3:4242]")
+        elif fault == "oom":
+            self.kmsg("Out of memory: Killed process 4242 (python3) total-vm:123456kB, anon-rss:65432kB")
+        elif fault == "sxid":
+            self.kmsg("nvidia-nvswitch3: SXid (PCI:0000:c5:00.0): 12028, Non-fatal, Link 40 egress non-posted PRIV error")
+        elif fault == "nvml-error":
+            self._set_top("nvml_error", "NVML_ERROR_UNKNOWN: simulated driver failure")
+        elif fault == "dcgm":
+            self._set_top("dcgm", [f"GPU {gpu}: PCIe replay rate exceeded (simulated)"])
+        else:  # clear
+            keep = self.state()
+            self.create(gpus=len(keep["gpus"]), efa=0, shared_mounts=tuple(m for m in keep["mounts"] if m != "/"))
+            for port in (self.dir / "sys" / "class" / "infiniband").glob("*/ports/1"):
+                (port / "state").write_text("4: ACTIVE\n")
+
+    def _set(self, section: str, key: str, value: Any) -> None:
+        state = self.state()
+        state[section][key] = value
+        self._write(state)
+
+    def _set_top(self, key: str, value: Any) -> None:
+        state = self.state()
+        state[key] = value
+        self._write(state)
+
+
+class SimulatedHardware:
+    """The agent's view of a :class:`SimulatedNode` (same interface as the NVML backend)."""
+
+    def __init__(self, directory: str | Path, poll_s: float = 0.02) -> None:
+        self._node = SimulatedNode(directory)
+        self._efa = SysfsEfa(str(self._node.dir / "sys"))
+        self._xids = self._node.dir / "xids.jsonl"
+        self._offset = self._xids.stat().st_size if self._xids.exists() else 0
+        self._poll_s = poll_s
+
+    def _state(self) -> dict[str, Any]:
+        try:
+            return self._node.state()
+        except (OSError, ValueError) as exc:
+            raise HardwareError(f"simulated node state unreadable: {exc}") from exc
+
+    def gpus(self) -> list[GpuState]:
+        state = self._state()
+        if state.get("nvml_error"):
+            raise HardwareError(str(state["nvml_error"]))
+        return [GpuState(**g) for g in state["gpus"]]
+
+    def wait_xid(self, timeout_s: float) -> list[XidEvent]:
+        """Simulated NVML event wait: watches ``xids.jsonl`` (the real backend blocks in the driver)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            size = self._xids.stat().st_size if self._xids.exists() else 0
+            if size > self._offset:
+                with self._xids.open() as f:
+                    f.seek(self._offset)
+                    chunk = f.read()
+                complete = chunk[: chunk.rfind("\n") + 1]
+                self._offset += len(complete.encode())
+                events = [json.loads(line) for line in complete.splitlines() if line.strip()]
+                return [XidEvent(e["xid"], e["gpu"], _pci(e["gpu"]), datetime.fromisoformat(e["at"])) for e in events]
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(self._poll_s)
+
+    def dcgm_health(self) -> list[str] | None:
+        return list(self._state().get("dcgm") or [])
+
+    def efa_devices(self) -> list[EfaDevice]:
+        return self._efa.devices()
+
+    def disk_usage(self, path: str) -> tuple[int, int]:
+        total, free = self._state()["disks"].get(path, [100 * 2**30, 60 * 2**30])
+        return int(total), int(free)
+
+    def mount_responsive(self, path: str, timeout_s: float) -> bool:
+        mount = self._state()["mounts"].get(path)
+        if mount is None:
+            raise HardwareError(f"cannot read {path}: not mounted")
+        return not mount["hung"]
+
+    def mount_read_only(self, path: str) -> bool:
+        mount = self._state()["mounts"].get(path)
+        if mount is None:
+            raise HardwareError(f"cannot read {path}: not mounted")
+        return bool(mount["read_only"])
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,34 @@
+"""Who this node is: from the config, else discovered (EC2 IMDSv2, hostname)."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+from nodemedic.contracts.events import NodeIdentity
+
+from nodemedic_agent.config import AgentConfig
+
+IMDS = "http://169.254.169.254/latest"
+
+
+def imds_instance_id(timeout_s: float = 1.0) -> str:
+    token_req = urllib.request.Request(f"{IMDS}/api/token", method="PUT",
+                                       headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    with urllib.request.urlopen(token_req, timeout=timeout_s) as resp:  # noqa: S310 - fixed link-local URL
+        token = resp.read().decode()
+    req = urllib.request.Request(f"{IMDS}/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+        return str(resp.read().decode().strip())
+
+
+def resolve_identity(config: AgentConfig) -> NodeIdentity:
+    hostname = config.node.hostname or socket.getfqdn()
+    instance_id = config.node.instance_id
+    if instance_id is None:
+        try:
+            instance_id = imds_instance_id()
+        except OSError as exc:
+            raise ValueError(f"node.instance_id is not set and EC2 instance metadata is unreachable: {exc}") from exc
+    slurm_node = config.node.slurm_node or hostname.split(".")[0]
+    return NodeIdentity(instance_id=instance_id, hostname=hostname, slurm_node=slurm_node)

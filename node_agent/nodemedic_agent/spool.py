@@ -1,0 +1,76 @@
+"""A durable on-disk queue of PutEvents entries: one file per event, written atomically, removed
+only after EventBridge accepted the event. It survives network outages and agent restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Spool:
+    def __init__(self, directory: str | Path, max_events: int = 10000) -> None:
+        self.dir = Path(directory)
+        self.dead_dir = self.dir / "dead"
+        self.dead_dir.mkdir(parents=True, exist_ok=True)
+        self.max_events = max_events
+        self.dropped = 0
+        self._lock = threading.Lock()
+        for tmp in self.dir.glob("*.tmp"):  # a write cut short by a crash never became an event
+            tmp.unlink(missing_ok=True)
+        self._names = sorted(p.name for p in self.dir.glob("*.json"))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._names)
+
+    def put(self, entry: dict[str, Any], key: str) -> None:
+        name = f"{time.time_ns():020d}-{key}.json"
+        tmp = self.dir / f"{name}.tmp"
+        with tmp.open("w") as f:
+            json.dump(entry, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / name)
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._names.append(name)
+            while len(self._names) > self.max_events:  # bounded disk: the oldest go first
+                (self.dir / self._names.pop(0)).unlink(missing_ok=True)
+                self.dropped += 1
+
+    def oldest(self, limit: int) -> list[tuple[str, dict[str, Any]]]:
+        with self._lock:
+            names = self._names[:limit]
+        out = []
+        for name in names:
+            try:
+                out.append((name, json.loads((self.dir / name).read_text())))
+            except (OSError, ValueError):  # unreadable: set aside, never block the queue
+                self.dead([name], "unreadable spool file")
+        return out
+
+    def remove(self, names: list[str]) -> None:
+        with self._lock:
+            for name in names:
+                (self.dir / name).unlink(missing_ok=True)
+                if name in self._names:
+                    self._names.remove(name)
+
+    def dead(self, names: list[str], reason: str) -> None:
+        """Move entries EventBridge will never accept aside (kept for inspection)."""
+        with self._lock:
+            for name in names:
+                src = self.dir / name
+                if src.exists():
+                    os.replace(src, self.dead_dir / name)
+                    (self.dead_dir / f"{name}.reason").write_text(reason)
+                if name in self._names:
+                    self._names.remove(name)
