@@ -34,8 +34,10 @@ log = logging.getLogger("nodemedic_agent")
 
 def events_client(config: AgentConfig) -> Any:
     """PutEvents client; botocore's own retries are off, the spool and backoff do that job."""
+    from nodemedic_agent.identity import resolve_region
+
     cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=5)
-    return boto3.client("events", region_name=config.region, endpoint_url=config.publish.endpoint_url, config=cfg)
+    return boto3.client("events", region_name=resolve_region(config), endpoint_url=config.publish.endpoint_url, config=cfg)
 
 
 class Agent:
@@ -47,8 +49,9 @@ class Agent:
         self.node = node
         self.dry_run = dry_run
         self.out = out
-        self.dedupe = Deduper(config.intervals.dedupe_window_seconds, clock or time.monotonic)
         self.spool = Spool(config.publish.spool_dir, config.publish.spool_max_events)
+        self.dedupe = Deduper(config.intervals.dedupe_window_seconds, clock or time.time,
+                              state_file=None if dry_run else self.spool.dir / "dedupe.json")
         self.publisher = Publisher(client, self.spool, config.publish.max_backoff_seconds)
         self.checks = PolledChecks(hardware, config)
         self.kernel_log = KernelLogFollower(config.kernel_log.source, config.kernel_log.path, threading.Event())

@@ -26,7 +26,8 @@ def _agent(config: AgentConfig, dry_run: bool):  # noqa: ANN202 - imported lazil
     from nodemedic_agent.hardware import open_hardware
     from nodemedic_agent.identity import resolve_identity
 
-    return Agent(config, open_hardware(config), resolve_identity(config), events_client(config), dry_run=dry_run)
+    client = None if dry_run else events_client(config)  # a dry run needs no AWS access at all
+    return Agent(config, open_hardware(config), resolve_identity(config), client, dry_run=dry_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1,12 +1,18 @@
 """Fold a fault that repeats: the first occurrence is published at once; repeats within the
-window are counted, and the next event for that fault after the window carries the count."""
+window are counted, and the next event for that fault after the window carries the count.
+
+With a state file the memory survives an agent restart, so a restarted agent does not report
+again a condition that is still present (an ECC counter, a port that is still down)."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -16,12 +22,26 @@ class _Seen:
 
 
 class Deduper:
-    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.time, state_file: Path | None = None) -> None:
         self.window_s = window_s
         self._clock = clock
+        self._state_file = state_file
         self._seen: dict[str, _Seen] = {}
         self._lock = threading.Lock()
         self.suppressed_total = 0
+        if state_file and state_file.exists():
+            try:
+                saved = json.loads(state_file.read_text())
+                self._seen = {k: _Seen(**v) for k, v in saved.items() if clock() - v["sent_at"] < window_s}
+            except (OSError, ValueError, TypeError):
+                self._seen = {}  # a corrupt memory only costs one repeated event
+
+    def _save(self) -> None:
+        if self._state_file is None:
+            return
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({k: asdict(v) for k, v in self._seen.items()}))
+        os.replace(tmp, self._state_file)
 
     def admit(self, key: str) -> int | None:
         """``None`` if ``key`` was published within the window (counted), else the count to publish."""
@@ -36,4 +56,5 @@ class Deduper:
             self._seen[key] = _Seen(now)
             if len(self._seen) > 4096:  # forget quiet faults; keep memory flat on a noisy node
                 self._seen = {k: v for k, v in self._seen.items() if now - v.sent_at < self.window_s or v.suppressed}
+            self._save()
             return count

@@ -12,14 +12,28 @@ from nodemedic_agent.config import AgentConfig
 IMDS = "http://169.254.169.254/latest"
 
 
-def imds_instance_id(timeout_s: float = 1.0) -> str:
+def imds(path: str, timeout_s: float = 1.0) -> str:
+    """One EC2 instance metadata value (IMDSv2)."""
     token_req = urllib.request.Request(f"{IMDS}/api/token", method="PUT",
                                        headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
     with urllib.request.urlopen(token_req, timeout=timeout_s) as resp:  # noqa: S310 - fixed link-local URL
         token = resp.read().decode()
-    req = urllib.request.Request(f"{IMDS}/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token})
+    req = urllib.request.Request(f"{IMDS}/meta-data/{path}", headers={"X-aws-ec2-metadata-token": token})
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
         return str(resp.read().decode().strip())
+
+
+def resolve_region(config: AgentConfig) -> str:
+    """``region`` from the config, else the AWS environment, else instance metadata."""
+    import boto3
+
+    region = config.region or boto3.session.Session().region_name
+    if region:
+        return str(region)
+    try:
+        return imds("placement/region")
+    except OSError as exc:
+        raise ValueError(f"region is not set in the config or AWS_REGION and instance metadata is unreachable: {exc}") from exc
 
 
 def resolve_identity(config: AgentConfig) -> NodeIdentity:
@@ -27,7 +41,7 @@ def resolve_identity(config: AgentConfig) -> NodeIdentity:
     instance_id = config.node.instance_id
     if instance_id is None:
         try:
-            instance_id = imds_instance_id()
+            instance_id = imds("instance-id")
         except OSError as exc:
             raise ValueError(f"node.instance_id is not set and EC2 instance metadata is unreachable: {exc}") from exc
     slurm_node = config.node.slurm_node or hostname.split(".")[0]

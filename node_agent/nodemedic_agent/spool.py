@@ -21,14 +21,14 @@ class Spool:
         self._lock = threading.Lock()
         for tmp in self.dir.glob("*.tmp"):  # a write cut short by a crash never became an event
             tmp.unlink(missing_ok=True)
-        self._names = sorted(p.name for p in self.dir.glob("*.json"))
+        self._names = sorted(p.name for p in self.dir.glob("ev-*.json"))
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._names)
 
     def put(self, entry: dict[str, Any], key: str) -> None:
-        name = f"{time.time_ns():020d}-{key}.json"
+        name = f"ev-{time.time_ns():020d}-{key}.json"
         tmp = self.dir / f"{name}.tmp"
         with tmp.open("w") as f:
             json.dump(entry, f)

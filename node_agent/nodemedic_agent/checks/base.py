@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from nodemedic.domain.classification import classify
+
 Status = Literal["healthy", "degraded", "failed", "error"]
 _RANK = {"healthy": 0, "degraded": 1, "error": 2, "failed": 3}
 
@@ -44,6 +46,12 @@ class CheckResult:
             if _RANK[f.status] > _RANK[worst]:
                 worst = f.status
         return worst
+
+
+def status_of(fault_code: str, overrides: dict[str, str] | None = None) -> Status:
+    """``failed`` when the pipeline acts on the fault (fault table, operator overrides), else ``degraded``."""
+    action = (overrides or {}).get(fault_code) or classify(fault_code).action
+    return "degraded" if action == "monitor" else "failed"
 
 
 def check_error(check: str, name: str, error: Exception) -> CheckResult:

@@ -15,9 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from threading import Event
 
-from nodemedic.domain.classification import classify
-
-from nodemedic_agent.checks.base import Finding
+from nodemedic_agent.checks.base import Finding, status_of
 
 KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
 XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
@@ -36,17 +34,12 @@ def bus_key(pci: str) -> str:
     return ":".join(pci.split(".")[0].lower().split(":")[-2:])
 
 
-def _status(fault_code: str, overrides: dict[str, str]) -> str:
-    action = overrides.get(fault_code) or classify(fault_code).action
-    return "degraded" if action == "monitor" else "failed"
-
-
 def xid_finding(xid: int, pci: str, index: int | None, observed_at: datetime, evidence: dict[str, object],
                 check: str = "kernel_log", overrides: dict[str, str] | None = None) -> Finding:
     """An XID, from the kernel log or from NVML's event (same component, so dedupe folds the pair)."""
     code = f"XID {xid}"
     component = {"kind": "gpu", "index": index} if index is not None else {"kind": "gpu", "name": pci}
-    return Finding(check, code, _status(code, overrides or {}), f"XID {xid} on GPU {pci}",  # type: ignore[arg-type]
+    return Finding(check, code, status_of(code, overrides), f"XID {xid} on GPU {pci}",  # type: ignore[arg-type]
                    component, evidence, observed_at)
 
 
@@ -58,7 +51,7 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
     evidence = {"kmsg": text}
 
     def found(code: str, summary: str, component: dict[str, object] | None) -> Finding:
-        return Finding("kernel_log", code, _status(code, overrides), summary, component, evidence, observed_at)  # type: ignore[arg-type]
+        return Finding("kernel_log", code, status_of(code, overrides), summary, component, evidence, observed_at)  # type: ignore[arg-type]
 
     if m := XID.search(message):
         return xid_finding(int(m.group(2)), m.group(1), gpu_index(m.group(1)), observed_at, evidence, overrides=overrides)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nodemedic_agent.checks.base import CheckResult, Finding, check_error
+from nodemedic_agent.checks.base import CheckResult, Finding, check_error, status_of
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.hardware.base import Hardware, HardwareError
 
@@ -21,6 +21,10 @@ class PolledChecks:
         self.config = config
         self._nvlink: dict[int, int] = {}
         self._efa: dict[str, int] = {}
+
+    def _found(self, check: str, code: str, summary: str, component: dict[str, object] | None = None,
+               evidence: dict[str, object] | None = None) -> Finding:
+        return Finding(check, code, status_of(code, self.config.fault_overrides), summary, component, evidence or {})
 
     def run_all(self) -> list[CheckResult]:
         checks: list[tuple[str, str, Callable[[], CheckResult]]] = [
@@ -40,33 +44,33 @@ class PolledChecks:
         expected = self.config.expected.gpus
         found: list[Finding] = []
         if len(gpus) < expected:
-            found.append(Finding("nvml", "GPU_COUNT_LOW", "failed", f"{len(gpus)} of {expected} GPUs visible",
+            found.append(self._found("nvml", "GPU_COUNT_LOW", f"{len(gpus)} of {expected} GPUs visible",
                                  {"kind": "node"}, {"visible": len(gpus), "expected": expected}))
         thr = self.config.thresholds.nvlink_errors_per_poll
         for g in gpus:
             comp = _gpu(g.index, g.uuid)
             if g.lost:
-                found.append(Finding("nvml", "GPU_LOST", "failed", f"GPU {g.index} is lost (fell off the bus)",
-                                     _gpu(g.index), {"pci_bus_id": g.pci_bus_id}))
+                found.append(self._found("nvml", "GPU_LOST", f"GPU {g.index} is lost (fell off the bus)",
+                                         _gpu(g.index), {"pci_bus_id": g.pci_bus_id}))
                 continue
             if g.ecc_dbe_volatile > 0:
-                found.append(Finding("nvml", "ECC_DBE", "failed", f"GPU {g.index}: {g.ecc_dbe_volatile} double-bit ECC errors",
-                                     comp, {"ecc_dbe_volatile": g.ecc_dbe_volatile}))
+                found.append(self._found("nvml", "ECC_DBE", f"GPU {g.index}: {g.ecc_dbe_volatile} double-bit ECC errors",
+                                         comp, {"ecc_dbe_volatile": g.ecc_dbe_volatile}))
             if g.remap_failure:
-                found.append(Finding("nvml", "ROW_REMAP_FAILURE", "failed", f"GPU {g.index}: row remapping failed", comp))
+                found.append(self._found("nvml", "ROW_REMAP_FAILURE", f"GPU {g.index}: row remapping failed", comp))
             elif g.remap_pending or g.retired_pages_pending:
-                found.append(Finding("nvml", "RETIRED_PAGES_PENDING", "degraded",
-                                     f"GPU {g.index}: page retirement / row remap pending a reset", comp))
+                found.append(self._found("nvml", "RETIRED_PAGES_PENDING",
+                                         f"GPU {g.index}: page retirement / row remap pending a reset", comp))
             if g.thermal_violation:
-                found.append(Finding("nvml", "THERMAL_VIOLATION", "degraded", f"GPU {g.index}: thermal slowdown", comp))
+                found.append(self._found("nvml", "THERMAL_VIOLATION", f"GPU {g.index}: thermal slowdown", comp))
             if g.power_violation:
-                found.append(Finding("nvml", "POWER_VIOLATION", "degraded", f"GPU {g.index}: power brake slowdown", comp))
+                found.append(self._found("nvml", "POWER_VIOLATION", f"GPU {g.index}: power brake slowdown", comp))
             before = self._nvlink.get(g.index, g.nvlink_errors)
             self._nvlink[g.index] = g.nvlink_errors
             if g.nvlink_errors - before >= thr:
-                found.append(Finding("nvml", "NVLINK_ERRORS", "degraded",
-                                     f"GPU {g.index}: {g.nvlink_errors - before} NVLink errors since the last poll", comp,
-                                     {"new_errors": g.nvlink_errors - before, "threshold": thr}))
+                found.append(self._found("nvml", "NVLINK_ERRORS",
+                                         f"GPU {g.index}: {g.nvlink_errors - before} NVLink errors since the last poll", comp,
+                                         {"new_errors": g.nvlink_errors - before, "threshold": thr}))
         lost = sum(g.lost for g in gpus)
         return CheckResult("gpu", f"{len(gpus) - lost}/{expected} GPUs visible", found)
 
@@ -74,7 +78,7 @@ class PolledChecks:
         failures = self.hw.dcgm_health()
         if failures is None:
             return CheckResult("dcgm", "DCGM not installed; skipped")
-        found = [Finding("dcgm", "DCGM_HEALTH", "failed", "DCGM health watches report a failure",
+        found = [self._found("dcgm", "DCGM_HEALTH", "DCGM health watches report a failure",
                          {"kind": "node"}, {"dcgm": "; ".join(failures)[:1000]})] if failures else []
         return CheckResult("dcgm", "health watches clean" if not failures else f"{len(failures)} failures", found)
 
@@ -83,20 +87,20 @@ class PolledChecks:
         expected = self.config.expected.efa_devices
         found: list[Finding] = []
         if len(devices) < expected:
-            found.append(Finding("efa", "EFA_COUNT_LOW", "failed", f"{len(devices)} of {expected} EFA devices",
+            found.append(self._found("efa", "EFA_COUNT_LOW", f"{len(devices)} of {expected} EFA devices",
                                  {"kind": "node"}, {"visible": len(devices), "expected": expected}))
         thr = self.config.thresholds.efa_errors_per_poll
         for i, dev in enumerate(devices):
             comp = {"kind": "nic", "index": i, "name": dev.name}
             if dev.port_state != "ACTIVE":
-                found.append(Finding("efa", "EFA_DOWN", "failed", f"{dev.name} port 1 is {dev.port_state}", comp,
-                                     {"port_state": dev.port_state}))
+                found.append(self._found("efa", "EFA_DOWN", f"{dev.name} port 1 is {dev.port_state}", comp,
+                                         {"port_state": dev.port_state}))
             total = sum(dev.counters.values())
             before = self._efa.get(dev.name, total)
             self._efa[dev.name] = total
             if total - before >= thr:
-                found.append(Finding("efa", "EFA_HW_ERRORS", "degraded", f"{dev.name}: {total - before} new hardware errors",
-                                     comp, {**dev.counters, "new_errors": total - before}))
+                found.append(self._found("efa", "EFA_HW_ERRORS", f"{dev.name}: {total - before} new hardware errors",
+                                         comp, {**dev.counters, "new_errors": total - before}))
         return CheckResult("efa", f"{len(devices)}/{expected} EFA devices", found)
 
     def storage(self) -> CheckResult:
@@ -108,17 +112,17 @@ class PolledChecks:
             pct = 100.0 * free / total if total else 0.0
             notes.append(f"{path} {pct:.0f}% free")
             if pct < cfg.min_free_percent:
-                found.append(Finding("storage", "DISK_FULL", "degraded", f"{path} has {pct:.1f}% free",
-                                     {"kind": "disk", "name": path},
-                                     {"free_percent": round(pct, 2), "min": cfg.min_free_percent}))
+                found.append(self._found("storage", "DISK_FULL", f"{path} has {pct:.1f}% free",
+                                         {"kind": "disk", "name": path},
+                                         {"free_percent": round(pct, 2), "min": cfg.min_free_percent}))
             if self.hw.mount_read_only(path):
-                found.append(Finding("storage", "FS_READONLY", "failed", f"{path} is read-only",
-                                     {"kind": "filesystem", "name": path}))
+                found.append(self._found("storage", "FS_READONLY", f"{path} is read-only",
+                                         {"kind": "filesystem", "name": path}))
         for mount in cfg.shared_mounts:
             if not self.hw.mount_responsive(mount, cfg.probe_timeout_seconds):
-                found.append(Finding("storage", "FS_UNRESPONSIVE", "failed",
-                                     f"{mount} did not answer within {cfg.probe_timeout_seconds:g}s",
-                                     {"kind": "filesystem", "name": mount}, {"timeout_s": cfg.probe_timeout_seconds}))
+                found.append(self._found("storage", "FS_UNRESPONSIVE",
+                                         f"{mount} did not answer within {cfg.probe_timeout_seconds:g}s",
+                                         {"kind": "filesystem", "name": mount}, {"timeout_s": cfg.probe_timeout_seconds}))
             else:
                 notes.append(f"{mount} responsive")
         return CheckResult("storage", ", ".join(notes) or "no paths configured", found)

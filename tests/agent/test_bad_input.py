@@ -1,0 +1,96 @@
+"""Bad input never crashes the agent: bad config stops it at start naming the field; hardware
+errors become check-error events; kernel log lines it cannot parse are skipped and counted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nodemedic_agent.config import ConfigError, load_config
+
+GOOD = """
+cluster = "local"
+event_bus = "nodemedic-local"
+[hardware]
+backend = "simulated"
+simulated_dir = "/tmp/none"
+"""
+
+
+def run_agent(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nodemedic_agent.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    (GOOD + "[intervals]\nheartbeat_seconds = -1\n", "intervals.heartbeat_seconds"),
+    (GOOD + "[expected]\ngpus = \"eight\"\n", "expected.gpus"),
+    (GOOD.replace('cluster = "local"', 'cluster = "bad name!"'), "cluster"),
+    (GOOD.replace('cluster = "local"\n', ""), "cluster: Field required"),
+    (GOOD + "[publish]\nspool = \"/x\"\n", "publish.spool"),
+    (GOOD + "[fault_overrides]\n\"XID 74\" = \"explode\"\n", "fault_overrides"),
+    (GOOD + "[kernel_log]\nsource = \"syslog\"\n", "kernel_log.source"),
+    ("cluster = [unclosed", "not valid TOML"),
+])
+def test_malformed_config_stops_the_agent_naming_the_field(tmp_path: Path, text: str, named: str):
+    config = tmp_path / "agent.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(config)
+    proc = run_agent("-c", str(config), "run")
+    assert proc.returncode == 2
+    assert "configuration error" in proc.stderr and named in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path):
+    proc = run_agent("-c", str(tmp_path / "nope.toml"), "validate")
+    assert proc.returncode == 2 and "cannot read the configuration" in proc.stderr
+
+
+def test_nvml_error_becomes_a_check_error_event_and_the_agent_keeps_working(bus, sim, make_agent):
+    agent = make_agent()
+    sim.inject("nvml-error")
+    events = bus.wait_health(1)
+    assert [(e["fault_code"], e["evidence"]["check"]) for e in events] == [("CHECK_ERROR", "gpu")]
+    assert "simulated driver failure" in events[0]["evidence"]["error"]
+    sim.inject("efa-down", efa=0)  # other checks and watchers still run
+    assert [e["fault_code"] for e in bus.wait_health(2)] == ["CHECK_ERROR", "EFA_DOWN"]
+    assert all(t.is_alive() for t in agent._threads)
+
+
+def test_unreadable_counter_is_a_check_error(bus, sim, make_agent):
+    make_agent()
+    (sim.dir / "sys/class/infiniband/rdmap1s0/ports/1/hw_counters/rx_drops").write_text("garbage\n")
+    events = bus.wait_health(1)
+    assert [(e["fault_code"], e["evidence"]["check"]) for e in events] == [("CHECK_ERROR", "efa")]
+
+
+def test_unparsable_kernel_log_lines_are_skipped_and_counted(bus, sim, make_agent):
+    agent = make_agent()
+    with sim.kmsg_path.open("a") as f:
+        f.write("this is not a kmsg record\n\x00\x01 binary junk\n SUBSYSTEM=pci\n")  # 2 junk + 1 continuation
+    sim.inject("xid", xid=48, gpu=2)
+    events = bus.wait_health(1)
+    assert [e["fault_code"] for e in events] == ["XID 48"]
+    assert agent.kernel_log.stats.skipped == 2
+
+
+def test_without_a_gpu_driver_the_real_backend_reports_a_check_error(tmp_path: Path):
+    config = tmp_path / "agent.toml"
+    config.write_text(f"""
+cluster = "local"
+event_bus = "nodemedic-local"
+[node]
+instance_id = "i-0123456789abcdef0"
+[kernel_log]
+source = "off"
+[publish]
+spool_dir = "{tmp_path / 'spool'}"
+""")
+    proc = run_agent("-c", str(config), "check", "--once", "--dry-run")
+    assert proc.returncode == 1, proc.stderr
+    assert "[ERR ] gpu" in proc.stdout and "NVML" in proc.stdout
+    assert '"fault_code": "CHECK_ERROR"' in proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,101 @@
+"""Dedupe, batching, and delivery through a bus outage and an agent restart."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+from moto.server import ThreadedMotoServer
+from nodemedic_agent.dedupe import Deduper
+from nodemedic_agent.publisher import MAX_BATCH_BYTES, batches, entry_size
+
+from .conftest import Bus
+
+
+def test_repeated_fault_is_one_event(bus, sim, make_agent):
+    agent = make_agent()
+    for _ in range(5):
+        sim.inject("xid", xid=79, gpu=3)  # each also arrives twice: kernel log + NVML event
+    events = bus.wait_health(1, settle=1.0)
+    assert [(e["fault_code"], e["count"]) for e in events] == [("XID 79", 1)]
+    assert agent.dedupe.suppressed_total == 9
+
+
+def test_repeats_are_counted_into_the_next_event_after_the_window():
+    now = [0.0]
+    dedupe = Deduper(window_s=300, clock=lambda: now[0])
+    assert dedupe.admit("XID 79|3") == 1
+    assert [dedupe.admit("XID 79|3") for _ in range(4)] == [None] * 4
+    assert dedupe.admit("XID 79|5") == 1  # another GPU is another fault
+    now[0] = 301.0
+    assert dedupe.admit("XID 79|3") == 5  # this one plus the 4 folded ones
+
+
+def test_batches_respect_ten_entries_and_256_kb():
+    small = [(f"s{i}", {"Source": "nodemedic.agent", "DetailType": "Node Health Event", "Detail": "{}"}) for i in range(23)]
+    assert [len(b) for b in batches(small)] == [10, 10, 3]
+    big = [(f"b{i}", {"Source": "s", "DetailType": "d", "Detail": json.dumps({"x": "y" * 100_000})}) for i in range(5)]
+    sized = batches(big)
+    assert [len(b) for b in sized] == [2, 2, 1]
+    assert all(sum(entry_size(e) for _, e in b) <= MAX_BATCH_BYTES for b in sized)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(fake_env):
+    """A real network endpoint for the bus that the test can take down and bring back."""
+    port = _free_port()
+
+    class Endpoint:
+        url = f"http://127.0.0.1:{port}"
+
+        def __init__(self) -> None:
+            self.server: ThreadedMotoServer | None = None
+
+        def up(self) -> None:
+            self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+            self.server.start()
+
+        def down(self) -> None:
+            if self.server:
+                self.server.stop()
+                self.server = None
+
+    endpoint = Endpoint()
+    endpoint.up()
+    yield endpoint
+    endpoint.down()
+
+
+def test_outage_spools_events_and_delivers_each_once_across_a_restart(server, sim, make_agent):
+    bus = Bus(endpoint_url=server.url)
+    server.down()  # the bus becomes unreachable
+
+    first = make_agent(publish={"endpoint_url": server.url})
+    sim.inject("xid", xid=79, gpu=3)
+    sim.inject("ecc-dbe", gpu=1)
+    deadline = time.monotonic() + 5
+    while len(first.spool) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert len(first.spool) == 2 and first.publisher.stats.sent == 0
+    assert first.publisher.stats.failed_calls >= 1  # it did try, and backed off
+    first.stop(graceful=False)  # the agent dies with the bus still down
+
+    second = make_agent(publish={"endpoint_url": server.url})
+    assert len(second.spool) == 2  # the spool survived the restart
+    sim.inject("hang")
+    time.sleep(0.5)
+    server.up()  # the bus comes back
+
+    events = bus.wait_health(3, timeout=15, settle=1.0)
+    assert sorted(e["fault_code"] for e in events) == ["ECC_DBE", "HUNG_TASK", "XID 79"]
+    assert len({e["event_id"] for e in events}) == 3  # none duplicated
+    assert len(second.spool) == 0

@@ -1,0 +1,63 @@
+"""Each fault class, injected into a simulated node, reaches the bus as exactly one correctly
+classified Node Health Event."""
+
+from __future__ import annotations
+
+import pytest
+from nodemedic.contracts.events import NodeHealthEvent
+from nodemedic.domain.classification import classify
+
+FAULTS = [
+    # injected fault, kwargs, expected fault code, expected check, action the pipeline takes
+    ("xid", {"xid": 79, "gpu": 3}, "XID 79", {"kernel_log", "nvml"}, "replace"),
+    ("xid", {"xid": 13, "gpu": 1}, "XID 13", {"kernel_log", "nvml"}, "monitor"),
+    ("ecc-dbe", {"gpu": 2}, "ECC_DBE", {"nvml"}, "reboot"),
+    ("remap-failure", {"gpu": 2}, "ROW_REMAP_FAILURE", {"nvml"}, "reboot"),
+    ("gpu-lost", {"gpu": 5}, "GPU_LOST", {"kernel_log", "nvml"}, "replace"),
+    ("nvlink", {"gpu": 0}, "NVLINK_ERRORS", {"nvml"}, "reboot"),
+    ("thermal", {"gpu": 6}, "THERMAL_VIOLATION", {"nvml"}, "monitor"),
+    ("dcgm", {}, "DCGM_HEALTH", {"dcgm"}, "reboot"),
+    ("efa-down", {"efa": 1}, "EFA_DOWN", {"efa"}, "reboot"),
+    ("efa-errors", {"efa": 0}, "EFA_HW_ERRORS", {"efa"}, "monitor"),
+    ("efa-driver", {}, "EFA_DRIVER_ERROR", {"kernel_log"}, "monitor"),
+    ("disk-full", {}, "DISK_FULL", {"storage"}, "monitor"),
+    ("fs-readonly", {}, "FS_READONLY", {"storage", "kernel_log"}, "reboot"),
+    ("fs-hang", {}, "FS_UNRESPONSIVE", {"storage"}, "reboot"),
+    ("hang", {}, "HUNG_TASK", {"kernel_log"}, "reboot"),
+    ("soft-lockup", {}, "SOFT_LOCKUP", {"kernel_log"}, "reboot"),
+    ("oom", {}, "OOM_KILL", {"kernel_log"}, "monitor"),
+]
+
+
+@pytest.mark.parametrize(("fault", "kwargs", "code", "checks", "action"), FAULTS,
+                         ids=[f"{f[0]}-{f[2]}" for f in FAULTS])
+def test_each_fault_class_gives_exactly_one_classified_event(bus, sim, make_agent, fault, kwargs, code, checks, action):
+    make_agent()
+    sim.inject(fault, **kwargs)
+    events = bus.wait_health(1)
+    assert [e["fault_code"] for e in events] == [code]
+    event = NodeHealthEvent.model_validate(events[0])  # the contract the pipeline parses
+    assert event.check in checks
+    assert event.node.instance_id == "i-0123456789abcdef0" and event.cluster == "local"
+    assert classify(event.fault_code).action == action
+    assert event.severity == ("warning" if action == "monitor" else "critical")
+    if "gpu" in kwargs:
+        assert event.component is not None and event.component.index == kwargs["gpu"]
+
+
+def test_gpu_count_lower_than_expected(bus, make_agent):
+    make_agent(expected={"gpus": 16})
+    events = bus.wait_health(1)
+    assert [e["fault_code"] for e in events] == ["GPU_COUNT_LOW"]
+    assert events[0]["evidence"]["visible"] == 8 and events[0]["evidence"]["expected"] == 16
+
+
+def test_healthy_node_sends_heartbeats_and_no_health_events(bus, make_agent):
+    agent = make_agent(intervals={"heartbeat_seconds": 0.2})
+    bus.wait_health(0, settle=1.0)
+    agent.stop(graceful=True)
+    beats = bus.heartbeats()
+    assert bus.health_events() == []
+    assert len(beats) >= 3
+    assert beats[-1]["status"] == "stopping" and all(b["status"] == "running" for b in beats[:-1])
+    assert beats[0]["interval_seconds"] == 0.2 and beats[0]["node"]["slurm_node"] == "gpu-1"
