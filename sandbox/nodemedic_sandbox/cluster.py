@@ -78,6 +78,8 @@ class SimCluster:
             "NodeJoinCommand": f"{node_cmd} join {{slurm_node}}",
             "DeepHealthCheckCommand": f"{node_cmd} health-check --level quick",
             "CommandTimeoutSeconds": "60",
+            # one sweep per sweeper run: the local mode fires the schedule at the sweep cadence
+            "SilenceSweepsPerInvocation": "1",
         }
 
     # -- identity -------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 moto 5.2.5 (pinned) stores resources and interprets Step Functions ASL, but on its own it
 does not run Lambda code, does not deliver EventBridge events to Step Functions, does not
-execute SSM commands, does not turn EMF log lines into metrics and emits no alarm state
-change events. Each hook below fills one of those gaps; ``tests/component/test_embedded_aws.py``
+execute SSM commands, does not turn EMF log lines into metrics, emits no alarm state
+change events and never fires scheduled rules. Each hook below fills one of those gaps; ``tests/component/test_embedded_aws.py``
 checks every one of them, so a moto upgrade that moves a hooked internal fails loudly.
 """
 
@@ -14,6 +14,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudwatch.models import CloudWatchBackend
 from moto.dynamodb.models import DynamoDBBackend
-from moto.events.models import Rule
+from moto.events.models import Rule, events_backends
 from moto.ssm.models import Command
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.utilities.arns import parse_arn
@@ -153,6 +154,7 @@ class EmbeddedAWS:
         self._capture = _CAPTURE
         self._lambda_lock = threading.RLock()
         self._stack = contextlib.ExitStack()
+        self._schedules: threading.Event | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> EmbeddedAWS:
@@ -220,8 +222,43 @@ class EmbeddedAWS:
             self._stack.enter_context(mock.patch.object(target, attr, new))
 
     def stop(self) -> None:
+        if self._schedules is not None:
+            self._schedules.set()
         self._stack.close()
         self._modules.clear()
+
+    # -- EventBridge schedules (moto stores them but never fires them) ------------------
+    def start_schedules(self, scale: float) -> None:
+        """Fire ENABLED ``rate(...)`` rules from a thread, each period multiplied by ``scale``
+        (1.0 = real time). Each fire delivers AWS's ``Scheduled Event`` to the rule's targets."""
+        stop = self._schedules = threading.Event()
+        due: dict[str, float] = {}
+
+        def loop() -> None:
+            while not stop.wait(0.05):
+                now = time.monotonic()
+                for rule in self._scheduled_rules():
+                    period = schedule_period(rule.scheduled_expression) * scale
+                    when = due.setdefault(rule.arn, now + period)
+                    if now >= when:
+                        due[rule.arn] = now + period
+                        self._fire(rule)
+
+        threading.Thread(target=loop, name="embedded-aws-schedules", daemon=True).start()
+
+    def _scheduled_rules(self) -> list[Rule]:
+        backend = events_backends[ACCOUNT_ID][self.region]
+        return [rule for bus in list(backend.event_buses.values()) for rule in list(bus.rules.values())
+                if rule.scheduled_expression and rule.state == "ENABLED"]
+
+    def _fire(self, rule: Rule) -> None:
+        event = {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
+                 "account": ACCOUNT_ID, "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                 "region": self.region, "resources": [rule.arn], "detail": {}}
+        try:
+            self._deliver(rule, event, True)
+        except Exception:  # noqa: BLE001 - a failing target must not stop the clock
+            traceback.print_exc()
 
     def client(self, service: str) -> Any:
         return boto3.client(service, region_name=self.region)
@@ -382,6 +419,18 @@ class EmbeddedAWS:
         self.client("events").put_events(Entries=[{
             "Source": "aws.cloudwatch", "DetailType": "CloudWatch Alarm State Change",
             "Resources": [alarm.alarm_arn], "Detail": json.dumps(detail)}])
+
+
+_RATE = re.compile(r"^rate\((\d+) (minute|minutes|hour|hours|day|days)\)$")
+_UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
+
+
+def schedule_period(expression: str) -> float:
+    """Seconds between fires of a ``rate(...)`` expression; cron is not emulated."""
+    m = _RATE.match(expression)
+    if not m:
+        raise NotImplementedError(f"local mode fires rate(...) schedules only, not {expression!r}")
+    return int(m.group(1)) * _UNIT_SECONDS[m.group(2).rstrip("s")]
 
 
 def _iso_time(value: Any) -> str:

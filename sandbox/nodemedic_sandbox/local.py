@@ -14,6 +14,7 @@ from nodemedic.contracts.incident import Incident
 from nodemedic.store.ledger import Ledger
 
 from nodemedic_sandbox import scheduler as scheduler_mod
+from nodemedic_sandbox.agents import NodeAgents
 from nodemedic_sandbox.cluster import SimCluster
 from nodemedic_sandbox.deploy import Stack, deploy
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
@@ -27,13 +28,18 @@ class LocalMode:
     """``with LocalMode(nodes=4) as local: ...`` deploys everything; leaving stops it all."""
 
     def __init__(self, nodes: int = 4, scheduler: str = "auto", retry_time_scale: float = 1.0,
-                 stack_name: str = "nodemedic-local", extra_parameters: dict[str, str] | None = None) -> None:
+                 stack_name: str = "nodemedic-local", extra_parameters: dict[str, str] | None = None,
+                 schedule_scale: float | None = None) -> None:
+        """``schedule_scale``: fire the template's scheduled rules (the silence sweeper) with their
+        periods multiplied by it; ``None`` leaves them unfired."""
         self.node_names = [f"gpu-{i}" for i in range(1, nodes + 1)]
         self.prefer = scheduler
         self.stack_name = stack_name
         self.extra_parameters = extra_parameters or {}
         self.aws = EmbeddedAWS(retry_time_scale=retry_time_scale)
         self.scheduler_note = ""
+        self.schedule_scale = schedule_scale
+        self.agents: NodeAgents | None = None
 
     def __enter__(self) -> LocalMode:
         self.aws.start()
@@ -47,15 +53,24 @@ class LocalMode:
             self.stack: Stack = deploy(self.aws, TEMPLATE, self.stack_name, params)
             self.ledger = Ledger(self.aws.client("dynamodb"), self.stack.table_name)
             self._escalation_queue = self._subscribe_queue(self.stack.topic_arn)
+            if self.schedule_scale is not None:
+                self.aws.start_schedules(self.schedule_scale)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.agents is not None:
+            self.agents.stop()
         if hasattr(self, "scheduler"):
             self.scheduler.stop()
         self.aws.stop()
+
+    def start_agents(self, heartbeat_s: float = 15.0, poll_s: float = 2.0) -> NodeAgents:
+        """A real node agent on every node (simulated hardware), publishing to the stack's bus."""
+        self.agents = NodeAgents(self.cluster, self.stack.bus_name, self.node_names, heartbeat_s, poll_s).start()
+        return self.agents
 
     # -- inputs -----------------------------------------------------------------------------
     def health_event(self, node: str, fault_code: str = "XID 79", *, observed_at: datetime | None = None,

@@ -19,13 +19,15 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         states = json.loads(definition)["States"]
         assert states["Detect"]["Resource"].endswith(stack.resources["DetectFunction"])
         assert states["MarkIncidentFailed"]["Parameters"]["TableName"] == stack.table_name
-        # one Lambda per stage, each with its source registered for the local runtime
+        # one Lambda per stage and the silence sweeper, each with its source registered for the local runtime
         assert {Path(src.code_dir).name for src in aws.functions.values()} == {
-            "detect", "drain", "replace", "deep_health_check", "resume"}
+            "detect", "drain", "replace", "deep_health_check", "resume", "silence_sweeper"}
         bus = aws.client("events").describe_event_bus(Name=stack.bus_name)
         assert "AllowThisAccountToPublish" in bus["Policy"]
         rules = aws.client("events").list_rules(EventBusName=stack.bus_name)["Rules"]
-        pattern = json.loads(rules[0]["EventPattern"])
-        assert pattern["detail"]["cluster"] == ["c1"]
+        patterns = {r["Name"]: json.loads(r["EventPattern"]) for r in rules}
+        assert all(p["detail"]["cluster"] == ["c1"] for p in patterns.values())
+        rules = [r for r in rules if patterns[r["Name"]]["detail-type"] == ["Node Health Event"]]
+        assert patterns[rules[0]["Name"]]["source"] == ["nodemedic.agent", "nodemedic.sweeper"]
         targets = aws.client("events").list_targets_by_rule(Rule=rules[0]["Name"], EventBusName=stack.bus_name)
         assert targets["Targets"][0]["DeadLetterConfig"]["Arn"].startswith("arn:aws:sqs:")

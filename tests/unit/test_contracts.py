@@ -2,18 +2,26 @@ import json
 from pathlib import Path
 
 import pytest
+from nodemedic.contracts.events import NodeHeartbeat
 from nodemedic.contracts.schema import SCHEMAS, json_schema
 from nodemedic.errors import InvalidEventError
 from nodemedic.stages.detect import parse_trigger
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
-SAMPLES = sorted(p for p in EVENTS.rglob("*.json") if p.parent.name != "schema")
+SAMPLES = sorted(p for p in EVENTS.rglob("*.json") if p.parent.name not in ("schema", "heartbeats"))
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_sample_event_parses(path: Path) -> None:
     trigger = parse_trigger(json.loads(path.read_text()))
     assert trigger.source in ("nodemedic.agent", "aws.cloudwatch", "nodemedic.operator")
+
+
+def test_the_sample_heartbeat_parses_and_is_not_a_trigger() -> None:
+    event = json.loads((EVENTS / "heartbeats/heartbeat.json").read_text())
+    assert NodeHeartbeat.model_validate(event["detail"]).status == "running"
+    with pytest.raises(InvalidEventError):
+        parse_trigger(event)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))

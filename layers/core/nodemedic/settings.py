@@ -21,6 +21,11 @@ class Settings(BaseSettings):
     fault_action_overrides: str = Field(default="{}", description="JSON: fault code -> action")
     command_timeout_seconds: int = Field(default=120, ge=5, le=3600)
     command_poll_interval_seconds: float = Field(default=1.0, gt=0, le=30)
+    # silent-node sweeper
+    event_bus_name: str = ""
+    heartbeat_queue_url: str = ""
+    heartbeat_silence_seconds: float = Field(default=45, ge=1, le=3600)
+    silence_sweeps_per_invocation: int = Field(default=6, ge=1, le=6)
 
 
 @lru_cache(maxsize=1)

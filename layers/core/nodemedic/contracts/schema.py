@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodemedic.contracts.events import NodeHealthEvent, RemediationRequest
+from nodemedic.contracts.events import NodeHealthEvent, NodeHeartbeat, RemediationRequest
 
 SCHEMAS = {
     "node-health-event.v1.json": NodeHealthEvent,
+    "node-heartbeat.v1.json": NodeHeartbeat,
     "remediation-request.v1.json": RemediationRequest,
 }
 

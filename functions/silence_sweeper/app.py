@@ -1,0 +1,45 @@
+"""Silence sweeper: started every minute by a schedule; sweeps the heartbeat roster
+``SILENCE_SWEEPS_PER_INVOCATION`` times, evenly spaced over that minute (6 = every 10 s)."""
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from nodemedic import wiring
+from nodemedic.settings import settings
+from nodemedic.silence_sweeper import SilenceSweeper
+from nodemedic.store.roster import RosterConflictError, RosterStore
+
+logger = Logger()
+
+
+@logger.inject_lambda_context
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    s = settings()
+    sweeper = SilenceSweeper(
+        sqs=wiring.client("sqs"), events=wiring.client("events"),
+        roster=RosterStore(wiring.client("dynamodb"), s.incidents_table, s.cluster_name),
+        provider=wiring.provider(), queue_url=s.heartbeat_queue_url, bus=s.event_bus_name,
+        cluster=s.cluster_name, threshold_s=s.heartbeat_silence_seconds)
+    interval = 60.0 / s.silence_sweeps_per_invocation
+    start = time.monotonic()
+    summary: dict[str, Any] = {"sweeps": 0, "reported": [], "forgotten": []}
+    for n in range(s.silence_sweeps_per_invocation):
+        if n:
+            time.sleep(max(0.0, start + n * interval - time.monotonic()))
+        try:
+            result = sweeper.sweep(datetime.now(UTC))
+        except RosterConflictError as exc:
+            logger.warning("sweep skipped", reason=str(exc))
+            continue
+        summary["sweeps"] += 1
+        summary["reported"] += result.reported
+        summary["forgotten"] += result.forgotten
+        summary["watched"] = result.watched
+        if result.reported:
+            logger.warning("silent nodes reported", instances=result.reported, threshold_s=s.heartbeat_silence_seconds)
+        if result.forgotten or result.invalid:
+            logger.info("roster changes", forgotten=result.forgotten, invalid_heartbeats=result.invalid)
+    return summary

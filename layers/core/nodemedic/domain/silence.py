@@ -1,0 +1,51 @@
+"""Silent-node detection: which nodes stopped sending heartbeats (pure; no AWS calls).
+
+The roster maps instance id -> what the last heartbeat said. A node is silent once its last
+heartbeat is older than the silence threshold; it is reported once per silence, and a new
+heartbeat (the node came back) re-arms it. A node that said goodbye (``status: stopping``) is
+no longer watched.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from nodemedic.contracts.events import NodeHealthEvent, NodeHeartbeat, NodeIdentity
+
+Roster = dict[str, dict[str, Any]]
+
+
+def record(roster: Roster, beat: NodeHeartbeat) -> None:
+    instance = beat.node.instance_id
+    if beat.status == "stopping":
+        roster.pop(instance, None)
+        return
+    known = roster.get(instance)
+    if known and datetime.fromisoformat(known["last_seen"]) >= beat.sent_at:
+        return  # an older heartbeat delivered late
+    roster[instance] = {"node": beat.node.model_dump(mode="json", exclude_none=True),
+                        "last_seen": beat.sent_at.isoformat(), "interval_s": beat.interval_seconds,
+                        "reported_at": None}
+
+
+def silent(roster: Roster, now: datetime, threshold_s: float) -> list[str]:
+    """Instances silent for longer than ``threshold_s`` and not yet reported."""
+    return sorted(
+        instance for instance, seen in roster.items()
+        if seen["reported_at"] is None
+        and (now - datetime.fromisoformat(seen["last_seen"])).total_seconds() > threshold_s
+    )
+
+
+def missing_event(roster: Roster, instance: str, cluster: str, now: datetime) -> NodeHealthEvent:
+    seen = roster[instance]
+    last = datetime.fromisoformat(seen["last_seen"])
+    return NodeHealthEvent(
+        schema_version="1", event_id=str(uuid.uuid4()), cluster=cluster,
+        node=NodeIdentity.model_validate(seen["node"]), check="heartbeat", fault_code="HEARTBEAT_MISSING",
+        severity="critical", observed_at=last, sent_at=now,
+        evidence={"last_heartbeat": seen["last_seen"], "silent_for_s": round((now - last).total_seconds(), 1),
+                  "heartbeat_interval_s": seen["interval_s"]},
+    )

@@ -1,0 +1,63 @@
+"""Real node agents for the local cluster: one per node, on simulated GPUs/EFA/kernel log,
+publishing to the embedded bus exactly as they would to EventBridge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodemedic.contracts.events import NodeIdentity
+from nodemedic_agent.agent import Agent, events_client
+from nodemedic_agent.config import parse_config
+from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
+
+from nodemedic_sandbox.cluster import SimCluster
+
+
+class NodeAgents:
+    def __init__(self, cluster: SimCluster, bus: str, nodes: list[str], heartbeat_s: float = 15.0,
+                 poll_s: float = 2.0) -> None:
+        self.cluster = cluster
+        self.bus = bus
+        self.nodes = nodes
+        self.heartbeat_s = heartbeat_s
+        self.poll_s = poll_s
+        self.agents: dict[str, Agent] = {}
+        self.sims: dict[str, SimulatedNode] = {}
+
+    def start(self) -> NodeAgents:
+        for node in self.nodes:
+            self.start_node(node)
+        return self
+
+    def start_node(self, node: str) -> Agent:
+        root = self.cluster.state_dir / "agents" / node
+        sim = self.sims[node] = SimulatedNode(root / "hw").create(gpus=8, efa=4)
+        instance_id = self.cluster.instance_of(node)
+        config = parse_config({
+            "cluster": self.cluster.name, "event_bus": self.bus, "region": self.cluster.aws.region,
+            "node": {"instance_id": instance_id, "slurm_node": node, "hostname": f"{node}.local"},
+            "intervals": {"heartbeat_seconds": self.heartbeat_s, "poll_seconds": self.poll_s},
+            "expected": {"gpus": 8, "efa_devices": 4},
+            "kernel_log": {"source": "file", "path": str(sim.kmsg_path)},
+            "hardware": {"backend": "simulated", "simulated_dir": str(sim.dir)},
+            "publish": {"spool_dir": str(root / "spool"), "max_backoff_seconds": 2},
+        }, origin=f"agent config of {node}")
+        identity = NodeIdentity(instance_id=instance_id, hostname=f"{node}.local", slurm_node=node)
+        agent = self.agents[node] = Agent(config, SimulatedHardware(sim.dir), identity, events_client(config))
+        return agent.start()
+
+    def inject(self, node: str, fault: str, **kwargs: Any) -> None:
+        self.sims[node].inject(fault, **kwargs)
+
+    def kill(self, node: str) -> None:
+        """The node dies: its agent stops without a goodbye heartbeat."""
+        self.agents.pop(node).stop(graceful=False)
+
+    def stop_node(self, node: str) -> None:
+        """A clean shutdown: the agent says goodbye and the cloud stops watching the node."""
+        self.agents.pop(node).stop(graceful=True, flush_timeout_s=1.0)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop(graceful=True, flush_timeout_s=1.0)
+        self.agents.clear()

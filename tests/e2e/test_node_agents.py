@@ -1,0 +1,48 @@
+"""Real node agents (simulated GPUs) on the local cluster: a fault on a node reaches the
+pipeline through the agent, and a node that goes silent is caught by the cloud-side sweeper."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from nodemedic_sandbox.local import LocalMode
+
+from tests.conftest import require_slurm
+
+SILENCE_S = 3.0
+SWEEP_S = 0.5
+
+
+@pytest.fixture
+def fleet():
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01, schedule_scale=SWEEP_S / 60,
+                   extra_parameters={"HeartbeatSilenceSeconds": str(SILENCE_S)}) as local:
+        local.start_agents(heartbeat_s=0.5, poll_s=0.5)
+        time.sleep(2 * SWEEP_S + 0.5)  # every node has been seen by a sweep
+        yield local
+
+
+def test_an_xid_seen_by_the_agent_is_remediated(fleet: LocalMode) -> None:
+    fleet.agents.inject("gpu-1", "xid", xid=79, gpu=4)
+    [execution] = fleet.wait_for_executions(1, timeout=60)
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    [incident] = fleet.incidents()
+    assert (incident.slurm_node, incident.fault_code, incident.source) == ("gpu-1", "XID 79", "nodemedic.agent")
+    assert incident.status == "closed"
+
+
+def test_a_silent_node_is_detected_by_the_sweeper_and_remediated(fleet: LocalMode) -> None:
+    fleet.agents.stop_node("gpu-3")  # a clean shutdown says goodbye: not a fault
+    killed_at = datetime.now(UTC)
+    fleet.agents.kill("gpu-2")  # gpu-2 dies: its heartbeats stop
+    [execution] = fleet.wait_for_executions(1, timeout=60)
+    [incident] = fleet.incidents()
+    assert (incident.slurm_node, incident.fault_code, incident.source) == ("gpu-2", "HEARTBEAT_MISSING", "nodemedic.sweeper")
+    latency = (incident.detected_at - killed_at).total_seconds()
+    assert latency <= SILENCE_S + 2 * SWEEP_S + 1.0, latency
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    time.sleep(SILENCE_S + 2 * SWEEP_S)
+    assert len(fleet.executions()) == 1  # reported once; gpu-3 and the live nodes never

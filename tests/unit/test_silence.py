@@ -1,0 +1,66 @@
+"""Silent-node detection: the roster logic the sweeper runs, and the agent's IAM boundary."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from nodemedic.contracts.events import NodeHeartbeat
+from nodemedic.domain.silence import missing_event, record, silent
+from nodemedic_sandbox.embedded_aws import schedule_period
+from samtranslator.yaml_helper import yaml_parse
+
+T0 = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
+
+
+def beat(instance: str, at: datetime, status: str = "running") -> NodeHeartbeat:
+    return NodeHeartbeat(schema_version="1", cluster="local", sent_at=at, status=status, interval_seconds=15,
+                         node={"instance_id": instance, "hostname": "h", "slurm_node": "gpu-1"})
+
+
+def test_a_node_is_silent_after_the_threshold_and_reported_once_until_it_returns():
+    roster: dict = {}
+    record(roster, beat("i-00000000000000001", T0))
+    assert silent(roster, T0 + timedelta(seconds=45), 45) == []
+    assert silent(roster, T0 + timedelta(seconds=46), 45) == ["i-00000000000000001"]
+    roster["i-00000000000000001"]["reported_at"] = (T0 + timedelta(seconds=46)).isoformat()
+    assert silent(roster, T0 + timedelta(seconds=120), 45) == []  # once per silence
+    record(roster, beat("i-00000000000000001", T0 + timedelta(seconds=130)))  # it came back
+    assert silent(roster, T0 + timedelta(seconds=180), 45) == ["i-00000000000000001"]
+
+
+def test_a_late_old_heartbeat_does_not_move_last_seen_back():
+    roster: dict = {}
+    record(roster, beat("i-00000000000000001", T0 + timedelta(seconds=30)))
+    record(roster, beat("i-00000000000000001", T0))
+    assert roster["i-00000000000000001"]["last_seen"] == (T0 + timedelta(seconds=30)).isoformat()
+
+
+def test_a_goodbye_stops_watching_the_node():
+    roster: dict = {}
+    record(roster, beat("i-00000000000000001", T0))
+    record(roster, beat("i-00000000000000001", T0 + timedelta(seconds=5), status="stopping"))
+    assert roster == {} and silent(roster, T0 + timedelta(hours=1), 45) == []
+
+
+def test_the_missing_event_dates_the_fault_at_the_last_heartbeat():
+    roster: dict = {}
+    record(roster, beat("i-00000000000000001", T0))
+    event = missing_event(roster, "i-00000000000000001", "local", T0 + timedelta(seconds=50))
+    assert (event.fault_code, event.check, event.observed_at) == ("HEARTBEAT_MISSING", "heartbeat", T0)
+    assert event.evidence["silent_for_s"] == 50.0
+
+
+def test_local_mode_fires_rate_schedules_and_refuses_cron():
+    assert schedule_period("rate(1 minute)") == 60 and schedule_period("rate(2 hours)") == 7200
+    with pytest.raises(NotImplementedError):
+        schedule_period("cron(0 12 * * ? *)")
+
+
+def test_the_agent_role_may_only_put_agent_events_on_its_own_bus():
+    template = yaml_parse((Path(__file__).resolve().parents[2] / "template.yaml").read_text())
+    [statement] = template["Resources"]["AgentPublishPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert statement["Action"] == "events:PutEvents"
+    assert statement["Resource"] == {"Fn::GetAtt": ["EventBus", "Arn"]}
+    assert statement["Condition"] == {"StringEquals": {"events:source": "nodemedic.agent"}}
