@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Install and start the NodeMedic agent on a GPU node (run as root from the node's lifecycle /
+# user-data script, as HyperPod lifecycle scripts do).
+#
+#   install-agent.sh --cluster NAME --bus BUS [--region R] [--wheel PATH_OR_S3_URL]
+#                    [--gpus 8] [--efa 32] [--shared-mount /fsx] [--slurm-node NAME] [--instance-id ID]
+#                    [--root DIR] [--no-systemd] [--python python3]
+#
+# Installs into /opt/nodemedic/agent (a venv), writes /etc/nodemedic/agent.toml unless it exists,
+# links /opt/nodemedic/bin/deep-health-check (the pipeline's DeepHealthCheckCommand), installs
+# and starts the systemd unit, then prints a first health report.
+set -euo pipefail
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+die() { echo "install-agent: $*" >&2; exit 2; }
+
+CLUSTER="" BUS="" REGION="" WHEEL="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 PYTHON=python3
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --cluster) CLUSTER="$2"; shift 2 ;;
+    --bus) BUS="$2"; shift 2 ;;
+    --region) REGION="$2"; shift 2 ;;
+    --wheel) WHEEL="$2"; shift 2 ;;
+    --gpus) GPUS="$2"; shift 2 ;;
+    --efa) EFA="$2"; shift 2 ;;
+    --shared-mount) SHARED+=("$2"); shift 2 ;;
+    --slurm-node) SLURM_NODE="$2"; shift 2 ;;
+    --instance-id) INSTANCE_ID="$2"; shift 2 ;;
+    --root) ROOT="$2"; shift 2 ;;
+    --no-systemd) SYSTEMD=0; shift ;;
+    --python) PYTHON="$2"; shift 2 ;;
+    -h|--help) usage 0 ;;
+    *) echo "install-agent: unknown option $1" >&2; usage 2 ;;
+  esac
+done
+[[ -n "$CLUSTER" ]] || die "--cluster is required"
+[[ -n "$BUS" ]] || die "--bus is required (the stack output EventBusName)"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PYTHON is older than 3.10"
+
+PREFIX="$ROOT/opt/nodemedic"
+ETC="$ROOT/etc/nodemedic"
+SPOOL="$ROOT/var/spool/nodemedic-agent"
+if [[ -z "$WHEEL" ]]; then  # from a checkout: build the wheel next to this script
+  echo "==> building the agent wheel from $HERE/.."
+  WHEEL_DIR="$(mktemp -d)"
+  "$PYTHON" -m pip wheel --quiet --no-deps -w "$WHEEL_DIR" "$HERE/.."
+  WHEEL="$(ls "$WHEEL_DIR"/nodemedic_agent-*.whl)"
+elif [[ "$WHEEL" == s3://* ]]; then
+  aws s3 cp "$WHEEL" /tmp/ && WHEEL="/tmp/$(basename "$WHEEL")"
+fi
+
+echo "==> installing $(basename "$WHEEL") into $PREFIX/agent"
+"$PYTHON" -m venv "$PREFIX/agent"
+"$PREFIX/agent/bin/pip" install --quiet --upgrade "$WHEEL"
+
+mkdir -p "$ETC" "$SPOOL" "$PREFIX/bin"
+if [[ ! -f "$ETC/agent.toml" ]]; then
+  echo "==> writing $ETC/agent.toml"
+  {
+    echo "cluster = \"$CLUSTER\""
+    echo "event_bus = \"$BUS\""
+    [[ -n "$REGION" ]] && echo "region = \"$REGION\""
+    echo; echo "[node]"
+    [[ -n "$INSTANCE_ID" ]] && echo "instance_id = \"$INSTANCE_ID\""
+    [[ -n "$SLURM_NODE" ]] && echo "slurm_node = \"$SLURM_NODE\""
+    echo; echo "[expected]"; echo "gpus = $GPUS"; echo "efa_devices = $EFA"
+    echo; echo "[storage]"; echo "paths = [\"/\"]"
+    printf 'shared_mounts = [%s]\n' "$( ((${#SHARED[@]})) && printf '"%s",' "${SHARED[@]}" | sed 's/,$//')"
+    echo; echo "[publish]"; echo "spool_dir = \"$SPOOL\""
+  } > "$ETC/agent.toml"
+else
+  echo "==> keeping the existing $ETC/agent.toml"
+fi
+"$PREFIX/agent/bin/nodemedic-agent" --config "$ETC/agent.toml" validate
+
+cat > "$PREFIX/bin/deep-health-check" <<SH
+#!/bin/sh
+# DeepHealthCheckCommand of the NodeMedic stack: prints {"healthy": ..., "checks": [...]}
+exec "$PREFIX/agent/bin/nodemedic-agent" --config "$ETC/agent.toml" health-check "\$@"
+SH
+chmod 755 "$PREFIX/bin/deep-health-check"
+
+if [[ "$SYSTEMD" == 1 ]]; then
+  echo "==> starting nodemedic-agent.service"
+  install -m 644 "$HERE/../systemd/nodemedic-agent.service" "$ROOT/etc/systemd/system/nodemedic-agent.service"
+  systemctl daemon-reload
+  systemctl enable --now nodemedic-agent.service
+fi
+echo "==> first health report (nothing is sent)"
+"$PREFIX/agent/bin/nodemedic-agent" --config "$ETC/agent.toml" check --once --dry-run || true
