@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv slurm demo test lint unit clean
+.PHONY: help venv slurm demo test lint unit bench agent-wheel clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 $(BIN)/.installed: pyproject.toml layers/core/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "NodeMedic needs Python 3.11+ (set PYTHON=...)")'
@@ -33,5 +33,13 @@ test: venv slurm lint  ## run the whole test suite
 unit: venv  ## fast tests only (no local stack)
 	$(BIN)/pytest tests/unit
 
+bench: venv  ## run the benchmarks; results in docs/benchmarks.json and docs/benchmarks.md
+	$(BIN)/python -m bench.agent_latency --faults 200
+	$(BIN)/python -m bench.agent_idle --seconds 60
+	$(BIN)/python -m bench.silent_node --nodes 8
+
+agent-wheel: venv  ## build the node agent wheel into dist/ (install it with node_agent/lifecycle/install-agent.sh)
+	$(BIN)/pip wheel --quiet --no-deps -w dist node_agent
+
 clean:  ## remove the environment and caches
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist *.egg-info node_agent/build node_agent/*.egg-info

@@ -170,7 +170,7 @@ class SimulatedNode:
 class SimulatedHardware:
     """The agent's view of a :class:`SimulatedNode` (same interface as the NVML backend)."""
 
-    def __init__(self, directory: str | Path, poll_s: float = 0.02) -> None:
+    def __init__(self, directory: str | Path, poll_s: float = 0.1) -> None:
         self._node = SimulatedNode(directory)
         self._efa = SysfsEfa(str(self._node.dir / "sys"))
         self._xids = self._node.dir / "xids.jsonl"

@@ -1,8 +1,10 @@
-"""The heartbeat roster of one cluster: one ledger-table item ``HEARTBEATS#<cluster>``.
+"""The heartbeat roster of one cluster, in the ledger table.
 
-One item, read and written once per sweep, keeps the DynamoDB bill flat however many nodes
-heartbeat (1,000 nodes is about 100 KB, well under the 400 KB item limit). Writes are
-conditional on the version read, so two sweepers can never overwrite each other.
+A head item ``HEARTBEATS#<cluster>`` holds a version and the number of shards; each shard
+``HEARTBEATS#<cluster>#<n>`` holds up to 1,000 nodes (about 190 KB, under the 400 KB item limit).
+A sweep reads the roster once and writes it once, so the DynamoDB bill grows with the number of
+sweeps, not with the number of heartbeats. The head is written first, conditional on the version
+read, so a second sweeper that lost the race writes nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from botocore.exceptions import ClientError
 
 from nodemedic.domain.silence import Roster
 
+SHARD_NODES = 1000
+
 
 class RosterConflictError(Exception):
     """Another sweeper saved the roster since we read it."""
@@ -23,20 +27,33 @@ class RosterStore:
     def __init__(self, client: Any, table: str, cluster: str) -> None:
         self._db = client
         self._table = table
-        self._key = {"pk": {"S": f"HEARTBEATS#{cluster}"}}
+        self._pk = f"HEARTBEATS#{cluster}"
+
+    def _key(self, shard: int | None = None) -> dict[str, Any]:
+        return {"pk": {"S": self._pk if shard is None else f"{self._pk}#{shard}"}}
 
     def load(self) -> tuple[Roster, int]:
-        item = self._db.get_item(TableName=self._table, Key=self._key, ConsistentRead=True).get("Item")
-        if not item:
+        head = self._db.get_item(TableName=self._table, Key=self._key(), ConsistentRead=True).get("Item")
+        if not head:
             return {}, 0
-        return json.loads(item["nodes"]["S"]), int(item["version"]["N"])
+        roster: Roster = {}
+        keys = [self._key(n) for n in range(int(head["shards"]["N"]))]
+        for i in range(0, len(keys), 100):
+            request = {self._table: {"Keys": keys[i:i + 100], "ConsistentRead": True}}
+            while request:
+                resp = self._db.batch_get_item(RequestItems=request)
+                for item in resp["Responses"].get(self._table, []):
+                    roster.update(json.loads(item["nodes"]["S"]))
+                request = resp.get("UnprocessedKeys") or {}
+        return roster, int(head["version"]["N"])
 
     def save(self, roster: Roster, version: int) -> None:
+        ids = sorted(roster)
+        shards = [ids[i:i + SHARD_NODES] for i in range(0, len(ids), SHARD_NODES)]
         try:
             self._db.put_item(
                 TableName=self._table,
-                Item={**self._key, "nodes": {"S": json.dumps(roster, separators=(",", ":"))},
-                      "version": {"N": str(version + 1)}},
+                Item={**self._key(), "version": {"N": str(version + 1)}, "shards": {"N": str(len(shards))}},
                 ConditionExpression="attribute_not_exists(pk) OR version = :v",
                 ExpressionAttributeValues={":v": {"N": str(version)}},
             )
@@ -44,3 +61,7 @@ class RosterStore:
             if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
                 raise RosterConflictError("the heartbeat roster changed while this sweep ran") from exc
             raise
+        for n, members in enumerate(shards):
+            nodes = {i: roster[i] for i in members}
+            self._db.put_item(TableName=self._table,
+                              Item={**self._key(n), "nodes": {"S": json.dumps(nodes, separators=(",", ":"))}})

@@ -1,0 +1,1 @@
+"""NodeMedic benchmarks (``make bench``); each writes its results into docs/benchmarks.json."""

@@ -1,0 +1,44 @@
+"""The heartbeat roster survives a round trip through DynamoDB at fleet sizes past one item."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from moto import mock_aws
+from nodemedic.store.roster import RosterConflictError, RosterStore
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch):
+    for key, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        db = boto3.client("dynamodb")
+        db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+        yield RosterStore(db, "t", "prod")
+
+
+def entry(i: int) -> dict:
+    return {"node": {"instance_id": f"i-{i:017x}", "hostname": f"ip-10-0-{i // 250}-{i % 250}.ec2.internal",
+                     "slurm_node": f"gpu-st-p5-{i}"}, "last_seen": "2026-11-22T03:14:07.120000+00:00",
+            "interval_s": 15.0, "reported_at": None}
+
+
+def test_a_2500_node_roster_is_sharded_and_read_back_whole(store: RosterStore):
+    roster = {f"i-{i:017x}": entry(i) for i in range(2500)}
+    store.save(roster, 0)
+    loaded, version = store.load()
+    assert loaded == roster and version == 1
+    store.save(dict(list(roster.items())[:10]), version)  # the fleet shrinks: stale shards are not read
+    assert len(store.load()[0]) == 10
+
+
+def test_a_sweeper_that_lost_the_race_writes_nothing(store: RosterStore):
+    store.save({"i-00000000000000001": entry(1)}, 0)
+    _, version = store.load()
+    store.save({"i-00000000000000002": entry(2)}, version)
+    with pytest.raises(RosterConflictError):
+        store.save({}, version)
+    assert list(store.load()[0]) == ["i-00000000000000002"]
