@@ -4,7 +4,7 @@ inject faults, show the remediation live and print per-incident MTTD/MTTR."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -17,9 +17,14 @@ from rich.table import Table
 
 @dataclass(frozen=True)
 class Injection:
+    """A fault injected into a node's simulated hardware; its agent detects and publishes it."""
+
     node: str
-    fault_code: str
+    fault: str  # a nodemedic-agent simulated fault, or "die" (the agent stops: a silent node)
+    label: str
     note: str
+    kwargs: dict[str, int] = field(default_factory=dict)
+    starts_execution: bool = True
     bad_replacement: bool = False
 
 
@@ -78,13 +83,18 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
     console.rule("[bold]NodeMedic local demo")
     started = time.monotonic()
     with console.status("Starting the embedded AWS, the local cluster, and deploying template.yaml..."):
-        local = LocalMode(nodes=nodes, scheduler=scheduler, retry_time_scale=0.01)
+        # the silence sweeper fires every second; a node is silent after 4 s without a heartbeat
+        local = LocalMode(nodes=nodes, scheduler=scheduler, retry_time_scale=0.01, schedule_scale=1 / 60,
+                          extra_parameters={"HeartbeatSilenceSeconds": "4"})
         local.__enter__()
     try:
         console.print(f"[bold]Scheduler:[/] {local.scheduler_note}")
         console.print(f"[bold]Stack:[/] {local.stack.name} from template.yaml "
                       f"({len(local.stack.resources)} resources) in {time.monotonic() - started:.1f}s; "
                       f"bus [cyan]{local.stack.bus_name}[/]")
+        agents = local.start_agents(heartbeat_s=1, poll_s=1)
+        console.print(f"[bold]Agents:[/] nodemedic-agent on each of the {nodes} nodes (simulated GPUs, EFA and kernel "
+                      "log), heartbeat every 1 s")
         jobs = [local.scheduler.submit(2, name=f"train-{i}") for i in range(2)]
         with console.status("Waiting for 2 training jobs (2 nodes each) to start..."):
             deadline = time.monotonic() + 60
@@ -97,30 +107,43 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
             console.print(f"  job {j} RUNNING on {', '.join(ns)}")
         idle = [n for n in local.node_names if not any(n in ns for ns in job_nodes)]
         plan = [
-            Injection(job_nodes[0][0], "XID 79", "GPU fell off the bus under job 1 -> drain, replace"),
-            Injection(job_nodes[0][0], "XID 79", "the same fault reported again -> deduplicated"),
-            Injection(job_nodes[1][1], "XID 48", "double-bit ECC under job 2 -> drain, reboot"),
-            Injection(idle[0], "XID 13", "application fault -> monitored, node untouched"),
-            Injection(idle[-1], "GPU_LOST", "GPU lost; its replacement fails the health check -> escalate",
-                      bad_replacement=True),
+            Injection(job_nodes[0][0], "xid", "XID 79", "GPU 3 fell off the bus under job 1 -> drain, replace",
+                      {"xid": 79, "gpu": 3}),
+            Injection(job_nodes[0][0], "xid", "XID 79", "the same XID again -> folded by the agent, no second event",
+                      {"xid": 79, "gpu": 3}, starts_execution=False),
+            Injection(job_nodes[1][1], "ecc-dbe", "ECC_DBE", "double-bit ECC under job 2 -> drain, reboot", {"gpu": 5}),
+            Injection(idle[0], "xid", "XID 13", "application fault -> monitored, node untouched", {"xid": 13, "gpu": 0}),
+            Injection(idle[-1], "gpu-lost", "GPU_LOST", "GPU 6 lost; its replacement fails the health check -> escalate",
+                      {"gpu": 6}, bad_replacement=True),
+            Injection(idle[0], "die", "HEARTBEAT_MISSING", "the node hangs: its heartbeats stop -> the sweeper reports it"),
         ]
         labels: dict[str, str] = {}
-        console.print("\n[bold]Injecting faults[/] (Node Health Events put on the bus, as the agent does):")
+        console.print("\n[bold]Injecting faults[/] into the nodes' simulated hardware; the agents detect and publish them:")
         for inj in plan:
-            console.print(f"  {inj.node}: [bold]{inj.fault_code}[/] - {inj.note}")
+            console.print(f"  {inj.node}: [bold]{inj.label}[/] - {inj.note}")
             if inj.bad_replacement:
                 local.cluster.fail_next_replacements(1)
             before = {e["name"] for e in local.executions()}
-            local.put_event(local.health_event(inj.node, inj.fault_code))
-            for name in {e["name"] for e in local.executions()} - before:
-                labels[name] = f"{inj.node} {inj.fault_code}"
-            time.sleep(0.3)
+            if inj.fault == "die":
+                agents.kill(inj.node)
+            else:
+                agents.inject(inj.node, inj.fault, **inj.kwargs)
+            wait = 15.0 if inj.starts_execution else 1.5
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                new = {e["name"] for e in local.executions()} - before
+                if new:
+                    labels.update({name: f"{inj.node} {inj.label}" for name in new})
+                    break
+                time.sleep(0.1)
+        expected = sum(inj.starts_execution for inj in plan)
         with Live(executions_table(local, labels), console=console, refresh_per_second=4) as live:
             deadline = time.monotonic() + 120
             while True:
-                live.update(executions_table(local, labels))
                 execs = local.executions()
-                if len(execs) >= len(plan) and all(e["status"] in TERMINAL for e in execs):
+                done = len(execs) >= expected and all(e["status"] in TERMINAL for e in execs)
+                live.update(executions_table(local, labels))
+                if done:
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError("executions still running after 120 s")

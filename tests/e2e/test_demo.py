@@ -1,0 +1,22 @@
+"""`make demo` (``nodemedic demo``) runs end to end and shows what it promises."""
+
+from __future__ import annotations
+
+import io
+
+from nodemedic_cli.demo import run_demo
+from rich.console import Console
+
+from tests.conftest import require_slurm
+
+
+def test_the_demo_detects_through_the_agents_and_prints_mttd_mttr() -> None:
+    require_slurm()
+    out = io.StringIO()
+    assert run_demo(Console(file=out, width=200, force_terminal=False), nodes=6, scheduler="slurm") == 0
+    text = out.getvalue()
+    assert "real Slurm" in text
+    for row in ("XID 79", "ECC_DBE", "XID 13", "GPU_LOST", "HEARTBEAT_MISSING"):
+        assert row in text
+    assert text.count("recovered") >= 3 and "failed, escalated" in text
+    assert "SNS escalation" in text and "MTTR" in text
