@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+
+from nodemedic_cli.console import console
+from nodemedic_cli.fleet.commands import app as fleet_app
 
 app = typer.Typer(help="NodeMedic: event-driven remediation of GPU training nodes.",
                   no_args_is_help=True, add_completion=False)
-console = Console(width=None if sys.stdout.isatty() else 150)
+app.add_typer(fleet_app, name="fleet")
 
 
 @app.command()

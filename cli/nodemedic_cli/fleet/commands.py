@@ -1,0 +1,138 @@
+"""``nodemedic fleet``: cluster MTBF, the published two-policy comparison, and the Monte Carlo
+simulation of a training run under the manual, HyperPod-like and NodeMedic policies."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from nodemedic_cli.console import console
+from nodemedic_cli.fleet import model
+from nodemedic_cli.fleet.policies import NodeMedicInputs, hyperpod, manual, nodemedic
+from nodemedic_cli.fleet.simulate import Effects, simulate
+
+app = typer.Typer(help="What failures cost a training run, and what NodeMedic saves.", no_args_is_help=True)
+
+Instances = Annotated[int, typer.Option(min=1, max=100_000, help="Instances in the cluster.")]
+Rate = Annotated[str, typer.Option(help="Failures per instance-hour: a fraction (0.0005) or a percentage (0.05%).")]
+GpuHours = Annotated[float, typer.Option(min=1, help="GPU-hours the training run needs.")]
+Gpus = Annotated[int, typer.Option(min=1, max=64, help="GPUs per instance.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _rate(text: str) -> float:
+    try:
+        return model.parse_rate(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--failure-rate") from None
+
+
+def _hours(text: str, hint: str) -> float:
+    try:
+        return model.parse_duration_hours(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
+
+
+@app.command()
+def mtbf(instances: Instances, failure_rate: Rate, as_json: AsJson = False) -> None:
+    """Cluster MTBF in hours: 1 / (instances x failure rate)."""
+    hours = model.cluster_mtbf_hours(instances, _rate(failure_rate))
+    if as_json:
+        print(json.dumps({"instances": instances, "failure_rate": _rate(failure_rate), "mtbf_hours": hours}))
+    else:
+        console.print(f"{hours:.2f} hours between failures ({instances} instances at {_rate(failure_rate):.4%} "
+                      "per instance-hour)")
+
+
+@app.command()
+def compare(
+    instances: Instances, failure_rate: Rate, gpu_hours: GpuHours, gpus_per_instance: Gpus = 8,
+    downtime_a: Annotated[str, typer.Option(help="Downtime per failure under policy A, e.g. 280m.")] = "280m",
+    downtime_b: Annotated[str, typer.Option(help="Downtime per failure under policy B, e.g. 40m.")] = "40m",
+    price_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="$ per GPU-hour, for cost_saved.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """The published analytic model: training time, days lost and improvement of B over A."""
+    c = model.compare(instances, _rate(failure_rate), gpu_hours, gpus_per_instance,
+                      _hours(downtime_a, "--downtime-a"), _hours(downtime_b, "--downtime-b"), price_per_gpu_hour)
+    if as_json:
+        print(json.dumps(c.as_dict(), indent=2))
+        return
+    table = Table(title=f"{instances} instances x {gpus_per_instance} GPUs, {gpu_hours:,.0f} GPU-hours, "
+                        f"{c.failure_rate:.4%} failures per instance-hour (MTBF {c.cluster_mtbf_hours:.1f} h)")
+    for col in ("", "policy A", "policy B"):
+        table.add_column(col, justify="right")
+    table.add_row("downtime per failure", f"{c.downtime_a_hours * 60:.0f} min", f"{c.downtime_b_hours * 60:.0f} min")
+    table.add_row("failure-free days", f"{c.failure_free_days:.1f}", f"{c.failure_free_days:.1f}")
+    table.add_row("days lost", f"{c.days_lost_a:.1f}", f"{c.days_lost_b:.1f}")
+    table.add_row("total days", f"{c.total_days_a:.1f}", f"{c.total_days_b:.1f}")
+    console.print(table)
+    saved = f", ${c.cost_saved:,.0f} saved" if c.cost_saved is not None else ""
+    console.print(f"B is {c.improvement_pct:.1f}% faster: {c.days_saved:.1f} days saved{saved}.")
+
+
+@app.command(name="simulate")
+def simulate_cmd(
+    failure_rate: Rate = "0.05%", gpu_hours: GpuHours = 10_000_000, gpus_per_instance: Gpus = 8,
+    sizes: Annotated[str, typer.Option(help="Cluster sizes, comma-separated.")] = "16,32,64,128,256,512,1024",
+    runs: Annotated[int, typer.Option(min=1, max=100_000, help="Simulated training runs per size and policy.")] = 200,
+    spares: Annotated[int, typer.Option(min=0, help="NodeMedic hot spares per cluster.")] = 2,
+    replacement_boot: Annotated[str, typer.Option(help="New instance boot + join time.")] = "15m",
+    full_check: Annotated[str, typer.Option(help="Full deep health check of a spare/replacement.")] = "30m",
+    job_restart: Annotated[str, typer.Option(help="Requeued job -> training again (NodeMedic; assumed).")] = "10m",
+    checkpoint_interval: Annotated[str, typer.Option(
+        help="A failure loses the work since the last checkpoint; 0s = none.")] = "1h",
+    failed_replacement_rate: Annotated[float, typer.Option(min=0, max=0.9, help="Chance a replacement fails its check.")] = 0.05,
+    extras: Annotated[bool, typer.Option(help="--no-extras: fixed durations, no failures during repair, no pool "
+                                               "exhaustion, no failed replacements, no lost work (= analytic model).")] = True,
+    png: Annotated[Path | None, typer.Option(help="Write the overhead-vs-size plot here.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same result).")] = 1,
+    as_json: AsJson = False,
+) -> None:
+    """Monte Carlo: training time under the manual, HyperPod-like and NodeMedic policies."""
+    rate = _rate(failure_rate)
+    try:
+        size_list = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{sizes!r} is not a comma-separated list of integers", param_hint="--sizes") from None
+    inputs = NodeMedicInputs(spares=spares, replacement_boot_min=60 * _hours(replacement_boot, "--replacement-boot"),
+                             full_check_min=60 * _hours(full_check, "--full-check"),
+                             job_restart_min=60 * _hours(job_restart, "--job-restart"))
+    effects = Effects(failed_replacement_rate=failed_replacement_rate,
+                      checkpoint_interval_h=_hours(checkpoint_interval, "--checkpoint-interval")) if extras else Effects.none()
+    policies = [manual(), hyperpod(), nodemedic(inputs)]
+    summaries = []
+    with console.status("simulating...") as status:
+        for size in size_list:
+            for policy in policies:
+                status.update(f"simulating {policy.name} on {size} instances ({runs} runs)...")
+                summaries.append(simulate(policy, size, rate, gpu_hours, gpus_per_instance, runs, effects, seed))
+    if png:
+        from nodemedic_cli.fleet.plot import overhead_plot
+
+        overhead_plot(summaries, png, f"{gpu_hours:,.0f} GPU-hours, {rate:.3%} failures/instance-hour, "
+                                      f"{'with' if extras else 'no'} extra effects, {runs} runs per point")
+    if as_json:
+        print(json.dumps({"policies": {p.name: p.source for p in policies}, "effects": asdict(effects),
+                          "results": [asdict(s) for s in summaries]}, indent=2))
+        return
+    table = Table(title=f"Monte Carlo: {gpu_hours:,.0f} GPU-hours at {rate:.3%} failures per instance-hour, "
+                        f"{runs} runs per row")
+    for col in ("instances", "policy", "failures", "min down / failure", "days lost", "p10-p90 total days",
+                "overhead", "lost work (days)", "pool empty"):
+        table.add_column(col, justify="right")
+    for s in summaries:
+        table.add_row(str(s.instances), s.policy, f"{s.mean_failures:.0f}", f"{s.downtime_per_failure_min:.1f}",
+                      f"{s.mean_days_lost:.1f}", f"{s.p10_total_days:.1f}-{s.p90_total_days:.1f}",
+                      f"{s.overhead_pct:.1f}%", f"{s.mean_lost_work_days:.1f}", f"{s.mean_pool_empty_failures:.1f}")
+    console.print(table)
+    for p in policies:
+        console.print(f"[bold]{p.name}[/]: {p.source}")
+    if png:
+        console.print(f"plot written to {png}")
