@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,8 @@ class CommandLog:
     status: str
     exit_code: int
     stdout: str
+    started_at: float = 0.0  # time.time() when the command started on the instance
+    seconds: float = 0.0  # how long it ran
 
 
 @dataclass
@@ -112,6 +115,7 @@ class SimCluster:
 
     # -- CommandHost ------------------------------------------------------------------------
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
+        started = time.time()
         state = self._instance_state(instance_id)
         if state != "running":
             outcome = CommandOutcome("Undeliverable", -1, "", f"instance {instance_id} is {state}")
@@ -124,7 +128,8 @@ class SimCluster:
                 outcome = CommandOutcome(status, done.returncode, done.stdout, done.stderr)
             except subprocess.TimeoutExpired as exc:
                 outcome = CommandOutcome("TimedOut", -1, str(exc.stdout or ""), "timed out")
-        self.commands.append(CommandLog(instance_id, script, outcome.status, outcome.exit_code, outcome.stdout))
+        self.commands.append(CommandLog(instance_id, script, outcome.status, outcome.exit_code, outcome.stdout,
+                                        started, time.time() - started))
         return outcome
 
     def _instance_state(self, instance_id: str) -> str:

@@ -114,8 +114,8 @@ class LocalMode:
 
     # -- observing ---------------------------------------------------------------------------
     def executions(self) -> list[dict[str, Any]]:
-        sfn = self.aws.client("stepfunctions")
-        return sfn.list_executions(stateMachineArn=self.stack.state_machine_arn)["executions"]
+        pages = self.aws.client("stepfunctions").get_paginator("list_executions")
+        return [e for page in pages.paginate(stateMachineArn=self.stack.state_machine_arn) for e in page["executions"]]
 
     def wait_for_executions(self, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
         """Wait until ``count`` executions exist and all have ended; return their descriptions."""
@@ -123,11 +123,10 @@ class LocalMode:
         deadline = time.monotonic() + timeout
         while True:
             execs = self.executions()
-            described = [sfn.describe_execution(executionArn=e["executionArn"]) for e in execs]
-            if len(described) >= count and all(d["status"] in TERMINAL for d in described):
-                return described
+            if len(execs) >= count and all(e["status"] in TERMINAL for e in execs):
+                return [sfn.describe_execution(executionArn=e["executionArn"]) for e in execs]
             if time.monotonic() > deadline:
-                states = [(d["name"], d["status"]) for d in described]
+                states = [(e["name"], e["status"]) for e in execs]
                 raise TimeoutError(f"executions not done after {timeout}s: {states}")
             time.sleep(0.1)
 

@@ -54,3 +54,10 @@ def test_a_replacement_instance_is_claimed_by_one_incident(ledger: Ledger) -> No
     assert ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-1")
     assert ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-1"), "claiming again is idempotent"
     assert not ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-2")
+
+
+def test_a_retried_detect_finds_its_own_incident_opened(ledger: Ledger) -> None:
+    """Step Functions retries Detect after a timeout; the earlier attempt may have opened the incident."""
+    assert ledger.open_incident(incident("a")) is None
+    assert ledger.open_incident(incident("a")) is None  # the same execution: still ours, not a duplicate
+    assert ledger.open_incident(incident("b")) == "a"  # another event for the node: deduplicated

@@ -50,7 +50,8 @@ class Ledger:
     def open_incident(self, incident: Incident) -> str | None:
         """Write the incident and its node lock atomically.
 
-        Returns ``None`` when opened, or the id of the incident already active for the node.
+        Returns ``None`` when opened (also when an earlier attempt of this same incident opened it:
+        a retried Detect is idempotent), or the id of another incident already active for the node.
         """
         item = {
             "pk": {"S": f"INCIDENT#{incident.incident_id}"},
@@ -88,6 +89,8 @@ class Ledger:
             existing = self.active_incident_id(incident.cluster, incident.instance_id)
             if existing is None:  # the lock was released between our write and our read
                 return self.open_incident(incident)
+            if existing == incident.incident_id:  # our own earlier attempt (Detect retried)
+                return None
             self._count_duplicate(existing)
             return existing
         return None

@@ -1,0 +1,39 @@
+"""Structural rules of statemachines/remediation.asl.json that the local interpreter cannot show."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ASL = json.loads((Path(__file__).resolve().parents[2] / "statemachines" / "remediation.asl.json").read_text())
+STATES = ASL["States"]
+
+
+def predecessors(name: str) -> list[str]:
+    found = []
+    for key, state in STATES.items():
+        targets = [state.get("Next"), state.get("Default")] + [c["Next"] for c in state.get("Choices", [])] \
+            + [c["Next"] for c in state.get("Catch", [])]
+        if name in targets:
+            found.append(key)
+    return found
+
+
+def test_a_fail_state_never_re_raises_a_runtime_error_name():
+    """A Fail state whose error comes from ErrorPath is only reached through a Choice that sends
+    States.* errors (reserved by Step Functions; e.g. States.Timeout) to a Fail with a fixed name."""
+    dynamic = [name for name, s in STATES.items() if s["Type"] == "Fail" and "ErrorPath" in s]
+    assert dynamic
+    for name in dynamic:
+        for pred in predecessors(name):
+            guard = STATES[pred]
+            assert guard["Type"] == "Choice", f"{name} is reached from {pred} without a States.* guard"
+            [rule] = guard["Choices"]
+            assert rule == {"Variable": "$.error.Error", "StringMatches": "States.*", "Next": rule["Next"]}
+            assert not STATES[rule["Next"]]["Error"].startswith("States.")
+
+
+def test_detect_retries_a_timeout_and_every_stage_catches_everything():
+    assert any("States.Timeout" in r["ErrorEquals"] for r in STATES["Detect"]["Retry"])
+    for stage in ("Detect", "Drain", "Replace", "DeepHealthCheck", "Resume"):
+        assert any("States.ALL" in c["ErrorEquals"] for c in STATES[stage]["Catch"]), stage
