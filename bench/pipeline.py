@@ -113,12 +113,16 @@ def burst(nodes: int, events: int) -> None:
                                        for d in details[b:b + 10]])
             time.sleep(max(0.0, start + (b + 10) / events - time.monotonic()))
         put_s = time.monotonic() - start
+        shown = 0.0
         while True:
             execs = local.executions()
             ended = sum(e["status"] in TERMINAL for e in execs)
             opened = len(local.incidents())
             if len(execs) >= events and opened >= nodes and ended >= events - nodes:
                 break
+            if time.monotonic() - shown > 15:
+                shown = time.monotonic()
+                print(f"  +{shown - start:.0f}s: {len(execs)} executions, {ended} ended, {opened} incidents", flush=True)
             if time.monotonic() - start > 1800:
                 raise SystemExit(f"not absorbed after 30 min: {len(execs)} executions, {opened} incidents")
             time.sleep(0.5)
