@@ -24,11 +24,12 @@ def main() -> None:
     results = [simulate(p, n, RATE, GPU_HOURS, GPUS, RUNS) for n in SIZES for p in policies]
     overhead_plot(results, PNG, f"{GPU_HOURS:,} GPU-hours, {RATE:.3%} failures/instance-hour, extra effects on, "
                                 f"{RUNS} runs per point")
-    rows = ["| instances | policy | failures | min down per failure | days lost | total days (p10-p90) | overhead |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| instances | policy | failures | min down per failure | days lost | of which lost work | total days (p10-p90) "
+            "| overhead | spare pool empty |", "|---|---|---|---|---|---|---|---|---|"]
     rows += [f"| {r.instances} | {r.policy} | {r.mean_failures:.0f} | {r.downtime_per_failure_min:.1f} | "
-             f"{r.mean_days_lost:.1f} | {r.mean_total_days:.1f} ({r.p10_total_days:.1f}-{r.p90_total_days:.1f}) | "
-             f"{r.overhead_pct:.1f}% |" for r in results]
+             f"{r.mean_days_lost:.1f} | {r.mean_lost_work_days:.1f} | {r.mean_total_days:.1f} "
+             f"({r.p10_total_days:.1f}-{r.p90_total_days:.1f}) | {r.overhead_pct:.1f}% | "
+             f"{r.mean_pool_empty_failures:.1f} |" for r in results]
     checks = ["| policy | median downtime per failure | Monte Carlo days lost | analytic days lost |", "|---|---|---|---|"]
     for p in policies:
         mc = simulate(p, 256, RATE, GPU_HOURS, GPUS, RUNS, Effects.none())

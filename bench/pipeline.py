@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -100,10 +102,9 @@ def overhead(incidents: int, scheduler: str) -> None:
     ])
 
 
-def burst(nodes: int, events: int) -> None:
+def burst(nodes: int, events: int, wait: bool) -> None:
     with LocalMode(nodes=nodes, scheduler="simulated", retry_time_scale=0.01) as local:
         print(f"{nodes} nodes, {events} events in one second", flush=True)
-        instances = {n: local.cluster.instance_of(n) for n in local.node_names}
         details = [local.health_event(local.node_names[i % nodes], "XID 79") for i in range(events)]
         client = local.aws.client("events")
         start = time.monotonic()
@@ -127,24 +128,30 @@ def burst(nodes: int, events: int) -> None:
                 raise SystemExit(f"not absorbed after 30 min: {len(execs)} executions, {opened} incidents")
             time.sleep(0.5)
         absorbed = time.monotonic() - start
-        print(f"  absorbed in {absorbed:.1f}s; waiting for the {nodes} remediations to finish", flush=True)
-        local.wait_for_executions(events, timeout=3600)
-        finished = time.monotonic() - start
         incidents = local.incidents()
+        dedup = len(execs) - len(incidents)
+        finished = None
+        if wait:
+            print(f"  absorbed in {absorbed:.1f}s; waiting for the {nodes} remediations to finish", flush=True)
+            local.wait_for_executions(events, timeout=3600)
+            finished = round(time.monotonic() - start, 1)
         per_node = {n: sum(i.slurm_node == n for i in incidents) for n in local.node_names}
         drains = {n: len([c for c in local.scontrol_commands("state=drain") if f"nodename={n} " in c + " "])
                   for n in local.node_names}
         correct = len(incidents) == nodes and set(per_node.values()) == {1} and max(drains.values()) <= 1
-        dedup = sum(local.detect_decision(e) == "deduplicated" for e in local.wait_for_executions(events))
-        del instances
-    cmd = f"make bench (python -m bench.pipeline burst --nodes {nodes})"
-    record([summarize(f"burst: {events} events in 1 s for {nodes} nodes, time to absorb", "s", [absorbed], cmd,
-                      incidents_opened=len(incidents), deduplicated=dedup, correct=correct, put_seconds=round(put_s, 2),
-                      all_remediations_done_s=round(finished, 1),
-                      notes="local mode: Lambda invocations are serialised in one process, so this is a floor on "
-                            "correctness, not a measure of AWS throughput")])
-    if not correct:
-        raise SystemExit(f"burst incorrect: incidents per node {per_node}, drains per node {drains}")
+        cmd = f"make bench (python -m bench.pipeline burst --nodes {nodes})"
+        record([summarize(f"burst: {events} events in 1 s for {nodes} nodes, time to absorb", "s", [absorbed], cmd,
+                          incidents_opened=len(incidents), deduplicated=dedup, correct=correct,
+                          drains_issued=sum(drains.values()), put_seconds=round(put_s, 2),
+                          all_remediations_done_s=finished,
+                          notes="local mode: one Python process runs every execution and Lambda (Lambda invocations "
+                                "serialised), so the time is the emulator's; correctness is what carries over"
+                                + ("" if wait else "; remediations were not awaited: drains counted up to absorption"))])
+        if not correct:
+            raise SystemExit(f"burst incorrect: incidents per node {per_node}, drains per node {drains}")
+        if not wait:  # hundreds of remediations still running in this process: do not wait for them
+            sys.stdout.flush()
+            os._exit(0)
 
 
 def main() -> None:
@@ -156,11 +163,13 @@ def main() -> None:
     b = sub.add_parser("burst")
     b.add_argument("--nodes", type=int, default=10)
     b.add_argument("--events", type=int, default=1000)
+    b.add_argument("--wait", action=argparse.BooleanOptionalAction, default=None,
+                   help="wait for every remediation to finish (default: only up to 50 nodes)")
     args = parser.parse_args()
     if args.what == "overhead":
         overhead(args.incidents, args.scheduler)
     else:
-        burst(args.nodes, args.events)
+        burst(args.nodes, args.events, args.wait if args.wait is not None else args.nodes <= 50)
 
 
 if __name__ == "__main__":
