@@ -139,7 +139,7 @@ def burst(nodes: int, events: int, wait: bool) -> None:
         drains = {n: len([c for c in local.scontrol_commands("state=drain") if f"nodename={n} " in c + " "])
                   for n in local.node_names}
         correct = len(incidents) == nodes and set(per_node.values()) == {1} and max(drains.values()) <= 1
-        cmd = f"make bench (python -m bench.pipeline burst --nodes {nodes})"
+        cmd = f"make bench (python -m bench.pipeline burst --nodes {nodes} --events {events})"
         record([summarize(f"burst: {events} events in 1 s for {nodes} nodes, time to absorb", "s", [absorbed], cmd,
                           incidents_opened=len(incidents), deduplicated=dedup, correct=correct,
                           drains_issued=sum(drains.values()), put_seconds=round(put_s, 2),
