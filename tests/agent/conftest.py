@@ -4,6 +4,7 @@ in an SQS queue the test reads, and agents wired to both."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+from moto.server import ThreadedMotoServer
 from nodemedic.contracts.events import NodeIdentity
 from nodemedic_agent.agent import Agent, events_client
 from nodemedic_agent.config import AgentConfig, parse_config
@@ -108,3 +110,35 @@ def make_agent(sim: SimulatedNode, tmp_path: Path) -> Iterator[Callable[..., Age
     yield make
     for agent in started:
         agent.stop(graceful=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(fake_env):
+    """A real network endpoint for the bus that the test can take down and bring back."""
+    port = _free_port()
+
+    class Endpoint:
+        url = f"http://127.0.0.1:{port}"
+
+        def __init__(self) -> None:
+            self.server: ThreadedMotoServer | None = None
+
+        def up(self) -> None:
+            self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+            self.server.start()
+
+        def down(self) -> None:
+            if self.server:
+                self.server.stop()
+                self.server = None
+
+    endpoint = Endpoint()
+    endpoint.up()
+    yield endpoint
+    endpoint.down()

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 
-import pytest
-from moto.server import ThreadedMotoServer
 from nodemedic_agent.dedupe import Deduper
 from nodemedic_agent.publisher import MAX_BATCH_BYTES, batches, entry_size
 
@@ -40,38 +37,6 @@ def test_batches_respect_ten_entries_and_256_kb():
     sized = batches(big)
     assert [len(b) for b in sized] == [2, 2, 1]
     assert all(sum(entry_size(e) for _, e in b) <= MAX_BATCH_BYTES for b in sized)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def server(fake_env):
-    """A real network endpoint for the bus that the test can take down and bring back."""
-    port = _free_port()
-
-    class Endpoint:
-        url = f"http://127.0.0.1:{port}"
-
-        def __init__(self) -> None:
-            self.server: ThreadedMotoServer | None = None
-
-        def up(self) -> None:
-            self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-            self.server.start()
-
-        def down(self) -> None:
-            if self.server:
-                self.server.stop()
-                self.server = None
-
-    endpoint = Endpoint()
-    endpoint.up()
-    yield endpoint
-    endpoint.down()
 
 
 def test_outage_spools_events_and_delivers_each_once_across_a_restart(server, sim, make_agent):
