@@ -57,6 +57,7 @@ class Agent:
         self.kernel_log = KernelLogFollower(config.kernel_log.source, config.kernel_log.path, threading.Event())
         self.stop_event = self.kernel_log.stop
         self.published = 0
+        self.lost = 0  # events neither spooled nor sent (spool unwritable while the bus was down)
         self.heartbeats = 0
         self._gpu_by_bus: dict[str, int] = {}
         self._threads: list[threading.Thread] = []
@@ -75,9 +76,22 @@ class Agent:
                 print(json.dumps({"Source": item["Source"], "DetailType": item["DetailType"],
                                   "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
         else:
-            self.publisher.submit(item, event.event_id)
+            self._publish(item, event.event_id)
         self.published += 1
         return True
+
+    def _publish(self, item: dict[str, Any], event_id: str) -> None:
+        """Spool, then send. A spool that cannot be written (disk full) must not stop detection:
+        the event is sent directly instead, and only lost if the bus is unreachable too."""
+        try:
+            self.publisher.submit(item, event_id)
+        except OSError as exc:
+            if self.publisher.send_direct([item]):
+                log.error("spool unwritable (%s); event %s sent directly", exc, event_id)
+            else:
+                self.lost += 1
+                log.error("spool unwritable (%s) and the bus unreachable (%s): event %s lost",
+                          exc, self.publisher.last_error, event_id)
 
     def gpu_index(self, pci: str) -> int | None:
         return self._gpu_by_bus.get(bus_key(pci))

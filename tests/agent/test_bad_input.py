@@ -94,3 +94,24 @@ spool_dir = "{tmp_path / 'spool'}"
     assert "[ERR ] gpu" in proc.stdout and "NVML" in proc.stdout
     assert '"fault_code": "CHECK_ERROR"' in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_different_check_errors_are_not_folded_into_one(bus, sim, make_agent):
+    make_agent()
+    sim.inject("nvml-error")
+    (sim.dir / "sys/class/infiniband/rdmap1s0/ports/1/hw_counters/rx_drops").write_text("garbage\n")
+    events = bus.wait_health(2)
+    assert sorted(e["evidence"]["check"] for e in events) == ["efa", "gpu"]
+
+
+def test_a_full_disk_under_the_spool_does_not_stop_detection(bus, sim, make_agent, monkeypatch):
+    agent = make_agent()
+
+    def disk_full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(agent.spool, "put", disk_full)
+    sim.inject("xid", xid=79, gpu=1)
+    events = bus.wait_health(1)
+    assert [e["fault_code"] for e in events] == ["XID 79"]  # sent directly
+    assert agent.lost == 0 and all(t.is_alive() for t in agent._threads)

@@ -30,7 +30,7 @@ class Finding:
         NVML (or a polled check) seeing one fault give the same key even when only one of them
         knows the device's name, so the pair becomes one event."""
         index = (self.component or {}).get("index")
-        return f"{self.fault_code}|{index}"
+        return f"{self.fault_code}|{index}|{self.evidence.get('check', '')}"  # check errors: one key per check
 
 
 @dataclass
