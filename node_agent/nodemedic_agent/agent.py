@@ -108,15 +108,20 @@ class Agent:
         return results
 
     # -- loops ----------------------------------------------------------------------------
-    def _guarded(self, name: str, check: str, body: Callable[[], None]) -> Callable[[], None]:
+    def _guarded(self, name: str, check: str | None, body: Callable[[], None]) -> Callable[[], None]:
+        """Run ``body`` until stopped; an exception is logged, reported as a check error (when
+        ``check`` is given) and the loop starts again after a pause."""
         def loop() -> None:
             while not self.stop_event.is_set():
                 try:
                     body()
                 except Exception as exc:  # noqa: BLE001 - a watcher must never take the agent down
                     log.exception("%s failed; retrying", name)
-                    for finding in check_error(check, name, exc).findings:
-                        self.emit(finding)
+                    try:
+                        for finding in check_error(check, name, exc).findings if check else []:
+                            self.emit(finding)
+                    except Exception:  # noqa: BLE001 - reporting the error failed too: keep looping
+                        log.exception("could not report the failure of %s", name)
                     self.stop_event.wait(min(30.0, self.config.intervals.poll_seconds))
         return loop
 
@@ -155,7 +160,7 @@ class Agent:
         except HardwareError:
             pass
         loops: list[tuple[str, Callable[[], None]]] = [
-            ("sender", lambda: self.publisher.run(self.stop_event)),
+            ("sender", self._guarded("sender", None, lambda: self.publisher.run(self.stop_event))),
             ("xid", self._guarded("xid watch", "nvml", self._xid_watch)),
             ("poll", self._guarded("polled checks", "nvml", self._poll)),
             ("heartbeat", self._guarded("heartbeat", "heartbeat", self._heartbeat)),
