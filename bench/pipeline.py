@@ -102,8 +102,12 @@ def overhead(incidents: int, scheduler: str) -> None:
     ])
 
 
+TASK_TIMEOUT_SCALE = 10  # the emulator runs Lambda one at a time: a queued Detect must not time out
+
+
 def burst(nodes: int, events: int, wait: bool) -> None:
-    with LocalMode(nodes=nodes, scheduler="simulated", retry_time_scale=0.01) as local:
+    with LocalMode(nodes=nodes, scheduler="simulated", retry_time_scale=0.01,
+                   task_timeout_scale=TASK_TIMEOUT_SCALE) as local:
         print(f"{nodes} nodes, {events} events in one second", flush=True)
         details = [local.health_event(local.node_names[i % nodes], "XID 79") for i in range(events)]
         client = local.aws.client("events")
@@ -143,7 +147,7 @@ def burst(nodes: int, events: int, wait: bool) -> None:
         record([summarize(f"burst: {events} events in 1 s for {nodes} nodes, time to absorb", "s", [absorbed], cmd,
                           incidents_opened=len(incidents), deduplicated=dedup, correct=correct,
                           drains_issued=sum(drains.values()), put_seconds=round(put_s, 2),
-                          all_remediations_done_s=finished,
+                          all_remediations_done_s=finished, task_timeout_scale=TASK_TIMEOUT_SCALE,
                           notes="local mode: one Python process runs every execution and Lambda (Lambda invocations "
                                 "serialised), so the time is the emulator's; correctness is what carries over"
                                 + ("" if wait else "; remediations were not awaited: drains counted up to absorption"))])

@@ -37,6 +37,7 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.events.models import Rule, events_backends
 from moto.ssm.models import Command
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.utilities.arns import parse_arn
 
 ACCOUNT_ID = "123456789012"
@@ -50,6 +51,7 @@ HOOKED = {
     "ssm command targets": (Command, "_get_instance_ids_from_targets"),
     "alarm state change": (CloudWatchBackend, "set_alarm_state"),
     "retry sleep": (retrier_decl, "time"),
+    "task timeout": (TimeoutSeconds, "_eval_seconds"),
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
 }
@@ -143,9 +145,13 @@ class _ScaledTime:
 class EmbeddedAWS:
     """Start moto in this process with the local mode's hooks; use as a context manager."""
 
-    def __init__(self, region: str = REGION, retry_time_scale: float = 1.0) -> None:
+    def __init__(self, region: str = REGION, retry_time_scale: float = 1.0, task_timeout_scale: float = 1.0) -> None:
+        """``retry_time_scale`` shortens Retry waits for tests. ``task_timeout_scale`` lengthens Task
+        ``TimeoutSeconds``: this process runs Lambda invocations one at a time, so under a burst a
+        task can wait for its turn far longer than it would on AWS."""
         self.region = region
         self.retry_time_scale = retry_time_scale
+        self.task_timeout_scale = task_timeout_scale
         self.functions: dict[str, FunctionSource] = {}
         self.command_host: CommandHost | None = None
         self.invocations: list[Invocation] = []
@@ -208,6 +214,9 @@ class EmbeddedAWS:
             if old != state_value:
                 embedded._emit_alarm_event(backend, alarm_name, old, state_value, reason)
 
+        def task_timeout(timeout: TimeoutSeconds, env: Any) -> int:
+            return max(1, int(timeout.timeout_seconds * embedded.task_timeout_scale))
+
         self._original_send_to_targets = Rule.send_to_targets
         for target, attr, new in (
             (LambdaSimpleBackend, "invoke", invoke),
@@ -216,6 +225,7 @@ class EmbeddedAWS:
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
+            (TimeoutSeconds, "_eval_seconds", task_timeout),
             *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name)))
               for name in ("put_item", "update_item", "delete_item", "transact_write_items")),
         ):

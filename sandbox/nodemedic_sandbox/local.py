@@ -29,14 +29,14 @@ class LocalMode:
 
     def __init__(self, nodes: int = 4, scheduler: str = "auto", retry_time_scale: float = 1.0,
                  stack_name: str = "nodemedic-local", extra_parameters: dict[str, str] | None = None,
-                 schedule_scale: float | None = None) -> None:
+                 schedule_scale: float | None = None, task_timeout_scale: float = 1.0) -> None:
         """``schedule_scale``: fire the template's scheduled rules (the silence sweeper) with their
         periods multiplied by it; ``None`` leaves them unfired."""
         self.node_names = [f"gpu-{i}" for i in range(1, nodes + 1)]
         self.prefer = scheduler
         self.stack_name = stack_name
         self.extra_parameters = extra_parameters or {}
-        self.aws = EmbeddedAWS(retry_time_scale=retry_time_scale)
+        self.aws = EmbeddedAWS(retry_time_scale=retry_time_scale, task_timeout_scale=task_timeout_scale)
         self.scheduler_note = ""
         self.schedule_scale = schedule_scale
         self.agents: NodeAgents | None = None

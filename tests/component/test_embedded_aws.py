@@ -34,6 +34,7 @@ def aws(tmp_path: Path):
         "class BoomError(Exception):\n    pass\n"
         "def handler(event, context):\n"
         "    if event.get('boom'):\n        raise BoomError('it broke')\n"
+        "    if event.get('sleep'):\n        __import__('time').sleep(event['sleep'])\n"
         "    print(json.dumps({'_aws': {'Timestamp': 1700000000000, 'CloudWatchMetrics': [{'Namespace': 'T',"
         " 'Dimensions': [['Cluster']], 'Metrics': [{'Name': 'TimeToRecover', 'Unit': 'Seconds'}]}]},"
         " 'Cluster': 'c1', 'TimeToRecover': 12.5}))\n"
@@ -132,6 +133,20 @@ def test_retry_intervals_are_scaled(aws: EmbeddedAWS) -> None:
     assert d["status"] == "FAILED" and d["error"] == "BoomError"
     assert time.monotonic() - started < 10, "60 s of retry intervals ran at x0.01"
     assert sum(1 for inv in aws.invocations if inv.error_type == "BoomError") == 3
+
+
+@pytest.mark.parametrize(("scale", "status"), [(1.0, "FAILED"), (3.0, "SUCCEEDED")])
+def test_task_timeouts_can_be_lengthened(aws: EmbeddedAWS, scale: float, status: str) -> None:
+    aws.task_timeout_scale = scale
+    arn = _state_machine(aws, {"StartAt": "F", "States": {"F": {
+        "Type": "Task", "Resource": "arn:aws:lambda:us-east-1:123456789012:function:fn",
+        "Parameters": {"sleep": 1.5}, "TimeoutSeconds": 1, "End": True}}})
+    aws.client("stepfunctions").start_execution(stateMachineArn=arn, name="t", input="{}")
+    while (d := aws.client("stepfunctions").describe_execution(
+            executionArn=arn.replace("stateMachine", "execution") + ":t"))["status"] == "RUNNING":
+        time.sleep(0.05)
+    assert d["status"] == status
+    assert d.get("error", "States.Timeout") == "States.Timeout"
 
 
 class _Host:
