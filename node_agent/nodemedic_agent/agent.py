@@ -25,7 +25,7 @@ from nodemedic_agent.checks.polled import PolledChecks
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.dedupe import Deduper
 from nodemedic_agent.events import entry, health_event, heartbeat
-from nodemedic_agent.hardware.base import Hardware, HardwareError
+from nodemedic_agent.hardware.base import GpuState, Hardware, HardwareError
 from nodemedic_agent.publisher import Publisher
 from nodemedic_agent.spool import Spool
 
@@ -96,12 +96,14 @@ class Agent:
     def gpu_index(self, pci: str) -> int | None:
         return self._gpu_by_bus.get(bus_key(pci))
 
+    def _map_gpus(self, gpus: list[GpuState]) -> None:
+        """PCI bus -> GPU index, so kernel-log lines (which name the bus) get the GPU's index."""
+        self._gpu_by_bus = {bus_key(g.pci_bus_id): g.index for g in gpus if g.pci_bus_id}
+
     def poll_once(self) -> list[CheckResult]:
         results = self.checks.run_all()
-        try:
-            self._gpu_by_bus = {bus_key(g.pci_bus_id): g.index for g in self.hw.gpus() if g.pci_bus_id}
-        except HardwareError:
-            pass
+        if self.checks.gpus:  # what the GPU check read (kept from its last success); no second NVML pass
+            self._map_gpus(self.checks.gpus)
         for result in results:
             for finding in result.findings:
                 self.emit(finding)
@@ -156,7 +158,7 @@ class Agent:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> Agent:
         try:
-            self._gpu_by_bus = {bus_key(g.pci_bus_id): g.index for g in self.hw.gpus() if g.pci_bus_id}
+            self._map_gpus(self.hw.gpus())
         except HardwareError:
             pass
         loops: list[tuple[str, Callable[[], None]]] = [

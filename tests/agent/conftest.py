@@ -4,7 +4,6 @@ in an SQS queue the test reads, and agents wired to both."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,8 @@ from nodemedic.contracts.events import NodeIdentity
 from nodemedic_agent.agent import Agent, events_client
 from nodemedic_agent.config import AgentConfig, parse_config
 from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
+
+from bench.moto_bus import free_port
 
 BUS = "nodemedic-local"
 NODE = NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1.local", slurm_node="gpu-1")
@@ -112,16 +113,10 @@ def make_agent(sim: SimulatedNode, tmp_path: Path) -> Iterator[Callable[..., Age
         agent.stop(graceful=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def server(fake_env):
     """A real network endpoint for the bus that the test can take down and bring back."""
-    port = _free_port()
+    port = free_port()
 
     class Endpoint:
         url = f"http://127.0.0.1:{port}"

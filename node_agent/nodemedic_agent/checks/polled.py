@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error, status_of
 from nodemedic_agent.config import AgentConfig
-from nodemedic_agent.hardware.base import Hardware, HardwareError
+from nodemedic_agent.hardware.base import GpuState, Hardware, HardwareError
 
 
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
@@ -19,6 +19,7 @@ class PolledChecks:
     def __init__(self, hardware: Hardware, config: AgentConfig) -> None:
         self.hw = hardware
         self.config = config
+        self.gpus: list[GpuState] = []  # what the last GPU check read (the agent maps PCI ids from it)
         self._nvlink: dict[int, int] = {}
         self._efa: dict[str, int] = {}
 
@@ -40,7 +41,7 @@ class PolledChecks:
         return results
 
     def gpu(self) -> CheckResult:
-        gpus = self.hw.gpus()
+        gpus = self.gpus = self.hw.gpus()
         expected = self.config.expected.gpus
         found: list[Finding] = []
         if len(gpus) < expected:
