@@ -28,7 +28,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     try:
         out = detect(request, cluster=settings().cluster_name,
                      overrides_json=settings().fault_action_overrides,
-                     provider=wiring.provider(), ledger=wiring.ledger(), now=now)
+                     provider=wiring.provider(), ledger=wiring.ledger(),
+                     control=wiring.control(), now=now)
     except InvalidEventError as exc:
         logger.warning("event rejected; no incident opened, no node touched", reason=str(exc))
         raise

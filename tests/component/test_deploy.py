@@ -21,7 +21,13 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         assert states["MarkIncidentFailed"]["Parameters"]["TableName"] == stack.table_name
         # one Lambda per stage and the silence sweeper, each with its source registered for the local runtime
         assert {Path(src.code_dir).name for src in aws.functions.values()} == {
-            "detect", "drain", "replace", "deep_health_check", "resume", "silence_sweeper"}
+            "detect", "gate", "shadow", "approval", "drain", "replace", "deep_health_check", "resume",
+            "silence_sweeper"}
+        # the safety policy parameter is seeded from the template parameters and loads cleanly
+        from nodemedic.safety.policy import parse_policy
+        name = stack.outputs["SafetyPolicyParameterName"]
+        policy = parse_policy(aws.client("ssm").get_parameter(Name=name)["Parameter"]["Value"])
+        assert (policy.mode, policy.breaker.max_percent, policy.lemon.incidents) == ("automatic", 10, 3)
         bus = aws.client("events").describe_event_bus(Name=stack.bus_name)
         assert "AllowThisAccountToPublish" in bus["Policy"]
         rules = aws.client("events").list_rules(EventBusName=stack.bus_name)["Rules"]

@@ -50,6 +50,18 @@ class HealthCheckFailedError(NodeMedicError):
     """The deep health check found the node unhealthy; it must not return to service."""
 
 
+class PolicyError(NodeMedicError):
+    """The cluster's safety policy is missing or invalid; automation holds until it is fixed."""
+
+
+class ThrottledError(RetryableError):
+    """The cluster already runs its maximum of concurrent remediations."""
+
+
+class ControlConflictError(RetryableError):
+    """Another gate changed the cluster's control state at the same moment; decide again."""
+
+
 class ResumeFailedError(NodeMedicError):
     """The node could not be returned to service."""
 

@@ -21,6 +21,8 @@ class Settings(BaseSettings):
     fault_action_overrides: str = Field(default="{}", description="JSON: fault code -> action")
     command_timeout_seconds: int = Field(default=120, ge=5, le=3600)
     command_poll_interval_seconds: float = Field(default=1.0, gt=0, le=30)
+    safety_policy_parameter: str = Field(default="", description="SSM parameter holding the policy JSON")
+    escalation_topic_arn: str = ""
     # silent-node sweeper
     event_bus_name: str = ""
     heartbeat_queue_url: str = ""

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from functools import cache, lru_cache
 from typing import Any
 
 import boto3
+from botocore.exceptions import ClientError
 
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.run_command import RunCommand
+from nodemedic.errors import PolicyError
+from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.settings import settings
+from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
+
+POLICY_CACHE_SECONDS = 30.0
 
 
 @cache
@@ -22,6 +29,29 @@ def client(service: str) -> Any:
 @lru_cache(maxsize=1)
 def ledger() -> Ledger:
     return Ledger(client("dynamodb"), settings().incidents_table)
+
+
+@lru_cache(maxsize=1)
+def control() -> ControlStore:
+    return ControlStore(client("dynamodb"), settings().incidents_table, settings().cluster_name)
+
+
+_policy_cache: dict[str, tuple[float, SafetyPolicy]] = {}
+
+
+def policy() -> SafetyPolicy:
+    """The cluster's safety policy from SSM Parameter Store, re-read at most every 30 s."""
+    name = settings().safety_policy_parameter
+    cached = _policy_cache.get(name)
+    if cached and time.monotonic() - cached[0] < POLICY_CACHE_SECONDS:
+        return cached[1]
+    try:
+        text = client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+    except ClientError as exc:
+        raise PolicyError(f"cannot read the safety policy parameter {name}: {exc}") from exc
+    loaded = parse_policy(text, origin=f"safety policy {name}")
+    _policy_cache[name] = (time.monotonic(), loaded)
+    return loaded
 
 
 @lru_cache(maxsize=1)
@@ -42,5 +72,6 @@ def provider() -> AutoScalingProvider:
 
 def reset() -> None:
     """Forget every cached adapter and the settings (the local mode redeploys between runs)."""
-    for cached in (client, ledger, run_command, orchestrator, provider, settings):
+    for cached in (client, ledger, control, run_command, orchestrator, provider, settings):
         cached.cache_clear()
+    _policy_cache.clear()

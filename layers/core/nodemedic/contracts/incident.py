@@ -8,9 +8,12 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 Action = Literal["monitor", "replace", "reboot"]
-IncidentStatus = Literal["open", "closed", "failed"]
-Stage = Literal["detect", "drain", "replace", "health_check", "resume"]
-STAGES: tuple[Stage, ...] = ("detect", "drain", "replace", "health_check", "resume")
+Confidence = Literal["high", "ambiguous"]
+IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "denied", "dry_run"]
+ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run"})
+Stage = Literal["detect", "gate", "verify", "drain", "approval", "replace", "health_check", "resume", "shadow"]
+STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "replace", "health_check",
+                             "resume", "shadow")
 
 
 class IncidentRef(BaseModel):
@@ -27,6 +30,8 @@ class IncidentRef(BaseModel):
     action: Action
     source: str
     observed_at: AwareDatetime
+    confidence: Confidence = Field(
+        default="high", description="ambiguous: needs a second signal before destructive action")
 
 
 class StageRecord(BaseModel):
@@ -49,6 +54,7 @@ class Incident(IncidentRef):
     stages: dict[str, StageRecord] = Field(default_factory=dict)
     duplicate_events: int = 0
     closed_at: AwareDatetime | None = None
+    outcome: str = Field(default="", description="Why the incident ended as it did (held, not corroborated, ...)")
     failed_at: AwareDatetime | None = None
     failure: dict[str, str] | None = None
 

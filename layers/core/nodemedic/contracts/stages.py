@@ -40,6 +40,20 @@ class StageInput(_Model):
     incident: IncidentRef
 
 
+GateVerdict = Literal["proceed", "verify", "quarantine", "hold", "dry_run"]
+
+
+class GateOutput(_Model):
+    """What the safety gate decided, and every rule it evaluated on the way."""
+
+    verdict: GateVerdict
+    reason: str
+    rules: list[dict[str, str]] = Field(description="[{rule, result, detail}] in evaluation order")
+    needs_approval: bool = Field(default=False, description="an operator approves before replace/reboot")
+    notify: str = Field(default="", description="a notification the state machine publishes, if any")
+    would: str = Field(default="", description="dry run: the verdict automation would have reached")
+
+
 class DrainOutput(_Model):
     slurm_node: str
     drained_by_pipeline: bool = Field(description="False when an operator had drained it first")
@@ -53,9 +67,31 @@ class ReplaceOutput(_Model):
     instance_id: str = Field(description="The instance now backing the Slurm node")
 
 
+class ShadowInput(_Model):
+    incident: IncidentRef
+    gate: GateOutput
+
+
+class ShadowOutput(_Model):
+    would: str = Field(description="the gate's verdict had the mode been automatic")
+    actions: list[str] = Field(description="what each stage would have done, in order")
+
+
+class ApprovalInput(_Model):
+    incident: IncidentRef
+    task_token: str = Field(min_length=1)
+
+
+class DenialInput(_Model):
+    incident: IncidentRef
+    denial: dict[str, str] = Field(description="the Catch's error: {Error, Cause}")
+
+
 class HealthCheckInput(_Model):
     incident: IncidentRef
     instance_id: str
+    purpose: Literal["recovery", "verify"] = Field(
+        default="recovery", description="verify: check an ambiguous fault before acting; never raises")
 
 
 class HealthCheckOutput(_Model):
@@ -72,13 +108,18 @@ class ResumeOutput(_Model):
 
 
 __all__ = [
+    "DenialInput",
     "DetectInput",
     "DetectOutput",
     "DrainOutput",
+    "GateOutput",
+    "ApprovalInput",
     "HealthCheckInput",
     "HealthCheckOutput",
     "ReplaceOutput",
     "ResumeOutput",
+    "ShadowInput",
+    "ShadowOutput",
     "StageInput",
     "TriggerEvent",
 ]

@@ -13,7 +13,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, cast, get_args
 
-from nodemedic.contracts.incident import Action
+from nodemedic.contracts.incident import Action, Confidence
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Classification:
     action: Action
     note: str
     overridden: bool = False
+    confidence: Confidence = "high"
 
     @property
     def reason(self) -> str:
@@ -58,7 +59,8 @@ def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Cla
     overridden = bool(overrides) and fault_code in (overrides or {})
     if overridden:
         action = (overrides or {})[fault_code]
-    return Classification(fault_code, rule["fault_class"], action, rule["note"], overridden)
+    return Classification(fault_code, rule["fault_class"], action, rule["note"], overridden,
+                          cast(Confidence, rule.get("confidence", "high")))
 
 
 def alarm_fault_code(metric_name: str | None) -> str:

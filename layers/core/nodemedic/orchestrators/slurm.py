@@ -79,6 +79,10 @@ class SlurmViaSSM:
                 not_requeued.append(rest.strip())
         return EvacuationResult(requeued=requeued, not_requeued=not_requeued)
 
+    def jobs_on(self, node: str) -> list[str]:
+        out = self._sh(f"squeue -h -w {shlex.quote(node)} -t R,CG,CF -o %A", f"jobs on {node}")
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
     def resume(self, node: str) -> None:
         try:
             self._sh(f"scontrol update nodename={shlex.quote(node)} state=resume", f"resume {node}")

@@ -7,7 +7,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import ReplacementFailedError
-from nodemedic.providers.base import SLURM_NODE_TAG, Member
+from nodemedic.providers.base import SLURM_NODE_TAG, Member, ec2_member
 
 _GONE = {"shutting-down", "terminated"}
 
@@ -18,11 +18,17 @@ class AutoScalingProvider:
         self._ec2 = ec2
         self._group = group_name
 
-    def _group_instances(self) -> list[dict[str, Any]]:
+    def _describe_group(self) -> dict[str, Any]:
         groups = self._asg.describe_auto_scaling_groups(AutoScalingGroupNames=[self._group])
         if not groups["AutoScalingGroups"]:
             raise ReplacementFailedError(f"Auto Scaling group {self._group} does not exist")
-        return list(groups["AutoScalingGroups"][0]["Instances"])
+        return dict(groups["AutoScalingGroups"][0])
+
+    def _group_instances(self) -> list[dict[str, Any]]:
+        return list(self._describe_group()["Instances"])
+
+    def size(self) -> int:
+        return int(self._describe_group()["DesiredCapacity"])
 
     def _describe(self, instance_ids: list[str]) -> list[dict[str, Any]]:
         if not instance_ids:
@@ -35,21 +41,16 @@ class AutoScalingProvider:
             raise
         return [i for r in resp["Reservations"] for i in r["Instances"]]
 
-    @staticmethod
-    def _as_member(instance: dict[str, Any]) -> Member:
-        tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-        return Member(instance["InstanceId"], tags.get(SLURM_NODE_TAG), instance["State"]["Name"])
-
     def member(self, instance_id: str) -> Member | None:
         if instance_id not in {i["InstanceId"] for i in self._group_instances()}:
             return None
         found = self._describe([instance_id])
-        return self._as_member(found[0]) if found else None
+        return ec2_member(found[0]) if found else None
 
     def member_by_node(self, slurm_node: str) -> Member | None:
         ids = [i["InstanceId"] for i in self._group_instances()]
         for instance in self._describe(ids):
-            member = self._as_member(instance)
+            member = ec2_member(instance)
             if member.slurm_node == slurm_node and member.state not in _GONE:
                 return member
         return None
@@ -78,7 +79,7 @@ class AutoScalingProvider:
         ]
         instances = [
             i for i in self._describe(in_service)
-            if i["State"]["Name"] == "running" and self._as_member(i).slurm_node is None
+            if i["State"]["Name"] == "running" and ec2_member(i).slurm_node is None
         ]
         instances.sort(key=lambda i: (i["LaunchTime"], i["InstanceId"]))
         return [i["InstanceId"] for i in instances]

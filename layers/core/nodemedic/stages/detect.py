@@ -13,11 +13,12 @@ from nodemedic.contracts.events import (
     RunbookEnvelope,
     TriggerEvent,
 )
-from nodemedic.contracts.incident import Action, Incident, IncidentRef, StageRecord
+from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, StageRecord
 from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, parse_overrides
 from nodemedic.errors import InvalidEventError, UnknownNodeError
 from nodemedic.providers.base import Member, Provider
+from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
 _TRIGGER = TypeAdapter(TriggerEvent)
@@ -94,20 +95,23 @@ def detect(
     overrides_json: str,
     provider: Provider,
     ledger: Ledger,
+    control: ControlStore,
     now: datetime,
 ) -> DetectOutput:
     fault = to_fault(parse_trigger(request.event), cluster, now)
     if fault.cluster != cluster:
         raise InvalidEventError(f"event is for cluster {fault.cluster}; this pipeline serves {cluster}")
+    confidence: Confidence = "high"  # an operator's request is a signal of its own
     if fault.requested_action:
         fault_class, action, reason = "manual", fault.requested_action, fault.requested_reason
     else:
         c = classify(fault.fault_code, parse_overrides(overrides_json))
-        fault_class, action, reason = c.fault_class, c.action, c.reason
+        fault_class, action, reason, confidence = c.fault_class, c.action, c.reason, c.confidence
     if action == "monitor":
         return DetectOutput(decision="monitor", reason=reason)
 
     member = resolve_member(fault, provider, cluster)
+    control.record_signal(member.instance_id, fault.source, fault.fault_code, fault.observed_at)
     ref = IncidentRef(
         incident_id=request.incident_id,
         cluster=cluster,
@@ -118,6 +122,7 @@ def detect(
         action=action,
         source=fault.source,
         observed_at=fault.observed_at,
+        confidence=confidence,
     )
     incident = Incident(
         **ref.model_dump(),

@@ -1,4 +1,9 @@
-"""Deep health check: run the check on the instance through SSM; unhealthy never returns."""
+"""Deep health check: run the check on the instance through SSM; unhealthy never returns.
+
+The same check also *verifies* an ambiguous fault before anything destructive happens: a
+healthy node ends the incident (not corroborated, node untouched); an unhealthy one is the
+second signal, and remediation goes on.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,9 @@ from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import HealthCheckOutput
 from nodemedic.errors import HealthCheckFailedError
 from nodemedic.providers.run_command import CommandResult, RunCommand
+from nodemedic.providers.base import Member
+from nodemedic.safety.gate import lineage_keys
+from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
 
@@ -59,4 +67,31 @@ def health_check(
             f"{incident.slurm_node} stays drained"
         )
     ledger.complete_stage(incident, "health_check", clock(), out.model_dump(mode="json"))
+    return out
+
+
+def verify(
+    incident: IncidentRef,
+    *,
+    runner: RunCommand,
+    ledger: Ledger,
+    control: ControlStore,
+    command: str,
+    timeout_s: int,
+    clock: Callable[[], datetime],
+) -> HealthCheckOutput:
+    record = ledger.start_stage(incident, "verify", clock())
+    if record.completed_at:
+        return HealthCheckOutput.model_validate(record.result)
+    result = runner.run(incident.instance_id, command, timeout_s, f"verify {incident.slurm_node}")
+    healthy, checks = parse_report(result)
+    out = HealthCheckOutput(instance_id=incident.instance_id, healthy=healthy, checks=checks)
+    done = clock()
+    ledger.complete_stage(incident, "verify", done, out.model_dump(mode="json"))
+    if healthy:
+        ledger.close(incident, done, f"not corroborated: {incident.fault_code} from {incident.source} alone, "
+                                     f"and the deep health check passed; node untouched")
+    else:
+        control.append_lineage(lineage_keys(incident, Member(incident.instance_id, incident.slurm_node, "")),
+                               incident.incident_id, done)
     return out

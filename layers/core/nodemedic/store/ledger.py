@@ -17,7 +17,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nodemedic.contracts.incident import Incident, IncidentRef, Stage, StageRecord
+from nodemedic.contracts.incident import Incident, IncidentRef, IncidentStatus, Stage, StageRecord
 from nodemedic.errors import IncidentStateError
 
 
@@ -29,7 +29,7 @@ def _lock_key(cluster: str, instance_id: str) -> dict[str, Any]:
     return {"pk": {"S": f"NODE#{cluster}#{instance_id}"}}
 
 
-def _condition_failed(exc: ClientError) -> bool:
+def condition_failed(exc: ClientError) -> bool:
     code = exc.response["Error"]["Code"]
     if code == "ConditionalCheckFailedException":
         return True
@@ -84,7 +84,7 @@ class Ledger:
                 ]
             )
         except ClientError as exc:
-            if not _condition_failed(exc):
+            if not condition_failed(exc):
                 raise
             existing = self.active_incident_id(incident.cluster, incident.instance_id)
             if existing is None:  # the lock was released between our write and our read
@@ -149,7 +149,7 @@ class Ledger:
             )
             return record
         except ClientError as exc:
-            if not _condition_failed(exc):
+            if not condition_failed(exc):
                 raise
         incident = self.get(ref.incident_id)
         record = incident.stages.get(stage)
@@ -182,34 +182,54 @@ class Ledger:
         )
 
     # -- ending --------------------------------------------------------------------------
-    def close(self, ref: IncidentRef, now: datetime) -> None:
+    def close(self, ref: IncidentRef, now: datetime, outcome: str = "") -> None:
         """Mark the incident closed and release the node lock, atomically."""
-        self._db.transact_write_items(
-            TransactItems=[
-                {
-                    "Update": {
-                        "TableName": self._table,
-                        "Key": _incident_key(ref.incident_id),
-                        "UpdateExpression": "SET #status = :closed, closed_at = :now",
-                        "ConditionExpression": "#status IN (:open, :closed)",
-                        "ExpressionAttributeNames": {"#status": "status"},
-                        "ExpressionAttributeValues": {
-                            ":closed": {"S": "closed"},
-                            ":open": {"S": "open"},
-                            ":now": {"S": now.isoformat()},
-                        },
-                    }
-                },
-                {
-                    "Delete": {
-                        "TableName": self._table,
-                        "Key": _lock_key(ref.cluster, ref.instance_id),
-                        "ConditionExpression": "attribute_not_exists(pk) OR incident_id = :id",
-                        "ExpressionAttributeValues": {":id": {"S": ref.incident_id}},
-                    }
-                },
-            ]
-        )
+        self.end(ref, "closed", now, outcome, release_node=True)
+
+    def end(self, ref: IncidentRef, status: IncidentStatus, now: datetime, outcome: str,
+            *, release_node: bool) -> None:
+        """End an open incident with ``status`` and why. ``release_node=False`` keeps the node lock,
+        so later events for the node are folded into this incident until an operator acts."""
+        update: dict[str, Any] = {
+            "TableName": self._table,
+            "Key": _incident_key(ref.incident_id),
+            "UpdateExpression": "SET #status = :end, closed_at = :now, outcome = :why",
+            "ConditionExpression": "#status IN (:open, :end)",
+            "ExpressionAttributeNames": {"#status": "status"},
+            "ExpressionAttributeValues": {
+                ":end": {"S": status}, ":open": {"S": "open"},
+                ":now": {"S": now.isoformat()}, ":why": {"S": outcome},
+            },
+        }
+        items: list[dict[str, Any]] = [{"Update": update}]
+        if release_node:
+            items.append({"Delete": {
+                "TableName": self._table,
+                "Key": _lock_key(ref.cluster, ref.instance_id),
+                "ConditionExpression": "attribute_not_exists(pk) OR incident_id = :id",
+                "ExpressionAttributeValues": {":id": {"S": ref.incident_id}},
+            }})
+        try:
+            self._db.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            if not condition_failed(exc):
+                raise
+            current = self.get(ref.incident_id).status
+            raise IncidentStateError(f"incident {ref.incident_id} is {current}; cannot mark it {status}") from exc
+
+    def statuses(self, incident_ids: list[str]) -> dict[str, str]:
+        """The status of each incident (batch read; missing ones are left out)."""
+        out: dict[str, str] = {}
+        for start in range(0, len(incident_ids), 100):
+            keys = [_incident_key(i) for i in incident_ids[start:start + 100]]
+            request = {self._table: {"Keys": keys, "ConsistentRead": True,
+                                     "ProjectionExpression": "pk, #s", "ExpressionAttributeNames": {"#s": "status"}}}
+            while request:
+                resp = self._db.batch_get_item(RequestItems=request)
+                for item in resp["Responses"].get(self._table, []):
+                    out[item["pk"]["S"].removeprefix("INCIDENT#")] = item["status"]["S"]
+                request = resp.get("UnprocessedKeys") or {}
+        return out
 
     def claim_instance(self, instance_id: str, incident_id: str) -> bool:
         """Take a replacement instance for an incident; False if another incident has it."""
@@ -221,7 +241,7 @@ class Ledger:
                 ExpressionAttributeValues={":id": {"S": incident_id}},
             )
         except ClientError as exc:
-            if _condition_failed(exc):
+            if condition_failed(exc):
                 return False
             raise
         return True
@@ -237,6 +257,8 @@ def _from_item(item: dict[str, Any]) -> Incident:
     incident.duplicate_events = int(item.get("duplicate_events", {}).get("N", "0"))
     if "closed_at" in item:
         incident.closed_at = datetime.fromisoformat(item["closed_at"]["S"])
+    if "outcome" in item:
+        incident.outcome = item["outcome"]["S"]
     if "failed_at" in item:
         incident.failed_at = datetime.fromisoformat(item["failed_at"]["S"])
     if "failure" in item:

@@ -1,0 +1,85 @@
+"""What an operator does to automation: pause/resume it, reset the breaker, approve or deny.
+
+Each function validates, acts once, and returns the new state; an impossible request (approving
+an incident that waits for nothing, resetting a closed breaker) raises :class:`OperatorError`
+and changes nothing. The ``nodemedic`` CLI calls these; so can a script.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from nodemedic.errors import NodeMedicError
+from nodemedic.store.control import ControlState, ControlStore, Switch
+from nodemedic.store.ledger import Ledger
+
+REASON_MIN = 3
+
+
+class OperatorError(NodeMedicError):
+    """The operator's request cannot be carried out; nothing was changed."""
+
+
+def _who(by: str, reason: str) -> None:
+    if not by.strip():
+        raise OperatorError("say who you are (--by)")
+    if len(reason.strip()) < REASON_MIN:
+        raise OperatorError(f"give a reason of at least {REASON_MIN} characters (--reason)")
+
+
+def pause(control: ControlStore, by: str, reason: str) -> ControlState:
+    """Stop all automation: new incidents are recorded and held, nothing is touched."""
+    _who(by, reason)
+
+    def edit(state: ControlState) -> None:
+        if state.paused:
+            raise OperatorError(f"automation is already paused by {state.paused.by}: {state.paused.reason}")
+        state.paused = Switch(by=by, reason=reason, at=datetime.now(UTC))
+
+    return control.change(edit)
+
+
+def resume_automation(control: ControlStore, by: str, reason: str) -> ControlState:
+    _who(by, reason)
+
+    def edit(state: ControlState) -> None:
+        if not state.paused:
+            raise OperatorError("automation is not paused")
+        state.paused = None
+
+    return control.change(edit)
+
+
+def reset_breaker(control: ControlStore, by: str, reason: str) -> ControlState:
+    """Close a tripped breaker. Remediations admitted before the reset no longer count."""
+    _who(by, reason)
+
+    def edit(state: ControlState) -> None:
+        if state.breaker.state != "open":
+            raise OperatorError("the circuit breaker is closed; nothing to reset")
+        state.breaker.state = "closed"
+        state.breaker.reset = Switch(by=by, reason=reason, at=datetime.now(UTC))
+
+    return control.change(edit)
+
+
+def answer_approval(ledger: Ledger, sfn: Any, incident_id: str, *, approve: bool, by: str,
+                    reason: str) -> dict[str, str]:
+    """Approve (the execution goes on to replace/reboot) or deny (it ends, node drained)."""
+    _who(by, reason)
+    incident = ledger.get(incident_id)
+    record = incident.stages.get("approval")
+    token = str(record.result.get("task_token", "")) if record else ""
+    if incident.status != "open" or not token or (record and record.result.get("decision")):
+        raise OperatorError(f"incident {incident_id} is {incident.status} and waits for no approval")
+    decision = "approved" if approve else "denied"
+    answer = {"decision": decision, "by": by, "reason": reason, "decided_at": datetime.now(UTC).isoformat()}
+    ledger.record_progress(incident, "approval", answer)  # recorded before the execution moves on
+    if approve:
+        ledger.complete_stage(incident, "approval", datetime.now(UTC), {**record.result, **answer})  # type: ignore[union-attr]
+        sfn.send_task_success(taskToken=token, output=json.dumps({"approved": True, "by": by, "reason": reason}))
+    else:
+        sfn.send_task_failure(taskToken=token, error="ApprovalDenied", cause=f"denied by {by}: {reason}")
+    return {"incident": incident_id, "decision": decision, "by": by, "reason": reason}

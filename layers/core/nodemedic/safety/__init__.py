@@ -1,0 +1,1 @@
+"""Safety rails: the policy, and the gate that applies it."""

@@ -1,0 +1,175 @@
+"""The gate: may automation act on this incident, and how? A pure function of the facts.
+
+Rules, in order; the first that decides wins, and every rule evaluated is recorded:
+
+1. paused          -> hold       (an operator paused all automation)
+2. excluded        -> hold       (node list/glob or instance tag in the policy)
+3. breaker open    -> hold       (tripped earlier; only an operator resets it)
+4. cooldown        -> hold       (the node slot was remediated moments ago)
+5. lemon           -> quarantine (the Nth incident of a node slot or EC2 host in the window)
+6. breaker limit   -> hold, trip (one more node would exceed the limit; names the correlation)
+7. concurrency     -> throttled  (retried by the state machine, then failed safely)
+8. corroboration   -> verify     (an ambiguous fault without an independent second signal)
+9. otherwise       -> proceed    (or approval first, in approval mode)
+
+In dry-run mode the same rules run, nothing is admitted, and the verdict is ``dry_run`` with
+what automation would have done.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from nodemedic.contracts.incident import IncidentRef
+from nodemedic.providers.base import Member
+from nodemedic.safety.policy import SafetyPolicy
+from nodemedic.store.control import Admission, ControlState
+
+Verdict = Literal["proceed", "verify", "quarantine", "hold", "throttled", "dry_run"]
+CORRELATED_ATTRIBUTES = ("rack", "switch", "placement_group", "host_id", "availability_zone", "fault_code")
+
+
+@dataclass(frozen=True)
+class Facts:
+    incident: IncidentRef
+    member: Member
+    policy: SafetyPolicy
+    state: ControlState
+    active: set[str]  # admitted incidents still in progress
+    cluster_size: int
+    signals: dict[tuple[str, str], datetime]  # (source, fault code) -> last seen, for the instance
+    lineage: dict[str, list[tuple[str, datetime]]]  # key -> earlier (incident, admitted at)
+    now: datetime
+
+
+@dataclass
+class Decision:
+    verdict: Verdict
+    reason: str
+    rules: list[dict[str, str]] = field(default_factory=list)
+    needs_approval: bool = False
+    trips_breaker: bool = False
+    notify: str = ""
+    would: str = ""  # dry-run: the verdict automation would have reached
+
+
+def lineage_keys(incident: IncidentRef, member: Member) -> list[str]:
+    """Keys that outlive an instance: the Slurm node slot, and the EC2 host when known."""
+    keys = [f"node:{incident.slurm_node}"]
+    if member.topology.get("host_id"):
+        keys.append(f"host:{member.topology['host_id']}")
+    return keys
+
+
+def admission_of(incident: IncidentRef, member: Member, now: datetime) -> Admission:
+    return Admission(slurm_node=incident.slurm_node, instance_id=incident.instance_id, at=now,
+                     fault_code=incident.fault_code, attributes=dict(member.topology))
+
+
+def correlation(admissions: list[Admission]) -> list[str]:
+    """Attribute values shared by at least two and at least half of the nodes, most shared first."""
+    n = len(admissions)
+    found: list[tuple[int, str]] = []
+    for attr in CORRELATED_ATTRIBUTES:
+        values = Counter(a.fault_code if attr == "fault_code" else a.attributes.get(attr, "") for a in admissions)
+        value, count = max(values.items(), key=lambda kv: kv[1])
+        if value and count >= 2 and count * 2 >= n:
+            found.append((count, f"{attr}={value} ({count} of {n} nodes)"))
+    return [text for _, text in sorted(found, key=lambda f: -f[0])]
+
+
+def decide(f: Facts) -> Decision:
+    rules: list[dict[str, str]] = []
+    p, node = f.policy, f.incident.slurm_node
+
+    def ok(rule: str, detail: str) -> None:
+        rules.append({"rule": rule, "result": "pass", "detail": detail})
+
+    def stop(verdict: Verdict, rule: str, detail: str, **extra: object) -> Decision:
+        rules.append({"rule": rule, "result": verdict, "detail": detail})
+        return Decision(verdict, f"{rule}: {detail}", rules, **extra)  # type: ignore[arg-type]
+
+    if f.state.paused:
+        return _dry(f, stop("hold", "paused", f"automation paused by {f.state.paused.by} at "
+                                              f"{f.state.paused.at:%Y-%m-%d %H:%M}Z: {f.state.paused.reason}"))
+    ok("paused", "automation is on")
+    why = p.exclusions.excludes(node, f.member.tags)
+    if why:
+        return _dry(f, stop("hold", "excluded", f"{why}; recorded, node untouched"))
+    ok("excluded", "not excluded")
+    b = f.state.breaker
+    if b.state == "open" and b.tripped:
+        return _dry(f, stop("hold", "breaker", f"circuit breaker open since {b.tripped.at:%H:%M:%S}Z "
+                                               f"({b.tripped.reason}); recorded, no action"))
+    ok("breaker", "closed")
+
+    slot = lineage_keys(f.incident, f.member)[0]
+    cooldown = timedelta(minutes=p.node_cooldown_minutes)
+    recent = [at for _, at in f.lineage.get(slot, []) if f.now - at < cooldown]
+    if recent:
+        return _dry(f, stop("hold", "cooldown", f"{node} was remediated at {max(recent):%H:%M:%S}Z, "
+                                                f"within the {p.node_cooldown_minutes:g} min cooldown"))
+    ok("cooldown", f"no remediation of {node} within {p.node_cooldown_minutes:g} min")
+
+    window = timedelta(hours=p.lemon.window_hours)
+    for key, history in f.lineage.items():
+        earlier = [iid for iid, at in history if f.now - at <= window and iid != f.incident.incident_id]
+        if len(earlier) + 1 >= p.lemon.incidents:
+            return _dry(f, stop(
+                "quarantine", "lemon",
+                f"incident {len(earlier) + 1} of {key} within {p.lemon.window_hours:g} h (limit "
+                f"{p.lemon.incidents}; earlier: {', '.join(earlier)}): quarantined, not replaced again",
+                notify=f"NodeMedic quarantined {node} ({f.incident.instance_id}): {len(earlier) + 1} incidents "
+                       f"of {key} within {p.lemon.window_hours:g} h. It stays drained until an operator "
+                       f"investigates. Incident {f.incident.incident_id}, fault {f.incident.fault_code}."))
+    ok("lemon", f"fewer than {p.lemon.incidents} incidents within {p.lemon.window_hours:g} h")
+
+    limit = p.breaker_limit(f.cluster_size)
+    counted = f.state.counted_by_breaker(f.now, timedelta(minutes=p.breaker.window_minutes), f.active)
+    mine = admission_of(f.incident, f.member, f.now)
+    nodes = {a.slurm_node for a in counted.values()} | {node}
+    if len(nodes) > limit:
+        involved = [*counted.values(), mine]
+        shared = correlation(involved)
+        detail = (f"{len(nodes)} nodes under remediation within {p.breaker.window_minutes:g} min exceed the "
+                  f"limit of {limit} ({p.breaker.max_percent:g}% of {f.cluster_size}, at most "
+                  f"{p.breaker.max_nodes})")
+        notify = (f"NodeMedic circuit breaker TRIPPED on cluster {f.incident.cluster}: {detail}. "
+                  f"Correlated: {'; '.join(shared) or 'no shared rack, switch, placement or fault'}. "
+                  f"Nodes: {', '.join(sorted(nodes))}. All destructive actions are stopped; events are still "
+                  f"recorded. After investigating, reset it: nodemedic breaker reset --reason TEXT")
+        return _dry(f, stop("hold", "breaker_limit", detail, trips_breaker=True, notify=notify))
+    ok("breaker_limit", f"{len(nodes)} of at most {limit} nodes within {p.breaker.window_minutes:g} min")
+
+    in_progress = len(f.active - {f.incident.incident_id})
+    if in_progress >= p.max_concurrent:
+        return _dry(f, stop("throttled", "concurrency",
+                            f"{in_progress} remediations in progress (max {p.max_concurrent})"))
+    ok("concurrency", f"{in_progress} in progress (max {p.max_concurrent})")
+
+    if f.incident.confidence == "ambiguous":
+        fresh = timedelta(minutes=p.corroboration_minutes)
+        own = (f.incident.source, f.incident.fault_code)
+        others = sorted(f"{s}:{c}" for (s, c), at in f.signals.items()
+                        if (s, c) != own and f.now - at <= fresh)
+        if not others:
+            return _dry(f, stop("verify", "corroboration",
+                                f"{f.incident.fault_code} from {f.incident.source} alone is ambiguous: "
+                                f"deep health check before any destructive action"))
+        ok("corroboration", f"corroborated by {', '.join(others)}")
+    else:
+        ok("corroboration", f"{f.incident.fault_code} is a high-confidence fault")
+
+    approval = p.mode == "approval"
+    reason = "all safety rules pass" + ("; approval required before replace/reboot" if approval else "")
+    return _dry(f, Decision("proceed", reason, rules, needs_approval=approval))
+
+
+def _dry(f: Facts, d: Decision) -> Decision:
+    """In dry-run mode: keep the reasoning, take no action, admit nothing, notify nobody."""
+    if f.policy.mode != "dry_run":
+        return d
+    return Decision("dry_run", f"dry run: automation would {d.verdict} ({d.reason})", d.rules, would=d.verdict)

@@ -1,0 +1,96 @@
+"""Gate: apply the cluster's safety policy before anything touches the node.
+
+Reads the facts (policy, control state, signals, lineage), lets
+:func:`nodemedic.safety.gate.decide` decide, then writes the outcome: an admission (with
+the node's lineage) for verdicts that act, a tripped breaker, or the end of a held incident.
+The control-state write is conditional on the version read; a concurrent gate makes this one
+raise :class:`ControlConflictError`, which the state machine retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from nodemedic.contracts.incident import ENDED_STATUSES, IncidentRef
+from nodemedic.contracts.stages import GateOutput
+from nodemedic.errors import PolicyError, ThrottledError, UnknownNodeError
+from nodemedic.providers.base import Provider
+from nodemedic.safety.gate import Decision, Facts, admission_of, decide, lineage_keys
+from nodemedic.safety.policy import SafetyPolicy
+from nodemedic.store.control import ControlState, ControlStore, Switch
+from nodemedic.store.ledger import Ledger
+
+
+def gate(
+    incident: IncidentRef,
+    *,
+    load_policy: Callable[[], SafetyPolicy],
+    provider: Provider,
+    control: ControlStore,
+    ledger: Ledger,
+    clock: Callable[[], datetime],
+) -> GateOutput:
+    now = clock()
+    record = ledger.start_stage(incident, "gate", now)
+    if record.completed_at:
+        return GateOutput.model_validate(record.result)
+    try:
+        policy = load_policy()
+    except PolicyError as exc:
+        return _hold(incident, ledger, clock, Decision(
+            "hold", f"policy: {exc}", [{"rule": "policy", "result": "hold", "detail": str(exc)}],
+            notify=f"NodeMedic held incident {incident.incident_id} on {incident.slurm_node}: {exc}. "
+                   f"Nothing was done to the node; fix the policy parameter."))
+    state = control.read()
+    if incident.incident_id in state.admissions and record.result:  # retried after admitting
+        return _complete(incident, ledger, clock, GateOutput.model_validate(record.result))
+    member = provider.member(incident.instance_id)
+    if member is None:
+        raise UnknownNodeError(f"{incident.instance_id} left cluster {incident.cluster}; nothing was drained")
+    admitted = list(state.admissions)
+    statuses = ledger.statuses(admitted)
+    active = {i for i in admitted if statuses.get(i, "open") not in ENDED_STATUSES}
+    keys = lineage_keys(incident, member)
+    facts = Facts(incident, member, policy, state, active, provider.size(),
+                  control.signals(incident.instance_id), {k: control.lineage(k) for k in keys}, now)
+    d = decide(facts)
+    if d.verdict == "throttled":
+        raise ThrottledError(d.reason)
+    if d.trips_breaker:
+        state.breaker.state = "open"
+        state.breaker.trips += 1
+        state.breaker.tripped = Switch(by="nodemedic", reason=d.reason, at=now)
+        control.save(state)  # conflict -> retried: only one gate ever trips it
+    if d.verdict in ("hold", "dry_run"):
+        return _hold(incident, ledger, clock, d)
+    out = GateOutput(verdict=d.verdict, reason=d.reason, rules=d.rules,  # type: ignore[arg-type]
+                     needs_approval=d.needs_approval, notify=d.notify)
+    ledger.record_progress(incident, "gate", out.model_dump(mode="json"))
+    _prune(state, active, now, policy)
+    state.admissions[incident.incident_id] = admission_of(incident, member, now)
+    # an unverified ambiguous fault is not yet a remediation of the slot: Verify records it
+    lineage = {} if d.verdict == "verify" else {k: (incident.incident_id, now) for k in keys}
+    control.save(state, lineage)
+    return _complete(incident, ledger, clock, out)
+
+
+def _prune(state: ControlState, active: set[str], now: datetime, policy: SafetyPolicy) -> None:
+    """Forget ended admissions older than the breaker window (keeps the item small)."""
+    window = timedelta(minutes=policy.breaker.window_minutes)
+    for iid in [i for i, a in state.admissions.items() if i not in active and now - a.at > window]:
+        del state.admissions[iid]
+
+
+def _hold(incident: IncidentRef, ledger: Ledger, clock: Callable[[], datetime], d: Decision) -> GateOutput:
+    out = GateOutput(verdict=d.verdict, reason=d.reason, rules=d.rules, notify=d.notify,  # type: ignore[arg-type]
+                     would=d.would)
+    out = _complete(incident, ledger, clock, out)
+    if d.verdict == "hold":
+        ledger.end(incident, "held", clock(), d.reason, release_node=True)
+    return out
+
+
+def _complete(incident: IncidentRef, ledger: Ledger, clock: Callable[[], datetime], out: GateOutput) -> GateOutput:
+    ledger.complete_stage(incident, "gate", clock(), out.model_dump(mode="json"))
+    return out
