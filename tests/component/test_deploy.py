@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from nodemedic.safety.policy import parse_policy
 from nodemedic_sandbox.deploy import deploy
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
@@ -24,7 +25,6 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
             "detect", "gate", "shadow", "approval", "drain", "replace", "deep_health_check", "resume",
             "silence_sweeper"}
         # the safety policy parameter is seeded from the template parameters and loads cleanly
-        from nodemedic.safety.policy import parse_policy
         name = stack.outputs["SafetyPolicyParameterName"]
         policy = parse_policy(aws.client("ssm").get_parameter(Name=name)["Parameter"]["Value"])
         assert (policy.mode, policy.breaker.max_percent, policy.lemon.incidents) == ("automatic", 10, 3)

@@ -1,33 +1,9 @@
 """A health event on the bus of the locally deployed template remediates a real Slurm node."""
 
-import time
 
 from nodemedic_sandbox.local import LocalMode
 
-
-def wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def job_running(local: LocalMode, job: str, timeout: float = 30.0) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while (info := local.scheduler.job(job))["JobState"] != "RUNNING":
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job} not running after {timeout}s: {info['JobState']} "
-                                 f"(Reason={info['Reason']}, StartTime={info['StartTime']})")
-        time.sleep(0.2)
-    return info
-
-
-def running_job(local: LocalMode, nodes: int = 2) -> tuple[str, list[str]]:
-    job = local.scheduler.submit(nodes)
-    return job, local.scheduler.hostnames(job_running(local, job)["NodeList"])
+from tests.e2e.support import job_running, running_job, wait_for
 
 
 def test_xid79_on_a_running_job_is_remediated_end_to_end(local: LocalMode) -> None:

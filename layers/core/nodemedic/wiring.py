@@ -9,10 +9,10 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
+from nodemedic.errors import PolicyError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.run_command import RunCommand
-from nodemedic.errors import PolicyError
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.settings import settings
 from nodemedic.store.control import ControlStore

@@ -84,7 +84,7 @@ class ApprovalInput(_Model):
 
 class DenialInput(_Model):
     incident: IncidentRef
-    denial: dict[str, str] = Field(description="the Catch's error: {Error, Cause}")
+    denial: dict[str, str | None] = Field(description="the Catch's error: {Error, Cause}")
 
 
 class HealthCheckInput(_Model):

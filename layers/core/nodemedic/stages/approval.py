@@ -40,14 +40,18 @@ def request_approval(incident: IncidentRef, task_token: str, *, ledger: Ledger, 
     )
 
 
-def record_denial(incident: IncidentRef, error: dict[str, str], *, ledger: Ledger,
+def record_denial(incident: IncidentRef, error: dict[str, str | None], *, ledger: Ledger,
                   clock: Callable[[], datetime]) -> dict[str, str]:
-    why = error.get("Cause") or error.get("Error") or "denied"
-    if error.get("Error") == "States.Timeout":
-        why = f"no approval before the deadline; {incident.action} not done"
     now = clock()
     record = ledger.start_stage(incident, "approval", now)
+    answer = record.result  # the operator's answer is recorded before the execution is told
+    if error.get("Error") == "States.Timeout":
+        why = f"no answer before the approval deadline; {incident.action} not done"
+    elif answer.get("decision") == "denied":
+        why = f"denied by {answer.get('by')}: {answer.get('reason')}"
+    else:
+        why = error.get("Cause") or error.get("Error") or "denied"
     if not record.completed_at:
-        ledger.complete_stage(incident, "approval", now, {**record.result, "decision": "denied", "reason": why})
-    ledger.end(incident, "denied", now, f"denied: {why}; {incident.slurm_node} stays drained", release_node=True)
+        ledger.complete_stage(incident, "approval", now, {**answer, "decision": "denied", "outcome": why})
+    ledger.end(incident, "denied", now, f"{why}; {incident.slurm_node} stays drained", release_node=True)
     return {"decision": "denied", "reason": why}

@@ -15,8 +15,8 @@ from typing import Any
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import HealthCheckOutput
 from nodemedic.errors import HealthCheckFailedError
-from nodemedic.providers.run_command import CommandResult, RunCommand
 from nodemedic.providers.base import Member
+from nodemedic.providers.run_command import CommandResult, RunCommand
 from nodemedic.safety.gate import lineage_keys
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -88,7 +88,8 @@ def verify(
     out = HealthCheckOutput(instance_id=incident.instance_id, healthy=healthy, checks=checks)
     done = clock()
     ledger.complete_stage(incident, "verify", done, out.model_dump(mode="json"))
-    if healthy:
+    if healthy:  # not a remediation after all: it no longer counts toward the breaker
+        control.change(lambda state: state.admissions.pop(incident.incident_id, None))
         ledger.close(incident, done, f"not corroborated: {incident.fault_code} from {incident.source} alone, "
                                      f"and the deep health check passed; node untouched")
     else:

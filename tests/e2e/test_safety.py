@@ -1,0 +1,126 @@
+"""Safety rails on the local stack over a real Slurm cluster: the breaker in a storm, lemons,
+corroboration, dry run, approval, and drains that belong to operators."""
+
+import os
+import subprocess
+import time
+
+import pytest
+from nodemedic import operations
+from nodemedic_sandbox.local import LocalMode
+
+from tests.e2e.support import OPERATOR, job_running, latest, put_all, running_job, stack
+
+
+def test_a_flapping_node_is_quarantined_on_its_third_incident_not_replaced_again() -> None:
+    with stack(4, LemonIncidents="3", NodeCooldownMinutes="0", BreakerMaxPercent="100") as local:
+        for n in range(1, 3):
+            local.put_event(local.health_event("gpu-3", "XID 79"))
+            assert local.incident(latest(local.wait_for_executions(n, timeout=120))["name"]).status == "closed"
+        replaced = local.cluster.instance_of("gpu-3")
+        group = {i["InstanceId"] for i in local.cluster.group_instances()}
+
+        local.put_event(local.health_event("gpu-3", "XID 79"))
+        executions = local.wait_for_executions(3, timeout=120)
+
+        third = local.incident(latest(executions)["name"])
+        assert third.status == "quarantined" and "incident 3 of node:gpu-3" in third.outcome
+        assert local.cluster.instance_of("gpu-3") == replaced  # not replaced again
+        assert {i["InstanceId"] for i in local.cluster.group_instances()} == group
+        node = local.scheduler.node("gpu-3")
+        assert "DRAIN" in node["State"] and node["Reason"].startswith(f"nodemedic:{third.incident_id}")
+        [page] = local.escalations()
+        assert "quarantined gpu-3" in page["Message"]
+        # the node lock stays: a fourth event is folded into the quarantined incident
+        local.put_event(local.health_event("gpu-3", "XID 79"))
+        assert local.detect_decision(latest(local.wait_for_executions(4, timeout=60))) == "deduplicated"
+
+
+def test_an_ambiguous_fault_is_checked_first_and_a_second_signal_corroborates_it(local: LocalMode) -> None:
+    # the sweeper alone says gpu-1 is silent: check it before touching it; it is healthy
+    local.put_event(local.health_event("gpu-1", "HEARTBEAT_MISSING", check="heartbeat"), source="nodemedic.sweeper")
+    [execution] = local.wait_for_executions(1)
+    incident = local.incident(execution["name"])
+    assert incident.status == "closed" and incident.outcome.startswith("not corroborated")
+    assert incident.stages["verify"].result["healthy"] is True
+    assert local.scontrol_commands("state=drain") == []
+
+    # minutes later the agent reports a read-only file system: two independent signals, act
+    local.put_event(local.health_event("gpu-1", "FS_READONLY", check="storage"))
+    second = local.incident(latest(local.wait_for_executions(2))["name"])
+    assert second.status == "closed" and "verify" not in second.stages
+    assert "nodemedic.sweeper:HEARTBEAT_MISSING" in second.stages["gate"].result["rules"][-1]["detail"]
+    assert len(local.scontrol_commands("state=drain")) == 1
+
+
+def test_dry_run_records_a_full_incident_and_touches_nothing() -> None:
+    with stack(4, RemediationMode="dry_run") as local:
+        job, nodes = running_job(local)
+        before = local.cluster.instance_of(nodes[0])
+        local.put_event(local.health_event(nodes[0], "XID 79"))
+        [execution] = local.wait_for_executions(1)
+
+        incident = local.incident(execution["name"])
+        assert incident.status == "dry_run"
+        actions = incident.stages["shadow"].result["actions"]
+        assert [a.split(":")[0] for a in actions] == ["drain", "requeue", "replace", "deep health check", "resume"]
+        assert f"jobs {job}" in actions[1]
+        # Slurm and EC2 untouched: no scontrol update, the job still running where it was, same instance
+        assert [c for c in local.scontrol_commands("scontrol update")] == []
+        assert local.scheduler.job(job)["Restarts"] == "0" and job_running(local, job)
+        assert "DRAIN" not in local.scheduler.node(nodes[0])["State"]
+        assert local.cluster.instance_of(nodes[0]) == before
+
+
+def test_approval_waits_then_approve_continues_and_deny_ends_with_the_node_drained() -> None:
+    with stack(4, RemediationMode="approval", BreakerMaxPercent="100") as local:
+        sfn = local.aws.client("stepfunctions")
+        old = local.cluster.instance_of("gpu-1")
+        put_all(local, [local.health_event("gpu-1", "XID 79"), local.health_event("gpu-2", "XID 79")])
+        waiting = _wait_for_approval_requests(local, 2)
+        assert all(e["status"] == "RUNNING" for e in local.executions())
+        asked = [m["Message"] for m in local.escalations()]
+        assert len(asked) == 2 and all("nodemedic approve" in m for m in asked)
+        assert local.cluster.instance_of("gpu-1") == old  # nothing replaced while waiting
+
+        by_node = {i.slurm_node: i.incident_id for i in waiting}
+        with pytest.raises(operations.OperatorError, match="reason"):
+            operations.answer_approval(local.ledger, sfn, by_node["gpu-1"], approve=True, by=OPERATOR, reason="")
+        operations.answer_approval(local.ledger, sfn, by_node["gpu-1"], approve=True, by=OPERATOR,
+                                   reason="XID 79 confirmed in the kernel log")
+        operations.answer_approval(local.ledger, sfn, by_node["gpu-2"], approve=False, by=OPERATOR,
+                                   reason="vendor wants the node for RMA analysis")
+        local.wait_for_executions(2, timeout=120)
+
+        approved, denied = local.incident(by_node["gpu-1"]), local.incident(by_node["gpu-2"])
+        assert approved.status == "closed" and local.cluster.instance_of("gpu-1") != old
+        assert approved.stages["approval"].result["by"] == OPERATOR
+        assert denied.status == "denied" and "RMA analysis" in denied.outcome
+        node = local.scheduler.node("gpu-2")
+        assert "DRAIN" in node["State"] and node["Reason"].startswith(f"nodemedic:{denied.incident_id}")
+        with pytest.raises(operations.OperatorError, match="waits for no approval"):
+            operations.answer_approval(local.ledger, sfn, denied.incident_id, approve=True, by=OPERATOR,
+                                       reason="changed my mind")
+
+
+def _wait_for_approval_requests(local: LocalMode, count: int, timeout: float = 60.0) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        asking = [i for i in local.incidents() if "approval" in i.stages and i.stages["approval"].result.get("task_token")]
+        if len(asking) == count:
+            return asking
+        time.sleep(0.2)
+    raise AssertionError(f"{count} approval requests not recorded after {timeout}s")
+
+
+def test_an_operators_drain_survives_an_incident_on_that_node(local: LocalMode) -> None:
+    subprocess.run(["scontrol", "update", "nodename=gpu-3", "state=drain", "reason=maintenance: BIOS update"],
+                   env={**os.environ, **local.scheduler.env}, check=True)
+    local.put_event(local.health_event("gpu-3", "XID 48"))  # a reboot-class fault
+    [execution] = local.wait_for_executions(1)
+
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    incident = local.incident(execution["name"])
+    assert incident.status == "closed" and incident.stages["resume"].result["resumed"] is False
+    node = local.scheduler.node("gpu-3")
+    assert "DRAIN" in node["State"] and node["Reason"].startswith("maintenance: BIOS update")

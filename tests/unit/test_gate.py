@@ -1,0 +1,167 @@
+"""The safety gate's rules, one by one, and the policy's validation."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from nodemedic.contracts.incident import IncidentRef
+from nodemedic.errors import PolicyError
+from nodemedic.providers.base import Member
+from nodemedic.safety.gate import Facts, admission_of, correlation, decide
+from nodemedic.safety.policy import SafetyPolicy, parse_policy
+from nodemedic.store.control import ControlState, Switch
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def incident(node: str = "gpu-1", code: str = "XID 79", iid: str = "inc-1", **kw: Any) -> IncidentRef:
+    fields: dict[str, Any] = {"source": "nodemedic.agent", **kw}
+    return IncidentRef(incident_id=iid, cluster="c", instance_id="i-0000000000000000" + node[-1],
+                       slurm_node=node, fault_code=code, fault_class="gpu_lost", action="replace",
+                       observed_at=NOW, **fields)
+
+
+def facts(inc: IncidentRef | None = None, *, policy: dict[str, Any] | None = None,
+          state: ControlState | None = None, size: int = 16, member_topology: dict[str, str] | None = None,
+          tags: dict[str, str] | None = None, signals: dict[tuple[str, str], datetime] | None = None,
+          lineage: dict[str, list[tuple[str, datetime]]] | None = None, active: set[str] | None = None) -> Facts:
+    inc = inc or incident()
+    member = Member(inc.instance_id, inc.slurm_node, "running", tags or {}, member_topology or {})
+    return Facts(inc, member, SafetyPolicy.model_validate(policy or {}), state or ControlState(),
+                 active or set(), size, signals or {}, lineage or {}, NOW)
+
+
+def admitted(state: ControlState, *nodes: str, at: datetime = NOW, rack: str = "r1") -> ControlState:
+    for n in nodes:
+        inc = incident(n, iid=f"inc-{n}")
+        state.admissions[inc.incident_id] = admission_of(
+            inc, Member(inc.instance_id, n, "running", {}, {"rack": rack}), at)
+    return state
+
+
+def test_a_healthy_cluster_lets_a_high_confidence_fault_through_with_every_rule_recorded() -> None:
+    d = decide(facts())
+    assert d.verdict == "proceed" and not d.needs_approval
+    assert [r["rule"] for r in d.rules] == ["paused", "excluded", "breaker", "cooldown", "lemon",
+                                            "breaker_limit", "concurrency", "corroboration"]
+    assert all(r["result"] == "pass" for r in d.rules)
+
+
+def test_paused_automation_holds_and_says_who_paused_it() -> None:
+    state = ControlState(paused=Switch(by="alice", reason="switch firmware rollout", at=NOW))
+    d = decide(facts(state=state))
+    assert d.verdict == "hold" and "alice" in d.reason and "switch firmware rollout" in d.reason
+
+
+@pytest.mark.parametrize(("exclusions", "tags"), [
+    ({"nodes": ["gpu-*"]}, {}),
+    ({"nodes": ["gpu-1"]}, {}),
+    ({}, {"nodemedic:exclude": "true"}),
+])
+def test_excluded_nodes_are_held(exclusions: dict[str, Any], tags: dict[str, str]) -> None:
+    d = decide(facts(policy={"exclusions": exclusions}, tags=tags))
+    assert d.verdict == "hold" and d.reason.startswith("excluded")
+
+
+def test_an_open_breaker_holds_without_a_new_notification() -> None:
+    state = ControlState()
+    state.breaker.state = "open"
+    state.breaker.tripped = Switch(by="nodemedic", reason="4 nodes", at=NOW)
+    d = decide(facts(state=state))
+    assert d.verdict == "hold" and d.reason.startswith("breaker") and not d.notify and not d.trips_breaker
+
+
+def test_the_breaker_trips_on_the_node_past_the_limit_and_names_the_correlation() -> None:
+    policy = {"breaker": {"max_percent": 20, "max_nodes": 8}}  # 20 % of 16 -> 3
+    state = admitted(ControlState(), "gpu-2", "gpu-3", "gpu-4")
+    d = decide(facts(incident("gpu-5", iid="inc-5"), policy=policy, state=state, member_topology={"rack": "r1"}))
+    assert d.verdict == "hold" and d.trips_breaker
+    assert "limit of 3" in d.reason
+    assert "rack=r1 (4 of 4 nodes)" in d.notify and "fault_code=XID 79 (4 of 4 nodes)" in d.notify
+    assert "gpu-2, gpu-3, gpu-4, gpu-5" in d.notify
+
+
+def test_the_breaker_window_slides_and_a_reset_starts_the_count_again() -> None:
+    policy = {"breaker": {"max_percent": 20, "window_minutes": 60}}
+    old = admitted(ControlState(), "gpu-2", "gpu-3", "gpu-4", at=NOW - timedelta(minutes=61))
+    assert decide(facts(incident("gpu-5"), policy=policy, state=old)).verdict == "proceed"
+    # ...unless those remediations are still in progress
+    busy = decide(facts(incident("gpu-5"), policy=policy, state=old, active={"inc-gpu-2", "inc-gpu-3", "inc-gpu-4"}))
+    assert busy.trips_breaker
+    recent = admitted(ControlState(), "gpu-2", "gpu-3", "gpu-4", at=NOW - timedelta(minutes=5))
+    recent.breaker.reset = Switch(by="bob", reason="bad switch replaced", at=NOW - timedelta(minutes=1))
+    assert decide(facts(incident("gpu-5"), policy=policy, state=recent)).verdict == "proceed"
+
+
+def test_the_limit_is_the_smaller_of_share_and_count_and_never_zero() -> None:
+    p = SafetyPolicy.model_validate({"breaker": {"max_percent": 50, "max_nodes": 5}})
+    assert (p.breaker_limit(4), p.breaker_limit(16), p.breaker_limit(1)) == (2, 5, 1)
+
+
+def test_concurrency_is_throttled_not_held() -> None:
+    d = decide(facts(policy={"max_concurrent": 2}, active={"a", "b"}))
+    assert d.verdict == "throttled" and "2 remediations in progress (max 2)" in d.reason
+
+
+def test_cooldown_holds_a_node_remediated_moments_ago() -> None:
+    lineage = {"node:gpu-1": [("inc-0", NOW - timedelta(minutes=5))]}
+    d = decide(facts(policy={"node_cooldown_minutes": 30}, lineage=lineage))
+    assert d.verdict == "hold" and d.reason.startswith("cooldown")
+    assert decide(facts(policy={"node_cooldown_minutes": 4}, lineage=lineage)).verdict == "proceed"
+
+
+def test_the_nth_incident_of_a_slot_or_a_host_quarantines_and_pages() -> None:
+    two = [("inc-a", NOW - timedelta(hours=5)), ("inc-b", NOW - timedelta(hours=1))]
+    policy = {"node_cooldown_minutes": 0, "lemon": {"incidents": 3, "window_hours": 24}}
+    d = decide(facts(policy=policy, lineage={"node:gpu-1": two}))
+    assert d.verdict == "quarantine" and "inc-a, inc-b" in d.reason and "quarantined gpu-1" in d.notify
+    # by EC2 host, whatever the slot
+    d = decide(facts(policy=policy, lineage={"node:gpu-1": [], "host:h-1": two}))
+    assert d.verdict == "quarantine" and "host:h-1" in d.reason
+    # outside the window they do not count
+    old = [("inc-a", NOW - timedelta(hours=30)), ("inc-b", NOW - timedelta(hours=1))]
+    assert decide(facts(policy=policy, lineage={"node:gpu-1": old})).verdict == "proceed"
+
+
+def test_an_ambiguous_fault_alone_is_verified_first_and_a_second_signal_corroborates_it() -> None:
+    hb = incident(code="HEARTBEAT_MISSING", source="nodemedic.sweeper", confidence="ambiguous")
+    own = {("nodemedic.sweeper", "HEARTBEAT_MISSING"): NOW}
+    assert decide(facts(hb, signals=own)).verdict == "verify"
+    second = {**own, ("aws.cloudwatch", "STATUS_CHECK_INSTANCE"): NOW - timedelta(minutes=2)}
+    d = decide(facts(hb, signals=second))
+    assert d.verdict == "proceed" and "aws.cloudwatch:STATUS_CHECK_INSTANCE" in d.rules[-1]["detail"]
+    stale = {**own, ("aws.cloudwatch", "STATUS_CHECK_INSTANCE"): NOW - timedelta(minutes=30)}
+    assert decide(facts(hb, signals=stale)).verdict == "verify"
+
+
+def test_approval_mode_proceeds_with_approval_required() -> None:
+    d = decide(facts(policy={"mode": "approval"}))
+    assert d.verdict == "proceed" and d.needs_approval
+
+
+def test_dry_run_keeps_the_reasoning_and_acts_on_nothing() -> None:
+    d = decide(facts(policy={"mode": "dry_run"}))
+    assert (d.verdict, d.would, d.notify, d.trips_breaker) == ("dry_run", "proceed", "", False)
+    state = admitted(ControlState(), "gpu-2", "gpu-3", "gpu-4")
+    d = decide(facts(incident("gpu-5"), policy={"mode": "dry_run", "breaker": {"max_percent": 20}}, state=state))
+    assert d.would == "hold" and "breaker_limit" in d.reason and not d.trips_breaker
+
+
+def test_correlation_needs_at_least_two_and_half_of_the_nodes() -> None:
+    ms = [admission_of(incident(f"gpu-{i}"), Member("i", f"gpu-{i}", "running", {}, {"rack": r}), NOW)
+          for i, r in enumerate(["a", "a", "b", "c"], 1)]
+    assert correlation(ms) == ["fault_code=XID 79 (4 of 4 nodes)", "rack=a (2 of 4 nodes)"]
+    assert correlation(ms[2:]) == ["fault_code=XID 79 (2 of 2 nodes)"]
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ('{"mode": "yolo"}', "mode"),
+    ('{"breaker": {"max_percent": 0}}', "breaker.max_percent"),
+    ('{"lemon": {"incidents": 1}}', "lemon.incidents"),
+    ('{"max_concurrent": 3, "typo": 1}', "typo"),
+    ("{not json", "not JSON"),
+])
+def test_a_bad_policy_is_an_error_that_names_the_field(text: str, named: str) -> None:
+    with pytest.raises(PolicyError, match="safety policy") as err:
+        parse_policy(text)
+    assert named in str(err.value)
