@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from nodemedic import operations
 from nodemedic.contracts.incident import Incident
+from nodemedic.store.control import ControlStore
 from nodemedic_sandbox.local import TERMINAL, LocalMode
 from rich.console import Console
 from rich.live import Live
@@ -26,6 +28,7 @@ class Injection:
     kwargs: dict[str, int] = field(default_factory=dict)
     starts_execution: bool = True
     bad_replacement: bool = False
+    while_paused: bool = False  # an operator paused automation first: the incident is held
 
 
 def _secs(a: datetime | None, b: datetime | None) -> str:
@@ -49,11 +52,14 @@ def incident_table(incidents: list[Incident]) -> Table:
         for name in ("drain", "replace", "health_check", "resume"):
             cells.append(_secs(prev, end(name)))
             prev = end(name) or prev
-        status = {"closed": "[green]recovered[/]", "failed": "[red]failed, escalated[/]"}.get(
-            inc.status, "[yellow]open[/]")
+        status = {"closed": "[green]recovered[/]", "failed": "[red]failed, escalated[/]",
+                  "held": "[yellow]held[/]", "quarantined": "[red]quarantined[/]", "denied": "[yellow]denied[/]",
+                  "dry_run": "[cyan]dry run[/]"}.get(inc.status, "[yellow]open[/]")
+        if inc.status == "closed" and inc.outcome.startswith("not corroborated"):
+            status = "[cyan]not corroborated[/]"
         table.add_row(inc.incident_id[:8], inc.slurm_node, inc.fault_code, inc.action, status,
                       _secs(inc.observed_at, inc.detected_at), *cells,
-                      _secs(inc.observed_at, inc.closed_at))
+                      _secs(inc.observed_at, inc.closed_at if inc.status == "closed" else None))
     return table
 
 
@@ -83,9 +89,11 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
     console.rule("[bold]NodeMedic local demo")
     started = time.monotonic()
     with console.status("Starting the embedded AWS, the local cluster, and deploying template.yaml..."):
-        # the silence sweeper fires every second; a node is silent after 4 s without a heartbeat
+        # the silence sweeper fires every second; a node is silent after 4 s without a heartbeat.
+        # The breaker allows 4 of the 6 demo nodes under remediation at once (a real cluster: ~10 %).
         local = LocalMode(nodes=nodes, scheduler=scheduler, retry_time_scale=0.01, schedule_scale=1 / 60,
-                          extra_parameters={"HeartbeatSilenceSeconds": "4"})
+                          extra_parameters={"HeartbeatSilenceSeconds": "4", "BreakerMaxPercent": "70",
+                                            "NodeCooldownMinutes": "0"})
         local.__enter__()
     try:
         console.print(f"[bold]Scheduler:[/] {local.scheduler_note}")
@@ -115,8 +123,12 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
             Injection(idle[0], "xid", "XID 13", "application fault -> monitored, node untouched", {"xid": 13, "gpu": 0}),
             Injection(idle[-1], "gpu-lost", "GPU_LOST", "GPU 6 lost; its replacement fails the health check -> escalate",
                       {"gpu": 6}, bad_replacement=True),
-            Injection(idle[0], "die", "HEARTBEAT_MISSING", "the node hangs: its heartbeats stop -> the sweeper reports it"),
+            Injection(idle[0], "die", "HEARTBEAT_MISSING", "the node hangs: heartbeats stop -> the sweeper reports it; "
+                      "alone that is ambiguous, so a deep check first (it times out) -> drain, reboot"),
+            Injection(job_nodes[1][0], "xid", "XID 48", "an operator paused automation for maintenance -> recorded, held, "
+                      "node untouched", {"xid": 48, "gpu": 1}, while_paused=True),
         ]
+        control = ControlStore(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
         labels: dict[str, str] = {}
         console.print("\n[bold]Injecting faults[/] into the nodes' simulated hardware; the agents detect and publish them:")
         for inj in plan:
@@ -124,8 +136,12 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
             if inj.bad_replacement:
                 local.cluster.fail_next_replacements(1)
             before = {e["name"] for e in local.executions()}
+            if inj.while_paused:  # let the incidents already started pass the gate first
+                _wait_until_done(local, len(before), timeout=120)
+                operations.pause(control, "demo-operator", "switch firmware maintenance")
             if inj.fault == "die":
                 agents.kill(inj.node)
+                local.cluster.hang(inj.node)
             else:
                 agents.inject(inj.node, inj.fault, **inj.kwargs)
             wait = 15.0 if inj.starts_execution else 1.5
@@ -148,7 +164,17 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
                 if time.monotonic() > deadline:
                     raise RuntimeError("executions still running after 120 s")
                 time.sleep(0.25)
-        console.print(incident_table(local.incidents()))
+        if control.read().paused:
+            operations.resume_automation(control, "demo-operator", "maintenance done")
+        incidents = local.incidents()
+        console.print(incident_table(incidents))
+        console.print("[bold]Safety gate decisions[/] (recorded in each incident):")
+        for inc in sorted(incidents, key=lambda i: i.detected_at):
+            gate = inc.stages.get("gate")
+            if gate and gate.result:
+                note = f"; {inc.outcome}" if inc.outcome and inc.outcome != gate.result["reason"] else ""
+                console.print(f"  {inc.incident_id[:8]} {inc.slurm_node}: [bold]{gate.result['verdict']}[/] - "
+                              f"{gate.result['reason']}{note}"[:240])
         for j in jobs:
             info = local.scheduler.job(j)
             console.print(f"  job {j}: {info['JobState']} on {info.get('NodeList') or '-'} "
@@ -162,3 +188,11 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
         return 0
     finally:
         local.__exit__()
+
+
+def _wait_until_done(local: LocalMode, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (len(execs := local.executions()) >= count and all(e["status"] in TERMINAL for e in execs)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"executions still running after {timeout:.0f} s")
+        time.sleep(0.2)

@@ -113,12 +113,28 @@ class SimCluster:
         faults["unhealthy_replacements"] = count
         self._write_faults(faults)
 
+    def hang(self, node: str) -> None:
+        """The instance behind ``node`` hangs: SSM commands time out until EC2 reboots it."""
+        faults = json.loads(self._faults_path().read_text())
+        faults["hung"] = [*faults.get("hung", []), self.instance_of(node)]
+        self._write_faults(faults)
+
+    def _hung(self) -> list[str]:
+        return list(json.loads(self._faults_path().read_text()).get("hung", []))
+
     # -- CommandHost ------------------------------------------------------------------------
+    def rebooted(self, instance_ids: list[str]) -> None:
+        faults = json.loads(self._faults_path().read_text())
+        faults["hung"] = [i for i in faults.get("hung", []) if i not in instance_ids]
+        self._write_faults(faults)
+
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
         started = time.time()
         state = self._instance_state(instance_id)
         if state != "running":
             outcome = CommandOutcome("Undeliverable", -1, "", f"instance {instance_id} is {state}")
+        elif instance_id in self._hung():  # a hung instance never answers: SSM times the command out
+            outcome = CommandOutcome("TimedOut", -1, "", f"instance {instance_id} did not answer (hung)")
         else:
             env = {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": instance_id}
             try:

@@ -34,6 +34,7 @@ from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudwatch.models import CloudWatchBackend
 from moto.dynamodb.models import DynamoDBBackend
+from moto.ec2.models.instances import InstanceBackend
 from moto.events.models import Rule, events_backends
 from moto.ssm.models import Command
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
@@ -52,6 +53,7 @@ HOOKED = {
     "alarm state change": (CloudWatchBackend, "set_alarm_state"),
     "retry sleep": (retrier_decl, "time"),
     "task timeout": (TimeoutSeconds, "_eval_seconds"),
+    "ec2 reboot": (InstanceBackend, "reboot_instances"),
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
 }
@@ -99,6 +101,9 @@ class CommandHost(Protocol):
     """Runs what SSM Run Command sends to an instance (the local mode runs it on this machine)."""
 
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome: ...
+
+    def rebooted(self, instance_ids: list[str]) -> None:
+        """EC2 rebooted these instances (moto's reboot changes nothing a command could see)."""
 
 
 class _Capture(io.TextIOBase):
@@ -214,6 +219,14 @@ class EmbeddedAWS:
             if old != state_value:
                 embedded._emit_alarm_event(backend, alarm_name, old, state_value, reason)
 
+        original_reboot = InstanceBackend.reboot_instances
+
+        def reboot_instances(backend: InstanceBackend, instance_ids: list[str]) -> Any:
+            rebooted = original_reboot(backend, instance_ids)
+            if embedded.command_host is not None:
+                embedded.command_host.rebooted([i.id for i in rebooted])
+            return rebooted
+
         def task_timeout(timeout: TimeoutSeconds, env: Any) -> int:
             return max(1, int(timeout.timeout_seconds * embedded.task_timeout_scale))
 
@@ -226,6 +239,7 @@ class EmbeddedAWS:
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
             (TimeoutSeconds, "_eval_seconds", task_timeout),
+            (InstanceBackend, "reboot_instances", reboot_instances),
             *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name)))
               for name in ("put_item", "update_item", "delete_item", "transact_write_items")),
         ):

@@ -152,10 +152,22 @@ def test_task_timeouts_can_be_lengthened(aws: EmbeddedAWS, scale: float, status:
 class _Host:
     def __init__(self) -> None:
         self.ran: list[tuple[str, str]] = []
+        self.reboots: list[str] = []
 
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
         self.ran.append((instance_id, script))
         return CommandOutcome("Failed", 3, "out", "err")
+
+    def rebooted(self, instance_ids: list[str]) -> None:
+        self.reboots.extend(instance_ids)
+
+
+def test_the_command_host_hears_of_ec2_reboots(aws: EmbeddedAWS) -> None:
+    ec2 = aws.client("ec2")
+    ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=2, MaxCount=2)["Instances"]]
+    aws.command_host = host = _Host()
+    ec2.reboot_instances(InstanceIds=[ids[1]])
+    assert host.reboots == [ids[1]]
 
 
 def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) -> None:

@@ -16,7 +16,9 @@ def test_the_demo_detects_through_the_agents_and_prints_mttd_mttr() -> None:
     assert run_demo(Console(file=out, width=200, force_terminal=False), nodes=6, scheduler="slurm") == 0
     text = out.getvalue()
     assert "real Slurm" in text
-    for row in ("XID 79", "ECC_DBE", "XID 13", "GPU_LOST", "HEARTBEAT_MISSING"):
+    for row in ("XID 79", "ECC_DBE", "XID 13", "GPU_LOST", "HEARTBEAT_MISSING", "XID 48"):
         assert row in text
     assert text.count("recovered") >= 3 and "failed, escalated" in text
+    # the safety gate: the hung node was checked first (ambiguous alone), the paused one held
+    assert "verify - corroboration" in text and "hold - paused" in text and "held" in text
     assert "SNS escalation" in text and "MTTR" in text

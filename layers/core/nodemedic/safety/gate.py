@@ -29,7 +29,8 @@ from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import Admission, ControlState
 
 Verdict = Literal["proceed", "verify", "quarantine", "hold", "throttled", "dry_run"]
-CORRELATED_ATTRIBUTES = ("rack", "switch", "placement_group", "host_id", "availability_zone", "fault_code")
+# the availability zone is left out: most GPU clusters live in one, so it would always "correlate"
+CORRELATED_ATTRIBUTES = ("rack", "switch", "placement_group", "host_id", "fault_code")
 
 
 @dataclass(frozen=True)
