@@ -33,6 +33,8 @@ import boto3
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudwatch.models import CloudWatchBackend
+from moto.core.routing import get_service_router
+from moto.core.utils import get_service_model
 from moto.dynamodb.models import DynamoDBBackend
 from moto.ec2.models.instances import InstanceBackend
 from moto.events.models import Rule, events_backends
@@ -58,6 +60,18 @@ HOOKED = {
                                                                   "transact_write_items")},
 }
 _DYNAMODB_WRITES = threading.RLock()
+
+
+SERVICES = ("autoscaling", "cloudformation", "cloudwatch", "dynamodb", "ec2", "events", "lambda", "logs",
+            "s3", "sns", "sqs", "ssm", "stepfunctions")
+
+
+def _warm_service_models() -> None:
+    """Load moto's per-service models once, before any burst: its caches have no lock, so a
+    hundred execution threads arriving together would each load (and parse) the same model."""
+    for service in SERVICES:
+        get_service_model(service)
+        get_service_router(service)
 
 
 def _atomic(write: Any) -> Any:
@@ -190,6 +204,7 @@ class EmbeddedAWS:
             mock_aws(config={"stepfunctions": {"execute_state_machine": True},
                              "lambda": {"use_docker": False}})
         )
+        _warm_service_models()
         embedded = self
 
         def invoke(backend: LambdaSimpleBackend, function_name: str, qualifier: str | None,
@@ -250,6 +265,9 @@ class EmbeddedAWS:
             self._schedules.set()
         self._stack.close()
         self._modules.clear()
+        from nodemedic import wiring
+
+        wiring.reset()  # no client of this embedded AWS outlives it
 
     # -- EventBridge schedules (moto stores them but never fires them) ------------------
     def start_schedules(self, scale: float) -> None:
@@ -320,14 +338,16 @@ class EmbeddedAWS:
         env = {**{k: str(v) for k, v in (fn.environment_vars or {}).items()},
                "AWS_LAMBDA_FUNCTION_NAME": fn.function_name,
                "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(fn.memory_size)}
-        started = time.perf_counter()
         with self._lambda_lock, mock.patch.dict(os.environ, env), self._capture.into(buffer), \
                 contextlib.redirect_stdout(self._capture), warnings.catch_warnings():
+            started = time.perf_counter()
             # Lambda does not surface Python warnings; powertools warns when a run emits no metric
             warnings.filterwarnings("ignore", message="No application metrics to publish")
             from nodemedic import wiring  # the layer's cached settings and clients
 
-            wiring.reset()
+            # every function sees its own settings; boto3 clients (same region and credentials
+            # for all) are kept, as a warm Lambda container keeps them
+            wiring.reset(keep_clients=True)
             try:
                 module = self._load(fn.function_name, source)
                 handler = getattr(module, source.handler.rsplit(".", 1)[1])
@@ -342,8 +362,8 @@ class EmbeddedAWS:
                 response_headers["x-amz-function-error"] = "Unhandled"
                 payload = json.dumps(error).encode()
             finally:
-                wiring.reset()
-        record.seconds = time.perf_counter() - started
+                wiring.reset(keep_clients=True)
+            record.seconds = time.perf_counter() - started
         record.logs = [line for line in buffer.getvalue().splitlines() if line.strip()]
         self.invocations.append(record)
         self._ingest_logs(fn.function_name, request_id, record.logs)

@@ -70,8 +70,11 @@ def provider() -> AutoScalingProvider:
     return AutoScalingProvider(client("autoscaling"), client("ec2"), settings().autoscaling_group_name)
 
 
-def reset() -> None:
-    """Forget every cached adapter and the settings (the local mode redeploys between runs)."""
-    for cached in (client, ledger, control, run_command, orchestrator, provider, settings):
+def reset(*, keep_clients: bool = False) -> None:
+    """Forget the settings and every adapter built from them, and the boto3 clients too unless
+    ``keep_clients`` (the local mode runs each function in one process, each with its own settings)."""
+    for cached in (ledger, control, run_command, orchestrator, provider, settings):
         cached.cache_clear()
     _policy_cache.clear()
+    if not keep_clients:
+        client.cache_clear()
