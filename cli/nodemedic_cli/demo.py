@@ -165,7 +165,7 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
                     raise RuntimeError("executions still running after 120 s")
                 time.sleep(0.25)
         if control.read().paused:
-            operations.resume_automation(control, "demo-operator", "maintenance done")
+            operations.resume_automation(control, local.ledger, "demo-operator", "maintenance done")
         incidents = local.incidents()
         console.print(incident_table(incidents))
         console.print("[bold]Safety gate decisions[/] (recorded in each incident):")

@@ -131,6 +131,7 @@ def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: d
     for logical_id, code_dir in code_dirs.items():
         handler = cfn["Resources"][logical_id]["Properties"]["Handler"]
         aws.functions[resources[logical_id]] = FunctionSource(code_dir, handler)
+    aws.seed_function_environment()
     _recreate_state_machines(aws, stack_name, cfn, resources)
     _apply_policies(aws, stack_name, cfn)
     outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}

@@ -41,6 +41,8 @@ from moto.events.models import Rule, events_backends
 from moto.ssm.models import Command
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
+from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.utilities.arns import parse_arn
 
 ACCOUNT_ID = "123456789012"
@@ -56,6 +58,7 @@ HOOKED = {
     "retry sleep": (retrier_decl, "time"),
     "task timeout": (TimeoutSeconds, "_eval_seconds"),
     "ec2 reboot": (InstanceBackend, "reboot_instances"),
+    "asl parse per execution": (ExecutionWorker, "_get_evaluation_entrypoint"),
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
 }
@@ -72,6 +75,21 @@ def _warm_service_models() -> None:
     for service in SERVICES:
         get_service_model(service)
         get_service_router(service)
+
+
+_PARSED: dict[str, Any] = {}
+_PARSING = threading.Lock()
+
+
+def _parsed_program(worker: ExecutionWorker) -> Any:
+    """moto parses the definition again for every execution (~90 ms for ours, with ANTLR). The
+    parsed program is declarations only (each execution's state lives in its Environment), so
+    one parse per definition serves every execution."""
+    definition = worker._evaluation_details.state_machine_details.definition
+    with _PARSING:
+        if definition not in _PARSED:
+            _PARSED[definition] = AmazonStateLanguageParser.parse(definition)[0]
+        return _PARSED[definition]
 
 
 def _atomic(write: Any) -> Any:
@@ -172,6 +190,9 @@ class EmbeddedAWS:
         self.retry_time_scale = retry_time_scale
         self.task_timeout_scale = task_timeout_scale
         self.functions: dict[str, FunctionSource] = {}
+        self._function_env_keys: set[str] = set()
+        self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
         self.command_host: CommandHost | None = None
         self.invocations: list[Invocation] = []
         self.delivery_failures: list[dict[str, Any]] = []
@@ -255,6 +276,7 @@ class EmbeddedAWS:
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
             (TimeoutSeconds, "_eval_seconds", task_timeout),
             (InstanceBackend, "reboot_instances", reboot_instances),
+            (ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program),
             *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name)))
               for name in ("put_item", "update_item", "delete_item", "transact_write_items")),
         ):
@@ -265,6 +287,7 @@ class EmbeddedAWS:
             self._schedules.set()
         self._stack.close()
         self._modules.clear()
+        self._clients.clear()
         from nodemedic import wiring
 
         wiring.reset()  # no client of this embedded AWS outlives it
@@ -303,6 +326,13 @@ class EmbeddedAWS:
             traceback.print_exc()
 
     def client(self, service: str) -> Any:
+        """A boto3 client of the embedded AWS (one per service, shared: clients are thread-safe)."""
+        with self._clients_lock:
+            if service not in self._clients:
+                self._clients[service] = self._new_client(service)
+            return self._clients[service]
+
+    def _new_client(self, service: str) -> Any:
         return boto3.client(service, region_name=self.region)
 
     # -- Lambda: run the real handler --------------------------------------------------
@@ -338,8 +368,9 @@ class EmbeddedAWS:
         env = {**{k: str(v) for k, v in (fn.environment_vars or {}).items()},
                "AWS_LAMBDA_FUNCTION_NAME": fn.function_name,
                "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(fn.memory_size)}
-        with self._lambda_lock, mock.patch.dict(os.environ, env), self._capture.into(buffer), \
+        with self._lambda_lock, self._capture.into(buffer), \
                 contextlib.redirect_stdout(self._capture), warnings.catch_warnings():
+            self._set_function_environment(env)
             started = time.perf_counter()
             # Lambda does not surface Python warnings; powertools warns when a run emits no metric
             warnings.filterwarnings("ignore", message="No application metrics to publish")
@@ -368,6 +399,27 @@ class EmbeddedAWS:
         self.invocations.append(record)
         self._ingest_logs(fn.function_name, request_id, record.logs)
         return payload
+
+    def seed_function_environment(self) -> None:
+        """Create every deployed function's environment variable (empty) once, before anything
+        runs. Invocations then only change values: other threads (moto's execution workers, whose
+        boto3 clients read the proxy settings by iterating ``os.environ``) never see a key
+        disappear, as they would if each invocation patched and restored the environment."""
+        keys = {"AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"}
+        for page in self.client("lambda").get_paginator("list_functions").paginate():
+            for fn in page["Functions"]:
+                keys |= set(fn.get("Environment", {}).get("Variables", {}))
+        with self._lambda_lock:
+            for key in keys - self._function_env_keys:
+                os.environ.setdefault(key, "")
+            self._function_env_keys |= keys
+
+    def _set_function_environment(self, env: dict[str, str]) -> None:
+        """The invoked function's variables; those of other functions read as empty (= unset)."""
+        for key in self._function_env_keys - env.keys():
+            os.environ[key] = ""
+        os.environ.update(env)
+        self._function_env_keys |= env.keys()
 
     def _ingest_logs(self, function_name: str, stream: str, lines: list[str]) -> None:
         """What CloudWatch does with a function's output: store the log, extract EMF metrics."""

@@ -61,3 +61,19 @@ def test_a_retried_detect_finds_its_own_incident_opened(ledger: Ledger) -> None:
     assert ledger.open_incident(incident("a")) is None
     assert ledger.open_incident(incident("a")) is None  # the same execution: still ours, not a duplicate
     assert ledger.open_incident(incident("b")) == "a"  # another event for the node: deduplicated
+
+
+def test_a_folded_event_is_counted_once_even_when_detect_is_retried(ledger: Ledger) -> None:
+    assert ledger.open_incident(incident("first")) is None
+    for execution in ("dup-1", "dup-2", "dup-1"):  # dup-1's Detect ran twice (a timeout retry)
+        assert ledger.open_incident(incident(execution)) == "first"
+    assert ledger.get("first").duplicate_events == 2
+
+
+def test_held_incidents_release_their_node_locks_on_request(ledger: Ledger) -> None:
+    held = incident("held-1")
+    assert ledger.open_incident(held) is None
+    ledger.end(held, "held", datetime.now(UTC), "breaker: open", release_node=False)
+    assert ledger.open_incident(incident("later")) == "held-1"  # folded while held
+    assert ledger.release_held(held.cluster) == ["held-1"]
+    assert ledger.open_incident(incident("after-reset")) is None

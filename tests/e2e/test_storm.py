@@ -44,21 +44,28 @@ def test_a_storm_trips_the_breaker_once_and_an_operator_reset_re_enables_automat
     assert all(i.outcome.startswith(("breaker_limit", "breaker:")) for i in held)
     assert control(local).read().breaker.state == "open"
 
-    # later events are recorded, cause no action and no new notification
-    put_all(local, [local.health_event(n, "XID 79") for n in ("gpu-9", "gpu-10")])
-    local.wait_for_executions(10, timeout=120)
-    assert {i.slurm_node for i in local.incidents() if i.status == "held"} >= {"gpu-9", "gpu-10"}
+    # later events are recorded, cause no action and no new notification: new nodes get a held
+    # incident each; a node already held folds the event into its incident
+    again = status["held"][0]
+    put_all(local, [local.health_event(n, "XID 79") for n in ("gpu-9", "gpu-10", again)])
+    local.wait_for_executions(11, timeout=120)
+    now = by_status(local)
+    assert set(now["held"]) == {*status["held"], "gpu-9", "gpu-10"} and len(now["held"]) == 7
+    assert next(i for i in local.incidents() if i.slurm_node == again).duplicate_events == 1
     assert drained_nodes(local) == set(status["closed"]) and local.escalations() == []
 
-    # an operator resets it: automation acts again
+    # an operator resets it: automation acts again, also on a node that was held
     with pytest.raises(operations.OperatorError, match="reason"):
-        operations.reset_breaker(control(local), OPERATOR, "")
-    state = operations.reset_breaker(control(local), OPERATOR, "rack-b ToR switch replaced")
+        operations.reset_breaker(control(local), local.ledger, OPERATOR, "")
+    state = operations.reset_breaker(control(local), local.ledger, OPERATOR, "rack-b ToR switch replaced")
     assert state.breaker.state == "closed" and state.breaker.trips == 1
-    local.put_event(local.health_event("gpu-12", "XID 79"))
-    local.wait_for_executions(11, timeout=120)
-    assert "gpu-12" in by_status(local)["closed"]
+    with pytest.raises(operations.OperatorError, match="closed"):
+        operations.reset_breaker(control(local), local.ledger, OPERATOR, "twice")
+    put_all(local, [local.health_event(n, "XID 79") for n in ("gpu-12", again)])
+    local.wait_for_executions(13, timeout=120)
+    assert {"gpu-12", again} <= set(by_status(local)["closed"])
     assert local.cluster.instance_of("gpu-12") != before["gpu-12"]
+    assert local.cluster.instance_of(again) != before[again]
 
 
 def test_concurrent_events_for_one_node_from_three_sources_open_one_incident(storm: LocalMode) -> None:

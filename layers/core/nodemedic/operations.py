@@ -41,7 +41,8 @@ def pause(control: ControlStore, by: str, reason: str) -> ControlState:
     return control.change(edit)
 
 
-def resume_automation(control: ControlStore, by: str, reason: str) -> ControlState:
+def resume_automation(control: ControlStore, ledger: Ledger, by: str, reason: str) -> ControlState:
+    """Turn automation back on; nodes held while paused take new incidents again."""
     _who(by, reason)
 
     def edit(state: ControlState) -> None:
@@ -49,11 +50,14 @@ def resume_automation(control: ControlStore, by: str, reason: str) -> ControlSta
             raise OperatorError("automation is not paused")
         state.paused = None
 
-    return control.change(edit)
+    state = control.change(edit)
+    ledger.release_held(control.cluster)
+    return state
 
 
-def reset_breaker(control: ControlStore, by: str, reason: str) -> ControlState:
-    """Close a tripped breaker. Remediations admitted before the reset no longer count."""
+def reset_breaker(control: ControlStore, ledger: Ledger, by: str, reason: str) -> ControlState:
+    """Close a tripped breaker. Remediations admitted before the reset no longer count, and the
+    nodes held while it was open take new incidents again."""
     _who(by, reason)
 
     def edit(state: ControlState) -> None:
@@ -62,7 +66,9 @@ def reset_breaker(control: ControlStore, by: str, reason: str) -> ControlState:
         state.breaker.state = "closed"
         state.breaker.reset = Switch(by=by, reason=reason, at=datetime.now(UTC))
 
-    return control.change(edit)
+    state = control.change(edit)
+    ledger.release_held(control.cluster)
+    return state
 
 
 def answer_approval(ledger: Ledger, sfn: Any, incident_id: str, *, approve: bool, by: str,

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """One model over the environment; read lazily (``settings()``), never at import time."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_ignore_empty=True)
 
     cluster_name: str = Field(min_length=1)
     incidents_table: str = Field(min_length=1)

@@ -88,6 +88,21 @@ def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
     return member
 
 
+def _fold_into_active(fault: Fault, incident_id: str, cluster: str, ledger: Ledger,
+                      control: ControlStore) -> DetectOutput | None:
+    """Fast path under a storm: an event for an instance that already has an active incident (and
+    names the same Slurm node) is folded into it without asking EC2 and Auto Scaling again; the
+    lock exists only for a resolved member, so the event's node is known."""
+    lock = ledger.node_lock(cluster, fault.instance_id) if fault.instance_id else None
+    if lock is None or lock[0] == incident_id or (fault.slurm_node and fault.slurm_node != lock[1]):
+        return None
+    assert fault.instance_id
+    control.record_signal(fault.instance_id, fault.source, fault.fault_code, fault.observed_at)
+    ledger.count_duplicate(lock[0], incident_id)
+    return DetectOutput(decision="deduplicated", reason=f"incident {lock[0]} is already active for {lock[1]}",
+                        existing_incident_id=lock[0])
+
+
 def detect(
     request: DetectInput,
     *,
@@ -109,6 +124,9 @@ def detect(
         fault_class, action, reason, confidence = c.fault_class, c.action, c.reason, c.confidence
     if action == "monitor":
         return DetectOutput(decision="monitor", reason=reason)
+    folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control)
+    if folded:
+        return folded
 
     member = resolve_member(fault, provider, cluster)
     control.record_signal(member.instance_id, fault.source, fault.fault_code, fault.observed_at)

@@ -22,6 +22,9 @@ from nodemedic.store.control import ControlState, ControlStore, Switch
 from nodemedic.store.ledger import Ledger
 
 
+STORM_RULES = frozenset({"paused", "breaker", "breaker_limit"})
+
+
 def gate(
     incident: IncidentRef,
     *,
@@ -87,7 +90,10 @@ def _hold(incident: IncidentRef, ledger: Ledger, clock: Callable[[], datetime], 
                      would=d.would)
     out = _complete(incident, ledger, clock, out)
     if d.verdict == "hold":
-        ledger.end(incident, "held", clock(), d.reason, release_node=True)
+        # a storm hold (breaker, pause) keeps the node lock: later events for the node are folded
+        # into this incident until an operator resets the breaker or resumes automation
+        storm = d.rules[-1]["rule"] in STORM_RULES
+        ledger.end(incident, "held", clock(), d.reason, release_node=not storm)
     return out
 
 

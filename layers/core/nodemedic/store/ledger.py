@@ -39,6 +39,9 @@ def condition_failed(exc: ClientError) -> bool:
     return False
 
 
+MAX_FOLDED_IDS = 5000
+
+
 class Ledger:
     """All reads and writes of incidents; nothing else touches the table."""
 
@@ -91,25 +94,58 @@ class Ledger:
                 return self.open_incident(incident)
             if existing == incident.incident_id:  # our own earlier attempt (Detect retried)
                 return None
-            self._count_duplicate(existing)
+            self.count_duplicate(existing, incident.incident_id)
             return existing
         return None
 
     def active_incident_id(self, cluster: str, instance_id: str) -> str | None:
+        lock = self.node_lock(cluster, instance_id)
+        return lock[0] if lock else None
+
+    def node_lock(self, cluster: str, instance_id: str) -> tuple[str, str] | None:
+        """(incident id, Slurm node) of the incident holding the instance's lock, if any."""
         resp = self._db.get_item(
             TableName=self._table, Key=_lock_key(cluster, instance_id), ConsistentRead=True
         )
         item = resp.get("Item")
-        return item["incident_id"]["S"] if item else None
+        return (item["incident_id"]["S"], item.get("slurm_node", {}).get("S", "")) if item else None
 
-    def _count_duplicate(self, incident_id: str) -> None:
-        self._db.update_item(
-            TableName=self._table,
-            Key=_incident_key(incident_id),
-            UpdateExpression="ADD duplicate_events :one",
-            ConditionExpression="attribute_exists(pk)",
-            ExpressionAttributeValues={":one": {"N": "1"}},
-        )
+    def release_held(self, cluster: str) -> list[str]:
+        """Release the node locks that held incidents keep (after a breaker reset or a resume of
+        automation): the next event for those nodes opens a new incident. Returns their ids."""
+        released = []
+        for incident in self.list_incidents():
+            if incident.status != "held" or incident.cluster != cluster:
+                continue
+            try:
+                self._db.delete_item(
+                    TableName=self._table, Key=_lock_key(cluster, incident.instance_id),
+                    ConditionExpression="incident_id = :id",
+                    ExpressionAttributeValues={":id": {"S": incident.incident_id}},
+                )
+                released.append(incident.incident_id)
+            except ClientError as exc:
+                if not condition_failed(exc):
+                    raise
+        return released
+
+    def count_duplicate(self, incident_id: str, event_id: str) -> None:
+        """Count one more event folded into the incident, once per ``event_id`` (a retried Detect
+        counts nothing twice). The ids are kept up to ``MAX_FOLDED_IDS`` (item size); beyond
+        that the count goes on without the guard."""
+        guard = "attribute_exists(pk) AND (NOT contains(folded, :id) OR size(folded) >= :cap)"
+        try:
+            self._db.update_item(
+                TableName=self._table,
+                Key=_incident_key(incident_id),
+                UpdateExpression="ADD duplicate_events :one, folded :ids",
+                ConditionExpression=guard,
+                ExpressionAttributeValues={":one": {"N": "1"}, ":ids": {"SS": [event_id]},
+                                           ":id": {"S": event_id}, ":cap": {"N": str(MAX_FOLDED_IDS)}},
+            )
+        except ClientError as exc:
+            if not condition_failed(exc):
+                raise
 
     # -- reading -------------------------------------------------------------------------
     def get(self, incident_id: str) -> Incident:
