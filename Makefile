@@ -40,6 +40,7 @@ bench: venv  ## run the benchmarks (about 30 min); results in docs/benchmarks.{j
 	$(BIN)/python -m bench.coldstart
 	$(BIN)/python -m bench.pipeline overhead --incidents 100
 	$(BIN)/python -m bench.pipeline burst --nodes 10 --events 1000
+	$(BIN)/python -m bench.pipeline burst --nodes 500 --events 1000 --wait
 	$(BIN)/python -m bench.fleet_report
 
 agent-wheel: venv  ## build the node agent wheel into dist/ (install it with node_agent/lifecycle/install-agent.sh)

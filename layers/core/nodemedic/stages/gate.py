@@ -15,12 +15,11 @@ from datetime import datetime, timedelta
 from nodemedic.contracts.incident import ENDED_STATUSES, IncidentRef
 from nodemedic.contracts.stages import GateOutput
 from nodemedic.errors import PolicyError, ThrottledError, UnknownNodeError
-from nodemedic.providers.base import Provider
+from nodemedic.providers.base import Member, Provider
 from nodemedic.safety.gate import Decision, Facts, admission_of, decide, lineage_keys
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import ControlState, ControlStore, Switch
 from nodemedic.store.ledger import Ledger
-
 
 STORM_RULES = frozenset({"paused", "breaker", "breaker_limit"})
 
@@ -48,6 +47,12 @@ def gate(
     state = control.read()
     if incident.incident_id in state.admissions and record.result:  # retried after admitting
         return _complete(incident, ledger, clock, GateOutput.model_validate(record.result))
+    if state.paused or state.breaker.state == "open":
+        # a storm: every gate holds. Decide from the control state alone (exclusions by node name),
+        # without asking Auto Scaling and EC2 once per event while the cluster is in trouble
+        bare = Member(incident.instance_id, incident.slurm_node, "unknown")
+        d = decide(Facts(incident, bare, policy, state, set(), 0, {}, {}, now))
+        return _hold(incident, ledger, clock, d)
     member = provider.member(incident.instance_id)
     if member is None:
         raise UnknownNodeError(f"{incident.instance_id} left cluster {incident.cluster}; nothing was drained")
