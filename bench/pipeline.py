@@ -146,12 +146,13 @@ def burst(nodes: int, events: int, wait: bool) -> None:
             print(f"  absorbed in {absorbed:.1f}s; waiting for the {nodes} remediations to finish", flush=True)
             local.wait_for_executions(events, timeout=3600)
             finished = round(time.monotonic() - start, 1)
+            incidents = local.incidents()  # their final statuses
         per_node = {n: sum(i.slurm_node == n for i in incidents) for n in local.node_names}
         drains = {n: len([c for c in local.scontrol_commands("state=drain") if f"nodename={n} " in c + " "])
                   for n in local.node_names}
         statuses = dict(Counter(i.status for i in incidents))
         correct = len(incidents) == nodes and set(per_node.values()) == {1} and max(drains.values()) <= 1
-        cmd = f"make bench (python -m bench.pipeline burst --nodes {nodes} --events {events})"
+        cmd = f"make bench (python -m bench.pipeline burst --nodes {nodes} --events {events}{' --wait' * wait})"
         record([summarize(f"burst: {events} events in 1 s for {nodes} nodes, time to absorb", "s", [absorbed], cmd,
                           incidents_opened=len(incidents), deduplicated=dedup, correct=correct,
                           drains_issued=sum(drains.values()), incident_statuses=statuses,
