@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from nodemedic.contracts.events import CLUSTER_NAME, INSTANCE_ID, NODE_NAME
+from nodemedic.contracts.problems import describe
 from nodemedic.domain.classification import parse_overrides
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -105,11 +106,7 @@ def parse_config(data: dict[str, object], origin: str = "config") -> AgentConfig
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        )
-        raise ConfigError(f"{origin}: {problems}") from None
+        raise ConfigError(f"{origin}: {describe(exc, '(top level)', limit=None)}") from None
 
 
 def load_config(path: Path) -> AgentConfig:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nodemedic.contracts.problems import describe
 from nodemedic.errors import PolicyError
 
 Mode = Literal["automatic", "dry_run", "approval"]
@@ -82,8 +83,4 @@ def parse_policy(text: str, origin: str = "safety policy") -> SafetyPolicy:
     try:
         return SafetyPolicy.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'policy'}: {err['msg']}"
-            for err in exc.errors(include_url=False)[:5]
-        )
-        raise PolicyError(f"{origin} is invalid: {problems}") from exc
+        raise PolicyError(f"{origin} is invalid: {describe(exc, 'policy')}") from exc

@@ -14,6 +14,7 @@ from nodemedic.contracts.events import (
     TriggerEvent,
 )
 from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, StageRecord
+from nodemedic.contracts.problems import describe
 from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, parse_overrides
 from nodemedic.errors import InvalidEventError, UnknownNodeError
@@ -42,11 +43,7 @@ def parse_trigger(event: dict[str, object]) -> TriggerEvent:
     try:
         return _TRIGGER.validate_python(event)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}"
-            for err in exc.errors(include_url=False)[:5]
-        )
-        raise InvalidEventError(f"rejected event: {problems}") from exc
+        raise InvalidEventError(f"rejected event: {describe(exc, 'event')}") from exc
 
 
 def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
