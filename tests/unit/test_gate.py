@@ -137,6 +137,10 @@ def test_an_ambiguous_fault_alone_is_verified_first_and_a_second_signal_corrobor
 def test_approval_mode_proceeds_with_approval_required() -> None:
     d = decide(facts(policy={"mode": "approval"}))
     assert d.verdict == "proceed" and d.needs_approval
+    # a verified ambiguous fault asks too before its replace/reboot
+    hb = incident(code="HEARTBEAT_MISSING", source="nodemedic.sweeper", confidence="ambiguous")
+    d = decide(facts(hb, policy={"mode": "approval"}))
+    assert d.verdict == "verify" and d.needs_approval
 
 
 def test_dry_run_keeps_the_reasoning_and_acts_on_nothing() -> None:

@@ -159,7 +159,8 @@ def decide(f: Facts) -> Decision:
         if not others:
             return _dry(f, stop("verify", "corroboration",
                                 f"{f.incident.fault_code} from {f.incident.source} alone is ambiguous: "
-                                f"deep health check before any destructive action"))
+                                f"deep health check before any destructive action",
+                                needs_approval=p.mode == "approval"))
         ok("corroboration", f"corroborated by {', '.join(others)}")
     else:
         ok("corroboration", f"{f.incident.fault_code} is a high-confidence fault")
