@@ -18,7 +18,8 @@ app.add_typer(fleet_app, name="fleet")
 
 @app.command()
 def demo(
-    nodes: Annotated[int, typer.Option(min=4, max=32, help="Nodes in the local cluster.")] = 6,
+    nodes: Annotated[int, typer.Option(
+        min=6, max=32, help="Nodes in the local cluster (two 2-node jobs plus two idle nodes).")] = 6,
     scheduler: Annotated[str, typer.Option(
         help="auto: real local Slurm if it can start (root + Debian packages), else simulated.",
     )] = "auto",
