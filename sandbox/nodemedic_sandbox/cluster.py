@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nodemedic.providers.base import SLURM_NODE_TAG
 
@@ -104,27 +105,30 @@ class SimCluster:
     def _faults_path(self) -> Path:
         return self.state_dir / "faults.json"
 
+    def _read_faults(self) -> dict[str, Any]:
+        return dict(json.loads(self._faults_path().read_text()))
+
     def _write_faults(self, faults: dict[str, object]) -> None:
         self._faults_path().write_text(json.dumps(faults))
 
     def fail_next_replacements(self, count: int) -> None:
         """The next ``count`` instances that join the cluster fail their deep health check."""
-        faults = json.loads(self._faults_path().read_text())
+        faults = self._read_faults()
         faults["unhealthy_replacements"] = count
         self._write_faults(faults)
 
     def hang(self, node: str) -> None:
         """The instance behind ``node`` hangs: SSM commands time out until EC2 reboots it."""
-        faults = json.loads(self._faults_path().read_text())
+        faults = self._read_faults()
         faults["hung"] = [*faults.get("hung", []), self.instance_of(node)]
         self._write_faults(faults)
 
     def _hung(self) -> list[str]:
-        return list(json.loads(self._faults_path().read_text()).get("hung", []))
+        return list(self._read_faults().get("hung", []))
 
     # -- CommandHost ------------------------------------------------------------------------
     def rebooted(self, instance_ids: list[str]) -> None:
-        faults = json.loads(self._faults_path().read_text())
+        faults = self._read_faults()
         faults["hung"] = [i for i in faults.get("hung", []) if i not in instance_ids]
         self._write_faults(faults)
 

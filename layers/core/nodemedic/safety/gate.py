@@ -57,12 +57,9 @@ class Decision:
     would: str = ""  # dry-run: the verdict automation would have reached
 
 
-def lineage_keys(incident: IncidentRef, member: Member) -> list[str]:
+def lineage_keys(incident: IncidentRef, host_id: str = "") -> list[str]:
     """Keys that outlive an instance: the Slurm node slot, and the EC2 host when known."""
-    keys = [f"node:{incident.slurm_node}"]
-    if member.topology.get("host_id"):
-        keys.append(f"host:{member.topology['host_id']}")
-    return keys
+    return [f"node:{incident.slurm_node}", *([f"host:{host_id}"] if host_id else [])]
 
 
 def admission_of(incident: IncidentRef, member: Member, now: datetime) -> Admission:
@@ -107,7 +104,7 @@ def decide(f: Facts) -> Decision:
                                                f"({b.tripped.reason}); recorded, no action"))
     ok("breaker", "closed")
 
-    slot = lineage_keys(f.incident, f.member)[0]
+    slot = lineage_keys(f.incident)[0]
     cooldown = timedelta(minutes=p.node_cooldown_minutes)
     recent = [at for _, at in f.lineage.get(slot, []) if f.now - at < cooldown]
     if recent:

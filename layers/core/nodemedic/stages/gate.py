@@ -59,7 +59,7 @@ def gate(
     admitted = list(state.admissions)
     statuses = ledger.statuses(admitted)
     active = {i for i in admitted if statuses.get(i, "open") not in ENDED_STATUSES}
-    keys = lineage_keys(incident, member)
+    keys = lineage_keys(incident, member.topology.get("host_id", ""))
     facts = Facts(incident, member, policy, state, active, provider.size(),
                   control.signals(incident.instance_id), {k: control.lineage(k) for k in keys}, now)
     d = decide(facts)

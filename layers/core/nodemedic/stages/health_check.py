@@ -15,7 +15,6 @@ from typing import Any
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import HealthCheckOutput
 from nodemedic.errors import HealthCheckFailedError
-from nodemedic.providers.base import Member
 from nodemedic.providers.run_command import CommandResult, RunCommand
 from nodemedic.safety.gate import lineage_keys
 from nodemedic.store.control import ControlStore
@@ -93,6 +92,5 @@ def verify(
         ledger.close(incident, done, f"not corroborated: {incident.fault_code} from {incident.source} alone, "
                                      f"and the deep health check passed; node untouched")
     else:
-        control.append_lineage(lineage_keys(incident, Member(incident.instance_id, incident.slurm_node, "")),
-                               incident.incident_id, done)
+        control.append_lineage(lineage_keys(incident), incident.incident_id, done)
     return out

@@ -110,7 +110,7 @@ class ControlStore:
 
     def _lineage_update(self, key: str, incident_id: str, at: datetime) -> dict[str, Any]:
         return {
-            "TableName": self._table, "Key": {"pk": {"S": f"LINEAGE#{self.cluster}#{key}"}},
+            "TableName": self._table, "Key": self._lineage_key(key),
             "UpdateExpression": "SET incidents = list_append(if_not_exists(incidents, :empty), :one)",
             "ExpressionAttributeValues": {
                 ":empty": {"L": []},
@@ -160,8 +160,11 @@ class ControlStore:
         return {"pk": {"S": f"SIGNALS#{self.cluster}#{instance_id}"}}
 
     # -- lineage -------------------------------------------------------------------------------
+    def _lineage_key(self, key: str) -> dict[str, Any]:
+        return {"pk": {"S": f"LINEAGE#{self.cluster}#{key}"}}
+
     def lineage(self, key: str) -> list[tuple[str, datetime]]:
-        item = self._db.get_item(TableName=self._table, ConsistentRead=True,
-                                 Key={"pk": {"S": f"LINEAGE#{self.cluster}#{key}"}}).get("Item") or {}
+        item = self._db.get_item(TableName=self._table, Key=self._lineage_key(key),
+                                 ConsistentRead=True).get("Item") or {}
         entries = [json.loads(v["S"]) for v in item.get("incidents", {}).get("L", [])]
         return [(e["incident"], datetime.fromisoformat(e["at"])) for e in entries]
