@@ -1,4 +1,5 @@
-"""Deep health check stage: validate the instance before it returns to service."""
+"""Deep health check stage: start the check on the instance (its result comes back as a
+callback), or verify an ambiguous fault before anything destructive happens."""
 
 from typing import Any
 
@@ -6,9 +7,10 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
 from nodemedic.contracts.stages import HealthCheckInput
-from nodemedic.observability import record_durations, seconds_since_fault, utc_now
+from nodemedic.errors import InvalidEventError
+from nodemedic.observability import utc_now
 from nodemedic.settings import settings
-from nodemedic.stages.health_check import health_check, verify
+from nodemedic.stages.health_check import start_check, verify
 
 logger = Logger()
 metrics = Metrics()
@@ -19,16 +21,18 @@ metrics = Metrics()
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = HealthCheckInput.model_validate(event)
     incident = request.incident
+    s = settings()
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node, purpose=request.purpose)
     if request.purpose == "verify":
         out = verify(incident, runner=wiring.run_command(), ledger=wiring.ledger(), control=wiring.control(),
-                     command=settings().deep_health_check_command,
-                     timeout_s=settings().command_timeout_seconds, clock=utc_now)
+                     command=s.deep_health_check_command, timeout_s=s.command_timeout_seconds, clock=utc_now)
         logger.info("verified", healthy=out.healthy)
         return out.model_dump(mode="json")
-    out = health_check(incident, request.instance_id, runner=wiring.run_command(),
-                       ledger=wiring.ledger(), command=settings().deep_health_check_command,
-                       timeout_s=settings().command_timeout_seconds, clock=utc_now)
-    logger.info("healthy", instance=out.instance_id, checks=len(out.checks))
-    record_durations(metrics, incident, {"TimeToHealthCheck": seconds_since_fault(incident)})
-    return out.model_dump(mode="json")
+    if not request.task_token:
+        raise InvalidEventError("a recovery check needs the task token of the state machine's callback task")
+    command_id = start_check(incident, request.instance_id, request.level, request.task_token,
+                             ssm=wiring.client("ssm"), ledger=wiring.ledger(), document=s.health_check_document,
+                             command=s.health_check_commands[request.level], timeout_s=s.command_timeout_seconds,
+                             clock=utc_now)
+    logger.info("deep health check sent", instance=request.instance_id, level=request.level, command=command_id)
+    return {"command_id": command_id}

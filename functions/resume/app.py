@@ -1,27 +1,48 @@
-"""Resume stage: return the node to service and close the incident."""
+"""Resume stage: return the node (to service or the spare pool), see the jobs RUNNING, close;
+or await the requeued jobs only; or end the incident quarantined / escalated."""
 
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
-from nodemedic.contracts.stages import StageInput
+from nodemedic.contracts.stages import JobsOutput, ResumeInput
 from nodemedic.observability import record_durations, utc_now
 from nodemedic.settings import settings
-from nodemedic.stages.resume import resume
+from nodemedic.stages.resume import await_jobs, end_unrecovered, resume
 
 logger = Logger()
 metrics = Metrics()
 
 
+def _job_downtime(incident: Any, jobs: JobsOutput | None) -> None:
+    if jobs and jobs.running:
+        record_durations(metrics, incident, {"JobDowntime": jobs.job_downtime_s or 0.0})
+
+
 @logger.inject_lambda_context
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    incident = StageInput.model_validate(event).incident
-    logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
-    out = resume(incident, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
-                 prefix=settings().drain_reason_prefix, clock=utc_now)
-    logger.info("incident closed", resumed=out.resumed, node_state=out.node_state)
+    request = ResumeInput.model_validate(event)
+    incident = request.incident
+    logger.append_keys(incident=incident.incident_id, node=incident.slurm_node, step=request.step)
+    s = settings()
+    if request.step in ("quarantine", "escalate"):
+        ended = end_unrecovered(incident, "quarantined" if request.step == "quarantine" else "escalated",
+                                ledger=wiring.ledger(), clock=utc_now, error=request.error)
+        logger.warning("incident not recovered", status=ended.status, page=ended.message)
+        return ended.model_dump(mode="json")
+    if request.step == "jobs":
+        jobs = await_jobs(incident, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
+                          wait_s=s.job_start_wait_seconds, clock=utc_now)
+        logger.info("requeued jobs", running=jobs.running, pending=jobs.pending)
+        _job_downtime(incident, jobs)
+        return jobs.model_dump(mode="json")
+    out = resume(incident, request.destination, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
+                 prefix=s.drain_reason_prefix, job_wait_s=s.job_start_wait_seconds, clock=utc_now)
+    logger.info("incident closed", resumed=out.resumed, destination=out.destination, node_state=out.node_state)
     record_durations(metrics, incident, {"TimeToResume": out.time_to_recover_s,
                                          "TimeToRecover": out.time_to_recover_s})
+    if request.destination == "service":
+        _job_downtime(incident, out.jobs)
     return out.model_dump(mode="json")

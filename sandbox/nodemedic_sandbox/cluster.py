@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nodemedic.providers.base import SLURM_NODE_TAG
+from nodemedic.providers.ec2 import CLUSTER_TAG
 
 from nodemedic_sandbox.embedded_aws import CommandOutcome, EmbeddedAWS
 from nodemedic_sandbox.scheduler import Scheduler
@@ -44,7 +45,11 @@ class SimCluster:
     name: str = "local"
     asg_name: str = "nodemedic-local-gpu-nodes"
     controller_id: str = ""
+    spares: list[str] = field(default_factory=list)  # nodes that start in the spare reservation
+    spare_reservation: str = "nodemedic_spares"
+    boot_seconds: float = 0.0  # how long a new or rebooted instance takes before it answers SSM
     commands: list[CommandLog] = field(default_factory=list)
+    _booted: dict[str, float] = field(default_factory=dict)  # instance -> time.time() it answers again
 
     @property
     def state_dir(self) -> Path:
@@ -69,9 +74,29 @@ class SimCluster:
         instances = sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups(
             AutoScalingGroupNames=[self.asg_name])["AutoScalingGroups"][0]["Instances"])
         for instance_id, node in zip(instances, self.scheduler.nodes, strict=True):
-            ec2.create_tags(Resources=[instance_id], Tags=[{"Key": SLURM_NODE_TAG, "Value": node}])
+            # the Slurm node each backs, and (for the plain-EC2 provider) the cluster they form
+            ec2.create_tags(Resources=[instance_id], Tags=[{"Key": SLURM_NODE_TAG, "Value": node},
+                                                           {"Key": CLUSTER_TAG, "Value": self.name}])
         members = dict(zip(instances, self.scheduler.nodes, strict=True))
-        self._write_faults({"unhealthy": [], "unhealthy_replacements": 0, "members": members})
+        self._booted = {i: 0.0 for i in [*instances, self.controller_id]}  # up before the pipeline runs
+        self._write_faults({"broken": {}, "unhealthy_replacements": 0, "members": members})
+        if self.spares:
+            self._reserve(self.spares)
+
+    def _reserve(self, nodes: list[str]) -> None:
+        """The hot-spare pool the pipeline expects: a reservation of idle nodes (SpareReservation)."""
+        env = {**os.environ, **self.scheduler.env}
+        subprocess.run(["scontrol", "create", "reservation", f"reservationname={self.spare_reservation}",
+                        f"nodes={','.join(nodes)}", "users=root", "starttime=now", "duration=infinite",
+                        "flags=ignore_jobs"], env=env, check=True, capture_output=True, timeout=30)
+
+    def spare_pool(self) -> list[str]:
+        """The nodes in the spare reservation now (read from Slurm)."""
+        env = {**os.environ, **self.scheduler.env}
+        out = subprocess.run(["scontrol", "show", "reservation", self.spare_reservation, "-o"], env=env,
+                             capture_output=True, text=True, timeout=30, check=False).stdout
+        nodes = next((f.split("=", 1)[1] for f in out.split() if f.startswith("Nodes=")), "")
+        return self.scheduler.hostnames(nodes) if nodes and nodes != "(null)" else []
 
     def template_parameters(self) -> dict[str, str]:
         node_cmd = f"{sys.executable} -m nodemedic_sandbox.node --state {self.state_dir}"
@@ -81,7 +106,14 @@ class SimCluster:
             "SlurmControllerInstanceId": self.controller_id,
             "NodeJoinCommand": f"{node_cmd} join {{slurm_node}}",
             "DeepHealthCheckCommand": f"{node_cmd} health-check --level quick",
+            "FullHealthCheckCommand": f"{node_cmd} health-check --level full",
+            "GpuResetCommand": f"{node_cmd} gpu-reset",
+            "HotSpares": str(len(self.spares)),
+            "SpareReservation": self.spare_reservation,
             "CommandTimeoutSeconds": "60",
+            # a rung's check waits for the boot; then a minute for the check itself
+            "HealthCheckTimeoutSeconds": str(int(self.boot_seconds) + 60),
+            "JobStartWaitSeconds": "30",
             # one sweep per sweeper run: the local mode fires the schedule at the sweep cadence
             "SilenceSweepsPerInvocation": "1",
         }
@@ -117,6 +149,15 @@ class SimCluster:
         faults["unhealthy_replacements"] = count
         self._write_faults(faults)
 
+    def break_node(self, node: str, fixed_by: str = "replace") -> str:
+        """The hardware behind ``node`` fails its deep health check until ``fixed_by`` (a ladder
+        rung: gpu_reset, reboot or replace) is applied to it. Returns the instance id."""
+        instance = self.instance_of(node)
+        faults = self._read_faults()
+        faults["broken"] = {**faults.get("broken", {}), instance: fixed_by}
+        self._write_faults(faults)
+        return instance
+
     def hang(self, node: str) -> None:
         """The instance behind ``node`` hangs: SSM commands time out until EC2 reboots it."""
         faults = self._read_faults()
@@ -130,7 +171,26 @@ class SimCluster:
     def rebooted(self, instance_ids: list[str]) -> None:
         faults = self._read_faults()
         faults["hung"] = [i for i in faults.get("hung", []) if i not in instance_ids]
+        faults["broken"] = {i: rung for i, rung in faults.get("broken", {}).items()
+                            if i not in instance_ids or rung == "replace"}
         self._write_faults(faults)
+        for instance in instance_ids:
+            self._booted[instance] = time.time() + self.boot_seconds
+
+    def _wait_for_boot(self, instance_id: str, timeout_s: float) -> bool:
+        """A new or rebooted instance answers SSM once it has booted (the command waits, as SSM's
+        does for an agent coming online). False if it does not boot within ``timeout_s``."""
+        ready = self._booted.get(instance_id)
+        if ready is None:  # an instance the Auto Scaling group launched since: boots from launch
+            found = self.aws.client("ec2").describe_instances(InstanceIds=[instance_id])
+            launched = found["Reservations"][0]["Instances"][0]["LaunchTime"].timestamp()
+            ready = self._booted[instance_id] = launched + self.boot_seconds
+        wait = ready - time.time()
+        if wait > timeout_s:
+            return False
+        if wait > 0:
+            time.sleep(wait)
+        return True
 
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
         started = time.time()
@@ -139,6 +199,8 @@ class SimCluster:
             outcome = CommandOutcome("Undeliverable", -1, "", f"instance {instance_id} is {state}")
         elif instance_id in self._hung():  # a hung instance never answers: SSM times the command out
             outcome = CommandOutcome("TimedOut", -1, "", f"instance {instance_id} did not answer (hung)")
+        elif not self._wait_for_boot(instance_id, timeout_s):
+            outcome = CommandOutcome("TimedOut", -1, "", f"instance {instance_id} still booting")
         else:
             env = {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": instance_id}
             try:

@@ -2,7 +2,7 @@
 
 moto 5.2.5 (pinned) stores resources and interprets Step Functions ASL, but on its own it
 does not run Lambda code, does not deliver EventBridge events to Step Functions, does not
-execute SSM commands, does not turn EMF log lines into metrics, emits no alarm state
+execute SSM commands (nor emit their status-change events), does not turn EMF log lines into metrics, emits no alarm state
 change events and never fires scheduled rules. Each hook below fills one of those gaps; ``tests/component/test_embedded_aws.py``
 checks every one of them, so a moto upgrade that moves a hooked internal fails loudly.
 """
@@ -36,14 +36,17 @@ from moto.cloudwatch.models import CloudWatchBackend
 from moto.core.routing import get_service_router
 from moto.core.utils import get_service_model
 from moto.dynamodb.models import DynamoDBBackend
+from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.instances import InstanceBackend
 from moto.events.models import Rule, events_backends
-from moto.ssm.models import Command
+from moto.ssm.models import Command, SimpleSystemManagerBackend
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.utilities.arns import parse_arn
+
+from nodemedic_sandbox import hyperpod
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
@@ -52,13 +55,16 @@ REGION = "us-east-1"
 HOOKED = {
     "lambda invoke": (LambdaSimpleBackend, "invoke"),
     "eventbridge delivery": (Rule, "send_to_targets"),
-    "ssm command result": (Command, "invocation_response"),
+    "ssm command result": (Command, "get_invocation"),
+    "ssm command sent": (SimpleSystemManagerBackend, "send_command"),
     "ssm command targets": (Command, "_get_instance_ids_from_targets"),
     "alarm state change": (CloudWatchBackend, "set_alarm_state"),
     "retry sleep": (retrier_decl, "time"),
     "task timeout": (TimeoutSeconds, "_eval_seconds"),
     "ec2 reboot": (InstanceBackend, "reboot_instances"),
+    "ec2 start": (InstanceBackend, "start_instances"),
     "asl parse per execution": (ExecutionWorker, "_get_evaluation_entrypoint"),
+    **hyperpod.HOOKED,
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
 }
@@ -66,7 +72,7 @@ _DYNAMODB_WRITES = threading.RLock()
 
 
 SERVICES = ("autoscaling", "cloudformation", "cloudwatch", "dynamodb", "ec2", "events", "lambda", "logs",
-            "s3", "sns", "sqs", "ssm", "stepfunctions")
+            "s3", "sagemaker", "sns", "sqs", "ssm", "stepfunctions")
 
 
 def _warm_service_models() -> None:
@@ -127,6 +133,16 @@ class CommandOutcome:
     exit_code: int
     stdout: str
     stderr: str
+
+
+@dataclass
+class _Run:
+    """One command on one instance, running in the background as on a real SSM agent."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: CommandOutcome | None = None
+    started: datetime | None = None
+    ended: datetime | None = None
 
 
 class CommandHost(Protocol):
@@ -201,6 +217,9 @@ class EmbeddedAWS:
         self._lambda_lock = threading.RLock()
         self._stack = contextlib.ExitStack()
         self._schedules: threading.Event | None = None
+        self._runs: dict[tuple[str, str], _Run] = {}
+        self.hyperpod = hyperpod.HyperPodEmulation(ACCOUNT_ID, region, on_reboot=self._rebooted)
+        self.ec2_capacity = True  # False: StartInstances fails with InsufficientInstanceCapacity
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> EmbeddedAWS:
@@ -235,10 +254,17 @@ class EmbeddedAWS:
         def send_to_targets(rule: Rule, event: dict[str, Any], transform_input: bool = True) -> None:
             embedded._deliver(rule, event, transform_input)
 
-        original_response = Command.invocation_response
+        original_send = SimpleSystemManagerBackend.send_command
 
-        def invocation_response(command: Command, instance_id: str, plugin: str) -> dict[str, Any]:
-            return embedded._run_command(command, instance_id, plugin, original_response)
+        def send_command(backend: SimpleSystemManagerBackend, *args: Any, **kwargs: Any) -> Command:
+            command = original_send(backend, *args, **kwargs)
+            embedded._start_command(command)
+            return command
+
+        original_invocation = Command.get_invocation
+
+        def get_invocation(command: Command, instance_id: str, plugin: str | None) -> dict[str, Any]:
+            return embedded._run_command(command, instance_id, plugin, original_invocation)
 
         original_targets = Command._get_instance_ids_from_targets
 
@@ -259,9 +285,18 @@ class EmbeddedAWS:
 
         def reboot_instances(backend: InstanceBackend, instance_ids: list[str]) -> Any:
             rebooted = original_reboot(backend, instance_ids)
-            if embedded.command_host is not None:
-                embedded.command_host.rebooted([i.id for i in rebooted])
+            embedded._rebooted([i.id for i in rebooted])
             return rebooted
+
+        original_start = InstanceBackend.start_instances
+
+        def start_instances(backend: InstanceBackend, instance_ids: list[str]) -> Any:
+            if not embedded.ec2_capacity:
+                raise EC2ClientError("InsufficientInstanceCapacity", "We currently do not have sufficient "
+                                     "p5.48xlarge capacity in the Availability Zone you requested.")
+            started = original_start(backend, instance_ids)
+            embedded._rebooted([instance.id for instance, _ in started])  # a start boots it
+            return started
 
         def task_timeout(timeout: TimeoutSeconds, env: Any) -> int:
             return max(1, int(timeout.timeout_seconds * embedded.task_timeout_scale))
@@ -270,17 +305,26 @@ class EmbeddedAWS:
         for target, attr, new in (
             (LambdaSimpleBackend, "invoke", invoke),
             (Rule, "send_to_targets", send_to_targets),
-            (Command, "invocation_response", invocation_response),
+            (Command, "get_invocation", get_invocation),
+            (SimpleSystemManagerBackend, "send_command", send_command),
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
             (TimeoutSeconds, "_eval_seconds", task_timeout),
             (InstanceBackend, "reboot_instances", reboot_instances),
+            (InstanceBackend, "start_instances", start_instances),
             (ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program),
+            *hyperpod.hooks(self.hyperpod),
             *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name)))
               for name in ("put_item", "update_item", "delete_item", "transact_write_items")),
         ):
-            self._stack.enter_context(mock.patch.object(target, attr, new))
+            # create: the HyperPod batch actions are added; every other hook replaces an attribute
+            # that tests/component/test_embedded_aws.py checks still exists
+            self._stack.enter_context(mock.patch.object(target, attr, new, create=True))
+
+    def _rebooted(self, instance_ids: list[str]) -> None:
+        if self.command_host is not None:
+            self.command_host.rebooted(instance_ids)
 
     def stop(self) -> None:
         if self._schedules is not None:
@@ -482,21 +526,54 @@ class EmbeddedAWS:
             "ERROR_MESSAGE": {"DataType": "String", "StringValue": str(exc)[:256] or repr(exc)},
         })
 
-    # -- SSM: execute the command -------------------------------------------------------
-    def _run_command(self, command: Command, instance_id: str, plugin: str, original: Any) -> dict[str, Any]:
-        response: dict[str, Any] = original(command, instance_id, plugin)
+    # -- SSM: execute the command, as SSM does: in the background, then emit its status event ---
+    def _start_command(self, command: Command) -> None:
         if self.command_host is None:
-            return response
+            return
         script = "\n".join(command.parameters.get("commands", []))
         timeout = int(command.parameters.get("executionTimeout", ["3600"])[0])
-        started = datetime.now(UTC)
-        outcome = self.command_host.run(instance_id, script, timeout)
-        elapsed = (datetime.now(UTC) - started).total_seconds()
+        for instance_id in command.instance_ids:
+            run = self._runs[(command.command_id, instance_id)] = _Run()
+            threading.Thread(target=self._execute, args=(command, instance_id, script, timeout, run),
+                             name=f"ssm-{command.command_id[:8]}", daemon=True).start()
+
+    def _execute(self, command: Command, instance_id: str, script: str, timeout: int, run: _Run) -> None:
+        assert self.command_host is not None
+        run.started = datetime.now(UTC)
+        try:
+            run.outcome = self.command_host.run(instance_id, script, timeout)
+        except Exception as exc:  # noqa: BLE001 - the agent reports a crash as a failed command
+            run.outcome = CommandOutcome("Failed", -1, "", f"local command host: {exc!r}")
+        run.ended = datetime.now(UTC)
+        run.done.set()
+        detail = {"command-id": command.command_id, "document-name": command.document_name,
+                  "instance-id": instance_id, "requested-date-time": command.requested_date_time.isoformat(),
+                  "status": run.outcome.status, "status-details": run.outcome.status}
+        try:
+            self.client("events").put_events(Entries=[{
+                "Source": "aws.ssm", "DetailType": "EC2 Command Invocation Status-change Notification",
+                "Resources": [f"arn:aws:ec2:{self.region}:{ACCOUNT_ID}:instance/{instance_id}"],
+                "Detail": json.dumps(detail)}])
+        except Exception:  # noqa: BLE001 - the embedded AWS may have stopped meanwhile
+            traceback.print_exc()
+
+    def _run_command(self, command: Command, instance_id: str, plugin: str | None, original: Any) -> dict[str, Any]:
+        response: dict[str, Any] = original(command, instance_id, plugin)
+        run = self._runs.get((command.command_id, instance_id))
+        if run is None:
+            return response
+        timeout = int(command.parameters.get("executionTimeout", ["3600"])[0])
+        if not run.done.wait(timeout + 30):  # as good as polling until it ends, without the polls
+            response.update(Status="InProgress", StatusDetails="InProgress")
+            return response
+        outcome = run.outcome
+        assert outcome is not None and run.started is not None and run.ended is not None
+        elapsed = (run.ended - run.started).total_seconds()
         response.update(
             Status=outcome.status, StatusDetails=outcome.status, ResponseCode=outcome.exit_code,
             StandardOutputContent=outcome.stdout[-24000:], StandardErrorContent=outcome.stderr[-8000:],
-            ExecutionStartDateTime=started.isoformat(), ExecutionElapsedTime=f"PT{elapsed:.3f}S",
-            ExecutionEndDateTime=datetime.now(UTC).isoformat(),
+            ExecutionStartDateTime=run.started.isoformat(), ExecutionElapsedTime=f"PT{elapsed:.3f}S",
+            ExecutionEndDateTime=run.ended.isoformat(),
         )
         return response
 

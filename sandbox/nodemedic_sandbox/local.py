@@ -29,10 +29,15 @@ class LocalMode:
 
     def __init__(self, nodes: int = 4, scheduler: str = "auto", retry_time_scale: float = 1.0,
                  stack_name: str = "nodemedic-local", extra_parameters: dict[str, str] | None = None,
-                 schedule_scale: float | None = None, task_timeout_scale: float = 1.0) -> None:
+                 schedule_scale: float | None = None, task_timeout_scale: float = 1.0, spares: int = 0,
+                 boot_seconds: float = 0.0) -> None:
         """``schedule_scale``: fire the template's scheduled rules (the silence sweeper) with their
-        periods multiplied by it; ``None`` leaves them unfired."""
-        self.node_names = [f"gpu-{i}" for i in range(1, nodes + 1)]
+        periods multiplied by it; ``None`` leaves them unfired. ``spares``: how many more nodes
+        start in the hot-spare reservation. ``boot_seconds``: how long a new or rebooted
+        instance takes to answer (the published ~900 s, scaled down for a run)."""
+        self.node_names = [f"gpu-{i}" for i in range(1, nodes + spares + 1)]
+        self.spare_names = self.node_names[nodes:]
+        self.boot_seconds = boot_seconds
         self.prefer = scheduler
         self.stack_name = stack_name
         self.extra_parameters = extra_parameters or {}
@@ -46,7 +51,8 @@ class LocalMode:
         try:
             self.scheduler, self.scheduler_note = scheduler_mod.create(self.node_names, prefer=self.prefer)
             self.scheduler.start()
-            self.cluster = SimCluster(self.aws, self.scheduler)
+            self.cluster = SimCluster(self.aws, self.scheduler, spares=self.spare_names,
+                                      boot_seconds=self.boot_seconds)
             self.cluster.create()
             self.aws.command_host = self.cluster
             params = {**self.cluster.template_parameters(), **self.extra_parameters}

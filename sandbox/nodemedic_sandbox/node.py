@@ -1,8 +1,10 @@
 """Node-side commands of the local mode, run on "an instance" through SSM Run Command.
 
 ``join NODE``: the instance joins the scheduler as NODE (starts its slurmd).
+``gpu-reset``: reset the instance's GPUs (clears a fault that a GPU reset fixes).
 ``health-check``: the deep health check, against the simulated GPUs of this instance and the
-scheduler's view of the node; prints one JSON line and exits 1 when unhealthy.
+scheduler's view of the node; prints one JSON line and exits 1 when unhealthy. ``--level full``
+adds what the full level runs on a real node (DCGM level 3, multi-node NCCL), simulated.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def join(state: Path, node: str, instance_id: str) -> int:
     faults = _faults(state)
     if int(faults.get("unhealthy_replacements", 0)) > 0:  # injected: this one is bad hardware
         faults["unhealthy_replacements"] = int(faults["unhealthy_replacements"]) - 1  # type: ignore[call-overload]
-        faults["unhealthy"] = [*faults.get("unhealthy", []), instance_id]  # type: ignore[misc]
+        faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}  # type: ignore[dict-item]
     members = dict(faults.get("members", {}))  # type: ignore[call-overload]
     members[instance_id] = node
     faults["members"] = members
@@ -36,11 +38,28 @@ def join(state: Path, node: str, instance_id: str) -> int:
     return 0
 
 
+def gpu_reset(state: Path, instance_id: str) -> int:
+    faults = _faults(state)
+    broken = dict(faults.get("broken", {}))  # type: ignore[call-overload]
+    if broken.get(instance_id) == "gpu_reset":
+        del broken[instance_id]
+        faults["broken"] = broken
+        (state / "faults.json").write_text(json.dumps(faults))
+    print(f"GPUs of {instance_id} reset (simulated)")
+    return 0
+
+
 def health_check(state: Path, instance_id: str, level: str) -> int:
     faults = _faults(state)
-    gpus = EXPECTED_GPUS - 1 if instance_id in faults.get("unhealthy", []) else EXPECTED_GPUS  # type: ignore[operator]
+    broken = dict(faults.get("broken", {})).get(instance_id)  # type: ignore[call-overload]
+    gpus = EXPECTED_GPUS - 1 if broken else EXPECTED_GPUS
     checks = [{"name": "gpu_count", "ok": gpus >= EXPECTED_GPUS,
-               "detail": f"{gpus}/{EXPECTED_GPUS} GPUs visible (simulated)"}]
+               "detail": f"{gpus}/{EXPECTED_GPUS} GPUs visible (simulated)"},
+              {"name": "dcgm_diag", "ok": not broken,
+               "detail": f"level {1 if level == 'quick' else 3}: {'fail' if broken else 'pass'} (simulated)"}]
+    if level == "full":
+        checks.append({"name": "nccl_all_reduce", "ok": not broken,
+                       "detail": "2-node all_reduce with a healthy neighbour (simulated)"})
     node = dict(faults.get("members", {})).get(instance_id)  # type: ignore[call-overload]
     if node:
         info = scheduler.load(state).node(node)
@@ -56,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", type=Path, required=True, help="the local cluster's state dir")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("join").add_argument("node")
+    sub.add_parser("gpu-reset")
     sub.add_parser("health-check").add_argument("--level", default="quick", choices=["quick", "full"])
     args = parser.parse_args(argv)
     instance_id = os.environ.get("NODEMEDIC_INSTANCE_ID", "")
@@ -63,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("NODEMEDIC_INSTANCE_ID is not set (the local SSM host sets it)")
     if args.command == "join":
         return join(args.state, args.node, instance_id)
+    if args.command == "gpu-reset":
+        return gpu_reset(args.state, instance_id)
     return health_check(args.state, instance_id, args.level)
 
 

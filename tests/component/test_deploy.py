@@ -22,8 +22,8 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         assert states["MarkIncidentFailed"]["Parameters"]["TableName"] == stack.table_name
         # one Lambda per stage and the silence sweeper, each with its source registered for the local runtime
         assert {Path(src.code_dir).name for src in aws.functions.values()} == {
-            "detect", "gate", "shadow", "approval", "drain", "replace", "deep_health_check", "resume",
-            "silence_sweeper"}
+            "detect", "gate", "shadow", "approval", "drain", "spares", "repair", "deep_health_check",
+            "health_check_result", "resume", "silence_sweeper"}
         # the safety policy parameter is seeded from the template parameters and loads cleanly
         name = stack.outputs["SafetyPolicyParameterName"]
         policy = parse_policy(aws.client("ssm").get_parameter(Name=name)["Parameter"]["Value"])

@@ -37,9 +37,10 @@ def running_job(local: LocalMode, nodes: int = 2) -> tuple[str, list[str]]:
 OPERATOR = "oncall@example.com"
 
 
-def stack(nodes: int = 4, **parameters: str) -> LocalMode:
+def stack(nodes: int = 4, spares: int = 0, boot_seconds: float = 0.0, **parameters: str) -> LocalMode:
     require_slurm()
-    return LocalMode(nodes=nodes, scheduler="slurm", retry_time_scale=0.01, extra_parameters=parameters)
+    return LocalMode(nodes=nodes, scheduler="slurm", retry_time_scale=0.01, extra_parameters=parameters,
+                     spares=spares, boot_seconds=boot_seconds)
 
 
 def control(local: LocalMode) -> ControlStore:

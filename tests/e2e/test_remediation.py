@@ -3,7 +3,7 @@
 
 from nodemedic_sandbox.local import LocalMode
 
-from tests.e2e.support import job_running, running_job, wait_for
+from tests.e2e.support import job_running, latest, running_job, wait_for
 
 
 def test_xid79_on_a_running_job_is_remediated_end_to_end(local: LocalMode) -> None:
@@ -34,7 +34,7 @@ def test_xid79_on_a_running_job_is_remediated_end_to_end(local: LocalMode) -> No
     # the ledger has every stage timestamp, in order
     incident = local.incident(execution["name"])
     assert incident.status == "closed"
-    stamps = [incident.stages[s] for s in ("detect", "drain", "replace", "health_check", "resume")]
+    stamps = [incident.stages[s] for s in ("detect", "drain", "spare", "repair", "resume")]
     assert all(s.completed_at for s in stamps)
     assert [s.completed_at for s in stamps] == sorted(s.completed_at for s in stamps)
     assert incident.closed_at >= stamps[-1].completed_at
@@ -42,7 +42,12 @@ def test_xid79_on_a_running_job_is_remediated_end_to_end(local: LocalMode) -> No
     recover = local.metric_values("TimeToRecover", Cluster="local", FaultClass="gpu_lost")
     expected = (incident.closed_at - incident.observed_at).total_seconds()
     assert recover and abs(recover[0] - expected) < 1.0
-    for name in ("TimeToDetect", "TimeToDrain", "TimeToReplace", "TimeToHealthCheck", "TimeToResume"):
+    [rung] = incident.stages["repair"].result["rungs"]
+    assert (rung["rung"], rung["instance_id"], rung["check"]["healthy"]) == ("replace", new_instance, True)
+    assert rung["check"]["level"] == "quick"  # no spare: the node returns to service, checked on the critical path
+    jobs = incident.stages["jobs"].result
+    assert list(jobs["running"]) == [job] and jobs["job_downtime_s"] > 0
+    for name in ("TimeToDetect", "TimeToDrain", "TimeToRepair", "TimeToResume", "JobDowntime"):
         assert local.metric_values(name, Cluster="local", FaultClass="gpu_lost"), name
 
 
@@ -59,26 +64,29 @@ def test_mttd_and_mttr_are_measured_from_observed_at(local: LocalMode) -> None:
     assert detect < recover < 62
 
 
-def test_a_failed_deep_health_check_escalates_and_leaves_the_node_drained(local: LocalMode) -> None:
+def test_a_replacement_that_fails_its_deep_check_is_quarantined_and_escalated(local: LocalMode) -> None:
     local.cluster.fail_next_replacements(1)
     local.put_event(local.health_event("gpu-2", "XID 79"))
     [execution] = local.wait_for_executions(1)
 
-    assert execution["status"] == "FAILED"
-    assert execution["error"] == "HealthCheckFailedError"
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
     incident = local.incident(execution["name"])
-    assert incident.status == "failed"
-    assert incident.failure["stage"] == "health_check"
-    assert "gpu_count" in incident.failure["cause"]
+    assert incident.status == "quarantined"
+    [rung] = incident.stages["repair"].result["rungs"]
+    assert rung["rung"] == "replace" and rung["check"]["healthy"] is False
     assert "resume" not in incident.stages
     # the node stays drained with the pipeline's reason; nothing resumed it
     node = local.scheduler.node("gpu-2")
     assert "DRAIN" in node["State"] and node["Reason"].startswith(f"nodemedic:{execution['name']}")
     assert local.scontrol_commands("state=resume") == []
-    # the on-call was told, with the node and the stage
+    # the on-call was paged, with the node, the replacement and what failed
     [message] = local.escalations()
-    assert "gpu-2" in message["Message"] and "health_check" in message["Message"]
-    assert "stays drained" in message["Message"]
+    assert "gpu-2" in message["Message"] and rung["instance_id"] in message["Message"]
+    assert "gpu_count" in message["Message"] and "stays drained" in message["Message"]
+    # a later event for the node folds into the quarantined incident: nothing acts on it again
+    local.put_event(local.health_event("gpu-2", "XID 79"))
+    local.wait_for_executions(2)
+    assert local.detect_decision(latest(local.wait_for_executions(2))) == "deduplicated"
 
 
 def test_a_second_event_for_the_node_within_a_second_opens_no_second_incident(local: LocalMode) -> None:

@@ -63,7 +63,7 @@ def test_dry_run_records_a_full_incident_and_touches_nothing() -> None:
         incident = local.incident(execution["name"])
         assert incident.status == "dry_run"
         actions = incident.stages["shadow"].result["actions"]
-        assert [a.split(":")[0] for a in actions] == ["drain", "requeue", "replace", "deep health check", "resume"]
+        assert [a.split(":")[0] for a in actions] == ["drain", "requeue", "repair", "resume"]
         assert f"jobs {job}" in actions[1]
         # Slurm and EC2 untouched: no scontrol update, the job still running where it was, same instance
         assert [c for c in local.scontrol_commands("scontrol update")] == []

@@ -35,5 +35,22 @@ def test_a_fail_state_never_re_raises_a_runtime_error_name():
 
 def test_detect_retries_a_timeout_and_every_stage_catches_everything():
     assert any("States.Timeout" in r["ErrorEquals"] for r in STATES["Detect"]["Retry"])
-    for stage in ("Detect", "Drain", "Replace", "DeepHealthCheck", "Resume"):
+    for stage in ("Detect", "Drain", "SwapSpare", "Repair", "CheckHealth", "Resume"):
         assert any("States.ALL" in c["ErrorEquals"] for c in STATES[stage]["Catch"]), stage
+
+
+def test_the_deep_health_check_is_a_callback_and_an_unanswered_check_climbs_the_ladder():
+    check = STATES["CheckHealth"]
+    assert check["Resource"] == "arn:aws:states:::lambda:invoke.waitForTaskToken"
+    assert check["Parameters"]["Payload"]["task_token.$"] == "$$.Task.Token"
+    assert check["TimeoutSecondsPath"] == "$.repair.check_timeout_s"
+    [timeout] = [c for c in check["Catch"] if c["ErrorEquals"] == ["States.Timeout"]]
+    assert timeout["Next"] == "Healthy"  # judged like an unhealthy answer: next rung, or quarantine
+    assert not any(s["Type"] == "Wait" for s in STATES.values())  # no polling loops anywhere
+
+
+def test_a_capacity_error_is_retried_later_then_escalated_not_failed():
+    repair = STATES["Repair"]
+    [retry] = [r for r in repair["Retry"] if r["ErrorEquals"] == ["CapacityError"]]
+    assert retry["IntervalSeconds"] >= 60 and retry["MaxAttempts"] >= 3
+    assert repair["Catch"][0] == {"ErrorEquals": ["CapacityError"], "ResultPath": "$.error", "Next": "Escalate"}

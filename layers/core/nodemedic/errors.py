@@ -66,4 +66,15 @@ class ResumeFailedError(NodeMedicError):
     """The node could not be returned to service."""
 
 
+
+
+class CapacityError(NodeMedicError):
+    """AWS has no capacity for the replacement now (InsufficientInstanceCapacity and the like).
+    The state machine retries the rung later, then escalates; the node stays drained."""
+
+
+class JobsPendingError(RetryableError):
+    """Requeued jobs are not RUNNING yet."""
+
+
 RETRYABLE_ERRORS = tuple(cls.__name__ for cls in RetryableError.__subclasses__())

@@ -2,7 +2,9 @@
 
 from functools import lru_cache
 
-from pydantic import Field
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -13,13 +15,24 @@ class Settings(BaseSettings):
 
     cluster_name: str = Field(min_length=1)
     incidents_table: str = Field(min_length=1)
-    autoscaling_group_name: str = Field(min_length=1)
+    provider: Literal["autoscaling", "ec2", "hyperpod"] = "autoscaling"
+    autoscaling_group_name: str = ""
+    hyperpod_cluster_name: str = ""
     slurm_controller_instance_id: str = Field(min_length=1)
     drain_reason_prefix: str = Field(default="nodemedic", pattern=r"^[A-Za-z0-9_.-]+$")
     node_join_command: str = Field(min_length=1)
-    deep_health_check_command: str = Field(min_length=1)
+    deep_health_check_command: str = Field(min_length=1, description="quick level: on the critical path")
+    full_health_check_command: str = Field(default="", description="full level: spares and replacements")
+    gpu_reset_command: str = "nvidia-smi --gpu-reset"
+    health_check_document: str = Field(default="AWS-RunShellScript",
+                                       description="SSM document the deep health check runs with")
+    spare_reservation: str = Field(default="nodemedic_spares", pattern=r"^[A-Za-z0-9_.-]+$")
+    hot_spares: int = Field(default=0, ge=0, le=1000, description="target size of the hot-spare pool")
+    job_start_wait_seconds: float = Field(default=60, ge=0, le=600)
     fault_action_overrides: str = Field(default="{}", description="JSON: fault code -> action")
     command_timeout_seconds: int = Field(default=120, ge=5, le=3600)
+    health_check_timeout_seconds: int = Field(
+        default=1200, ge=10, le=86400, description="a rung's deep check must answer within this (boot included)")
     command_poll_interval_seconds: float = Field(default=1.0, gt=0, le=30)
     safety_policy_parameter: str = Field(default="", description="SSM parameter holding the policy JSON")
     escalation_topic_arn: str = ""
@@ -28,6 +41,19 @@ class Settings(BaseSettings):
     heartbeat_queue_url: str = ""
     heartbeat_silence_seconds: float = Field(default=45, ge=1, le=3600)
     silence_sweeps_per_invocation: int = Field(default=6, ge=1, le=6)
+
+    @model_validator(mode="after")
+    def _provider_named(self) -> Self:
+        if self.provider == "autoscaling" and not self.autoscaling_group_name:
+            raise ValueError("PROVIDER=autoscaling needs AUTOSCALING_GROUP_NAME")
+        if self.provider == "hyperpod" and not self.hyperpod_cluster_name:
+            raise ValueError("PROVIDER=hyperpod needs HYPERPOD_CLUSTER_NAME")
+        return self
+
+    @property
+    def health_check_commands(self) -> dict[str, str]:
+        return {"quick": self.deep_health_check_command,
+                "full": self.full_health_check_command or self.deep_health_check_command}
 
 
 @lru_cache(maxsize=1)

@@ -12,6 +12,9 @@ from botocore.exceptions import ClientError
 from nodemedic.errors import PolicyError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.autoscaling import AutoScalingProvider
+from nodemedic.providers.base import Provider
+from nodemedic.providers.ec2 import EC2Provider
+from nodemedic.providers.hyperpod import HyperPodProvider
 from nodemedic.providers.run_command import RunCommand
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.settings import settings
@@ -62,12 +65,18 @@ def run_command() -> RunCommand:
 @lru_cache(maxsize=1)
 def orchestrator() -> SlurmViaSSM:
     s = settings()
-    return SlurmViaSSM(run_command(), s.slurm_controller_instance_id, s.command_timeout_seconds)
+    return SlurmViaSSM(run_command(), s.slurm_controller_instance_id, s.command_timeout_seconds,
+                       spare_reservation=s.spare_reservation)
 
 
 @lru_cache(maxsize=1)
-def provider() -> AutoScalingProvider:
-    return AutoScalingProvider(client("autoscaling"), client("ec2"), settings().autoscaling_group_name)
+def provider() -> Provider:
+    s = settings()
+    if s.provider == "ec2":
+        return EC2Provider(client("ec2"), s.cluster_name)
+    if s.provider == "hyperpod":
+        return HyperPodProvider(client("sagemaker"), s.hyperpod_cluster_name)
+    return AutoScalingProvider(client("autoscaling"), client("ec2"), s.autoscaling_group_name)
 
 
 def reset(*, keep_clients: bool = False) -> None:

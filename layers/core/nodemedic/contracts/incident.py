@@ -8,12 +8,20 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 Action = Literal["monitor", "replace", "reboot"]
+Rung = Literal["gpu_reset", "reboot", "replace"]
+RUNGS: tuple[Rung, ...] = ("gpu_reset", "reboot", "replace")
 Confidence = Literal["high", "ambiguous"]
-IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "denied", "dry_run"]
-ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run"})
-Stage = Literal["detect", "gate", "verify", "drain", "approval", "replace", "health_check", "resume", "shadow"]
-STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "replace", "health_check",
+IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "denied", "dry_run", "escalated"]
+ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run",
+                                            "escalated"})
+Stage = Literal["detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair", "resume", "shadow"]
+STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair",
                              "resume", "shadow")
+
+
+def default_ladder(action: Action) -> tuple[Rung, ...]:
+    """The rungs tried in order until the node passes its deep health check."""
+    return ("replace",) if action == "replace" else ("reboot", "replace")
 
 
 class IncidentRef(BaseModel):
@@ -32,6 +40,12 @@ class IncidentRef(BaseModel):
     observed_at: AwareDatetime
     confidence: Confidence = Field(
         default="high", description="ambiguous: needs a second signal before destructive action")
+    ladder: tuple[Rung, ...] = Field(
+        default=(), description="escalation ladder, first rung first; empty = the default for the action")
+
+    @property
+    def rungs(self) -> tuple[Rung, ...]:
+        return self.ladder or default_ladder(self.action)
 
 
 class StageRecord(BaseModel):

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nodemedic.contracts.events import TriggerEvent
-from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.incident import IncidentRef, Rung
 
 
 class _Model(BaseModel):
@@ -61,10 +61,35 @@ class DrainOutput(_Model):
     jobs_not_requeued: list[str]
 
 
-class ReplaceOutput(_Model):
-    action: Literal["replace", "reboot"]
-    old_instance_id: str
-    instance_id: str = Field(description="The instance now backing the Slurm node")
+Destination = Literal["service", "pool"]
+CheckLevel = Literal["quick", "full"]
+
+
+class SpareOutput(_Model):
+    spare: str | None = Field(description="the hot spare swapped into service, or None (pool empty or off)")
+    destination: Destination = Field(description="where the repaired node goes: the pool if a spare replaced it")
+    pool: list[str] = Field(description="the pool's nodes after the swap")
+    reason: str
+
+
+class JobsOutput(_Model):
+    running: dict[str, float] = Field(description="requeued job -> seconds from the fault to its new start")
+    pending: list[str] = Field(description="requeued jobs not running when the wait ended")
+    job_downtime_s: float | None = Field(description="the longest downtime of the running jobs")
+
+
+class RepairInput(_Model):
+    incident: IncidentRef
+    destination: Destination = "service"
+
+
+class RepairOutput(_Model):
+    rung: Rung
+    attempt: int = Field(description="1-based index of the rung in the incident's ladder")
+    instance_id: str = Field(description="the instance now backing the Slurm node")
+    level: CheckLevel = Field(description="full for a node bound for the spare pool, else quick")
+    last: bool = Field(description="no rung is left if this one's check fails")
+    check_timeout_s: int = Field(description="how long the state machine waits for the check's answer")
 
 
 class ShadowInput(_Model):
@@ -92,19 +117,39 @@ class HealthCheckInput(_Model):
     instance_id: str
     purpose: Literal["recovery", "verify"] = Field(
         default="recovery", description="verify: check an ambiguous fault before acting; never raises")
+    level: CheckLevel = "quick"
+    task_token: str | None = Field(default=None, description="recovery: the callback token; the result "
+                                   "comes back through SSM's status-change event")
 
 
 class HealthCheckOutput(_Model):
     instance_id: str
     healthy: bool
     checks: list[dict[str, object]]
+    level: CheckLevel = "quick"
+
+
+class ResumeInput(_Model):
+    incident: IncidentRef
+    step: Literal["return", "jobs", "quarantine", "escalate"] = Field(
+        default="return", description="return the node (pool or service) and close; or only await the "
+                                      "requeued jobs; or end the incident quarantined / escalated")
+    destination: Destination = "service"
+    error: dict[str, str | None] | None = Field(default=None, description="escalate: the Catch's error")
 
 
 class ResumeOutput(_Model):
     slurm_node: str
     resumed: bool = Field(description="False when the drain was an operator's: it is left alone")
+    destination: Destination = "service"
     node_state: str
     time_to_recover_s: float
+    jobs: JobsOutput | None = None
+
+
+class EndOutput(_Model):
+    status: Literal["quarantined", "escalated"]
+    message: str = Field(description="what the on-call is paged with")
 
 
 __all__ = [
@@ -116,7 +161,12 @@ __all__ = [
     "ApprovalInput",
     "HealthCheckInput",
     "HealthCheckOutput",
-    "ReplaceOutput",
+    "EndOutput",
+    "JobsOutput",
+    "RepairInput",
+    "RepairOutput",
+    "ResumeInput",
+    "SpareOutput",
     "ResumeOutput",
     "ShadowInput",
     "ShadowOutput",

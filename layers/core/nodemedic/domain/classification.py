@@ -13,7 +13,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, cast, get_args
 
-from nodemedic.contracts.incident import Action, Confidence
+from nodemedic.contracts.incident import Action, Confidence, Rung, default_ladder
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Classification:
     note: str
     overridden: bool = False
     confidence: Confidence = "high"
+    ladder: tuple[Rung, ...] = ()
 
     @property
     def reason(self) -> str:
@@ -60,7 +61,16 @@ def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Cla
     if overridden:
         action = (overrides or {})[fault_code]
     return Classification(fault_code, rule["fault_class"], action, rule["note"], overridden,
-                          cast(Confidence, rule.get("confidence", "high")))
+                          cast(Confidence, rule.get("confidence", "high")), ladder_for(rule["fault_class"], action))
+
+
+def ladder_for(fault_class: str, action: Action) -> tuple[Rung, ...]:
+    """The escalation ladder of a fault: per class if the table has one, else per action."""
+    if action == "monitor":
+        return ()
+    ladders = fault_table()["ladders"]
+    rungs = ladders["by_class"].get(fault_class) or ladders["by_action"].get(action)
+    return tuple(rungs) if rungs else default_ladder(action)
 
 
 def alarm_fault_code(metric_name: str | None) -> str:

@@ -27,6 +27,13 @@ class EvacuationResult:
     not_requeued: list[str]
 
 
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    state: str  # RUNNING, PENDING, ... or GONE when the scheduler no longer knows it
+    started_at: float | None  # epoch seconds of the current run's start, when it has one
+
+
 class Orchestrator(Protocol):
     def node_status(self, node: str) -> NodeStatus: ...
 
@@ -41,3 +48,13 @@ class Orchestrator(Protocol):
         ...
 
     def resume(self, node: str) -> None: ...
+
+    def job_states(self, job_ids: list[str]) -> dict[str, JobState]: ...
+
+    def spares(self) -> list[NodeStatus]:
+        """The hot-spare pool: nodes held out of general scheduling, ready to take a job."""
+        ...
+
+    def take_spare(self, node: str) -> None: ...
+
+    def add_spare(self, node: str) -> None: ...

@@ -10,7 +10,7 @@ import re
 import shlex
 
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
-from nodemedic.orchestrators.base import EvacuationResult, NodeStatus
+from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus
 from nodemedic.providers.run_command import RunCommand
 
 _FIELD_SPLIT = re.compile(r"\s+(?=[A-Za-z][\w/:]*=)")
@@ -30,10 +30,12 @@ def parse_scontrol_record(line: str) -> dict[str, str]:
 class SlurmViaSSM:
     """:class:`~nodemedic.orchestrators.base.Orchestrator` for Slurm, driven with SSM."""
 
-    def __init__(self, runner: RunCommand, controller_instance_id: str, timeout_s: int) -> None:
+    def __init__(self, runner: RunCommand, controller_instance_id: str, timeout_s: int,
+                 spare_reservation: str = "nodemedic_spares") -> None:
         self._run = runner
         self._controller = controller_instance_id
         self._timeout = timeout_s
+        self._reservation = spare_reservation
 
     def _sh(self, script: str, comment: str) -> str:
         return self._run.run_checked(self._controller, script, self._timeout, comment)
@@ -88,3 +90,72 @@ class SlurmViaSSM:
             self._sh(f"scontrol update nodename={shlex.quote(node)} state=resume", f"resume {node}")
         except CommandFailedError as exc:
             raise ResumeFailedError(str(exc)) from exc
+
+    # -- jobs -----------------------------------------------------------------------------
+    def job_states(self, job_ids: list[str]) -> dict[str, JobState]:
+        if not job_ids:
+            return {}
+        # StartTime is the controller's local time: ``date`` turns it into epoch seconds there
+        script = (
+            f"for j in {' '.join(shlex.quote(j) for j in job_ids)}; do "
+            'line=$(squeue -h -j "$j" -o "%T|%S" 2>/dev/null | head -1); '
+            'state=${line%%|*}; start=${line#*|}; epoch=""; '
+            '[ "$state" = RUNNING ] && epoch=$(date -d "$start" +%s 2>/dev/null); '
+            'echo "$j|${state:-GONE}|$epoch"; done'
+        )
+        out = self._sh(script, "job states")
+        states: dict[str, JobState] = {}
+        for line in out.splitlines():
+            job, _, rest = line.strip().partition("|")
+            state, _, epoch = rest.partition("|")
+            if job:
+                states[job] = JobState(job, state, float(epoch) if epoch.strip() else None)
+        return states
+
+    # -- hot spares: the nodes of one Slurm reservation -----------------------------------
+    def _spares_script(self, change: str) -> str:
+        """Read the reservation's nodes, apply ``change`` (a shell filter over one name per line),
+        write the reservation back: all under a lock, since Slurm 22.05 cannot add or remove a
+        single node (no Nodes+=/-=) and two incidents may change the pool at once."""
+        r = shlex.quote(self._reservation)
+        return (
+            f"exec 9>/tmp/nodemedic-{self._reservation}.lock && flock -w 60 9\n"
+            f"cur=$(scontrol show reservation {r} -o 2>/dev/null | grep -o ' Nodes=[^ ]*' | cut -d= -f2)\n"
+            '[ "$cur" = "(null)" ] && cur=""\n'
+            'old=""; [ -n "$cur" ] && old=$(scontrol show hostnames "$cur")\n'
+            f'new=$(printf "%s\\n" "$old" | {change} | grep -v "^$" | sort -u | paste -sd, -)\n'
+            'if [ "$new" = "$(printf "%s\\n" "$old" | grep -v "^$" | sort -u | paste -sd, -)" ]; then :\n'
+            f'elif [ -z "$new" ]; then scontrol delete reservationname={r}\n'
+            f'elif [ -z "$old" ]; then scontrol create reservation reservationname={r} nodes="$new" users=root '
+            'starttime=now duration=infinite flags=ignore_jobs >/dev/null\n'
+            f'else scontrol update reservationname={r} nodes="$new"; fi\n'
+        )
+
+    def spares(self) -> list[NodeStatus]:
+        """The nodes in the spare reservation, with their state (a drained or down one is no spare)."""
+        r = shlex.quote(self._reservation)
+        out = self._sh(
+            f"cur=$(scontrol show reservation {r} -o 2>/dev/null | grep -o ' Nodes=[^ ]*' | cut -d= -f2)\n"
+            '[ -z "$cur" ] || [ "$cur" = "(null)" ] || '
+            'for n in $(scontrol show hostnames "$cur"); do scontrol show node "$n" -o; done',
+            "list spares")
+        found = []
+        for line in out.splitlines():
+            fields = parse_scontrol_record(line)
+            if fields.get("NodeName"):
+                found.append(NodeStatus(fields["NodeName"], fields.get("State", ""),
+                                        _REASON_SUFFIX.sub("", fields.get("Reason", "")).strip()))
+        return found
+
+    def take_spare(self, node: str) -> None:
+        """Take ``node`` out of the spare reservation: pending jobs (the requeued one first, by
+        its age) can start on it at once."""
+        self._sh(self._spares_script(f"grep -vx {shlex.quote(node)}"), f"take spare {node}")
+
+    def add_spare(self, node: str) -> None:
+        """Put ``node`` into the spare reservation, then undrain it: it is idle but only jobs
+        that name the reservation can use it."""
+        q = shlex.quote(node)
+        self._sh(self._spares_script(f"{{ cat; echo {q}; }}")
+                 + f"if scontrol show node {q} -o | grep -q 'State=[^ ]*DRAIN'; then "
+                   f"scontrol update nodename={q} state=resume; fi", f"add spare {node}")

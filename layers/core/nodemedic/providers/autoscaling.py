@@ -1,18 +1,23 @@
-"""Capacity through an EC2 Auto Scaling group: replace = terminate without decrementing."""
+"""Capacity through an EC2 Auto Scaling group: replace = terminate without decrementing; the
+group launches a new instance, which NodeMedic claims and tags with the Slurm node it backs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nodemedic.errors import ReplacementFailedError
-from nodemedic.providers.base import SLURM_NODE_TAG, Member, ec2_member
+from nodemedic.errors import CapacityError, ReplacementFailedError
+from nodemedic.providers.base import CAPACITY_ERRORS, SLURM_NODE_TAG, Member, ReplaceStep, ec2_member
 
 _GONE = {"shutting-down", "terminated"}
 
 
 class AutoScalingProvider:
+    kind = "autoscaling"
+
     def __init__(self, autoscaling: Any, ec2: Any, group_name: str) -> None:
         self._asg = autoscaling
         self._ec2 = ec2
@@ -55,42 +60,61 @@ class AutoScalingProvider:
                 return member
         return None
 
-    def start_replacement(self, instance_id: str) -> bool:
+    def reboot(self, instance_ids: list[str]) -> None:
+        try:
+            self._ec2.reboot_instances(InstanceIds=instance_ids)
+        except ClientError as exc:
+            raise ReplacementFailedError(f"cannot reboot {', '.join(instance_ids)}: {exc}") from exc
+
+    def replace(self, instance_id: str, slurm_node: str, progress: dict[str, Any],
+                claim: Callable[[str], bool]) -> ReplaceStep:
+        done = dict(progress)
+        if not done.get("requested_at"):
+            self._terminate(instance_id)
+            done["requested_at"] = datetime.now(UTC).isoformat()
+        new = done.get("new_instance_id")
+        if not new:
+            new = next((c for c in self._candidates(exclude=instance_id) if claim(c)), None)
+            if new is None:
+                self._raise_if_out_of_capacity(datetime.fromisoformat(done["requested_at"]))
+                return ReplaceStep(done)
+            self._ec2.create_tags(Resources=[new], Tags=[{"Key": SLURM_NODE_TAG, "Value": slurm_node}])
+            done["new_instance_id"] = new
+        return ReplaceStep(done, str(new))
+
+    def _terminate(self, instance_id: str) -> None:
         found = self._describe([instance_id])
         if not found or found[0]["State"]["Name"] in _GONE:
-            return False
+            return
         if instance_id not in {i["InstanceId"] for i in self._group_instances()}:
-            return False
+            return
         try:
             self._asg.terminate_instance_in_auto_scaling_group(
-                InstanceId=instance_id, ShouldDecrementDesiredCapacity=False
-            )
+                InstanceId=instance_id, ShouldDecrementDesiredCapacity=False)
         except ClientError as exc:
             raise ReplacementFailedError(f"cannot terminate {instance_id}: {exc}") from exc
-        return True
 
-    def replacement_candidates(self, exclude: str) -> list[str]:
+    def _candidates(self, exclude: str) -> list[str]:
+        """In-service instances that back no Slurm node yet, oldest first."""
         in_service = [
-            i["InstanceId"]
-            for i in self._group_instances()
-            if i["LifecycleState"] == "InService"
-            and i["HealthStatus"] == "Healthy"
-            and i["InstanceId"] != exclude
+            i["InstanceId"] for i in self._group_instances()
+            if i["LifecycleState"] == "InService" and i["HealthStatus"] == "Healthy" and i["InstanceId"] != exclude
         ]
-        instances = [
-            i for i in self._describe(in_service)
-            if i["State"]["Name"] == "running" and ec2_member(i).slurm_node is None
-        ]
+        instances = [i for i in self._describe(in_service)
+                     if i["State"]["Name"] == "running" and ec2_member(i).slurm_node is None]
         instances.sort(key=lambda i: (i["LaunchTime"], i["InstanceId"]))
         return [i["InstanceId"] for i in instances]
 
-    def assign_node(self, instance_id: str, slurm_node: str) -> None:
-        self._ec2.create_tags(
-            Resources=[instance_id], Tags=[{"Key": SLURM_NODE_TAG, "Value": slurm_node}]
-        )
+    def _raise_if_out_of_capacity(self, since: datetime) -> None:
+        """The group launches asynchronously; its newest launch activity since the request says
+        whether EC2 refused it for capacity (the group keeps retrying by itself)."""
+        activities = self._asg.describe_scaling_activities(AutoScalingGroupName=self._group, MaxRecords=20)
+        launches = [a for a in activities.get("Activities", [])
+                    if a.get("StartTime") and a["StartTime"] >= since and "Launching" in a.get("Description", "")]
+        if not launches:
+            return
+        latest = max(launches, key=lambda a: a["StartTime"])
+        message = latest.get("StatusMessage", "")
+        if latest.get("StatusCode") == "Failed" and any(code in message for code in CAPACITY_ERRORS):
+            raise CapacityError(f"Auto Scaling group {self._group} cannot launch a replacement: {message}")
 
-    def reboot(self, instance_id: str) -> None:
-        try:
-            self._ec2.reboot_instances(InstanceIds=[instance_id])
-        except ClientError as exc:
-            raise ReplacementFailedError(f"cannot reboot {instance_id}: {exc}") from exc

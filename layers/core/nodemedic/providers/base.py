@@ -1,12 +1,19 @@
-"""The interface every capacity provider implements (Auto Scaling today; EC2, HyperPod later)."""
+"""The interface every capacity provider implements: EC2 Auto Scaling, plain EC2, HyperPod."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from botocore.exceptions import ClientError
+
 SLURM_NODE_TAG = "nodemedic:slurm-node"
 TOPOLOGY_TAGS = {"nodemedic:rack": "rack", "nodemedic:switch": "switch"}
+
+# Error codes AWS uses when it has no capacity for an instance right now.
+CAPACITY_ERRORS = frozenset({"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
+                             "InsufficientReservedInstanceCapacity", "InsufficientCapacityException"})
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,15 @@ class Member:
                          "switch; what correlated failures share"})
 
 
+@dataclass(frozen=True)
+class ReplaceStep:
+    """Where a replacement stands after one idempotent step: ``progress`` is saved by the caller
+    and handed back on the next step; ``instance_id`` is set once the replacement runs."""
+
+    progress: dict[str, Any]
+    instance_id: str | None = None
+
+
 def ec2_member(instance: dict[str, Any]) -> Member:
     """A member from an EC2 ``DescribeInstances`` record (tags and placement included)."""
     tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
@@ -37,7 +53,18 @@ def ec2_member(instance: dict[str, Any]) -> Member:
                   tags, {k: v for k, v in topology.items() if v})
 
 
+def is_capacity_error(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code", "") in CAPACITY_ERRORS
+
+
+def batches(ids: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(ids), size):
+        yield ids[start:start + size]
+
+
 class Provider(Protocol):
+    kind: str
+
     def member(self, instance_id: str) -> Member | None:
         """The instance if it belongs to the cluster, else None."""
         ...
@@ -48,14 +75,12 @@ class Provider(Protocol):
         """How many nodes the cluster is meant to have (what breaker percentages are of)."""
         ...
 
-    def start_replacement(self, instance_id: str) -> bool:
-        """Ask for a replacement of ``instance_id``; False if it was already on its way out."""
+    def reboot(self, instance_ids: list[str]) -> None:
+        """Reboot these instances (in as few calls as the API allows)."""
         ...
 
-    def replacement_candidates(self, exclude: str) -> list[str]:
-        """In-service instances that back no Slurm node yet, oldest first."""
+    def replace(self, instance_id: str, slurm_node: str, progress: dict[str, Any],
+                claim: Callable[[str], bool]) -> ReplaceStep:
+        """One idempotent step toward a healthy instance behind ``slurm_node``. Raises
+        :class:`~nodemedic.errors.CapacityError` when AWS has no capacity for it now."""
         ...
-
-    def assign_node(self, instance_id: str, slurm_node: str) -> None: ...
-
-    def reboot(self, instance_id: str) -> None: ...

@@ -13,7 +13,7 @@ from nodemedic.contracts.events import (
     RunbookEnvelope,
     TriggerEvent,
 )
-from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, StageRecord
+from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, StageRecord, default_ladder
 from nodemedic.contracts.problems import describe
 from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, parse_overrides
@@ -116,9 +116,10 @@ def detect(
     confidence: Confidence = "high"  # an operator's request is a signal of its own
     if fault.requested_action:
         fault_class, action, reason = "manual", fault.requested_action, fault.requested_reason
+        ladder = default_ladder(action)
     else:
         c = classify(fault.fault_code, parse_overrides(overrides_json))
-        fault_class, action, reason, confidence = c.fault_class, c.action, c.reason, c.confidence
+        fault_class, action, reason, confidence, ladder = c.fault_class, c.action, c.reason, c.confidence, c.ladder
     if action == "monitor":
         return DetectOutput(decision="monitor", reason=reason)
     folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control)
@@ -138,6 +139,7 @@ def detect(
         source=fault.source,
         observed_at=fault.observed_at,
         confidence=confidence,
+        ladder=ladder,
     )
     incident = Incident(
         **ref.model_dump(),

@@ -1,8 +1,13 @@
 """Deep health check: run the check on the instance through SSM; unhealthy never returns.
 
-The same check also *verifies* an ambiguous fault before anything destructive happens: a
-healthy node ends the incident (not corroborated, node untouched); an unhealthy one is the
-second signal, and remediation goes on.
+After each rung of the repair ladder the check is a *callback*: :func:`start_check` sends the
+SSM command and returns; the state machine waits on its task token; SSM's "EC2 Command
+Invocation Status-change Notification" event invokes :func:`complete_check`, which reads the
+report and answers the token. No Lambda waits and no state polls.
+
+The same check also *verifies* an ambiguous fault before anything destructive happens
+(:func:`verify`, a short synchronous run): a healthy node ends the incident (not corroborated,
+node untouched); an unhealthy one is the second signal, and remediation goes on.
 """
 
 from __future__ import annotations
@@ -13,8 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from nodemedic.contracts.incident import IncidentRef
-from nodemedic.contracts.stages import HealthCheckOutput
-from nodemedic.errors import HealthCheckFailedError
+from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput
 from nodemedic.providers.run_command import CommandResult, RunCommand
 from nodemedic.safety.gate import lineage_keys
 from nodemedic.store.control import ControlStore
@@ -40,32 +44,64 @@ def parse_report(result: CommandResult) -> tuple[bool, list[dict[str, Any]]]:
     return bool(report["healthy"]) and result.ok, checks
 
 
-def health_check(
+def start_check(
     incident: IncidentRef,
     instance_id: str,
+    level: CheckLevel,
+    task_token: str,
     *,
-    runner: RunCommand,
+    ssm: Any,
     ledger: Ledger,
+    document: str,
     command: str,
     timeout_s: int,
     clock: Callable[[], datetime],
-) -> HealthCheckOutput:
-    record = ledger.start_stage(incident, "health_check", clock())
-    if record.completed_at:
-        return HealthCheckOutput.model_validate(record.result)
-    result = runner.run(instance_id, command, timeout_s, f"deep health check {instance_id}")
+) -> str:
+    """Send the deep health check to the instance and return at once: the state machine waits on
+    ``task_token``, which :func:`complete_check` answers when SSM reports the command ended."""
+    record = ledger.start_stage(incident, "repair", clock())
+    rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
+    sent = ssm.send_command(
+        InstanceIds=[instance_id], DocumentName=document, Comment=f"nodemedic {level} check {incident.slurm_node}"[:100],
+        TimeoutSeconds=max(30, timeout_s), Parameters={"commands": [command], "executionTimeout": [str(timeout_s)]},
+    )
+    command_id = str(sent["Command"]["CommandId"])
+    ledger.save_check(command_id, incident.incident_id, task_token,
+                      {"instance_id": instance_id, "level": level, "incident": incident.model_dump(mode="json")})
+    if rungs:
+        rungs[-1]["check"] = {"level": level, "command_id": command_id, "instance_id": instance_id,
+                              "started_at": clock().isoformat()}
+        ledger.record_progress(incident, "repair", {"rungs": rungs})
+    return command_id
+
+
+def complete_check(
+    command_id: str, *, ssm: Any, stepfunctions: Any, ledger: Ledger, clock: Callable[[], datetime]
+) -> HealthCheckOutput | None:
+    """SSM says the check's command ended: read its report, record it, answer the waiting task.
+    None when no check waits on this command (another command, or answered already)."""
+    taken = ledger.take_check(command_id)
+    if taken is None:
+        return None
+    _, token, detail = taken
+    incident = IncidentRef.model_validate(detail["incident"])
+    inv = ssm.get_command_invocation(CommandId=command_id, InstanceId=detail["instance_id"])
+    result = CommandResult(detail["instance_id"], command_id, inv["Status"], int(inv.get("ResponseCode", -1)),
+                           inv.get("StandardOutputContent", ""), inv.get("StandardErrorContent", ""))
     healthy, checks = parse_report(result)
-    out = HealthCheckOutput(instance_id=instance_id, healthy=healthy, checks=checks)
-    if not healthy:
-        ledger.record_progress(incident, "health_check", out.model_dump(mode="json"))
-        failed = ", ".join(
-            f"{c.get('name')}: {c.get('detail', 'failed')}" for c in checks if not c.get("ok")
-        )
-        raise HealthCheckFailedError(
-            f"{instance_id} failed its deep health check ({failed or result.status}); "
-            f"{incident.slurm_node} stays drained"
-        )
-    ledger.complete_stage(incident, "health_check", clock(), out.model_dump(mode="json"))
+    out = HealthCheckOutput(instance_id=result.instance_id, healthy=healthy, checks=checks, level=detail["level"])
+    record = ledger.get(incident.incident_id).stages.get("repair")
+    rungs: list[dict[str, Any]] = list(record.result.get("rungs", [])) if record else []  # type: ignore[call-overload]
+    if rungs and rungs[-1].get("check", {}).get("command_id") == command_id:
+        rungs[-1]["check"].update(healthy=healthy, checks=checks, ended_at=clock().isoformat())
+        ledger.record_progress(incident, "repair", {"rungs": rungs})
+        if healthy:  # the ladder ends here
+            ledger.complete_stage(incident, "repair", clock(), {**record.result, "rungs": rungs})  # type: ignore[union-attr]
+    try:
+        stepfunctions.send_task_success(taskToken=token, output=out.model_dump_json())
+    except (stepfunctions.exceptions.TaskTimedOut, stepfunctions.exceptions.TaskDoesNotExist,
+            stepfunctions.exceptions.InvalidToken):
+        return out  # the state machine stopped waiting (the rung timed out) and has moved on
     return out
 
 

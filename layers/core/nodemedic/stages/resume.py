@@ -1,35 +1,119 @@
-"""Resume: return the node to service (only if the pipeline drained it) and close the incident."""
+"""Resume: put the repaired node back (in service, or in the spare pool), see the requeued jobs
+RUNNING again, record job downtime, close the incident. Or end it unrecovered: quarantined
+(the node failed its last check) or escalated (no capacity), the node drained, on-call paged.
+
+The node is only touched if the pipeline drained it: an operator's drain is left alone.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import datetime
 
 from nodemedic.contracts.incident import IncidentRef
-from nodemedic.contracts.stages import ResumeOutput
+from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, ResumeOutput
+from nodemedic.errors import JobsPendingError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.drain import owner_tag
+from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
+
+POLL_PER_CALL_S = 5.0  # then the state machine retries: no Lambda idles for long
+
+
+def await_jobs(
+    incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, wait_s: float,
+    clock: Callable[[], datetime], sleep: Callable[[float], None] = time.sleep,
+) -> JobsOutput:
+    """See the jobs the drain requeued RUNNING again; record each one's downtime = its new start
+    - the fault (``observed_at``), by the scheduler's clock. Polls a few seconds per invocation,
+    then raises :class:`JobsPendingError` (the state machine retries) until ``wait_s`` after the
+    stage began; after that the jobs still pending are recorded as such."""
+    record = ledger.start_stage(incident, "jobs", clock())
+    if record.completed_at:
+        return JobsOutput.model_validate(record.result)
+    drained = ledger.get(incident.incident_id).stages.get("drain")
+    requeued = [str(j) for j in (drained.result.get("requeued_jobs", []) if drained else [])]  # type: ignore[union-attr]
+    give_up = record.started_at.timestamp() + wait_s
+    this_call = time.monotonic() + POLL_PER_CALL_S
+    origin = incident.observed_at.timestamp()
+    while True:
+        states = orchestrator.job_states(requeued)
+        running = {j: round(s.started_at - origin, 3) for j, s in states.items()
+                   if s.state == "RUNNING" and s.started_at is not None}
+        pending = [j for j, s in states.items() if s.state != "GONE" and j not in running]
+        if not pending or clock().timestamp() >= give_up:
+            break
+        if time.monotonic() >= this_call:
+            raise JobsPendingError(f"jobs {', '.join(pending)} of {incident.slurm_node} are not RUNNING yet")
+        sleep(1.0)
+    out = JobsOutput(running=running, pending=sorted(pending),
+                     job_downtime_s=max(running.values()) if running else None)
+    ledger.complete_stage(incident, "jobs", clock(), out.model_dump(mode="json"))
+    return out
 
 
 def resume(
-    incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str, clock: Callable[[], datetime]
+    incident: IncidentRef, destination: Destination, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str,
+    job_wait_s: float, clock: Callable[[], datetime],
 ) -> ResumeOutput:
     record = ledger.start_stage(incident, "resume", clock())
     if record.completed_at:
         return ResumeOutput.model_validate(record.result)
     status = orchestrator.node_status(incident.slurm_node)
-    resumed = status.drained_by(owner_tag(prefix, incident))
-    if resumed:
-        orchestrator.resume(incident.slurm_node)
-        status = orchestrator.node_status(incident.slurm_node)
+    if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
+        resumed = bool(record.result["resumed"])
+    else:
+        resumed = status.drained_by(owner_tag(prefix, incident))
+        if resumed and destination == "pool":
+            orchestrator.add_spare(incident.slurm_node)
+            ledger.release(SPARE, incident.slurm_node)
+        elif resumed:
+            orchestrator.resume(incident.slurm_node)
+        if resumed:
+            status = orchestrator.node_status(incident.slurm_node)
+        ledger.record_progress(incident, "resume", {"resumed": resumed})
+    jobs = await_jobs(incident, orchestrator=orchestrator, ledger=ledger, wait_s=job_wait_s, clock=clock)
     done = clock()
     out = ResumeOutput(
-        slurm_node=incident.slurm_node,
-        resumed=resumed,
-        node_state=status.state,
-        time_to_recover_s=(done - incident.observed_at).total_seconds(),
+        slurm_node=incident.slurm_node, resumed=resumed, destination=destination, node_state=status.state,
+        time_to_recover_s=(done - incident.observed_at).total_seconds(), jobs=jobs,
     )
     ledger.complete_stage(incident, "resume", done, out.model_dump(mode="json"))
-    ledger.close(incident, done)
+    ledger.close(incident, done, f"node back in the spare pool ({status.state})" if destination == "pool" and resumed
+                 else "" if resumed else f"{incident.slurm_node} was drained by an operator: left drained")
     return out
+
+
+def end_unrecovered(
+    incident: IncidentRef, status: str, *, ledger: Ledger, clock: Callable[[], datetime],
+    error: dict[str, str | None] | None = None,
+) -> EndOutput:
+    """The ladder could not bring the node back: keep it drained (and its lock: later events
+    fold into this incident), mark why, and say what the on-call must do."""
+    repair = ledger.get(incident.incident_id).stages.get("repair")
+    rungs = list(repair.result.get("rungs", [])) if repair else []  # type: ignore[call-overload]
+    tried = ", ".join(f"{r['rung']} ({r['instance_id']}: "
+                      f"{'healthy' if r.get('check', {}).get('healthy') else 'unhealthy'})" for r in rungs) or "none"
+    if status == "quarantined":
+        last = rungs[-1] if rungs else {}
+        failed = "; ".join(f"{c.get('name')}: {c.get('detail', 'failed')}"
+                           for c in last.get("check", {}).get("checks", []) if not c.get("ok"))
+        message = (f"NodeMedic quarantined {incident.slurm_node} ({last.get('instance_id', incident.instance_id)}) "
+                   f"in incident {incident.incident_id}: it failed the deep health check after every rung of its "
+                   f"ladder ({tried}); last failure: {failed or 'no answer'}. The node stays drained and is never "
+                   f"returned to service by automation. Escalated: replace or investigate it by hand.")
+    else:
+        cause = (error or {}).get("Cause") or (error or {}).get("Error") or "unknown"
+        message = (f"NodeMedic escalated incident {incident.incident_id} for {incident.slurm_node}: "
+                   f"no capacity to repair it after retries ({cause}). Rungs tried: {tried}. The node stays "
+                   f"drained; start a replace runbook for it (events/runbooks/replace-node.json) when capacity "
+                   f"returns.")
+    if repair and not repair.completed_at:
+        ledger.complete_stage(incident, "repair", clock(), repair.result)
+    if rungs and rungs[-1]["instance_id"] != incident.instance_id:  # a replacement backs the node now
+        ledger.lock(incident, rungs[-1]["instance_id"])
+    if ledger.get(incident.incident_id).status == "open":
+        ledger.end(incident, status, clock(), message, release_node=False)  # type: ignore[arg-type]
+    return EndOutput(status=status, message=message)  # type: ignore[arg-type]

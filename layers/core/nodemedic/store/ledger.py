@@ -6,12 +6,15 @@ Items (partition key ``pk``):
   in the same transaction as the incident with ``attribute_not_exists(pk)``. A closed incident
   releases it; a failed one keeps it, so later events for that node are deduplicated until an
   operator has dealt with the node.
-- ``CLAIM#<instance>``: a replacement instance taken by one incident, so two concurrent
-  replacements never take the same new instance.
+- ``CLAIM#<kind>#<key>``: a replacement instance or a hot spare taken by one incident, so two
+  concurrent incidents never take the same one.
+- ``CHECK#<command id>``: a deep health check waiting for its SSM command to end, with the
+  Step Functions task token that its result completes.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -97,6 +100,21 @@ class Ledger:
             self.count_duplicate(existing, incident.incident_id)
             return existing
         return None
+
+    def lock(self, ref: IncidentRef, instance_id: str) -> bool:
+        """Also lock ``instance_id`` (a replacement now backing the node) for this incident, so
+        its events fold into it; False if another incident holds it."""
+        try:
+            self._db.put_item(TableName=self._table, Item={
+                **_lock_key(ref.cluster, instance_id), "incident_id": {"S": ref.incident_id},
+                "slurm_node": {"S": ref.slurm_node}},
+                ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
+                ExpressionAttributeValues={":id": {"S": ref.incident_id}})
+        except ClientError as exc:
+            if condition_failed(exc):
+                return False
+            raise
+        return True
 
     def active_incident_id(self, cluster: str, instance_id: str) -> str | None:
         lock = self.node_lock(cluster, instance_id)
@@ -267,12 +285,13 @@ class Ledger:
                 request = resp.get("UnprocessedKeys") or {}
         return out
 
-    def claim_instance(self, instance_id: str, incident_id: str) -> bool:
-        """Take a replacement instance for an incident; False if another incident has it."""
+    def claim(self, kind: str, key: str, incident_id: str) -> bool:
+        """Take ``key`` (a replacement instance, a hot spare) for an incident; False if another
+        incident has it. The claim holds until :meth:`release`."""
         try:
             self._db.put_item(
                 TableName=self._table,
-                Item={"pk": {"S": f"CLAIM#{instance_id}"}, "incident_id": {"S": incident_id}},
+                Item={"pk": {"S": f"CLAIM#{kind}#{key}"}, "incident_id": {"S": incident_id}},
                 ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
                 ExpressionAttributeValues={":id": {"S": incident_id}},
             )
@@ -281,6 +300,25 @@ class Ledger:
                 return False
             raise
         return True
+
+    def release(self, kind: str, key: str) -> None:
+        self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"CLAIM#{kind}#{key}"}})
+
+    # -- deep health checks waiting for their SSM result ---------------------------------
+    def save_check(self, command_id: str, incident_id: str, task_token: str, detail: dict[str, Any]) -> None:
+        self._db.put_item(TableName=self._table, Item={
+            "pk": {"S": f"CHECK#{command_id}"}, "incident_id": {"S": incident_id},
+            "task_token": {"S": task_token}, "doc": {"S": json.dumps(detail)}})
+
+    def take_check(self, command_id: str) -> tuple[str, str, dict[str, Any]] | None:
+        """The waiting check of ``command_id`` (incident id, task token, detail), removed so that
+        it completes once; None if no check waits on that command."""
+        resp = self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"CHECK#{command_id}"}},
+                                    ReturnValues="ALL_OLD")
+        item = resp.get("Attributes")
+        if not item:
+            return None
+        return item["incident_id"]["S"], item["task_token"]["S"], json.loads(item["doc"]["S"])
 
 
 def _from_item(item: dict[str, Any]) -> Incident:

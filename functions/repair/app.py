@@ -1,0 +1,30 @@
+"""Repair stage: the next rung of the escalation ladder (GPU reset, reboot, replace)."""
+
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from nodemedic import wiring
+from nodemedic.contracts.stages import RepairInput
+from nodemedic.observability import record_durations, seconds_since_fault, utc_now
+from nodemedic.settings import settings
+from nodemedic.stages.repair import repair
+
+logger = Logger()
+metrics = Metrics()
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    request = RepairInput.model_validate(event)
+    incident = request.incident
+    logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
+    s = settings()
+    out = repair(incident, request.destination, provider=wiring.provider(), runner=wiring.run_command(),
+                 ledger=wiring.ledger(), gpu_reset_command=s.gpu_reset_command, join_command=s.node_join_command,
+                 timeout_s=s.command_timeout_seconds,
+                 check_timeout_s=s.health_check_timeout_seconds, clock=utc_now)
+    logger.info("rung done", rung=out.rung, attempt=out.attempt, instance=out.instance_id, level=out.level)
+    record_durations(metrics, incident, {"TimeToRepair": seconds_since_fault(incident)})
+    return out.model_dump(mode="json")

@@ -1,0 +1,79 @@
+"""Plain EC2 instances (no Auto Scaling group): the cluster is the instances tagged
+``nodemedic:cluster=<cluster>``. Reboot = ``RebootInstances``; replace = stop and start, which
+moves the instance to new hardware and keeps its id, volumes and Slurm identity."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from nodemedic.errors import CapacityError, ReplacementFailedError
+from nodemedic.providers.base import Member, ReplaceStep, ec2_member, is_capacity_error
+
+CLUSTER_TAG = "nodemedic:cluster"
+_LIVE = ["pending", "running", "stopping", "stopped"]
+
+
+class EC2Provider:
+    kind = "ec2"
+
+    def __init__(self, ec2: Any, cluster: str) -> None:
+        self._ec2 = ec2
+        self._cluster = cluster
+
+    def _instances(self, *filters: dict[str, Any]) -> list[dict[str, Any]]:
+        pages = self._ec2.get_paginator("describe_instances").paginate(Filters=[
+            {"Name": f"tag:{CLUSTER_TAG}", "Values": [self._cluster]},
+            {"Name": "instance-state-name", "Values": _LIVE}, *filters])
+        return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+    def member(self, instance_id: str) -> Member | None:
+        found = self._instances({"Name": "instance-id", "Values": [instance_id]})
+        return ec2_member(found[0]) if found else None
+
+    def member_by_node(self, slurm_node: str) -> Member | None:
+        found = [ec2_member(i) for i in self._instances()]
+        return next((m for m in found if m.slurm_node == slurm_node), None)
+
+    def size(self) -> int:
+        return len(self._instances())
+
+    def reboot(self, instance_ids: list[str]) -> None:
+        try:
+            self._ec2.reboot_instances(InstanceIds=instance_ids)
+        except ClientError as exc:
+            raise ReplacementFailedError(f"cannot reboot {', '.join(instance_ids)}: {exc}") from exc
+
+    def replace(self, instance_id: str, slurm_node: str, progress: dict[str, Any],
+                claim: Callable[[str], bool]) -> ReplaceStep:
+        done = dict(progress)
+        state = self._state(instance_id)
+        if not done.get("stop_requested"):
+            if state in ("pending", "running"):
+                self._call("stop_instances", instance_id)
+            done["stop_requested"] = True
+            state = self._state(instance_id)
+        if state == "stopped":
+            self._call("start_instances", instance_id)
+            done["start_requested"] = True
+            state = self._state(instance_id)
+        if state == "running" and done.get("start_requested"):
+            return ReplaceStep(done, instance_id)
+        return ReplaceStep(done)  # stopping, or starting: the next step looks again
+
+    def _state(self, instance_id: str) -> str:
+        found = self._instances({"Name": "instance-id", "Values": [instance_id]})
+        if not found:
+            raise ReplacementFailedError(f"instance {instance_id} is gone (terminated?); it cannot be stopped "
+                                         f"and started")
+        return str(found[0]["State"]["Name"])
+
+    def _call(self, operation: str, instance_id: str) -> None:
+        try:
+            getattr(self._ec2, operation)(InstanceIds=[instance_id])
+        except ClientError as exc:
+            if is_capacity_error(exc):
+                raise CapacityError(f"EC2 has no capacity to start {instance_id} again: {exc}") from exc
+            raise ReplacementFailedError(f"{operation} {instance_id}: {exc}") from exc

@@ -1,0 +1,105 @@
+"""Repair: climb the incident's escalation ladder (GPU reset -> reboot -> replace), one rung per
+invocation. Each rung is followed by a deep health check (the state machine's callback task);
+a failed or unanswered check sends the state machine back here for the next rung.
+
+The rungs and their checks are recorded in the ``repair`` stage, step by step, so a retried
+invocation continues the rung it was on: one reboot, one termination, one replacement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.stages import Destination, RepairOutput
+from nodemedic.errors import IncidentStateError, ReplacementPendingError
+from nodemedic.providers.base import Provider
+from nodemedic.providers.run_command import RunCommand
+from nodemedic.store.ledger import Ledger
+
+REPLACEMENT = "replacement"
+NO_ANSWER = {"healthy": False, "checks": [{"name": "answer", "ok": False,
+                                           "detail": "the deep health check did not answer in time"}]}
+
+
+def repair(
+    incident: IncidentRef,
+    destination: Destination,
+    *,
+    provider: Provider,
+    runner: RunCommand,
+    ledger: Ledger,
+    gpu_reset_command: str,
+    join_command: str,
+    timeout_s: int,
+    check_timeout_s: int,
+    clock: Callable[[], datetime],
+) -> RepairOutput:
+    record = ledger.start_stage(incident, "repair", clock())
+    rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
+    ladder = incident.rungs
+    level = "full" if destination == "pool" else "quick"
+    if rungs and rungs[-1].get("done_at"):
+        last = rungs[-1]
+        check = last.get("check")
+        if check is None:  # a retried invocation: the rung is done, its check not started
+            return _output(incident, len(rungs), last, level, check_timeout_s)
+        if check.get("healthy") is None:  # the check was started and never answered
+            last["check"] = {**check, **NO_ANSWER, "ended_at": clock().isoformat()}
+        elif check.get("healthy"):
+            raise IncidentStateError(f"incident {incident.incident_id}: {last['instance_id']} passed its check; "
+                                     "nothing left to repair")
+        if len(rungs) >= len(ladder):
+            raise IncidentStateError(f"incident {incident.incident_id}: the ladder {list(ladder)} is exhausted")
+    if not rungs or rungs[-1].get("done_at"):
+        instance = rungs[-1]["instance_id"] if rungs else incident.instance_id
+        rungs.append({"rung": ladder[len(rungs)], "instance_id": instance, "started_at": clock().isoformat()})
+        ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
+    current = rungs[-1]
+    current["instance_id"] = _climb(incident, current, provider=provider, runner=runner, ledger=ledger,
+                                    gpu_reset_command=gpu_reset_command, join_command=join_command,
+                                    timeout_s=timeout_s, save=lambda: ledger.record_progress(
+                                        incident, "repair", {"rungs": rungs}))
+    current["done_at"] = clock().isoformat()
+    ledger.record_progress(incident, "repair", {"rungs": rungs})
+    return _output(incident, len(rungs), current, level, check_timeout_s)
+
+
+def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], level: str,
+            check_timeout_s: int) -> RepairOutput:
+    return RepairOutput(rung=rung["rung"], attempt=attempt, instance_id=rung["instance_id"], level=level,  # type: ignore[arg-type]
+                        last=attempt >= len(incident.rungs), check_timeout_s=check_timeout_s)
+
+
+def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, runner: RunCommand,
+           ledger: Ledger, gpu_reset_command: str, join_command: str, timeout_s: int,
+           save: Callable[[], None]) -> str:
+    """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
+    instance = str(rung["instance_id"])
+    if rung["rung"] == "gpu_reset":
+        if not rung.get("reset"):
+            result = runner.run(instance, gpu_reset_command, timeout_s, f"GPU reset {incident.slurm_node}")
+            rung["reset"] = {"status": result.status, "exit_code": result.exit_code,
+                             "output": (result.stderr or result.stdout).strip()[-300:]}
+            save()
+        return instance
+    if rung["rung"] == "reboot":
+        if not rung.get("rebooted"):
+            provider.reboot([instance])
+            rung["rebooted"] = True
+            save()
+        return instance
+    step = provider.replace(instance, incident.slurm_node, dict(rung.get("progress", {})),
+                            claim=lambda candidate: ledger.claim(REPLACEMENT, candidate, incident.incident_id))
+    rung["progress"] = step.progress
+    save()
+    if step.instance_id is None:
+        raise ReplacementPendingError(f"the replacement for {instance} ({incident.slurm_node}) is not running yet")
+    if not rung.get("joined"):
+        script = join_command.replace("{slurm_node}", incident.slurm_node)
+        runner.run_checked(step.instance_id, script, timeout_s, f"join {incident.slurm_node}")
+        rung["joined"] = True
+        save()
+    return step.instance_id

@@ -1,0 +1,55 @@
+"""Hot spares: swap a pre-validated standby node into service the moment a node is drained.
+
+The pool is the nodes of one Slurm reservation (``SpareReservation``, ``users=root``,
+``flags=ignore_jobs``): idle, healthy, and unusable by jobs that do not name the reservation.
+Taking a spare removes it from the reservation, so the requeued job (the oldest pending job)
+starts on it at once. The failed node is repaired off the critical path, passes the *full* deep
+health check and joins the reservation in the spare's place (see :mod:`nodemedic.stages.resume`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.stages import SpareOutput
+from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.store.ledger import Ledger
+
+SPARE = "spare"
+
+
+def ready(state: str) -> bool:
+    """A spare can take a job: idle, not drained, down or unanswering."""
+    flags = set(state.split("+"))
+    return "IDLE" in flags and not flags & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "NOT_RESPONDING", "FAIL"}
+
+
+def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, pool_size: int,
+            clock: Callable[[], datetime]) -> SpareOutput:
+    record = ledger.start_stage(incident, "spare", clock())
+    if record.completed_at:
+        return SpareOutput.model_validate(record.result)
+    spare = record.result.get("spare")
+    if pool_size == 0:
+        out = SpareOutput(spare=None, destination="service", pool=[],
+                          reason="no hot-spare pool configured (HotSpares=0): replace, then resume")
+    else:
+        pool = orchestrator.spares()
+        if not spare:
+            candidates = sorted(s.name for s in pool if ready(s.state) and s.name != incident.slurm_node)
+            spare = next((name for name in candidates if ledger.claim(SPARE, name, incident.incident_id)), None)
+            ledger.record_progress(incident, "spare", {"spare": spare})
+        if spare:
+            orchestrator.take_spare(str(spare))
+            left = sorted(s.name for s in pool if s.name != spare)
+            out = SpareOutput(spare=str(spare), destination="pool", pool=left,
+                              reason=f"{spare} left the spare pool to take {incident.slurm_node}'s jobs; "
+                                     f"{incident.slurm_node} joins the pool once repaired and fully checked")
+        else:
+            unready = ", ".join(f"{s.name} ({s.state})" for s in pool) or "none"
+            out = SpareOutput(spare=None, destination="service", pool=sorted(s.name for s in pool),
+                              reason=f"no ready spare (pool: {unready}): replace, then resume")
+    ledger.complete_stage(incident, "spare", clock(), out.model_dump(mode="json"))
+    return out

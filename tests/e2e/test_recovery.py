@@ -1,0 +1,123 @@
+"""Recovery on the local stack with real Slurm: hot spares, the escalation ladder, capacity."""
+
+from datetime import datetime
+
+from nodemedic_sandbox.local import LocalMode
+
+from tests.e2e.support import job_running, running_job, stack
+
+# every remediation admitted at once (the safety rails have their own tests)
+OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+
+
+def _at(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp)
+
+
+def test_a_job_hit_by_xid79_runs_on_a_hot_spare_while_the_node_is_replaced_off_the_critical_path() -> None:
+    with stack(nodes=4, spares=2, boot_seconds=3, **OPEN) as local:
+        assert local.cluster.spare_pool() == ["gpu-5", "gpu-6"]
+        job_a, nodes_a = running_job(local)
+        job_b, nodes_b = running_job(local)
+        assert sorted(nodes_a + nodes_b) == ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]  # the cluster is full
+        sick, other = nodes_a
+        old_instance = local.cluster.instance_of(sick)
+
+        local.put_event(local.health_event(sick, "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=90)
+
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        incident = local.incident(execution["name"])
+        assert incident.status == "closed"
+        spare = incident.stages["spare"].result["spare"]
+        assert spare == "gpu-5"
+        # the job runs again, on the spare, started before the replacement was even asked for
+        restarted = job_running(local, job_a)
+        assert sorted(local.scheduler.hostnames(restarted["NodeList"])) == sorted([other, spare])
+        jobs = incident.stages["jobs"]
+        [rung] = incident.stages["repair"].result["rungs"]
+        assert jobs.completed_at < _at(rung["started_at"])
+        assert jobs.result["running"][job_a] == jobs.result["job_downtime_s"] < 30
+        # the failed node was replaced in the background and joined the pool after its full check
+        assert rung["rung"] == "replace" and rung["instance_id"] != old_instance
+        assert rung["check"]["level"] == "full" and rung["check"]["healthy"]
+        assert {c["name"] for c in rung["check"]["checks"]} >= {"dcgm_diag", "nccl_all_reduce"}
+        assert local.cluster.instance_of(sick) == rung["instance_id"]
+        assert local.cluster.spare_pool() == sorted([sick, "gpu-6"])
+        assert "DRAIN" not in local.scheduler.node(sick)["State"]
+        # the job's downtime is a metric, next to MTTR
+        [downtime] = local.metric_values("JobDowntime", Cluster="local", FaultClass="gpu_lost")
+        assert downtime == jobs.result["job_downtime_s"]
+        assert job_running(local, job_b)["Restarts"] == "0"
+
+
+def test_with_the_pool_empty_the_slow_path_replaces_then_resumes() -> None:
+    with stack(nodes=4, spares=1, boot_seconds=3, **OPEN) as local:
+        job, nodes = running_job(local, nodes=4)
+        # two of its nodes fail at once: one incident takes the only spare, the other finds the pool
+        # empty; the 4-node job needs the slow one back
+        local.put_event(local.health_event(nodes[0], "XID 79"))
+        local.put_event(local.health_event(nodes[1], "XID 79"))
+        executions = local.wait_for_executions(2, timeout=120)
+
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        incidents = local.incidents()
+        [spared] = [i for i in incidents if i.stages["spare"].result["spare"]]
+        [slow] = [i for i in incidents if not i.stages["spare"].result["spare"]]
+        assert "no ready spare" in slow.stages["spare"].result["reason"]
+        # the slow path: replaced and checked (quick level) before the node went back to service
+        [rung] = slow.stages["repair"].result["rungs"]
+        assert rung["rung"] == "replace" and rung["check"]["level"] == "quick" and rung["check"]["healthy"]
+        assert slow.status == "closed" and slow.stages["resume"].result["destination"] == "service"
+        # the job runs again on the spare and the replaced node; the replacement's boot was on its path
+        restarted = job_running(local, job)
+        assert {"gpu-5", slow.slurm_node} <= set(local.scheduler.hostnames(restarted["NodeList"]))
+        [requeued_by] = [i for i in incidents if i.stages["drain"].result["requeued_jobs"]]
+        assert requeued_by.stages["jobs"].result["running"].get(job, 0) >= 3, (requeued_by.slurm_node, spared.slurm_node, requeued_by.stages["jobs"], requeued_by.stages["drain"], restarted)
+        # the spared node refilled the pool
+        assert local.cluster.spare_pool() == [spared.slurm_node]
+
+
+def test_the_ladder_climbs_from_gpu_reset_to_reboot_and_stops_at_the_first_healthy_check() -> None:
+    with stack(nodes=4, **OPEN) as local:
+        instance = local.cluster.break_node("gpu-3", fixed_by="reboot")  # a reset does not clear it
+        local.put_event(local.health_event("gpu-3", "XID 48"))
+        [execution] = local.wait_for_executions(1, timeout=90)
+
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        incident = local.incident(execution["name"])
+        rungs = incident.stages["repair"].result["rungs"]
+        assert [(r["rung"], r["check"]["healthy"]) for r in rungs] == [("gpu_reset", False), ("reboot", True)]
+        assert all(r["instance_id"] == instance for r in rungs)  # never replaced
+        assert incident.status == "closed" and local.cluster.instance_of("gpu-3") == instance
+        assert "DRAIN" not in local.scheduler.node("gpu-3")["State"]
+
+
+def test_no_capacity_to_repair_retries_then_escalates_with_the_node_drained() -> None:
+    with stack(nodes=4, Provider="ec2", **OPEN) as local:  # replace = stop/start of the same instance
+        local.aws.ec2_capacity = False
+        local.put_event(local.health_event("gpu-2", "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=90)
+
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        incident = local.incident(execution["name"])
+        assert incident.status == "escalated"
+        assert "InsufficientInstanceCapacity" in incident.outcome
+        attempts = [c for c in local.aws.invocations if c.function.endswith("RepairFunction") or "Repair" in c.function]
+        assert sum(1 for c in attempts if c.error_type == "CapacityError") == 5  # the first try and 4 retries
+        assert "DRAIN" in local.scheduler.node("gpu-2")["State"]
+        [page] = local.escalations()
+        assert "no capacity" in page["Message"] and "gpu-2" in page["Message"]
+
+
+def test_ec2_stop_start_replaces_the_hardware_and_keeps_the_instance() -> None:
+    with stack(nodes=4, Provider="ec2", **OPEN) as local:
+        instance = local.cluster.instance_of("gpu-4")
+        local.put_event(local.health_event("gpu-4", "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=90)
+
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        [rung] = local.incident(execution["name"]).stages["repair"].result["rungs"]
+        assert rung["progress"] == {"stop_requested": True, "start_requested": True}
+        assert rung["instance_id"] == instance == local.cluster.instance_of("gpu-4")
+        assert "DRAIN" not in local.scheduler.node("gpu-4")["State"]
