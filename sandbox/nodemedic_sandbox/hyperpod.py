@@ -39,12 +39,19 @@ class HyperPodEmulation:
             raise ValidationError(message=f"Could not find cluster '{name}'.")
         return cluster
 
-    def adopt(self, cluster_name: str, hostnames: list[str]) -> list[str]:
-        """Give the nodes moto created instance ids and the host names Slurm knows them by."""
+    def create_cluster(self, cluster_name: str, hostnames: list[str],
+                       instance_type: str = "ml.p5.48xlarge") -> list[str]:
+        """A HyperPod cluster of one instance group whose nodes have instance ids and the host names
+        Slurm knows them by. (moto's CreateCluster handler reads ``TargetCount``, which boto3 does
+        not accept, so the cluster is created in the backend directly.)"""
+        sagemaker_backends[self.account_id][self.region].create_cluster(
+            cluster_name=cluster_name, vpc_config={}, tags=[], instance_groups=[{
+                "InstanceGroupName": "workers", "InstanceType": instance_type, "TargetCount": len(hostnames),
+                "InstanceCount": len(hostnames), "ExecutionRole": f"arn:aws:iam::{self.account_id}:role/hyperpod",
+                "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle/", "OnCreate": "on_create.sh"},
+                "ThreadsPerCore": 1}])
         cluster = self._cluster(cluster_name)
         nodes = list(cluster.nodes.values())
-        if len(nodes) != len(hostnames):
-            raise ValueError(f"{cluster_name} has {len(nodes)} nodes, {len(hostnames)} host names given")
         cluster.nodes.clear()
         for node, host in zip(nodes, hostnames, strict=True):
             node.instance_id = _instance_id()

@@ -162,12 +162,24 @@ class _Host:
         self.reboots.extend(instance_ids)
 
 
-def test_the_command_host_hears_of_ec2_reboots(aws: EmbeddedAWS) -> None:
+def test_the_command_host_hears_of_ec2_reboots_and_starts(aws: EmbeddedAWS) -> None:
     ec2 = aws.client("ec2")
     ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=2, MaxCount=2)["Instances"]]
     aws.command_host = host = _Host()
     ec2.reboot_instances(InstanceIds=[ids[1]])
-    assert host.reboots == [ids[1]]
+    ec2.stop_instances(InstanceIds=[ids[0]])
+    ec2.start_instances(InstanceIds=[ids[0]])
+    assert host.reboots == [ids[1], ids[0]]
+
+
+def test_ec2_can_run_out_of_capacity(aws: EmbeddedAWS) -> None:
+    ec2 = aws.client("ec2")
+    [instance] = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=1,
+                                                             MaxCount=1)["Instances"]]
+    ec2.stop_instances(InstanceIds=[instance])
+    aws.ec2_capacity = False
+    with pytest.raises(ec2.exceptions.ClientError, match="InsufficientInstanceCapacity"):
+        ec2.start_instances(InstanceIds=[instance])
 
 
 def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) -> None:
@@ -178,9 +190,31 @@ def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) ->
     ssm = aws.client("ssm")
     cmd = ssm.send_command(InstanceIds=[ids[1]], DocumentName="AWS-RunShellScript",
                            Parameters={"commands": ["exit 3"]})["Command"]["CommandId"]
+    inv = ssm.get_command_invocation(CommandId=cmd, InstanceId=ids[1])  # waits for the background run
     assert host.ran == [(ids[1], "exit 3")]
-    inv = ssm.get_command_invocation(CommandId=cmd, InstanceId=ids[1])
     assert (inv["Status"], inv["ResponseCode"], inv["StandardOutputContent"]) == ("Failed", 3, "out")
+
+
+def test_an_ended_ssm_command_emits_aws_status_change_event(aws: EmbeddedAWS) -> None:
+    ec2, sqs, events = aws.client("ec2"), aws.client("sqs"), aws.client("events")
+    [instance] = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=1,
+                                                             MaxCount=1)["Instances"]]
+    aws.command_host = _Host()
+    url = sqs.create_queue(QueueName="ssm-events")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    events.put_rule(Name="ssm", EventPattern=json.dumps({
+        "source": ["aws.ssm"], "detail-type": ["EC2 Command Invocation Status-change Notification"],
+        "detail": {"document-name": ["MyCheck"]}}))
+    events.put_targets(Rule="ssm", Targets=[{"Id": "q", "Arn": arn}])
+    ssm = aws.client("ssm")
+    cmd = ssm.send_command(InstanceIds=[instance], DocumentName="MyCheck",
+                           Parameters={"commands": ["exit 3"]})["Command"]["CommandId"]
+    deadline = time.monotonic() + 10
+    while not (messages := sqs.receive_message(QueueUrl=url).get("Messages")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    event = json.loads(messages[0]["Body"])
+    assert event["detail"] == {**event["detail"], "command-id": cmd, "instance-id": instance,
+                               "document-name": "MyCheck", "status": "Failed"}
 
 
 def test_an_alarm_state_change_emits_the_event_aws_emits(aws: EmbeddedAWS) -> None:

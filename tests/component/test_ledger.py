@@ -50,10 +50,19 @@ def test_a_closed_incident_frees_the_node_and_a_failed_one_does_not(ledger: Ledg
     assert ledger.open_incident(incident("inc-3")) == "inc-2"
 
 
-def test_a_replacement_instance_is_claimed_by_one_incident(ledger: Ledger) -> None:
-    assert ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-1")
-    assert ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-1"), "claiming again is idempotent"
-    assert not ledger.claim_instance("i-0aaaaaaaaaaaaaaaa", "inc-2")
+def test_a_replacement_instance_or_a_spare_is_claimed_by_one_incident(ledger: Ledger) -> None:
+    assert ledger.claim("replacement", "i-0aaaaaaaaaaaaaaaa", "inc-1")
+    assert ledger.claim("replacement", "i-0aaaaaaaaaaaaaaaa", "inc-1"), "claiming again is idempotent"
+    assert not ledger.claim("replacement", "i-0aaaaaaaaaaaaaaaa", "inc-2")
+    assert ledger.claim("spare", "gpu-9", "inc-1") and not ledger.claim("spare", "gpu-9", "inc-2")
+    ledger.release("spare", "gpu-9")  # the node rejoined the pool: the next incident may take it
+    assert ledger.claim("spare", "gpu-9", "inc-2")
+
+
+def test_a_waiting_check_completes_once(ledger: Ledger) -> None:
+    ledger.save_check("cmd-1", "inc-1", "token-1", {"instance_id": "i-1", "level": "full"})
+    assert ledger.take_check("cmd-1") == ("inc-1", "token-1", {"instance_id": "i-1", "level": "full"})
+    assert ledger.take_check("cmd-1") is None  # a second status event for the command answers nothing
 
 
 def test_a_retried_detect_finds_its_own_incident_opened(ledger: Ledger) -> None:

@@ -1,0 +1,151 @@
+"""The three capacity providers against the embedded AWS: Auto Scaling, plain EC2, HyperPod."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from nodemedic.errors import CapacityError
+from nodemedic.providers.autoscaling import AutoScalingProvider
+from nodemedic.providers.base import SLURM_NODE_TAG
+from nodemedic.providers.ec2 import CLUSTER_TAG, EC2Provider
+from nodemedic.providers.hyperpod import BATCH_LIMIT, HyperPodProvider
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+
+IMAGE = "ami-12345678"
+
+
+@pytest.fixture
+def aws():
+    with EmbeddedAWS() as embedded:
+        yield embedded
+
+
+def _claim_all(_: str) -> bool:
+    return True
+
+
+def _group(aws: EmbeddedAWS, size: int = 3) -> list[str]:
+    ec2, asg = aws.client("ec2"), aws.client("autoscaling")
+    ec2.create_launch_template(LaunchTemplateName="gpu-lt", LaunchTemplateData={"ImageId": IMAGE})
+    asg.create_auto_scaling_group(AutoScalingGroupName="g", MinSize=size, MaxSize=size + 1, DesiredCapacity=size,
+                                  LaunchTemplate={"LaunchTemplateName": "gpu-lt"}, AvailabilityZones=["us-east-1a"])
+    ids = sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups()["AutoScalingGroups"][0]["Instances"])
+    for n, instance in enumerate(ids, 1):
+        ec2.create_tags(Resources=[instance], Tags=[{"Key": SLURM_NODE_TAG, "Value": f"gpu-{n}"}])
+    return ids
+
+
+def test_autoscaling_replace_terminates_then_claims_and_tags_the_new_instance(aws: EmbeddedAWS) -> None:
+    old = _group(aws)[0]
+    provider = AutoScalingProvider(aws.client("autoscaling"), aws.client("ec2"), "g")
+    refused: list[str] = []
+    step = provider.replace(old, "gpu-1", {}, claim=lambda c: not refused.append(c) and len(refused) > 1)
+    assert step.instance_id is None and step.progress["requested_at"]  # the first candidate was taken by another
+    step = provider.replace(old, "gpu-1", step.progress, claim=_claim_all)
+    assert step.instance_id not in (None, old)
+    assert provider.member_by_node("gpu-1").instance_id == step.instance_id
+    assert provider.size() == 3
+    # a retried step changes nothing: same replacement, no second termination
+    assert provider.replace(old, "gpu-1", step.progress, claim=_claim_all).instance_id == step.instance_id
+
+
+class _ActivitiesSay:
+    """moto never records scaling activities; this client says the group's last launch failed."""
+
+    def __init__(self, client: Any, message: str) -> None:
+        self._client, self._message = client, message
+
+    def describe_scaling_activities(self, **_: Any) -> dict[str, Any]:
+        return {"Activities": [{"StartTime": datetime.now(UTC) + timedelta(seconds=1), "StatusCode": "Failed",
+                                "Description": "Launching a new EC2 instance.  Status Reason: ...",
+                                "StatusMessage": self._message}]}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_autoscaling_capacity_failure_of_the_groups_launch_is_a_capacity_error(aws: EmbeddedAWS) -> None:
+    ids = _group(aws, size=1)
+    asg = aws.client("autoscaling")
+    asg.update_auto_scaling_group(AutoScalingGroupName="g", MaxSize=1)
+    provider = AutoScalingProvider(_ActivitiesSay(asg, "We currently do not have sufficient p5.48xlarge capacity "
+                                                       "(InsufficientInstanceCapacity)"), aws.client("ec2"), "g")
+    with pytest.raises(CapacityError, match="InsufficientInstanceCapacity"):
+        provider.replace(ids[0], "gpu-1", {}, claim=lambda _: False)
+
+
+def _tagged(aws: EmbeddedAWS, count: int = 2) -> list[str]:
+    ec2 = aws.client("ec2")
+    ids = [i["InstanceId"] for i in ec2.run_instances(ImageId=IMAGE, MinCount=count, MaxCount=count)["Instances"]]
+    for n, instance in enumerate(ids, 1):
+        ec2.create_tags(Resources=[instance], Tags=[{"Key": CLUSTER_TAG, "Value": "c1"},
+                                                    {"Key": SLURM_NODE_TAG, "Value": f"gpu-{n}"}])
+    ec2.run_instances(ImageId=IMAGE, MinCount=1, MaxCount=1)  # not the cluster's
+    return ids
+
+
+def test_ec2_replace_is_a_stop_and_start_of_the_same_instance(aws: EmbeddedAWS) -> None:
+    ids = _tagged(aws)
+    provider = EC2Provider(aws.client("ec2"), "c1")
+    assert provider.size() == 2 and provider.member_by_node("gpu-2").instance_id == ids[1]
+    step = provider.replace(ids[0], "gpu-1", {}, claim=_claim_all)
+    assert step.instance_id == ids[0]
+    assert step.progress == {"stop_requested": True, "start_requested": True}
+    assert provider.member(ids[0]).state == "running"
+
+
+def test_ec2_without_capacity_to_start_again_is_a_capacity_error_and_stays_retryable(aws: EmbeddedAWS) -> None:
+    ids = _tagged(aws)
+    provider = EC2Provider(aws.client("ec2"), "c1")
+    aws.ec2_capacity = False
+    with pytest.raises(CapacityError, match="InsufficientInstanceCapacity"):
+        provider.replace(ids[0], "gpu-1", {}, claim=_claim_all)
+    assert provider.member(ids[0]).state == "stopped"
+    aws.ec2_capacity = True  # capacity is back: the retried rung continues from the stopped instance
+    step = provider.replace(ids[0], "gpu-1", {"stop_requested": True}, claim=_claim_all)
+    assert step.instance_id == ids[0] and provider.member(ids[0]).state == "running"
+
+
+def _hyperpod(aws: EmbeddedAWS, nodes: int) -> list[str]:
+    return aws.hyperpod.create_cluster("hp", [f"ip-10-0-0-{n}" for n in range(1, nodes + 1)])
+
+
+def test_hyperpod_reboots_in_batches_of_at_most_25_nodes(aws: EmbeddedAWS) -> None:
+    ids = _hyperpod(aws, 30)
+    provider = HyperPodProvider(aws.client("sagemaker"), "hp")
+    assert provider.size() == 30
+    assert provider.member(ids[4]).slurm_node == "ip-10-0-0-5"
+    provider.reboot(ids)
+    assert [(op, len(batch)) for op, batch in aws.hyperpod.calls] == [("reboot", BATCH_LIMIT), ("reboot", 5)]
+    assert [i for _, batch in aws.hyperpod.calls for i in batch] == ids
+    with pytest.raises(aws.client("sagemaker").exceptions.ClientError, match="between 1 and 25"):
+        aws.client("sagemaker").batch_reboot_cluster_nodes(ClusterName="hp", NodeIds=ids[:26])
+
+
+def test_hyperpod_replace_brings_a_new_node_under_the_same_slurm_name(aws: EmbeddedAWS) -> None:
+    ids = _hyperpod(aws, 2)
+    provider = HyperPodProvider(aws.client("sagemaker"), "hp")
+    step = provider.replace(ids[0], "ip-10-0-0-1", {}, claim=_claim_all)
+    assert step.instance_id is None and aws.hyperpod.calls == [("replace", [ids[0]])]
+    step = provider.replace(ids[0], "ip-10-0-0-1", step.progress, claim=_claim_all)
+    assert step.instance_id not in (None, ids[0])
+    assert provider.member_by_node("ip-10-0-0-1").instance_id == step.instance_id
+    assert len(aws.hyperpod.calls) == 1  # the second step only looked
+
+
+def test_hyperpod_without_capacity_is_a_capacity_error(aws: EmbeddedAWS) -> None:
+    ids = _hyperpod(aws, 2)
+    aws.hyperpod.capacity = False
+    provider = HyperPodProvider(aws.client("sagemaker"), "hp")
+    step = provider.replace(ids[1], "ip-10-0-0-2", {}, claim=_claim_all)
+    with pytest.raises(CapacityError, match="InsufficientInstanceCapacity"):
+        provider.replace(ids[1], "ip-10-0-0-2", step.progress, claim=_claim_all)
+
+
+def test_hyperpod_unknown_nodes_fail_the_batch_with_their_ids(aws: EmbeddedAWS) -> None:
+    _hyperpod(aws, 1)
+    provider = HyperPodProvider(aws.client("sagemaker"), "hp")
+    with pytest.raises(Exception, match="i-00000000000000000"):
+        provider.reboot(["i-00000000000000000"])
