@@ -12,6 +12,8 @@ from nodemedic import operations
 from nodemedic.contracts.incident import Incident
 from nodemedic.store.control import ControlStore
 from nodemedic_sandbox.local import TERMINAL, LocalMode
+
+from nodemedic_cli.fleet.model import spares_needed
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -35,30 +37,38 @@ def _secs(a: datetime | None, b: datetime | None) -> str:
     return f"{(b - a).total_seconds():.1f}" if a and b else "-"
 
 
+def _ladder(inc: Incident) -> str:
+    repair = inc.stages.get("repair")
+    rungs = repair.result.get("rungs", []) if repair else []
+    mark = {True: "ok", False: "failed", None: "-"}
+    return " > ".join(f"{r['rung']} {mark[r.get('check', {}).get('healthy')]}" for r in rungs) or "-"  # type: ignore[union-attr]
+
+
 def incident_table(incidents: list[Incident]) -> Table:
-    table = Table(title="Incidents (seconds; every duration starts at the fault's observed_at)")
-    for col in ("incident", "node", "fault", "action", "status", "MTTD", "drain", "replace",
-                "health check", "resume", "MTTR"):
-        table.add_column(col, justify="right" if col[0].isupper() or col in (
-            "drain", "replace", "health check", "resume") else "left")
+    table = Table(title="Incidents (seconds from the fault's observed_at)")
+    for col in ("incident", "node", "fault", "status", "MTTD", "drained", "spare", "job back", "ladder",
+                "repaired", "MTTR"):
+        table.add_column(col, justify="right" if col[0].isupper() or col in ("drained", "job back", "repaired")
+                         else "left")
     for inc in sorted(incidents, key=lambda i: i.detected_at):
         stages = inc.stages
 
         def end(name: str, stages: dict[str, Any] = stages) -> datetime | None:
             return stages[name].completed_at if name in stages else None
 
-        prev = inc.detected_at
-        cells = []
-        for name in ("drain", "replace", "health_check", "resume"):
-            cells.append(_secs(prev, end(name)))
-            prev = end(name) or prev
         status = {"closed": "[green]recovered[/]", "failed": "[red]failed, escalated[/]",
-                  "held": "[yellow]held[/]", "quarantined": "[red]quarantined[/]", "denied": "[yellow]denied[/]",
+                  "held": "[yellow]held[/]", "quarantined": "[red]quarantined, escalated[/]",
+                  "escalated": "[red]escalated[/]", "denied": "[yellow]denied[/]",
                   "dry_run": "[cyan]dry run[/]"}.get(inc.status, "[yellow]open[/]")
         if inc.status == "closed" and inc.outcome.startswith("not corroborated"):
             status = "[cyan]not corroborated[/]"
-        table.add_row(inc.incident_id[:8], inc.slurm_node, inc.fault_code, inc.action, status,
-                      _secs(inc.observed_at, inc.detected_at), *cells,
+        spare = stages["spare"].result.get("spare") if "spare" in stages else None
+        jobs = stages["jobs"].result if "jobs" in stages else {}
+        downtime = jobs.get("job_downtime_s")
+        table.add_row(inc.incident_id[:8], inc.slurm_node, inc.fault_code, status,
+                      _secs(inc.observed_at, inc.detected_at), _secs(inc.observed_at, end("drain")),
+                      str(spare or "-"), f"{downtime:.1f}" if isinstance(downtime, float) else "-", _ladder(inc),
+                      _secs(inc.observed_at, end("repair")),
                       _secs(inc.observed_at, inc.closed_at if inc.status == "closed" else None))
     return table
 
@@ -85,6 +95,9 @@ def executions_table(local: LocalMode, labels: dict[str, str]) -> Table:
     return table
 
 
+BOOT_SECONDS = 3.0  # a new or rebooted instance's boot: the published ~900 s, scaled down
+
+
 def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
     console.rule("[bold]NodeMedic local demo")
     started = time.monotonic()
@@ -92,6 +105,7 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
         # the silence sweeper fires every second; a node is silent after 4 s without a heartbeat.
         # The breaker allows 4 of the 6 demo nodes under remediation at once (a real cluster: ~10 %).
         local = LocalMode(nodes=nodes, scheduler=scheduler, retry_time_scale=0.01, schedule_scale=1 / 60,
+                          spares=1, boot_seconds=BOOT_SECONDS,
                           extra_parameters={"HeartbeatSilenceSeconds": "4", "BreakerMaxPercent": "70",
                                             "NodeCooldownMinutes": "0"})
         local.__enter__()
@@ -100,6 +114,13 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
         console.print(f"[bold]Stack:[/] {local.stack.name} from template.yaml "
                       f"({len(local.stack.resources)} resources) in {time.monotonic() - started:.1f}s; "
                       f"bus [cyan]{local.stack.bus_name}[/]")
+        count, empty = spares_needed(256, 0.0005, 25 / 60)
+        console.print(f"[bold]Hot spares:[/] {', '.join(local.spare_names)} in Slurm reservation "
+                      f"{local.cluster.spare_reservation} (HotSpares=1). Sizing: 256 p5 at 0.05 %/instance-hour with "
+                      f"25 min per repair need HotSpares={count} (pool empty for {empty:.2%} of failures; "
+                      "`nodemedic fleet spares`)")
+        console.print(f"[bold]Boot time:[/] a new or rebooted instance answers after {BOOT_SECONDS:.0f} s "
+                      "(the published ~900 s, scaled down)")
         agents = local.start_agents(heartbeat_s=1, poll_s=1)
         console.print(f"[bold]Agents:[/] nodemedic-agent on each of the {nodes} nodes (simulated GPUs, EFA and kernel "
                       "log), heartbeat every 1 s")
@@ -113,16 +134,18 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
         job_nodes = [local.scheduler.hostnames(local.scheduler.job(j)["NodeList"]) for j in jobs]
         for j, ns in zip(jobs, job_nodes, strict=True):
             console.print(f"  job {j} RUNNING on {', '.join(ns)}")
-        idle = [n for n in local.node_names if not any(n in ns for ns in job_nodes)]
+        idle = [n for n in local.node_names if not any(n in ns for ns in job_nodes) and n not in local.spare_names]
         plan = [
-            Injection(job_nodes[0][0], "xid", "XID 79", "GPU 3 fell off the bus under job 1 -> drain, replace",
+            Injection(job_nodes[0][0], "xid", "XID 79", "GPU 3 fell off the bus under job 1 -> drain, the job moves "
+                      "to the hot spare at once; the node is replaced behind it and joins the pool",
                       {"xid": 79, "gpu": 3}),
             Injection(job_nodes[0][0], "xid", "XID 79", "the same XID again -> folded by the agent, no second event",
                       {"xid": 79, "gpu": 3}, starts_execution=False),
-            Injection(job_nodes[1][1], "ecc-dbe", "ECC_DBE", "double-bit ECC under job 2 -> drain, reboot", {"gpu": 5}),
+            Injection(job_nodes[1][1], "ecc-dbe", "ECC_DBE", "double-bit ECC under job 2 -> drain; the pool is empty "
+                      "now, so the ladder runs on the job's path: a GPU reset fixes it", {"gpu": 5}),
             Injection(idle[0], "xid", "XID 13", "application fault -> monitored, node untouched", {"xid": 13, "gpu": 0}),
-            Injection(idle[-1], "gpu-lost", "GPU_LOST", "GPU 6 lost; its replacement fails the health check -> escalate",
-                      {"gpu": 6}, bad_replacement=True),
+            Injection(idle[-1], "gpu-lost", "GPU_LOST", "GPU 6 lost; its replacement fails the deep health check "
+                      "-> quarantined, escalated", {"gpu": 6}, bad_replacement=True),
             Injection(idle[0], "die", "HEARTBEAT_MISSING", "the node hangs: heartbeats stop -> the sweeper reports it; "
                       "alone that is ambiguous, so a deep check first (it times out) -> drain, reboot"),
             Injection(job_nodes[1][0], "xid", "XID 48", "an operator paused automation for maintenance -> recorded, held, "
@@ -134,7 +157,7 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
         for inj in plan:
             console.print(f"  {inj.node}: [bold]{inj.label}[/] - {inj.note}")
             if inj.bad_replacement:
-                local.cluster.fail_next_replacements(1)
+                local.cluster.fail_replacement_of(inj.node)
             before = {e["name"] for e in local.executions()}
             if inj.while_paused:  # let the incidents already started pass the gate first
                 _wait_until_done(local, len(before), timeout=120)
@@ -181,6 +204,7 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
                           f"(restarts: {info.get('Restarts', '0')})")
         for message in local.escalations():
             console.print(f"[red]SNS escalation:[/] {message.get('Subject')}: {message['Message'][:200]}")
+        console.print(f"[bold]Hot-spare pool now:[/] {', '.join(local.cluster.spare_pool()) or 'empty'}")
         values = local.metric_values("TimeToRecover", Cluster="local", FaultClass="gpu_lost")
         console.print(f"[bold]CloudWatch[/] NodeMedic/TimeToRecover (Cluster=local, FaultClass=gpu_lost): "
                       f"{', '.join(f'{v:.1f}s' for v in values) or 'none'}")

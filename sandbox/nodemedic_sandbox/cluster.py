@@ -79,7 +79,7 @@ class SimCluster:
                                                            {"Key": CLUSTER_TAG, "Value": self.name}])
         members = dict(zip(instances, self.scheduler.nodes, strict=True))
         self._booted = {i: 0.0 for i in [*instances, self.controller_id]}  # up before the pipeline runs
-        self._write_faults({"broken": {}, "unhealthy_replacements": 0, "members": members})
+        self._write_faults({"broken": {}, "bad_replacements": [], "members": members})
         if self.spares:
             self._reserve(self.spares)
 
@@ -143,10 +143,10 @@ class SimCluster:
     def _write_faults(self, faults: dict[str, object]) -> None:
         self._faults_path().write_text(json.dumps(faults))
 
-    def fail_next_replacements(self, count: int) -> None:
-        """The next ``count`` instances that join the cluster fail their deep health check."""
+    def fail_replacement_of(self, node: str) -> None:
+        """The next instance that joins as ``node`` is bad hardware: it fails its deep health check."""
         faults = self._read_faults()
-        faults["unhealthy_replacements"] = count
+        faults["bad_replacements"] = [*faults.get("bad_replacements", []), node]
         self._write_faults(faults)
 
     def break_node(self, node: str, fixed_by: str = "replace") -> str:

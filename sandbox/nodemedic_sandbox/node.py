@@ -26,8 +26,10 @@ def _faults(state: Path) -> dict[str, object]:
 
 def join(state: Path, node: str, instance_id: str) -> int:
     faults = _faults(state)
-    if int(faults.get("unhealthy_replacements", 0)) > 0:  # injected: this one is bad hardware
-        faults["unhealthy_replacements"] = int(faults["unhealthy_replacements"]) - 1  # type: ignore[call-overload]
+    bad: list[str] = list(faults.get("bad_replacements", []))  # type: ignore[call-overload]
+    if node in bad:  # injected: this replacement is bad hardware
+        bad.remove(node)
+        faults["bad_replacements"] = bad
         faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}  # type: ignore[dict-item]
     members = dict(faults.get("members", {}))  # type: ignore[call-overload]
     members[instance_id] = node

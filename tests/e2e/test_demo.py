@@ -18,7 +18,9 @@ def test_the_demo_detects_through_the_agents_and_prints_mttd_mttr() -> None:
     assert "real Slurm" in text
     for row in ("XID 79", "ECC_DBE", "XID 13", "GPU_LOST", "HEARTBEAT_MISSING", "XID 48"):
         assert row in text
-    assert text.count("recovered") >= 3 and "failed, escalated" in text
+    assert text.count("recovered") >= 3 and "quarantined, escalated" in text
+    # the first fault's job moved to the hot spare; a GPU reset was the first rung for the ECC error
+    assert "gpu-7" in text and "gpu_reset ok" in text and "replace failed" in text
     # the safety gate: the hung node was checked first (ambiguous alone), the paused one held
     assert "verify - corroboration" in text and "hold - paused" in text and "held" in text
     assert "SNS escalation" in text and "MTTR" in text

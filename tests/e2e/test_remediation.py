@@ -65,7 +65,7 @@ def test_mttd_and_mttr_are_measured_from_observed_at(local: LocalMode) -> None:
 
 
 def test_a_replacement_that_fails_its_deep_check_is_quarantined_and_escalated(local: LocalMode) -> None:
-    local.cluster.fail_next_replacements(1)
+    local.cluster.fail_replacement_of("gpu-2")
     local.put_event(local.health_event("gpu-2", "XID 79"))
     [execution] = local.wait_for_executions(1)
 

@@ -80,3 +80,16 @@ def test_simulate_writes_a_png_plot(tmp_path):
     assert result.exit_code == 0, result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "NodeMedic" in result.output and "HyperPod-like" in result.output
+
+
+def test_spare_pool_sizing_follows_the_poisson_occupancy_of_repairs() -> None:
+    import math
+
+    from nodemedic_cli.fleet.model import spares_needed
+
+    # 256 instances at 0.05 %/h, 25 min per repair: 0.0533 spares out on average
+    n, empty = spares_needed(256, 0.0005, 25 / 60, risk=0.01)
+    mean = 256 * 0.0005 * 25 / 60
+    assert n == 2 and math.isclose(empty, 1 - math.exp(-mean) * (1 + mean))
+    assert spares_needed(256, 0.0005, 25 / 60, risk=0.10)[0] == 1  # 5.2 % empty with one spare
+    assert spares_needed(4096, 0.0005, 25 / 60, risk=0.01)[0] > n  # a bigger fleet needs more

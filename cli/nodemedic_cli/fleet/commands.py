@@ -51,6 +51,28 @@ def mtbf(instances: Instances, failure_rate: Rate, as_json: AsJson = False) -> N
 
 
 @app.command()
+def spares(
+    instances: Instances, failure_rate: Rate,
+    repair: Annotated[str, typer.Option(help="How long a failed node stays out of the pool: replacement boot + "
+                                              "full deep health check, e.g. 25m.")] = "25m",
+    risk: Annotated[float, typer.Option(min=0.0001, max=0.5, help="Accepted chance that a failure finds the "
+                                                                   "pool empty.")] = 0.01,
+    as_json: AsJson = False,
+) -> None:
+    """Size the hot-spare pool (template parameter HotSpares) from the failure rate."""
+    rate, hours = _rate(failure_rate), _hours(repair, "--repair")
+    count, empty = model.spares_needed(instances, rate, hours, risk)
+    expected = instances * rate * hours
+    if as_json:
+        print(json.dumps({"instances": instances, "failure_rate": rate, "repair_hours": hours, "risk": risk,
+                          "failures_per_repair_window": expected, "spares": count, "p_pool_empty": empty}))
+        return
+    console.print(f"HotSpares={count}: {instances} instances at {rate:.4%}/instance-hour fail "
+                  f"{expected:.3f} times per {hours * 60:.0f}-minute repair window on average; with {count} "
+                  f"spare(s) a failure finds the pool empty with probability {empty:.2%} (asked: <= {risk:.2%}).")
+
+
+@app.command()
 def compare(
     instances: Instances, failure_rate: Rate, gpu_hours: GpuHours, gpus_per_instance: Gpus = 8,
     downtime_a: Annotated[str, typer.Option(help="Downtime per failure under policy A, e.g. 280m.")] = "280m",

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -84,3 +85,23 @@ def compare(instances: int, rate: float, gpu_hours: float, gpus_per_instance: in
         failure_free_days=free, days_lost_a=lost_a, days_lost_b=lost_b, total_days_a=total_a, total_days_b=total_b,
         improvement_pct=100.0 * saved / total_a, days_saved=saved, cost_saved=cost,
     )
+
+
+def spares_needed(instances: int, rate: float, repair_hours: float, risk: float = 0.01) -> tuple[int, float]:
+    """Hot spares that cover the failures arriving while failed nodes are repaired.
+
+    Failures arrive as a Poisson process at ``instances x rate`` per hour and each keeps one spare
+    out of the pool for ``repair_hours`` (replacement boot + full deep health check), so the number
+    of spares out at any moment is Poisson with mean ``instances x rate x repair_hours`` (M/G/inf;
+    an arriving failure sees that same distribution). With N spares a failure finds the pool empty
+    when N or more are out. Returns the smallest N with P(out >= N) <= ``risk``, and that probability.
+    """
+    if not 0 < risk < 1:
+        raise ValueError(f"risk {risk} must be a probability in (0, 1), e.g. 0.01")
+    mean = instances * rate * repair_hours
+    n, term, below = 0, math.exp(-mean), 0.0  # term = P(out = n); below = P(out < n)
+    while 1.0 - below > risk:
+        below += term
+        n += 1
+        term *= mean / n
+    return n, max(0.0, 1.0 - below)
