@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from nodemedic_sandbox import scheduler
@@ -35,8 +36,13 @@ def join(state: Path, node: str, instance_id: str) -> int:
     members[instance_id] = node
     faults["members"] = members
     (state / "faults.json").write_text(json.dumps(faults))
-    scheduler.load(state).start_node(node)
-    print(f"{instance_id} joined as {node}")
+    sched = scheduler.load(state)
+    sched.start_node(node)
+    # as a booting node's slurmd does, wait until the controller has heard from it
+    deadline = time.monotonic() + 30
+    while "NOT_RESPONDING" in sched.node(node).get("State", "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print(f"{instance_id} joined as {node} ({sched.node(node).get('State')})")
     return 0
 
 

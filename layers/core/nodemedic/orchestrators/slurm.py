@@ -154,8 +154,14 @@ class SlurmViaSSM:
 
     def add_spare(self, node: str) -> None:
         """Put ``node`` into the spare reservation, then undrain it: it is idle but only jobs
-        that name the reservation can use it."""
+        that name the reservation can use it. The drain is lifted only once Slurm shows the node
+        reserved (a new reservation becomes active a few seconds after ``starttime=now``), and
+        the call returns once the node answers: a pending job never sees it free in between."""
         q = shlex.quote(node)
+        show = f"scontrol show node {q} -o"
         self._sh(self._spares_script(f"{{ cat; echo {q}; }}")
-                 + f"if scontrol show node {q} -o | grep -q 'State=[^ ]*DRAIN'; then "
-                   f"scontrol update nodename={q} state=resume; fi", f"add spare {node}")
+                 + f"for _ in $(seq 100); do {show} | grep -q 'State=[^ ]*RESERVED' && break; sleep 0.2; done\n"
+                 + f"{show} | grep -q 'State=[^ ]*RESERVED' || {{ echo '{node} is not reserved' >&2; exit 1; }}\n"
+                 + f"if {show} | grep -q 'State=[^ ]*DRAIN'; then scontrol update nodename={q} state=resume; fi\n"
+                 + f"for _ in $(seq 100); do {show} | grep -q NOT_RESPONDING || break; sleep 0.2; done",
+                 f"add spare {node}")
