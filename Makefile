@@ -33,7 +33,7 @@ test: venv slurm lint  ## run the whole test suite
 unit: venv  ## fast tests only (no local stack)
 	$(BIN)/pytest tests/unit
 
-bench: venv  ## run the benchmarks (about 30 min); results in docs/benchmarks.{json,md} and docs/fleet.md
+bench: venv  ## run the benchmarks (about 40 min); results in docs/benchmarks.{json,md} and docs/fleet.md
 	$(BIN)/python -m bench.agent_latency --faults 200
 	$(BIN)/python -m bench.agent_idle --seconds 60
 	$(BIN)/python -m bench.silent_node --nodes 8
@@ -41,6 +41,7 @@ bench: venv  ## run the benchmarks (about 30 min); results in docs/benchmarks.{j
 	$(BIN)/python -m bench.pipeline overhead --incidents 100
 	$(BIN)/python -m bench.pipeline burst --nodes 10 --events 1000
 	$(BIN)/python -m bench.pipeline burst --nodes 500 --events 1000 --wait
+	$(BIN)/python -m bench.recovery --faults 25
 	$(BIN)/python -m bench.fleet_report
 
 agent-wheel: venv  ## build the node agent wheel into dist/ (install it with node_agent/lifecycle/install-agent.sh)

@@ -12,11 +12,11 @@ from nodemedic import operations
 from nodemedic.contracts.incident import Incident
 from nodemedic.store.control import ControlStore
 from nodemedic_sandbox.local import TERMINAL, LocalMode
-
-from nodemedic_cli.fleet.model import spares_needed
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from nodemedic_cli.fleet.model import spares_needed
 
 
 @dataclass(frozen=True)

@@ -25,19 +25,26 @@ def test_each_stage_twice_acts_once(local: LocalMode) -> None:
     assert drains[0] == drains[1]
     assert len(local.scontrol_commands("state=drain")) == 1
 
-    replaced = [invoke(local, "ReplaceFunction", stage) for _ in range(2)]
-    assert replaced[0] == replaced[1]
+    spared = [invoke(local, "SparesFunction", stage) for _ in range(2)]
+    assert spared[0] == spared[1] and spared[0]["spare"] is None  # no pool in this stack
+
+    repaired = [invoke(local, "RepairFunction", {**stage, "destination": "service"}) for _ in range(2)]
+    assert repaired[0] == repaired[1] and repaired[0]["rung"] == "replace"
     group = local.cluster.group_instances()
     assert len(group) == 4 and old_instance not in {i["InstanceId"] for i in group}
     ec2 = local.aws.client("ec2")
     all_instances = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
     assert sum(i["State"]["Name"] == "terminated" for i in all_instances) == 1, "one termination"
     joins = [c for c in local.cluster.commands if " join gpu-2" in c.script]
-    assert len(joins) == 1 and joins[0].instance_id == replaced[0]["instance_id"]
+    assert len(joins) == 1 and joins[0].instance_id == repaired[0]["instance_id"]
 
-    checks = [invoke(local, "DeepHealthCheckFunction",
-                     {**stage, "instance_id": replaced[0]["instance_id"]}) for _ in range(2)]
-    assert checks[0] == checks[1]
+    check = {**stage, "instance_id": repaired[0]["instance_id"], "level": "quick", "task_token": "token-1"}
+    sent = [invoke(local, "DeepHealthCheckFunction", check) for _ in range(2)]
+    assert sent[0] == sent[1]  # the same command: a retried start sends nothing new
+    ssm_event = {"source": "aws.ssm", "detail-type": "EC2 Command Invocation Status-change Notification",
+                 "detail": {"command-id": sent[0]["command_id"], "status": "Success"}}
+    answers = [invoke(local, "HealthCheckResultFunction", ssm_event) for _ in range(2)]
+    assert answers[0] == {"answered": True, "healthy": True} and answers[1] == {"answered": False}
     assert len([c for c in local.cluster.commands if "health-check" in c.script]) == 1
 
     resumed = [invoke(local, "ResumeFunction", stage) for _ in range(2)]

@@ -43,3 +43,23 @@ def test_a_bad_override_is_an_error(raw: str, message: str) -> None:
 def test_alarm_metrics_map_to_fault_codes() -> None:
     assert alarm_fault_code("StatusCheckFailed_System") == "STATUS_CHECK_SYSTEM"
     assert classify(alarm_fault_code("CPUUtilization")).action == "monitor"
+
+
+@pytest.mark.parametrize(
+    ("code", "ladder"),
+    [
+        ("XID 48", ("gpu_reset", "reboot", "replace")),  # GPU memory: a reset applies the row remap
+        ("XID 119", ("gpu_reset", "reboot", "replace")),  # GSP firmware
+        ("HEARTBEAT_MISSING", ("reboot", "replace")),
+        ("EFA_DOWN", ("reboot", "replace")),
+        ("XID 79", ("replace",)),  # fell off the bus: straight to a new instance
+        ("XID 13", ()),  # monitor: no ladder
+    ],
+)
+def test_each_fault_has_its_escalation_ladder(code: str, ladder: tuple[str, ...]) -> None:
+    assert classify(code).ladder == ladder
+
+
+def test_an_operators_override_of_the_action_takes_that_actions_ladder() -> None:
+    assert classify("XID 79", {"XID 79": "reboot"}).ladder == ("reboot", "replace")
+    assert classify("XID 48", {"XID 48": "replace"}).ladder == ("replace",)

@@ -46,10 +46,6 @@ class ReplacementFailedError(NodeMedicError):
     """The provider cannot replace or reboot the instance."""
 
 
-class HealthCheckFailedError(NodeMedicError):
-    """The deep health check found the node unhealthy; it must not return to service."""
-
-
 class PolicyError(NodeMedicError):
     """The cluster's safety policy is missing or invalid; automation holds until it is fixed."""
 

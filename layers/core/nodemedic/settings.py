@@ -1,7 +1,6 @@
 """Runtime settings of the stage Lambdas, from environment variables set by template.yaml."""
 
 from functools import lru_cache
-
 from typing import Literal, Self
 
 from pydantic import Field, model_validator

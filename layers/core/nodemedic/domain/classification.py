@@ -61,11 +61,13 @@ def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Cla
     if overridden:
         action = (overrides or {})[fault_code]
     return Classification(fault_code, rule["fault_class"], action, rule["note"], overridden,
-                          cast(Confidence, rule.get("confidence", "high")), ladder_for(rule["fault_class"], action))
+                          cast(Confidence, rule.get("confidence", "high")),
+                          ladder_for("" if overridden else rule["fault_class"], action))
 
 
 def ladder_for(fault_class: str, action: Action) -> tuple[Rung, ...]:
-    """The escalation ladder of a fault: per class if the table has one, else per action."""
+    """The escalation ladder of a fault: per class if the table has one, else per action (an
+    operator's override of the action picks the action's ladder: pass no class)."""
     if action == "monitor":
         return ()
     ladders = fault_table()["ladders"]

@@ -12,6 +12,7 @@ node untouched); an unhealthy one is the second signal, and remediation goes on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -61,6 +62,10 @@ def start_check(
     ``task_token``, which :func:`complete_check` answers when SSM reports the command ended."""
     record = ledger.start_stage(incident, "repair", clock())
     rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
+    token_id = hashlib.sha256(task_token.encode()).hexdigest()[:16]
+    sent_before = rungs[-1].get("check", {}) if rungs else {}
+    if sent_before.get("token") == token_id:  # a retried invocation for the same wait: sent already
+        return str(sent_before["command_id"])
     sent = ssm.send_command(
         InstanceIds=[instance_id], DocumentName=document, Comment=f"nodemedic {level} check {incident.slurm_node}"[:100],
         TimeoutSeconds=max(30, timeout_s), Parameters={"commands": [command], "executionTimeout": [str(timeout_s)]},
@@ -70,7 +75,7 @@ def start_check(
                       {"instance_id": instance_id, "level": level, "incident": incident.model_dump(mode="json")})
     if rungs:
         rungs[-1]["check"] = {"level": level, "command_id": command_id, "instance_id": instance_id,
-                              "started_at": clock().isoformat()}
+                              "started_at": clock().isoformat(), "token": token_id}
         ledger.record_progress(incident, "repair", {"rungs": rungs})
     return command_id
 
