@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from nodemedic import operations
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from nodemedic_cli import report
 from nodemedic_cli.fleet.model import spares_needed
 
 
@@ -98,7 +100,7 @@ def executions_table(local: LocalMode, labels: dict[str, str]) -> Table:
 BOOT_SECONDS = 3.0  # a new or rebooted instance's boot: the published ~900 s, scaled down
 
 
-def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
+def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_path: Path | None = None) -> int:
     console.rule("[bold]NodeMedic local demo")
     started = time.monotonic()
     with console.status("Starting the embedded AWS, the local cluster, and deploying template.yaml..."):
@@ -208,6 +210,11 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto") -> int:
         values = local.metric_values("TimeToRecover", Cluster="local", FaultClass="gpu_lost")
         console.print(f"[bold]CloudWatch[/] NodeMedic/TimeToRecover (Cluster=local, FaultClass=gpu_lost): "
                       f"{', '.join(f'{v:.1f}s' for v in values) or 'none'}")
+        if report_path is not None:
+            built = report.build(incidents)
+            report_path.write_text(report.render_html(built, incidents, "NodeMedic demo report"))
+            console.print(f"[bold]Report:[/] {report_path} (stage timeline per incident, MTTD/MTTR distribution; "
+                          "`nodemedic report --html` writes the same for a deployed stack)")
         console.print(f"Demo finished in {time.monotonic() - started:.1f}s.")
         return 0
     finally:

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
+import boto3
 import typer
+from nodemedic import operations
+from nodemedic.operations import OperatorError
+from rich.console import Console
+from rich.table import Table
 
+from nodemedic_cli import operator, report
 from nodemedic_cli.console import console
 from nodemedic_cli.fleet.commands import app as fleet_app
+from nodemedic_cli.target import Target, TargetError, stack_from_samconfig
+
+err_console = Console(stderr=True)
 
 app = typer.Typer(help="NodeMedic: event-driven remediation of GPU training nodes.",
                   no_args_is_help=True, add_completion=False)
@@ -23,6 +37,8 @@ def demo(
     scheduler: Annotated[str, typer.Option(
         help="auto: real local Slurm if it can start (root + Debian packages), else simulated.",
     )] = "auto",
+    report_file: Annotated[Path, typer.Option("--report", help="Where the demo writes its HTML report.")] = Path(
+        "nodemedic-demo-report.html"),
 ) -> None:
     """Run the local end-to-end demo: deploy template.yaml into an embedded AWS, start a cluster,
     inject faults, show remediation live and print per-incident MTTD/MTTR."""
@@ -34,7 +50,7 @@ def demo(
 
     logging.getLogger("moto").setLevel(logging.CRITICAL)  # failed executions are shown, not logged
 
-    raise typer.Exit(run_demo(console, nodes=nodes, scheduler=scheduler))
+    raise typer.Exit(run_demo(console, nodes=nodes, scheduler=scheduler, report_path=report_file))
 
 
 @app.command()
@@ -52,6 +68,258 @@ def schema(
             console.print(f"wrote {directory / name}")
         else:
             console.print_json(text)
+
+
+# -- operator commands against a deployed stack (AWS, or the local mode's embedded AWS) --------
+def _target(ctx: typer.Context) -> Target:
+    if isinstance(ctx.obj, Target):  # the local mode's tests hand one in
+        return ctx.obj
+    opts: dict[str, Any] = ctx.obj or {}
+    stack = opts.get("stack") or stack_from_samconfig()
+    if not stack:
+        raise TargetError("no stack: pass --stack NAME, or run where samconfig.toml names one (sam deploy --guided)")
+    session = boto3.Session(profile_name=opts.get("profile"), region_name=opts.get("region"))
+    target = Target(stack, session=session, endpoint_url=opts.get("endpoint_url"))
+    ctx.obj = target
+    return target
+
+
+def _fail(message: str, as_json: bool) -> NoReturn:
+    if as_json:
+        print(json.dumps({"error": message}))
+    else:
+        err_console.print(f"[red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def _run(ctx: typer.Context, as_json: bool, work: Callable[[Target], Any], show: Callable[[Any], None]) -> None:
+    """Run one command: resolve the stack, act, print (rich or JSON); a refusal exits 2 with why."""
+    try:
+        result = work(_target(ctx))
+    except (OperatorError, TargetError) as exc:
+        _fail(str(exc), as_json)
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        show(result)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    stack: Annotated[str | None, typer.Option(help="The NodeMedic stack (default: stack_name in ./samconfig.toml).")] = None,
+    region: Annotated[str | None, typer.Option(help="AWS region (default: the usual AWS configuration).")] = None,
+    profile: Annotated[str | None, typer.Option(help="AWS profile.")] = None,
+    endpoint_url: Annotated[str | None, typer.Option(help="Send every AWS call here (an AWS emulator).")] = None,
+) -> None:
+    """NodeMedic: event-driven remediation of GPU training nodes."""
+    if not isinstance(ctx.obj, Target):
+        ctx.obj = {"stack": stack, "region": region, "profile": profile, "endpoint_url": endpoint_url}
+
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (errors too, exit 2).")]
+By = Annotated[str, typer.Option(help="Who is acting (recorded with the action).", envvar="NODEMEDIC_OPERATOR")]
+Reason = Annotated[str, typer.Option(help="Why (recorded; at least 3 characters).")]
+
+
+@app.command()
+def remediate(
+    ctx: typer.Context,
+    node: Annotated[str, typer.Argument(help="Slurm node name, e.g. gpu-12.")],
+    action: Annotated[str, typer.Option(help="replace / reboot: start the state machine as the automatic path does. "
+                                             "drain / resume / health-check: that one step, now.")],
+    reason: Reason,
+    by: By = "",
+    level: Annotated[str, typer.Option(help="health-check: quick or full.")] = "quick",
+    as_json: AsJson = False,
+) -> None:
+    """Remediate a node by hand (a runbook step)."""
+    def show(r: dict[str, Any]) -> None:
+        if r.get("started"):
+            console.print(f"started incident [bold]{r['incident']}[/] ({r['action']} {r['node']}); follow it with "
+                          f"`nodemedic show {r['incident']}`")
+        elif r["action"] == "health-check":
+            colour = "green" if r["healthy"] else "red"
+            console.print(f"{r['node']} ({r['instance_id']}) {r['level']} check: [{colour}]"
+                          f"{'healthy' if r['healthy'] else 'UNHEALTHY'}[/]")
+            for c in r["checks"]:
+                console.print(f"  {'ok ' if c.get('ok') else 'FAIL'} {c.get('name')}: {c.get('detail', '')}")
+        else:
+            console.print(f"{r['action']} {r['node']}: now {r['state']}")
+    _run(ctx, as_json, lambda t: operator.remediate(t, node, action, reason, by or _user(), level), show)
+
+
+@app.command()
+def incidents(
+    ctx: typer.Context,
+    open_: Annotated[bool, typer.Option("--open", help="Only incidents still in progress.")] = False,
+    since: Annotated[str | None, typer.Option(help="Only faults after this: ISO time or a duration ago (24h, 7d).")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """List incidents, newest first."""
+    def show(rows: list[dict[str, Any]]) -> None:
+        table = Table(title=f"{len(rows)} incidents")
+        for col in ("incident", "node", "fault", "status", "stage", "observed", "MTTR s"):
+            table.add_column(col)
+        for r in rows:
+            mttr = (datetime.fromisoformat(r["closed_at"]) - datetime.fromisoformat(r["observed_at"])).total_seconds() \
+                if r["closed_at"] and r["status"] == "closed" else None
+            table.add_row(r["incident"], r["node"], r["fault"], r["status"], r["stage"], r["observed_at"][:19],
+                          f"{mttr:.1f}" if mttr is not None else "-")
+        console.print(table)
+    _run(ctx, as_json, lambda t: operator.list_incidents(t, open_, _since(since)), show)
+
+
+@app.command("show")
+def show_incident(
+    ctx: typer.Context,
+    incident: Annotated[str, typer.Argument(help="Incident id (the execution name).")],
+    as_json: AsJson = False,
+) -> None:
+    """One incident: its stage timeline with durations, and what each stage decided and why."""
+    def show(r: dict[str, Any]) -> None:
+        console.print(f"[bold]{r['incident']}[/] {r['node']} ({r['instance_id']}) {r['fault']} "
+                      f"[{r['fault_class']}] - [bold]{r['status']}[/] {r['outcome']}")
+        console.print(f"why: {r['reason']}; ladder: {' > '.join(r['ladder'])}; duplicate events folded: "
+                      f"{r['duplicate_events']}")
+        table = Table()
+        for col in ("stage", "took s", "done at (s from fault)", "decision"):
+            table.add_column(col)
+        for row in r["timeline"]:
+            table.add_row(row["stage"], "-" if row["seconds"] is None else f"{row['seconds']:.1f}",
+                          f"{row['from_fault_s']:.1f}", row["decision"][:160])
+        console.print(table)
+        if r["failure"]:
+            console.print(f"[red]failed in {r['failure'].get('stage')}:[/] {r['failure'].get('error')}")
+    _run(ctx, as_json, lambda t: operator.show(t, incident), show)
+
+
+def _answer(ctx: typer.Context, incident: str, approve_it: bool, by: str, reason: str, as_json: bool) -> None:
+    def show(r: dict[str, str]) -> None:
+        console.print(f"incident {r['incident']}: {r['decision']} by {r['by']}")
+    _run(ctx, as_json, lambda t: operator.approve(t, incident, approve_it, by or _user(), reason), show)
+
+
+@app.command()
+def approve(ctx: typer.Context, incident: Annotated[str, typer.Argument(help="Incident waiting for approval.")],
+            reason: Reason, by: By = "", as_json: AsJson = False) -> None:
+    """Approve an incident that waits (approval mode): it goes on to repair the node."""
+    _answer(ctx, incident, True, by, reason, as_json)
+
+
+@app.command()
+def deny(ctx: typer.Context, incident: Annotated[str, typer.Argument(help="Incident waiting for approval.")],
+         reason: Reason, by: By = "", as_json: AsJson = False) -> None:
+    """Deny an incident that waits (approval mode): it ends, the node stays drained."""
+    _answer(ctx, incident, False, by, reason, as_json)
+
+
+def _status_line(r: dict[str, Any]) -> None:
+    paused = r["paused"]
+    console.print(f"automation: {'[yellow]PAUSED[/] by ' + paused['by'] + ': ' + paused['reason'] if paused else '[green]on[/]'}")
+    b = r["breaker"]
+    console.print(f"breaker: {'[red]OPEN[/]' if b['state'] == 'open' else '[green]closed[/]'} (trips: {b['trips']}); "
+                  f"remediations in progress: {len(r['admissions_in_progress'])}")
+
+
+@app.command()
+def pause(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
+    """Pause all automation: new incidents are recorded and held, no node is touched."""
+    _run(ctx, as_json, lambda t: (operations.pause(t.control, by or _user(), reason), operator.control_status(t))[1],
+         _status_line)
+
+
+@app.command("resume")
+def resume_automation(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
+    """Resume automation after a pause."""
+    _run(ctx, as_json, lambda t: (operations.resume_automation(t.control, t.ledger, by or _user(), reason),
+                                  operator.control_status(t))[1], _status_line)
+
+
+breaker_app = typer.Typer(help="The circuit breaker: status and reset.", no_args_is_help=True)
+app.add_typer(breaker_app, name="breaker")
+
+
+@breaker_app.command("status")
+def breaker_status(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """Whether automation is paused and the breaker open, and what is in progress."""
+    _run(ctx, as_json, operator.control_status, _status_line)
+
+
+@breaker_app.command("reset")
+def breaker_reset(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
+    """Close a tripped breaker; nodes held while it was open take new incidents again."""
+    _run(ctx, as_json, lambda t: (operations.reset_breaker(t.control, t.ledger, by or _user(), reason),
+                                  operator.control_status(t))[1], _status_line)
+
+
+@app.command("spares")
+def spares_command(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """The hot-spare pool: its nodes in the Slurm reservation and whether each is ready."""
+    def show(r: dict[str, Any]) -> None:
+        console.print(f"hot spares: {r['ready']} ready of target {r['target_size']} (reservation {r['reservation']})")
+        for n in r["nodes"]:
+            console.print(f"  {n['node']}: {n['state']}{'' if n['ready'] else ' [yellow](not ready)[/]'}")
+    _run(ctx, as_json, operator.spares, show)
+
+
+@app.command("report")
+def report_command(
+    ctx: typer.Context,
+    since: Annotated[str | None, typer.Option(help="Only faults after this: an ISO time or a duration ago (24h, 7d).")] = None,
+    html_file: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report here.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """MTTD/MTTR, job downtime and per-stage p50/p90 by fault class, from the ledger."""
+    def work(t: Target) -> dict[str, Any]:
+        incidents_ = t.ledger.list_incidents()
+        built = report.build(incidents_, _since(since))
+        if html_file:
+            html_file.write_text(report.render_html(built, incidents_, f"NodeMedic report - {t.stack}"))
+        return {**report.as_dict(built), "html": str(html_file) if html_file else None}
+
+    def show(r: dict[str, Any]) -> None:
+        table = Table(title=f"{r['incidents']} incidents; seconds from the fault")
+        for col in ("fault class", "incidents", "recovered", "MTTD p50", "MTTD p90", "MTTR p50", "MTTR p90",
+                    "job down p50", "job down p90"):
+            table.add_column(col, justify="right")
+        for c in [*r["by_fault_class"], r["overall"]]:
+            table.add_row(c["fault_class"], str(c["incidents"]), str(c["recovered"]),
+                          *(_n(c[k][q]) for k in ("mttd_s", "mttr_s", "job_downtime_s") for q in ("p50", "p90")))
+        console.print(table)
+        stages = Table(title="stage durations (s)")
+        for col in ("stage", "n", "p50", "p90"):
+            stages.add_column(col, justify="right")
+        for s, v in r["overall"]["stages_s"].items():
+            stages.add_row(s, str(v["n"]), _n(v["p50"]), _n(v["p90"]))
+        console.print(stages)
+        if r["html"]:
+            console.print(f"wrote {r['html']}")
+    _run(ctx, as_json, work, show)
+
+
+def _n(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+_AGO = re.compile(r"^(\d+)([mhd])$")
+
+
+def _since(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    m = _AGO.match(text.strip())
+    if m:
+        return datetime.now(UTC) - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[m.group(2)]: int(m.group(1))})
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise OperatorError(f"--since {text!r}: give an ISO time (2026-11-22T08:00Z) or a duration ago (30m, 24h, 7d)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _user() -> str:
+    return os.environ.get("USER") or getpass.getuser()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.info("gate", verdict=out.verdict, reason=out.reason)
     metrics.add_dimension(name="Cluster", value=incident.cluster)
     metrics.add_metric(name=f"Gate{out.verdict.title().replace('_', '')}", unit=MetricUnit.Count, value=1)
-    if "breaker_limit" in {r["rule"] for r in out.rules if r["result"] != "pass"}:
+    failed = {r["rule"] for r in out.rules if r["result"] != "pass"}
+    if "breaker_limit" in failed:
         metrics.add_metric(name="BreakerTripped", unit=MetricUnit.Count, value=1)
+    metrics.add_metric(name="BreakerOpen", unit=MetricUnit.Count, value=int(bool(failed & {"breaker", "breaker_limit"})))
     return out.model_dump(mode="json")

@@ -68,13 +68,14 @@ class Stack:
 
 @contextlib.contextmanager
 def _quiet_about_policies() -> Iterator[None]:
-    """moto warns that it cannot create the bus/queue policies; :func:`_apply_policies` does."""
+    """moto warns that it cannot create the bus/queue policies and alarms; :func:`_apply_policies` does."""
     moto_log = logging.getLogger("moto")  # moto.cloudformation.parsing logs "No Moto CloudFormation support" here
     level = moto_log.level
     moto_log.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Tried to parse AWS::(Events::EventBusPolicy|SQS::QueuePolicy)")
+            warnings.filterwarnings("ignore", message=r"Tried to parse AWS::(Events::EventBusPolicy|SQS::QueuePolicy|"
+                                                      r"CloudWatch::Alarm)")
             yield
     finally:
         moto_log.setLevel(level)
@@ -144,7 +145,8 @@ def _moto_stack(aws: EmbeddedAWS, stack_name: str) -> Any:
 
 
 def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> None:
-    """moto's CloudFormation skips bus and queue policies; apply them through their APIs."""
+    """moto's CloudFormation skips bus and queue policies and CloudWatch alarms; apply them through
+    their APIs."""
     stack = _moto_stack(aws, stack_name)
     for resource in cfn["Resources"].values():
         props = resource.get("Properties", {})
@@ -154,6 +156,16 @@ def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> N
                 EventBusName=props["EventBusName"],
                 Policy=json.dumps({"Version": "2012-10-17",
                                    "Statement": [{"Sid": props["StatementId"], **props["Statement"]}]}))
+        elif resource["Type"] == "AWS::CloudWatch::Alarm":
+            props = clean_json(props, stack.resource_map)
+            for key in ("Period", "EvaluationPeriods"):
+                if key in props:
+                    props[key] = int(props[key])
+            props["Threshold"] = float(props["Threshold"])
+            for query in props.get("Metrics", []):
+                if "MetricStat" in query:
+                    query["MetricStat"]["Period"] = int(query["MetricStat"]["Period"])
+            aws.client("cloudwatch").put_metric_alarm(**props)
         elif resource["Type"] == "AWS::SQS::QueuePolicy":
             props = clean_json(props, stack.resource_map)
             for url in props["Queues"]:

@@ -10,10 +10,12 @@ from rich.console import Console
 from tests.conftest import require_slurm
 
 
-def test_the_demo_detects_through_the_agents_and_prints_mttd_mttr() -> None:
+def test_the_demo_detects_through_the_agents_and_prints_mttd_mttr(tmp_path) -> None:
     require_slurm()
     out = io.StringIO()
-    assert run_demo(Console(file=out, width=200, force_terminal=False), nodes=6, scheduler="slurm") == 0
+    page = tmp_path / "demo.html"
+    assert run_demo(Console(file=out, width=200, force_terminal=False), nodes=6, scheduler="slurm",
+                    report_path=page) == 0
     text = out.getvalue()
     assert "real Slurm" in text
     for row in ("XID 79", "ECC_DBE", "XID 13", "GPU_LOST", "HEARTBEAT_MISSING", "XID 48"):
@@ -24,3 +26,4 @@ def test_the_demo_detects_through_the_agents_and_prints_mttd_mttr() -> None:
     # the safety gate: the hung node was checked first (ambiguous alone), the paused one held
     assert "verify - corroboration" in text and "hold - paused" in text and "held" in text
     assert "SNS escalation" in text and "MTTR" in text
+    assert "<svg" in page.read_text() and str(page) in text.replace("\n", "")

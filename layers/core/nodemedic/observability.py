@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from aws_lambda_powertools import Metrics
+from aws_lambda_powertools import Metrics, single_metric
 from aws_lambda_powertools.metrics import MetricUnit
 
 from nodemedic.contracts.incident import IncidentRef
@@ -22,7 +22,9 @@ def seconds_since_fault(incident: IncidentRef) -> float:
 
 
 def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[str, float]) -> None:
-    """Emit ``TimeTo*`` metrics (seconds from the fault) with dimensions Cluster and FaultClass.
+    """Emit ``TimeTo*`` metrics (seconds from the fault) with dimensions Cluster and FaultClass,
+    and each once more with Cluster alone (what the dashboard's stage view and the MTTR alarm read:
+    an alarm cannot aggregate across dimension values).
 
     Node and incident ids are metadata, never dimensions (keeps cardinality low).
     """
@@ -30,6 +32,9 @@ def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[st
     metrics.add_dimension(name="FaultClass", value=incident.fault_class)
     for name, seconds in durations.items():
         metrics.add_metric(name=name, unit=MetricUnit.Seconds, value=max(0.0, seconds))
+        with single_metric(name=name, unit=MetricUnit.Seconds, value=max(0.0, seconds), namespace=NAMESPACE,
+                           default_dimensions={"Cluster": incident.cluster}):
+            pass
     metrics.add_metadata(key="incident", value=incident.incident_id)
     metrics.add_metadata(key="node", value=incident.slurm_node)
     metrics.add_metadata(key="instance", value=incident.instance_id)

@@ -1,0 +1,191 @@
+"""What the operator commands do, apart from printing: each returns plain data (what ``--json``
+prints) and raises :class:`~nodemedic.operations.OperatorError` or
+:class:`~nodemedic_cli.target.TargetError` with a clear message when it cannot act.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from nodemedic import operations
+from nodemedic.contracts.events import RemediationRequest
+from nodemedic.contracts.incident import STAGES, Incident
+from nodemedic.contracts.problems import describe
+from nodemedic.errors import CommandFailedError, IncidentStateError
+from nodemedic.operations import OperatorError
+from nodemedic.providers.base import SLURM_NODE_TAG
+from nodemedic.providers.run_command import RunCommand
+from nodemedic.stages.health_check import parse_report
+from pydantic import ValidationError
+
+from nodemedic_cli.target import Target
+
+Action = Literal["drain", "reboot", "replace", "health-check", "resume"]
+ACTIONS: tuple[str, ...] = ("drain", "reboot", "replace", "health-check", "resume")
+OPERATOR_DRAIN_PREFIX = "operator"  # not the pipeline's prefix: automation never resumes such a drain
+
+
+def runbook_input(cluster: str, node: str, action: str, reason: str, by: str) -> dict[str, Any]:
+    """The state machine's input for a hand-started remediation: the Remediation Request v1
+    envelope that ``events/runbooks/*.json`` holds (validated here, as Detect validates it)."""
+    detail = {"schema_version": "1", "cluster": cluster, "slurm_node": node, "action": action,
+              "reason": reason, "requested_by": by}
+    try:
+        RemediationRequest.model_validate(detail)
+    except ValidationError as exc:
+        raise OperatorError(f"invalid remediation request: {describe(exc)}") from None
+    return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Remediation Request",
+            "source": "nodemedic.operator", "account": "", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": "", "resources": [], "detail": detail}
+
+
+def _known_node(target: Target, node: str) -> Any:
+    try:
+        return target.orchestrator.node_status(node)
+    except CommandFailedError as exc:
+        raise OperatorError(f"node {node!r} is not in cluster {target.cluster}: Slurm does not know it ({exc})") from None
+
+
+def remediate(target: Target, node: str, action: str, reason: str, by: str, level: str = "quick") -> dict[str, Any]:
+    if action not in ACTIONS:
+        raise OperatorError(f"--action must be one of {', '.join(ACTIONS)}, not {action!r}")
+    request = runbook_input(target.cluster, node, "replace" if action not in ("reboot", "replace") else action,
+                            reason, by)  # validates the reason and the names for every action
+    status = _known_node(target, node)
+    if action in ("reboot", "replace"):
+        name = f"{action}-{node}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+        started = target.client("stepfunctions").start_execution(
+            stateMachineArn=target.output("StateMachineArn"), name=name, input=json.dumps(request))
+        return {"action": action, "node": node, "incident": name, "execution_arn": started["executionArn"],
+                "started": True}
+    if action == "drain":
+        if status.drained:
+            raise OperatorError(f"{node} is already drained ({status.state}: {status.reason or 'no reason'})")
+        target.orchestrator.drain(node, f"{OPERATOR_DRAIN_PREFIX}:{by} {reason}")
+        return {"action": action, "node": node, "state": target.orchestrator.node_status(node).state}
+    if action == "resume":
+        if not status.drained:
+            raise OperatorError(f"{node} is not drained ({status.state}); nothing to resume")
+        target.orchestrator.resume(node)
+        return {"action": action, "node": node, "state": target.orchestrator.node_status(node).state,
+                "was": status.reason}
+    return health_check(target, node, level)
+
+
+def instance_of(target: Target, node: str) -> str:
+    found = target.client("ec2").describe_instances(Filters=[
+        {"Name": f"tag:{SLURM_NODE_TAG}", "Values": [node]},
+        {"Name": "instance-state-name", "Values": ["running"]}])
+    ids = [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]]
+    if len(ids) != 1:
+        raise OperatorError(f"{len(ids)} running instances are tagged {SLURM_NODE_TAG}={node}; expected one")
+    return ids[0]
+
+
+def health_check(target: Target, node: str, level: str) -> dict[str, Any]:
+    key = "FullHealthCheckCommand" if level == "full" else "DeepHealthCheckCommand"
+    command = target.parameters.get(key) or target.parameters.get("DeepHealthCheckCommand", "")
+    instance = instance_of(target, node)
+    runner = RunCommand(target.client("ssm"), poll_interval=1.0)
+    result = runner.run(instance, command, int(target.parameters.get("CommandTimeoutSeconds") or 300),
+                        f"nodemedic operator {level} check {node}")
+    healthy, checks = parse_report(result)
+    return {"action": "health-check", "node": node, "instance_id": instance, "level": level, "healthy": healthy,
+            "checks": checks}
+
+
+# -- incidents ------------------------------------------------------------------------------
+def incident_summary(i: Incident) -> dict[str, Any]:
+    return {"incident": i.incident_id, "node": i.slurm_node, "instance_id": i.instance_id, "fault": i.fault_code,
+            "fault_class": i.fault_class, "status": i.status, "observed_at": i.observed_at.isoformat(),
+            "detected_at": i.detected_at.isoformat(), "closed_at": i.closed_at.isoformat() if i.closed_at else None,
+            "stage": current_stage(i), "outcome": i.outcome}
+
+
+def current_stage(i: Incident) -> str:
+    started = [s for s in STAGES if s in i.stages]
+    return started[-1] if started else "detect"
+
+
+def list_incidents(target: Target, open_only: bool, since: datetime | None) -> list[dict[str, Any]]:
+    chosen = [i for i in target.ledger.list_incidents()
+              if (not open_only or i.status == "open") and (since is None or i.observed_at >= since)]
+    return [incident_summary(i) for i in sorted(chosen, key=lambda i: i.observed_at, reverse=True)]
+
+
+def get_incident(target: Target, incident_id: str) -> Incident:
+    try:
+        return target.ledger.get(incident_id)
+    except IncidentStateError as exc:
+        raise OperatorError(f"no incident {incident_id!r} in stack {target.stack} (list them: nodemedic incidents)"
+                            ) from exc
+
+
+def timeline(i: Incident) -> list[dict[str, Any]]:
+    rows = []
+    for stage in STAGES:
+        record = i.stages.get(stage)
+        if record is None:
+            continue
+        rows.append({"stage": stage, "started_at": record.started_at.isoformat(),
+                     "completed_at": record.completed_at.isoformat() if record.completed_at else None,
+                     "seconds": round((record.completed_at - record.started_at).total_seconds(), 3)
+                     if record.completed_at else None,
+                     "from_fault_s": round(((record.completed_at or record.started_at) - i.observed_at).total_seconds(), 3),
+                     "decision": decision_of(stage, record.result)})
+    return rows
+
+
+def decision_of(stage: str, result: dict[str, Any]) -> str:
+    """The one line that says what a stage decided, from what it recorded."""
+    if stage == "gate":
+        return f"{result.get('verdict')}: {result.get('reason')}"
+    if stage == "drain":
+        return f"requeued {', '.join(result.get('requeued_jobs', [])) or 'no jobs'}"
+    if stage == "spare":
+        return str(result.get("reason", ""))
+    if stage == "jobs":
+        return f"running again: {result.get('running')}; pending: {result.get('pending')}"
+    if stage == "repair":
+        return " > ".join(f"{r['rung']} on {r['instance_id']}: "
+                          f"{ {True: 'healthy', False: 'unhealthy', None: 'no answer'}[r.get('check', {}).get('healthy')]}"
+                          for r in result.get("rungs", []))
+    if stage == "resume":
+        return f"{'returned to ' + str(result.get('destination')) if result.get('resumed') else 'left drained'}"
+    if stage in ("verify", "approval", "shadow", "detect"):
+        return str(result.get("reason") or result.get("decision") or result.get("would") or
+                   ("healthy" if result.get("healthy") else "unhealthy" if "healthy" in result else ""))
+    return ""
+
+
+def show(target: Target, incident_id: str) -> dict[str, Any]:
+    i = get_incident(target, incident_id)
+    return {**incident_summary(i), "reason": i.reason, "duplicate_events": i.duplicate_events,
+            "failure": i.failure, "ladder": list(i.rungs), "timeline": timeline(i)}
+
+
+# -- automation switches ----------------------------------------------------------------------
+def control_status(target: Target) -> dict[str, Any]:
+    state = target.control.read()
+    return {"paused": state.paused.model_dump(mode="json") if state.paused else None,
+            "breaker": state.breaker.model_dump(mode="json"),
+            "admissions_in_progress": sorted(state.admissions)}
+
+
+def spares(target: Target) -> dict[str, Any]:
+    from nodemedic.stages.spares import ready
+
+    pool = target.orchestrator.spares()
+    return {"target_size": int(target.parameters.get("HotSpares") or 0),
+            "reservation": target.parameters.get("SpareReservation") or "nodemedic_spares",
+            "nodes": [{"node": s.name, "state": s.state, "ready": ready(s.state)} for s in pool],
+            "ready": sum(ready(s.state) for s in pool)}
+
+
+def approve(target: Target, incident_id: str, approve_it: bool, by: str, reason: str) -> dict[str, str]:
+    get_incident(target, incident_id)
+    return operations.answer_approval(target.ledger, target.client("stepfunctions"), incident_id,
+                                      approve=approve_it, by=by, reason=reason)

@@ -1,0 +1,196 @@
+"""MTTD/MTTR and per-stage durations from the incident ledger, as numbers and as one HTML page.
+
+Every duration is measured as the pipeline measures it: from the fault's ``observed_at``.
+MTTD = detected_at - observed_at; MTTR = closed_at - observed_at (closed incidents only: held,
+failed, quarantined ones did not recover); job downtime = the requeued jobs RUNNING again;
+a stage's duration = its completed_at - started_at.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from nodemedic.contracts.incident import STAGES, Incident
+from pydantic import BaseModel
+
+STAGE_COLOURS = {"detect": "#6c757d", "gate": "#adb5bd", "verify": "#17a2b8", "drain": "#fd7e14",
+                 "approval": "#ffc107", "spare": "#20c997", "jobs": "#28a745", "repair": "#dc3545",
+                 "resume": "#007bff", "shadow": "#6f42c1"}
+
+
+class Stat(BaseModel):
+    n: int
+    p50: float | None
+    p90: float | None
+
+
+class ClassReport(BaseModel):
+    fault_class: str
+    incidents: int
+    recovered: int
+    mttd_s: Stat
+    mttr_s: Stat
+    job_downtime_s: Stat
+    stages_s: dict[str, Stat]
+
+
+class Report(BaseModel):
+    since: datetime | None
+    incidents: int
+    by_status: dict[str, int]
+    overall: ClassReport
+    by_fault_class: list[ClassReport]
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, -(-len(ordered) * int(q) // 100)) - 1]
+
+
+def stat(values: list[float]) -> Stat:
+    if not values:
+        return Stat(n=0, p50=None, p90=None)
+    return Stat(n=len(values), p50=round(statistics.median(values), 3), p90=round(_pct(values, 90), 3))
+
+
+def _class_report(name: str, incidents: list[Incident]) -> ClassReport:
+    mttd = [(i.detected_at - i.observed_at).total_seconds() for i in incidents]
+    closed = [i for i in incidents if i.status == "closed" and i.closed_at]
+    mttr = [(i.closed_at - i.observed_at).total_seconds() for i in closed if i.closed_at]
+    downtime = [float(d) for i in incidents if "jobs" in i.stages
+                if (d := i.stages["jobs"].result.get("job_downtime_s")) is not None]  # type: ignore[arg-type]
+    stages: dict[str, list[float]] = defaultdict(list)
+    for i in incidents:
+        for stage, record in i.stages.items():
+            if record.completed_at:
+                stages[stage].append((record.completed_at - record.started_at).total_seconds())
+    return ClassReport(fault_class=name, incidents=len(incidents), recovered=len(closed), mttd_s=stat(mttd),
+                       mttr_s=stat(mttr), job_downtime_s=stat(downtime),
+                       stages_s={s: stat(stages[s]) for s in STAGES if stages.get(s)})
+
+
+def build(incidents: list[Incident], since: datetime | None = None) -> Report:
+    chosen = [i for i in incidents if since is None or i.observed_at >= since]
+    classes: dict[str, list[Incident]] = defaultdict(list)
+    for i in chosen:
+        classes[i.fault_class].append(i)
+    statuses: dict[str, int] = defaultdict(int)
+    for i in chosen:
+        statuses[i.status] += 1
+    return Report(since=since, incidents=len(chosen), by_status=dict(sorted(statuses.items())),
+                  overall=_class_report("all", chosen),
+                  by_fault_class=[_class_report(c, classes[c]) for c in sorted(classes)])
+
+
+# -- the HTML page -------------------------------------------------------------------------
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _timeline(incidents: list[Incident]) -> str:
+    """One row per incident: its stages as bars on a shared axis of seconds since the fault."""
+    rows = [i for i in sorted(incidents, key=lambda i: i.observed_at) if i.stages]
+    if not rows:
+        return "<p>No incidents in the period.</p>"
+    ends = [max([(r.completed_at or r.started_at) for r in i.stages.values()] + [i.closed_at or i.detected_at])
+            for i in rows]
+    span = max((e - i.observed_at).total_seconds() for i, e in zip(rows, ends, strict=True)) or 1.0
+    left, width, row_h = 230, 760, 22
+    height = 40 + row_h * len(rows)
+    scale = width / span
+    parts = [f'<svg class="timeline" viewBox="0 0 {left + width + 20} {height}" width="100%" '
+             f'role="img" aria-label="Incident stage timeline">']
+    for k in range(6):  # axis
+        x = left + width * k / 5
+        parts.append(f'<line x1="{x:.1f}" y1="20" x2="{x:.1f}" y2="{height - 10}" stroke="#e9ecef"/>'
+                     f'<text x="{x:.1f}" y="14" class="axis">{span * k / 5:.0f} s</text>')
+    for n, inc in enumerate(rows):
+        y = 26 + n * row_h
+        label = f"{inc.incident_id[:8]} {inc.slurm_node} {inc.fault_code}"
+        parts.append(f'<text x="4" y="{y + 13}" class="label">{html.escape(label)}</text>')
+        for stage in STAGES:
+            record = inc.stages.get(stage)
+            if record is None:
+                continue
+            start = (record.started_at - inc.observed_at).total_seconds()
+            end = ((record.completed_at or record.started_at) - inc.observed_at).total_seconds()
+            w = max(2.0, (end - start) * scale)
+            parts.append(f'<rect x="{left + start * scale:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" '
+                         f'rx="2" fill="{STAGE_COLOURS[stage]}"><title>{stage}: {start:.1f}–{end:.1f} s'
+                         f'</title></rect>')
+        mark = "✔" if inc.status == "closed" else inc.status
+        parts.append(f'<text x="{left + width + 4}" y="{y + 13}" class="label">{html.escape(mark)}</text>')
+    parts.append("</svg>")
+    legend = "".join(f'<span class="key"><i style="background:{c}"></i>{s}</span>' for s, c in STAGE_COLOURS.items())
+    return "".join(parts) + f'<div class="legend">{legend}</div>'
+
+
+def _histogram(title: str, values: list[float], colour: str) -> str:
+    if not values:
+        return f"<figure><figcaption>{title}: no data</figcaption></figure>"
+    top = max(values) or 1.0
+    bins = 10
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, int(v / top * bins))] += 1
+    peak = max(counts)
+    w, h = 420, 160
+    bars = "".join(
+        f'<rect x="{30 + k * (w - 40) / bins:.1f}" y="{h - 25 - c / peak * (h - 45):.1f}" '
+        f'width="{(w - 40) / bins - 3:.1f}" height="{c / peak * (h - 45):.1f}" fill="{colour}">'
+        f'<title>{top * k / bins:.1f}–{top * (k + 1) / bins:.1f} s: {c}</title></rect>'
+        for k, c in enumerate(counts))
+    axis = (f'<text x="30" y="{h - 8}" class="axis">0 s</text>'
+            f'<text x="{w - 10}" y="{h - 8}" class="axis" text-anchor="end">{top:.1f} s</text>')
+    s = stat(values)
+    return (f'<figure><svg viewBox="0 0 {w} {h}" width="{w}">{bars}{axis}</svg>'
+            f'<figcaption>{title}: p50 {_fmt(s.p50)} s, p90 {_fmt(s.p90)} s (n={s.n})</figcaption></figure>')
+
+
+def render_html(report: Report, incidents: list[Incident], title: str) -> str:
+    chosen = [i for i in incidents if report.since is None or i.observed_at >= report.since]
+    mttd = [(i.detected_at - i.observed_at).total_seconds() for i in chosen]
+    mttr = [(i.closed_at - i.observed_at).total_seconds() for i in chosen if i.status == "closed" and i.closed_at]
+    rows = "".join(
+        f"<tr><td>{html.escape(c.fault_class)}</td><td>{c.incidents}</td><td>{c.recovered}</td>"
+        f"<td>{_fmt(c.mttd_s.p50)}</td><td>{_fmt(c.mttd_s.p90)}</td><td>{_fmt(c.mttr_s.p50)}</td>"
+        f"<td>{_fmt(c.mttr_s.p90)}</td><td>{_fmt(c.job_downtime_s.p50)}</td><td>{_fmt(c.job_downtime_s.p90)}</td></tr>"
+        for c in [*report.by_fault_class, report.overall])
+    stages = "".join(f"<tr><td>{s}</td><td>{v.n}</td><td>{_fmt(v.p50)}</td><td>{_fmt(v.p90)}</td></tr>"
+                     for s, v in report.overall.stages_s.items())
+    statuses = ", ".join(f"{k}: {v}" for k, v in report.by_status.items()) or "none"
+    period = f"since {report.since:%Y-%m-%d %H:%M} UTC" if report.since else "all incidents in the ledger"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font: 14px/1.45 system-ui, -apple-system, Segoe UI, sans-serif; margin: 24px; color: #212529; }}
+h1 {{ font-size: 22px; margin: 0 0 4px; }} h2 {{ font-size: 16px; margin: 28px 0 8px; }}
+.sub {{ color: #6c757d; }} table {{ border-collapse: collapse; }}
+td, th {{ border-bottom: 1px solid #dee2e6; padding: 4px 10px; text-align: right; }}
+td:first-child, th:first-child {{ text-align: left; }} th {{ background: #f8f9fa; }}
+.axis {{ font-size: 10px; fill: #6c757d; }} .label {{ font-size: 11px; fill: #212529; }}
+.legend {{ margin-top: 6px; }} .key {{ margin-right: 12px; font-size: 12px; }}
+.key i {{ display: inline-block; width: 10px; height: 10px; margin-right: 4px; border-radius: 2px; }}
+figure {{ display: inline-block; margin: 0 24px 0 0; }} figcaption {{ font-size: 12px; color: #495057; }}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+<div class="sub">{period} · {report.incidents} incidents ({statuses}) · seconds from each fault's observed_at</div>
+<h2>Stage timeline per incident</h2>
+{_timeline(chosen)}
+<h2>MTTD and MTTR</h2>
+{_histogram("MTTD", mttd, "#6c757d")}{_histogram("MTTR (recovered incidents)", mttr, "#007bff")}
+<h2>By fault class</h2>
+<table><tr><th>fault class</th><th>incidents</th><th>recovered</th><th>MTTD p50</th><th>MTTD p90</th>
+<th>MTTR p50</th><th>MTTR p90</th><th>job down p50</th><th>job down p90</th></tr>{rows}</table>
+<h2>Stage durations (all incidents)</h2>
+<table><tr><th>stage</th><th>n</th><th>p50</th><th>p90</th></tr>{stages}</table>
+</body></html>
+"""
+
+
+def as_dict(report: Report) -> dict[str, Any]:
+    return report.model_dump(mode="json")

@@ -1,0 +1,99 @@
+"""Which deployed NodeMedic stack the CLI talks to, and the clients and adapters to reach it.
+
+The stack is named with ``--stack`` or, failing that, by ``stack_name`` in ``samconfig.toml``
+(what ``sam deploy --guided`` writes). Credentials and region come from the usual AWS chain,
+``--profile`` and ``--region``; ``--endpoint-url`` points every client at an AWS emulator. The
+local mode's tests build a :class:`Target` over the embedded AWS the same way.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+from nodemedic.errors import NodeMedicError
+from nodemedic.orchestrators.slurm import SlurmViaSSM
+from nodemedic.providers.run_command import RunCommand
+from nodemedic.store.control import ControlStore
+from nodemedic.store.ledger import Ledger
+
+
+class TargetError(NodeMedicError):
+    """The CLI cannot find or read the stack it was pointed at."""
+
+
+def stack_from_samconfig(path: Path = Path("samconfig.toml")) -> str | None:
+    """``stack_name`` of the default environment's deploy parameters, if the file names one."""
+    if not path.is_file():
+        return None
+    try:
+        config = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise TargetError(f"{path} is not valid TOML: {exc}") from exc
+    params = config.get("default", {}).get("deploy", {}).get("parameters", {})
+    name = params.get("stack_name") or config.get("default", {}).get("global", {}).get("parameters", {}).get(
+        "stack_name")
+    return str(name) if name else None
+
+
+@dataclass
+class Target:
+    stack: str
+    session: Any = field(default_factory=boto3.Session)
+    endpoint_url: str | None = None
+    _clients: dict[str, Any] = field(default_factory=dict)
+
+    def client(self, service: str) -> Any:
+        if service not in self._clients:
+            self._clients[service] = self.session.client(service, endpoint_url=self.endpoint_url)
+        return self._clients[service]
+
+    @cached_property
+    def _description(self) -> dict[str, Any]:
+        try:
+            stacks = self.client("cloudformation").describe_stacks(StackName=self.stack)["Stacks"]
+        except ClientError as exc:
+            if "does not exist" in str(exc):
+                raise TargetError(f"stack {self.stack!r} does not exist in {self.session.region_name or 'the default region'}"
+                                  " - name it with --stack, or deploy it (sam deploy --guided)") from exc
+            raise TargetError(f"cannot read stack {self.stack!r}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise TargetError(f"cannot reach AWS to read stack {self.stack!r}: {exc}") from exc
+        return dict(stacks[0])
+
+    @cached_property
+    def outputs(self) -> dict[str, str]:
+        return {o["OutputKey"]: o["OutputValue"] for o in self._description.get("Outputs", [])}
+
+    @cached_property
+    def parameters(self) -> dict[str, str]:
+        return {p["ParameterKey"]: p.get("ParameterValue", "") for p in self._description.get("Parameters", [])}
+
+    def output(self, key: str) -> str:
+        if key not in self.outputs:
+            raise TargetError(f"stack {self.stack!r} has no output {key}: is it a NodeMedic stack?")
+        return self.outputs[key]
+
+    @property
+    def cluster(self) -> str:
+        return self.parameters.get("ClusterName", "")
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        return Ledger(self.client("dynamodb"), self.output("IncidentsTableName"))
+
+    @cached_property
+    def control(self) -> ControlStore:
+        return ControlStore(self.client("dynamodb"), self.output("IncidentsTableName"), self.cluster)
+
+    @cached_property
+    def orchestrator(self) -> SlurmViaSSM:
+        p = self.parameters
+        return SlurmViaSSM(RunCommand(self.client("ssm"), poll_interval=0.5), p["SlurmControllerInstanceId"],
+                           int(p.get("CommandTimeoutSeconds") or 120),
+                           spare_reservation=p.get("SpareReservation") or "nodemedic_spares")

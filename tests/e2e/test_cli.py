@@ -1,0 +1,177 @@
+"""The operator CLI against the local mode: every command, its --json output, and its errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from nodemedic_cli.main import app
+from nodemedic_cli.target import Target
+from nodemedic_sandbox.local import LocalMode
+from typer.testing import CliRunner
+
+from tests.e2e.support import OPERATOR, stack, wait_for
+
+OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[LocalMode]:
+    with stack(nodes=4, spares=1, **OPEN) as running:
+        yield running
+
+
+def cli(local: LocalMode, *args: str, code: int = 0) -> Any:
+    """Run ``nodemedic ARGS --json`` against the local stack; return the parsed JSON."""
+    target = Target(local.stack.name, session=boto3.Session())
+    result = CliRunner().invoke(app, [*args, "--json"], obj=target, env={"NODEMEDIC_OPERATOR": OPERATOR})
+    assert result.exit_code == code, result.output
+    return json.loads(result.output)
+
+
+def test_remediate_starts_the_state_machine_and_show_explains_each_stage(local: LocalMode) -> None:
+    started = cli(local, "remediate", "gpu-2", "--action", "replace", "--reason", "GPU 3 keeps failing NCCL")
+    assert started["started"] and started["action"] == "replace"
+    [execution] = local.wait_for_executions(1, timeout=90)
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+
+    shown = cli(local, "show", started["incident"])
+    assert {k: shown[k] for k in ("node", "status", "fault_class")} == {
+        "node": "gpu-2", "status": "closed", "fault_class": "manual"}
+    assert OPERATOR in shown["reason"] and shown["ladder"] == ["replace"]
+    stages = {row["stage"]: row for row in shown["timeline"]}
+    assert list(stages) == ["detect", "gate", "drain", "spare", "jobs", "repair", "resume"]
+    assert all(row["seconds"] is not None and row["seconds"] >= 0 for row in shown["timeline"])
+    assert stages["gate"]["decision"].startswith("proceed")
+    assert stages["spare"]["decision"].startswith("gpu-5 left the spare pool")
+    assert "replace on i-" in stages["repair"]["decision"] and "healthy" in stages["repair"]["decision"]
+
+    listed = cli(local, "incidents")
+    assert [r["incident"] for r in listed] == [started["incident"]]
+    assert set(listed[0]) >= {"incident", "node", "fault", "status", "stage", "observed_at", "closed_at"}
+    assert cli(local, "incidents", "--open") == []
+    assert cli(local, "incidents", "--since", "1h")[0]["incident"] == started["incident"]
+
+    pool = cli(local, "spares")
+    assert pool["target_size"] == 1 and pool["nodes"] == [{"node": "gpu-2", "state": pool["nodes"][0]["state"],
+                                                           "ready": True}]
+
+
+def test_single_steps_for_runbooks_drain_health_check_resume(local: LocalMode) -> None:
+    drained = cli(local, "remediate", "gpu-3", "--action", "drain", "--reason", "BIOS update")
+    assert "DRAIN" in drained["state"]
+    node = local.scheduler.node("gpu-3")
+    assert node["Reason"].startswith(f"operator:{OPERATOR} BIOS update")  # not the pipeline's: it never resumes it
+    again = cli(local, "remediate", "gpu-3", "--action", "drain", "--reason", "BIOS update", code=2)
+    assert "already drained" in again["error"]
+
+    checked = cli(local, "remediate", "gpu-3", "--action", "health-check", "--reason", "after the update",
+                  "--level", "full")
+    assert checked["healthy"] is True and {c["name"] for c in checked["checks"]} >= {"gpu_count", "nccl_all_reduce"}
+
+    resumed = cli(local, "remediate", "gpu-3", "--action", "resume", "--reason", "update done")
+    assert "DRAIN" not in resumed["state"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["remediate", "gpu-99", "--action", "drain", "--reason", "looks bad"], "not in cluster"),
+    (["remediate", "gpu-1", "--action", "replace", "--reason", "x"], "reason"),
+    (["remediate", "gpu-1", "--action", "replace", "--reason", "it's broken; rm -rf"], "reason"),
+    (["remediate", "gpu-1", "--action", "reinstall", "--reason", "looks bad"], "--action must be one of"),
+    (["show", "no-such-incident"], "no incident 'no-such-incident'"),
+    (["approve", "no-such-incident", "--reason", "ok go"], "no incident"),
+    (["breaker", "reset", "--reason", "storm over"], "closed; nothing to reset"),
+    (["incidents", "--since", "yesterday"], "--since"),
+])
+def test_bad_requests_are_refused_with_the_reason_and_change_nothing(local: LocalMode, args: list[str],
+                                                                      message: str) -> None:
+    before = len(local.executions()), len(local.scontrol_commands("state=drain"))
+    refused = cli(local, *args, code=2)
+    assert message in refused["error"]
+    assert (len(local.executions()), len(local.scontrol_commands("state=drain"))) == before
+
+
+def test_a_missing_stack_is_named() -> None:
+    result = CliRunner().invoke(app, ["--stack", "no-such-stack", "--region", "us-east-1", "incidents", "--json"],
+                                env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+                                     "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    assert result.exit_code == 2
+    assert "no-such-stack" in json.loads(result.output)["error"]
+
+
+def test_pause_resume_and_breaker_status(local: LocalMode) -> None:
+    paused = cli(local, "pause", "--reason", "switch maintenance")
+    assert paused["paused"]["by"] == OPERATOR and paused["paused"]["reason"] == "switch maintenance"
+    assert cli(local, "breaker", "status")["paused"] is not None
+    assert "already paused" in cli(local, "pause", "--reason", "again", code=2)["error"]
+    resumed = cli(local, "resume", "--reason", "maintenance done")
+    assert resumed["paused"] is None and resumed["breaker"]["state"] == "closed"
+
+
+def test_approve_and_deny_answer_a_waiting_incident(local: LocalMode) -> None:
+    ssm = local.aws.client("ssm")
+    name = local.stack.outputs["SafetyPolicyParameterName"]
+    policy = json.loads(ssm.get_parameter(Name=name)["Parameter"]["Value"])
+    ssm.put_parameter(Name=name, Value=json.dumps({**policy, "mode": "approval"}), Overwrite=True)
+    try:
+        waiting = []
+        for node in ("gpu-1", "gpu-4"):
+            started = cli(local, "remediate", node, "--action", "reboot", "--reason", "flaky NVLink")
+            wait_for(lambda i=started["incident"]: "approval" in local.incident(i).stages, "the approval wait")
+            waiting.append(started["incident"])
+        assert cli(local, "approve", waiting[0], "--reason", "go ahead")["decision"] == "approved"
+        assert cli(local, "deny", waiting[1], "--reason", "not now")["decision"] == "denied"
+        assert "waits for no approval" in cli(local, "approve", waiting[0], "--reason", "twice", code=2)["error"]
+        deadline = time.monotonic() + 90
+        while {local.incident(i).status for i in waiting} & {"open"} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [local.incident(i).status for i in waiting] == ["closed", "denied"]
+    finally:
+        ssm.put_parameter(Name=name, Value=json.dumps(policy), Overwrite=True)
+
+
+def test_report_gives_mttd_mttr_by_fault_class_and_writes_the_html_page(local: LocalMode, tmp_path) -> None:
+    page = tmp_path / "report.html"
+    result = cli(local, "report", "--html", str(page))
+    assert result["incidents"] >= 3 and result["by_status"]["closed"] >= 2
+    [manual] = [c for c in result["by_fault_class"] if c["fault_class"] == "manual"]
+    assert manual["mttr_s"]["n"] == manual["recovered"] >= 2
+    assert manual["mttd_s"]["p50"] <= manual["mttr_s"]["p50"] <= manual["mttr_s"]["p90"]
+    assert {"detect", "drain", "repair", "resume"} <= set(result["overall"]["stages_s"])
+    text = page.read_text()
+    assert text.startswith("<!doctype html>") and "<svg" in text and "http" not in text.split("<body>")[1]
+    assert result["html"] == str(page)
+
+
+def _chromium() -> str:
+    import os
+    import shutil
+
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs Debian's chromium to render the HTML report (make chromium)")
+        pytest.skip("chromium is not installed (make chromium)")
+    return found
+
+
+def test_the_html_report_renders_in_headless_chromium(local: LocalMode, tmp_path) -> None:
+    import struct
+    import subprocess
+
+    page, shot = tmp_path / "report.html", tmp_path / "report.png"
+    cli(local, "report", "--html", str(page))
+    browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    assert dom.count("<rect") >= 10 and "Stage timeline per incident" in dom  # parsed, SVG bars and all
+    subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1200,1000", page.as_uri()],
+                   capture_output=True, timeout=60, check=True)
+    header = shot.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", header[16:24]) == (1200, 1000)
+    assert shot.stat().st_size > 20_000  # a drawn page, not a blank one
