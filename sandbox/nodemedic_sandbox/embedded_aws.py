@@ -252,6 +252,8 @@ class EmbeddedAWS:
             return embedded._invoke(backend, function_name, qualifier, body, headers, response_headers)
 
         def send_to_targets(rule: Rule, event: dict[str, Any], transform_input: bool = True) -> None:
+            if rule.scheduled_expression:  # a schedule matches no event (moto's empty pattern matches all)
+                return
             embedded._deliver(rule, event, transform_input)
 
         original_send = SimpleSystemManagerBackend.send_command

@@ -101,6 +101,17 @@ def test_eventbridge_starts_a_step_functions_target_with_the_whole_event(aws: Em
     assert delivered["time"].endswith("Z")
 
 
+def test_a_scheduled_rule_is_not_fired_by_events(aws: EmbeddedAWS) -> None:
+    events = aws.client("events")
+    arn = events.put_rule(Name="every-minute", ScheduleExpression="rate(1 minute)")["RuleArn"]
+    fn_arn = aws.client("lambda").get_function(FunctionName="fn")["Configuration"]["FunctionArn"]
+    events.put_targets(Rule="every-minute", Targets=[{"Id": "fn", "Arn": fn_arn}])
+    events.put_events(Entries=[{"Source": "aws.ssm", "DetailType": "anything", "Detail": "{}"}])
+    assert aws.invocations == []
+    aws._fire(next(r for r in aws._scheduled_rules() if r.arn == arn))
+    assert [i.function for i in aws.invocations] == ["fn"]
+
+
 def test_a_disabled_rule_delivers_nothing(aws: EmbeddedAWS) -> None:
     arn = _state_machine(aws, {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}})
     _rule_to(aws, arn, state="DISABLED")
