@@ -36,7 +36,7 @@ def runbook_input(cluster: str, node: str, action: str, reason: str, by: str) ->
     try:
         RemediationRequest.model_validate(detail)
     except ValidationError as exc:
-        raise OperatorError(f"invalid remediation request: {describe(exc)}") from None
+        raise OperatorError(f"invalid remediation request: {describe(exc, 'request')}") from None
     return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Remediation Request",
             "source": "nodemedic.operator", "account": "", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "region": "", "resources": [], "detail": detail}

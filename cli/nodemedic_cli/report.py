@@ -98,16 +98,20 @@ def _timeline(incidents: list[Incident]) -> str:
         return "<p>No incidents in the period.</p>"
     ends = [max([(r.completed_at or r.started_at) for r in i.stages.values()] + [i.closed_at or i.detected_at])
             for i in rows]
-    span = max((e - i.observed_at).total_seconds() for i, e in zip(rows, ends, strict=True)) or 1.0
-    left, width, row_h = 230, 760, 22
+    longest = max((e - i.observed_at).total_seconds() for i, e in zip(rows, ends, strict=True)) or 1.0
+    step = next(s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 86400)
+                if longest / s <= 6)
+    ticks = int(-(-longest // step))
+    span = ticks * step
+    left, width, row_h, right = 230, 720, 22, 110
     height = 40 + row_h * len(rows)
     scale = width / span
-    parts = [f'<svg class="timeline" viewBox="0 0 {left + width + 20} {height}" width="100%" '
+    parts = [f'<svg class="timeline" viewBox="0 0 {left + width + right} {height}" width="100%" '
              f'role="img" aria-label="Incident stage timeline">']
-    for k in range(6):  # axis
-        x = left + width * k / 5
+    for k in range(ticks + 1):  # axis
+        x = left + k * step * scale
         parts.append(f'<line x1="{x:.1f}" y1="20" x2="{x:.1f}" y2="{height - 10}" stroke="#e9ecef"/>'
-                     f'<text x="{x:.1f}" y="14" class="axis">{span * k / 5:.0f} s</text>')
+                     f'<text x="{x:.1f}" y="14" class="axis" text-anchor="middle">{k * step} s</text>')
     for n, inc in enumerate(rows):
         y = 26 + n * row_h
         label = f"{inc.incident_id[:8]} {inc.slurm_node} {inc.fault_code}"
@@ -122,8 +126,8 @@ def _timeline(incidents: list[Incident]) -> str:
             parts.append(f'<rect x="{left + start * scale:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" '
                          f'rx="2" fill="{STAGE_COLOURS[stage]}"><title>{stage}: {start:.1f}–{end:.1f} s'
                          f'</title></rect>')
-        mark = "✔" if inc.status == "closed" else inc.status
-        parts.append(f'<text x="{left + width + 4}" y="{y + 13}" class="label">{html.escape(mark)}</text>')
+        mark = "✔ recovered" if inc.status == "closed" else inc.status
+        parts.append(f'<text x="{left + width + 8}" y="{y + 13}" class="label">{html.escape(mark)}</text>')
     parts.append("</svg>")
     legend = "".join(f'<span class="key"><i style="background:{c}"></i>{s}</span>' for s, c in STAGE_COLOURS.items())
     return "".join(parts) + f'<div class="legend">{legend}</div>'

@@ -371,6 +371,14 @@ class EmbeddedAWS:
         except Exception:  # noqa: BLE001 - a failing target must not stop the clock
             traceback.print_exc()
 
+    @contextlib.contextmanager
+    def lambdas_held(self) -> Iterator[None]:
+        """No Lambda runs inside this block (invocations wait for its end). A Lambda invocation
+        swaps this process's ``sys.stdout`` while it runs; code that captures stdout itself (a
+        CLI under test) must not overlap one."""
+        with self._lambda_lock:
+            yield
+
     def client(self, service: str) -> Any:
         """A boto3 client of the embedded AWS (one per service, shared: clients are thread-safe)."""
         with self._clients_lock:

@@ -28,9 +28,13 @@ def local() -> Iterator[LocalMode]:
 def cli(local: LocalMode, *args: str, code: int = 0) -> Any:
     """Run ``nodemedic ARGS --json`` against the local stack; return the parsed JSON."""
     target = Target(local.stack.name, session=boto3.Session())
-    result = CliRunner().invoke(app, [*args, "--json"], obj=target, env={"NODEMEDIC_OPERATOR": OPERATOR})
+    with local.aws.lambdas_held():  # a Lambda running meanwhile would swap the stdout CliRunner captures
+        result = CliRunner().invoke(app, [*args, "--json"], obj=target, env={"NODEMEDIC_OPERATOR": OPERATOR})
     assert result.exit_code == code, result.output
-    return json.loads(result.output)
+    try:
+        return json.loads(result.output)
+    except json.JSONDecodeError:
+        raise AssertionError(f"not JSON: {result.output!r} {result.exception!r}") from None
 
 
 def test_remediate_starts_the_state_machine_and_show_explains_each_stage(local: LocalMode) -> None:
@@ -121,7 +125,8 @@ def test_approve_and_deny_answer_a_waiting_incident(local: LocalMode) -> None:
         waiting = []
         for node in ("gpu-1", "gpu-4"):
             started = cli(local, "remediate", node, "--action", "reboot", "--reason", "flaky NVLink")
-            wait_for(lambda i=started["incident"]: "approval" in local.incident(i).stages, "the approval wait")
+            wait_for(lambda i=started["incident"]: any(x.incident_id == i and "approval" in x.stages
+                                                       for x in local.incidents()), "the approval wait", timeout=60)
             waiting.append(started["incident"])
         assert cli(local, "approve", waiting[0], "--reason", "go ahead")["decision"] == "approved"
         assert cli(local, "deny", waiting[1], "--reason", "not now")["decision"] == "denied"
