@@ -48,6 +48,15 @@ def _free_port_base(count: int) -> int:
     raise RuntimeError("no free port range for the local Slurm cluster")
 
 
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for its parent (PID 1 here) to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def version() -> str:
     out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, check=False)
     return out.stdout.strip().split()[-1] if out.stdout.strip() else "unknown"
@@ -154,30 +163,31 @@ class LocalSlurm:
         )
 
     def stop_node(self, node: str) -> None:
-        pidfile = self.root / "run" / f"slurmd-{node}.pid"
-        self._kill_pidfile(pidfile)
+        self._kill([self.root / "run" / f"slurmd-{node}.pid"])
 
-    def _kill_pidfile(self, pidfile: Path) -> None:
-        if not pidfile.exists():
-            return
-        try:
-            pid = int(pidfile.read_text().strip())
-            os.kill(pid, signal.SIGTERM)
-        except (ValueError, ProcessLookupError):
-            pidfile.unlink(missing_ok=True)
-            return
-        for _ in range(100):
+    def _kill(self, pidfiles: list[Path]) -> None:
+        """SIGKILL the daemons and wait until they are gone. This throw-away cluster has no state
+        worth a clean shutdown (slurmctld takes over 5 s to save it on SIGTERM; each slurmd 2 s),
+        and an instance that is replaced or terminated does not shut its slurmd down either."""
+        pids = []
+        for pidfile in pidfiles:
+            if not pidfile.exists():
+                continue
             try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        pidfile.unlink(missing_ok=True)
+                pid = int(pidfile.read_text().strip())
+                os.kill(pid, signal.SIGKILL)
+                pids.append(pid)
+            except (ValueError, ProcessLookupError):
+                pass
+            pidfile.unlink(missing_ok=True)
+        deadline = time.monotonic() + 5
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if _alive(p)]
+            time.sleep(0.02)
 
     def stop(self) -> None:
-        for node in self.nodes:
-            self.stop_node(node)
-        self._kill_pidfile(self.root / "run" / "slurmctld.pid")
+        self._kill([self.root / "run" / f"slurmd-{n}.pid" for n in self.nodes]
+                   + [self.root / "run" / "slurmctld.pid"])
         # slurmstepd of finished jobs exit by themselves; kill leftovers of this cluster's jobs
         subprocess.run(["pkill", "-f", f"{self.root}/jobs"], check=False)
 
