@@ -1,6 +1,6 @@
 """A health event on the bus of the locally deployed template remediates a real Slurm node."""
 
-
+import pytest
 from nodemedic_sandbox.local import LocalMode
 
 from tests.e2e.support import job_running, latest, running_job, wait_for
@@ -119,16 +119,21 @@ def test_a_cloudwatch_alarm_starts_the_same_pipeline(local: LocalMode) -> None:
     assert local.cluster.instance_of("gpu-1") != instance
 
 
-def test_a_runbook_sample_starts_an_execution_that_succeeds(local: LocalMode) -> None:
+@pytest.mark.parametrize(("sample", "action", "node"), [("runbooks/reboot-node.json", "reboot", "gpu-2"),
+                                                     ("runbooks/replace-node.json", "replace", "gpu-2")])
+def test_a_runbook_sample_starts_an_execution_that_succeeds(local: LocalMode, sample: str, action: str,
+                                                            node: str) -> None:
     import json
 
     from tests.conftest import load_event
 
     sfn = local.aws.client("stepfunctions")
-    sfn.start_execution(stateMachineArn=local.stack.state_machine_arn, name="runbook-reboot-gpu-2",
-                        input=json.dumps(load_event("runbooks/reboot-node.json")))
+    sfn.start_execution(stateMachineArn=local.stack.state_machine_arn, name=f"runbook-{action}-{node}",
+                        input=json.dumps(load_event(sample)))
     [execution] = local.wait_for_executions(1)
     assert execution["status"] == "SUCCEEDED", execution.get("cause")
-    incident = local.incident("runbook-reboot-gpu-2")
-    assert (incident.action, incident.fault_class, incident.slurm_node) == ("reboot", "manual", "gpu-2")
+    incident = local.incident(f"runbook-{action}-{node}")
+    assert (incident.action, incident.fault_class, incident.slurm_node, incident.status) == (
+        action, "manual", node, "closed")
     assert "oncall@example.com" in incident.reason
+    assert [r["rung"] for r in incident.stages["repair"].result["rungs"]] == [action]

@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CapacityError, ReplacementFailedError
-from nodemedic.providers.base import CAPACITY_ERRORS, SLURM_NODE_TAG, Member, ReplaceStep, ec2_member
+from nodemedic.providers.base import CAPACITY_ERRORS, SLURM_NODE_TAG, Member, ReplaceStep, ec2_member, reboot_ec2
 
 _GONE = {"shutting-down", "terminated"}
 
@@ -61,10 +61,7 @@ class AutoScalingProvider:
         return None
 
     def reboot(self, instance_ids: list[str]) -> None:
-        try:
-            self._ec2.reboot_instances(InstanceIds=instance_ids)
-        except ClientError as exc:
-            raise ReplacementFailedError(f"cannot reboot {', '.join(instance_ids)}: {exc}") from exc
+        reboot_ec2(self._ec2, instance_ids)
 
     def replace(self, instance_id: str, slurm_node: str, progress: dict[str, Any],
                 claim: Callable[[str], bool]) -> ReplaceStep:

@@ -8,6 +8,8 @@ from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
+from nodemedic.errors import ReplacementFailedError
+
 SLURM_NODE_TAG = "nodemedic:slurm-node"
 TOPOLOGY_TAGS = {"nodemedic:rack": "rack", "nodemedic:switch": "switch"}
 
@@ -51,6 +53,14 @@ def ec2_member(instance: dict[str, Any]) -> Member:
     }
     return Member(instance["InstanceId"], tags.get(SLURM_NODE_TAG), instance["State"]["Name"],
                   tags, {k: v for k, v in topology.items() if v})
+
+
+def reboot_ec2(ec2: Any, instance_ids: list[str]) -> None:
+    """``RebootInstances``; a refusal is a :class:`~nodemedic.errors.ReplacementFailedError`."""
+    try:
+        ec2.reboot_instances(InstanceIds=instance_ids)
+    except ClientError as exc:
+        raise ReplacementFailedError(f"cannot reboot {', '.join(instance_ids)}: {exc}") from exc
 
 
 def is_capacity_error(exc: ClientError) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CapacityError, ReplacementFailedError
-from nodemedic.providers.base import Member, ReplaceStep, ec2_member, is_capacity_error
+from nodemedic.providers.base import Member, ReplaceStep, ec2_member, is_capacity_error, reboot_ec2
 
 CLUSTER_TAG = "nodemedic:cluster"
 _LIVE = ["pending", "running", "stopping", "stopped"]
@@ -41,10 +41,7 @@ class EC2Provider:
         return len(self._instances())
 
     def reboot(self, instance_ids: list[str]) -> None:
-        try:
-            self._ec2.reboot_instances(InstanceIds=instance_ids)
-        except ClientError as exc:
-            raise ReplacementFailedError(f"cannot reboot {', '.join(instance_ids)}: {exc}") from exc
+        reboot_ec2(self._ec2, instance_ids)
 
     def replace(self, instance_id: str, slurm_node: str, progress: dict[str, Any],
                 claim: Callable[[str], bool]) -> ReplaceStep:
