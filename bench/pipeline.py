@@ -68,10 +68,10 @@ def overhead(incidents: int, scheduler: str) -> None:
             node = local.node_names[i % len(local.node_names)]
             commands_before = len(local.cluster.commands)
             invocations_before = len(local.aws.invocations)
+            before = {e["name"] for e in local.executions()}
             put = time.time()
             local.put_event(local.health_event(node, "XID 79", observed_at=datetime.fromtimestamp(put, UTC)))
-            [execution] = [e for e in local.wait_for_executions(i + 1, timeout=120)
-                           if e["startDate"].timestamp() >= put - 1]
+            [execution] = [e for e in local.wait_for_executions(i + 1, timeout=120) if e["name"] not in before]
             if execution["status"] != "SUCCEEDED":
                 raise SystemExit(f"incident {i} on {node} ended {execution['status']}: {execution.get('cause')}")
             incident = local.incident(execution["name"])

@@ -40,10 +40,10 @@ def run(spares: int, faults: int, boot_s: float) -> dict[str, list[float]]:
             nodes = local.scheduler.hostnames(local.scheduler.job(job)["NodeList"])
             sick = nodes[i % len(nodes)]
             invoked_before = len(local.aws.invocations)
+            before = {e["name"] for e in local.executions()}
             put = time.time()
             local.put_event(local.health_event(sick, "XID 79", observed_at=datetime.fromtimestamp(put, UTC)))
-            [execution] = [e for e in local.wait_for_executions(i + 1, timeout=300)
-                           if e["startDate"].timestamp() >= put - 1]
+            [execution] = [e for e in local.wait_for_executions(i + 1, timeout=300) if e["name"] not in before]
             incident = local.incident(execution["name"])
             if execution["status"] != "SUCCEEDED" or incident.status != "closed":
                 raise SystemExit(f"{label}: fault {i} on {sick}: {execution['status']} {incident.status} "
