@@ -1,38 +1,28 @@
-"""Deep health check stage: start the check on the instance (its result comes back as a
-callback), or verify an ambiguous fault before anything destructive happens."""
+"""Deep health check stage: start the check on the instance; its result comes back as a callback
+(HealthCheckResult). After a rung of the ladder, or to verify an ambiguous fault first."""
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
 from nodemedic.contracts.stages import HealthCheckInput
-from nodemedic.errors import InvalidEventError
 from nodemedic.observability import utc_now
 from nodemedic.settings import settings
-from nodemedic.stages.health_check import start_check, verify
+from nodemedic.stages.health_check import start_check
 
 logger = Logger()
-metrics = Metrics()
 
 
 @logger.inject_lambda_context
-@metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = HealthCheckInput.model_validate(event)
     incident = request.incident
     s = settings()
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node, purpose=request.purpose)
-    if request.purpose == "verify":
-        out = verify(incident, runner=wiring.run_command(), ledger=wiring.ledger(), control=wiring.control(),
-                     command=s.deep_health_check_command, timeout_s=s.command_timeout_seconds, clock=utc_now)
-        logger.info("verified", healthy=out.healthy)
-        return out.model_dump(mode="json")
-    if not request.task_token:
-        raise InvalidEventError("a recovery check needs the task token of the state machine's callback task")
     command_id = start_check(incident, request.instance_id, request.level, request.task_token,
-                             ssm=wiring.client("ssm"), ledger=wiring.ledger(), document=s.health_check_document,
-                             command=s.health_check_commands[request.level], timeout_s=s.command_timeout_seconds,
-                             clock=utc_now)
+                             purpose=request.purpose, ssm=wiring.client("ssm"), ledger=wiring.ledger(),
+                             document=s.health_check_document, command=s.health_check_commands[request.level],
+                             timeout_s=s.command_timeout_seconds, clock=utc_now)
     logger.info("deep health check sent", instance=request.instance_id, level=request.level, command=command_id)
     return {"command_id": command_id}

@@ -19,7 +19,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.warning("not an SSM command status event; ignored", detail_type=event.get("detail-type"))
         return {"answered": False}
     out = complete_check(command_id, ssm=wiring.client("ssm"), stepfunctions=wiring.client("stepfunctions"),
-                         ledger=wiring.ledger(), clock=utc_now)
+                         ledger=wiring.ledger(), control=wiring.control(), clock=utc_now)
     if out is None:
         logger.info("no deep health check waits on this command", command=command_id, status=detail.get("status"))
         return {"answered": False}

@@ -112,14 +112,17 @@ class DenialInput(_Model):
     denial: dict[str, str | None] = Field(description="the Catch's error: {Error, Cause}")
 
 
+Purpose = Literal["recovery", "verify"]
+
+
 class HealthCheckInput(_Model):
     incident: IncidentRef
     instance_id: str
-    purpose: Literal["recovery", "verify"] = Field(
-        default="recovery", description="verify: check an ambiguous fault before acting; never raises")
+    purpose: Purpose = Field(
+        default="recovery", description="verify: check an ambiguous fault before acting")
     level: CheckLevel = "quick"
-    task_token: str | None = Field(default=None, description="recovery: the callback token; the result "
-                                   "comes back through SSM's status-change event")
+    task_token: str = Field(min_length=1, description="the callback token; the result comes back through "
+                                                      "SSM's status-change event")
 
 
 class HealthCheckOutput(_Model):

@@ -5,9 +5,9 @@ SSM command and returns; the state machine waits on its task token; SSM's "EC2 C
 Invocation Status-change Notification" event invokes :func:`complete_check`, which reads the
 report and answers the token. No Lambda waits and no state polls.
 
-The same check also *verifies* an ambiguous fault before anything destructive happens
-(:func:`verify`, a short synchronous run): a healthy node ends the incident (not corroborated,
-node untouched); an unhealthy one is the second signal, and remediation goes on.
+The same check, also a callback, *verifies* an ambiguous fault before anything destructive
+happens (:func:`verified`): a healthy node ends the incident (not corroborated, node untouched);
+an unhealthy one is the second signal, and remediation goes on.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from datetime import datetime
 from typing import Any
 
 from nodemedic.contracts.incident import IncidentRef
-from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput
-from nodemedic.providers.run_command import CommandResult, RunCommand
+from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
+from nodemedic.providers.run_command import CommandResult
 from nodemedic.safety.gate import lineage_keys
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -51,6 +51,7 @@ def start_check(
     level: CheckLevel,
     task_token: str,
     *,
+    purpose: Purpose = "recovery",
     ssm: Any,
     ledger: Ledger,
     document: str,
@@ -59,29 +60,41 @@ def start_check(
     clock: Callable[[], datetime],
 ) -> str:
     """Send the deep health check to the instance and return at once: the state machine waits on
-    ``task_token``, which :func:`complete_check` answers when SSM reports the command ended."""
-    record = ledger.start_stage(incident, "repair", clock())
+    ``task_token``, which :func:`complete_check` answers when SSM reports the command ended.
+    ``recovery``: the check after a rung of the ladder (recorded on the rung). ``verify``: an
+    ambiguous fault is checked before anything destructive (recorded in the ``verify`` stage)."""
+    stage = "repair" if purpose == "recovery" else "verify"
+    record = ledger.start_stage(incident, stage, clock())
+    if record.completed_at:  # verify answered already; a late retry sends nothing
+        return str(record.result.get("check", {}).get("command_id", ""))  # type: ignore[union-attr]
     rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
     token_id = hashlib.sha256(task_token.encode()).hexdigest()[:16]
-    sent_before = rungs[-1].get("check", {}) if rungs else {}
+    sent_before = (rungs[-1].get("check", {}) if rungs else {}) if purpose == "recovery" else \
+        dict(record.result.get("check", {}))  # type: ignore[call-overload]
     if sent_before.get("token") == token_id:  # a retried invocation for the same wait: sent already
         return str(sent_before["command_id"])
     sent = ssm.send_command(
-        InstanceIds=[instance_id], DocumentName=document, Comment=f"nodemedic {level} check {incident.slurm_node}"[:100],
+        InstanceIds=[instance_id], DocumentName=document,
+        Comment=f"nodemedic {purpose} {level} check {incident.slurm_node}"[:100],
         TimeoutSeconds=max(30, timeout_s), Parameters={"commands": [command], "executionTimeout": [str(timeout_s)]},
     )
     command_id = str(sent["Command"]["CommandId"])
     ledger.save_check(command_id, incident.incident_id, task_token,
-                      {"instance_id": instance_id, "level": level, "incident": incident.model_dump(mode="json")})
-    if rungs:
-        rungs[-1]["check"] = {"level": level, "command_id": command_id, "instance_id": instance_id,
-                              "started_at": clock().isoformat(), "token": token_id}
+                      {"instance_id": instance_id, "level": level, "purpose": purpose,
+                       "incident": incident.model_dump(mode="json")})
+    check = {"level": level, "command_id": command_id, "instance_id": instance_id,
+             "started_at": clock().isoformat(), "token": token_id}
+    if purpose == "verify":
+        ledger.record_progress(incident, "verify", {"check": check})
+    elif rungs:
+        rungs[-1]["check"] = check
         ledger.record_progress(incident, "repair", {"rungs": rungs})
     return command_id
 
 
 def complete_check(
-    command_id: str, *, ssm: Any, stepfunctions: Any, ledger: Ledger, clock: Callable[[], datetime]
+    command_id: str, *, ssm: Any, stepfunctions: Any, ledger: Ledger, control: ControlStore,
+    clock: Callable[[], datetime],
 ) -> HealthCheckOutput | None:
     """SSM says the check's command ended: read its report, record it, answer the waiting task.
     None when no check waits on this command (another command, or answered already)."""
@@ -95,13 +108,10 @@ def complete_check(
                            inv.get("StandardOutputContent", ""), inv.get("StandardErrorContent", ""))
     healthy, checks = parse_report(result)
     out = HealthCheckOutput(instance_id=result.instance_id, healthy=healthy, checks=checks, level=detail["level"])
-    record = ledger.get(incident.incident_id).stages.get("repair")
-    rungs: list[dict[str, Any]] = list(record.result.get("rungs", [])) if record else []  # type: ignore[call-overload]
-    if rungs and rungs[-1].get("check", {}).get("command_id") == command_id:
-        rungs[-1]["check"].update(healthy=healthy, checks=checks, ended_at=clock().isoformat())
-        ledger.record_progress(incident, "repair", {"rungs": rungs})
-        if healthy:  # the ladder ends here
-            ledger.complete_stage(incident, "repair", clock(), {**record.result, "rungs": rungs})  # type: ignore[union-attr]
+    if detail.get("purpose") == "verify":
+        verified(incident, out, ledger=ledger, control=control, now=clock())
+    else:
+        _record_on_rung(incident, command_id, out, ledger, clock())
     try:
         stepfunctions.send_task_success(taskToken=token, output=out.model_dump_json())
     except (stepfunctions.exceptions.TaskTimedOut, stepfunctions.exceptions.TaskDoesNotExist,
@@ -110,28 +120,29 @@ def complete_check(
     return out
 
 
-def verify(
-    incident: IncidentRef,
-    *,
-    runner: RunCommand,
-    ledger: Ledger,
-    control: ControlStore,
-    command: str,
-    timeout_s: int,
-    clock: Callable[[], datetime],
-) -> HealthCheckOutput:
-    record = ledger.start_stage(incident, "verify", clock())
-    if record.completed_at:
-        return HealthCheckOutput.model_validate(record.result)
-    result = runner.run(incident.instance_id, command, timeout_s, f"verify {incident.slurm_node}")
-    healthy, checks = parse_report(result)
-    out = HealthCheckOutput(instance_id=incident.instance_id, healthy=healthy, checks=checks)
-    done = clock()
-    ledger.complete_stage(incident, "verify", done, out.model_dump(mode="json"))
-    if healthy:  # not a remediation after all: it no longer counts toward the breaker
+def _record_on_rung(incident: IncidentRef, command_id: str, out: HealthCheckOutput, ledger: Ledger,
+                    now: datetime) -> None:
+    record = ledger.get(incident.incident_id).stages.get("repair")
+    rungs: list[dict[str, Any]] = list(record.result.get("rungs", [])) if record else []  # type: ignore[call-overload]
+    if not rungs or rungs[-1].get("check", {}).get("command_id") != command_id:
+        return
+    rungs[-1]["check"].update(healthy=out.healthy, checks=out.checks, ended_at=now.isoformat())
+    ledger.record_progress(incident, "repair", {"rungs": rungs})
+    if out.healthy:  # the ladder ends here
+        ledger.complete_stage(incident, "repair", now, {**record.result, "rungs": rungs})  # type: ignore[union-attr]
+
+
+def verified(incident: IncidentRef, out: HealthCheckOutput, *, ledger: Ledger, control: ControlStore,
+             now: datetime) -> None:
+    """The verification's answer: healthy ends the incident (not corroborated, node untouched);
+    unhealthy is the second signal, and counts in the node's lineage."""
+    record = ledger.get(incident.incident_id).stages.get("verify")
+    if record is None or record.completed_at:
+        return
+    ledger.complete_stage(incident, "verify", now, {**record.result, **out.model_dump(mode="json")})
+    if out.healthy:  # not a remediation after all: it no longer counts toward the breaker
         control.change(lambda state: state.admissions.pop(incident.incident_id, None))
-        ledger.close(incident, done, f"not corroborated: {incident.fault_code} from {incident.source} alone, "
-                                     f"and the deep health check passed; node untouched")
+        ledger.close(incident, now, f"not corroborated: {incident.fault_code} from {incident.source} alone, "
+                                    f"and the deep health check passed; node untouched")
     else:
-        control.append_lineage(lineage_keys(incident), incident.incident_id, done)
-    return out
+        control.append_lineage(lineage_keys(incident), incident.incident_id, now)
