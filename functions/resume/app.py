@@ -39,10 +39,11 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         _job_downtime(incident, jobs)
         return jobs.model_dump(mode="json")
     out = resume(incident, request.destination, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
-                 prefix=s.drain_reason_prefix, job_wait_s=s.job_start_wait_seconds, clock=utc_now)
+                 prefix=s.drain_reason_prefix, job_wait_s=s.job_start_wait_seconds, pool_size=s.hot_spares,
+                 clock=utc_now)
     logger.info("incident closed", resumed=out.resumed, destination=out.destination, node_state=out.node_state)
     record_durations(metrics, incident, {"TimeToResume": out.time_to_recover_s,
                                          "TimeToRecover": out.time_to_recover_s})
-    if request.destination == "service":
+    if request.destination == "service":  # with a spare, AwaitJobs recorded the job's downtime already
         _job_downtime(incident, out.jobs)
     return out.model_dump(mode="json")

@@ -119,3 +119,22 @@ def test_ec2_stop_start_replaces_the_hardware_and_keeps_the_instance() -> None:
         assert rung["progress"] == {"stop_requested": True, "start_requested": True}
         assert rung["instance_id"] == instance == local.cluster.instance_of("gpu-4")
         assert "DRAIN" not in local.scheduler.node("gpu-4")["State"]
+
+
+def test_a_repaired_node_goes_back_into_service_when_the_pool_is_already_full() -> None:
+    import os
+    import subprocess
+
+    with stack(nodes=4, spares=1, **OPEN) as local:
+        # an operator put one more node into the reservation by hand: the pool is over its target
+        subprocess.run(["scontrol", "update", f"reservationname={local.cluster.spare_reservation}",
+                        "nodes=gpu-4,gpu-5"], env={**os.environ, **local.scheduler.env}, check=True)
+        local.put_event(local.health_event("gpu-1", "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=90)
+
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        incident = local.incident(execution["name"])
+        taken = incident.stages["spare"].result["spare"]
+        assert incident.stages["resume"].result["destination"] == "service"
+        assert local.cluster.spare_pool() == sorted({"gpu-4", "gpu-5"} - {taken})
+        assert "DRAIN" not in local.scheduler.node("gpu-1")["State"]

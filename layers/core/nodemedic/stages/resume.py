@@ -56,16 +56,21 @@ def await_jobs(
 
 def resume(
     incident: IncidentRef, destination: Destination, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str,
-    job_wait_s: float, clock: Callable[[], datetime],
+    job_wait_s: float, pool_size: int, clock: Callable[[], datetime],
 ) -> ResumeOutput:
+    """``destination`` pool: the node refills the spare pool, unless the pool already has
+    ``pool_size`` nodes (an operator added some meanwhile): then it goes back into service."""
     record = ledger.start_stage(incident, "resume", clock())
     if record.completed_at:
         return ResumeOutput.model_validate(record.result)
     status = orchestrator.node_status(incident.slurm_node)
     if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
         resumed = bool(record.result["resumed"])
+        destination = record.result.get("destination", destination)  # type: ignore[assignment]
     else:
         resumed = status.drained_by(owner_tag(prefix, incident))
+        if destination == "pool" and len(orchestrator.spares()) >= pool_size:
+            destination = "service"
         if resumed and destination == "pool":
             orchestrator.add_spare(incident.slurm_node)
             ledger.release(SPARE, incident.slurm_node)
@@ -73,7 +78,7 @@ def resume(
             orchestrator.resume(incident.slurm_node)
         if resumed:
             status = orchestrator.node_status(incident.slurm_node)
-        ledger.record_progress(incident, "resume", {"resumed": resumed})
+        ledger.record_progress(incident, "resume", {"resumed": resumed, "destination": destination})
     jobs = await_jobs(incident, orchestrator=orchestrator, ledger=ledger, wait_s=job_wait_s, clock=clock)
     done = clock()
     out = ResumeOutput(
