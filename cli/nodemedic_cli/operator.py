@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from nodemedic import operations
 from nodemedic.contracts.events import RemediationRequest
-from nodemedic.contracts.incident import STAGES, Incident
+from nodemedic.contracts.incident import ENDED_STATUSES, STAGES, Incident
 from nodemedic.contracts.problems import describe
 from nodemedic.errors import CommandFailedError, IncidentStateError
 from nodemedic.operations import OperatorError
@@ -170,9 +170,12 @@ def show(target: Target, incident_id: str) -> dict[str, Any]:
 # -- automation switches ----------------------------------------------------------------------
 def control_status(target: Target) -> dict[str, Any]:
     state = target.control.read()
+    admitted = sorted(state.admissions)
+    statuses = target.ledger.statuses(admitted)
     return {"paused": state.paused.model_dump(mode="json") if state.paused else None,
             "breaker": state.breaker.model_dump(mode="json"),
-            "admissions_in_progress": sorted(state.admissions)}
+            "admitted_in_window": admitted,  # what the breaker counts (closed ones too, until the window ends)
+            "in_progress": [i for i in admitted if statuses.get(i, "open") not in ENDED_STATUSES]}
 
 
 def spares(target: Target) -> dict[str, Any]:

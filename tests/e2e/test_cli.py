@@ -14,7 +14,7 @@ from nodemedic_cli.target import Target
 from nodemedic_sandbox.local import LocalMode
 from typer.testing import CliRunner
 
-from tests.e2e.support import OPERATOR, stack, wait_for
+from tests.e2e.support import OPERATOR, running_job, stack, wait_for
 
 OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
 
@@ -38,20 +38,23 @@ def cli(local: LocalMode, *args: str, code: int = 0) -> Any:
 
 
 def test_remediate_starts_the_state_machine_and_show_explains_each_stage(local: LocalMode) -> None:
-    started = cli(local, "remediate", "gpu-2", "--action", "replace", "--reason", "GPU 3 keeps failing NCCL")
+    job, nodes = running_job(local)
+    sick = nodes[0]
+    started = cli(local, "remediate", sick, "--action", "replace", "--reason", "GPU 3 keeps failing NCCL")
     assert started["started"] and started["action"] == "replace"
     [execution] = local.wait_for_executions(1, timeout=90)
     assert execution["status"] == "SUCCEEDED", execution.get("cause")
 
     shown = cli(local, "show", started["incident"])
     assert {k: shown[k] for k in ("node", "status", "fault_class")} == {
-        "node": "gpu-2", "status": "closed", "fault_class": "manual"}
+        "node": sick, "status": "closed", "fault_class": "manual"}
     assert OPERATOR in shown["reason"] and shown["ladder"] == ["replace"]
     stages = {row["stage"]: row for row in shown["timeline"]}
     assert list(stages) == ["detect", "gate", "drain", "spare", "jobs", "repair", "resume"]
     assert all(row["seconds"] is not None and row["seconds"] >= 0 for row in shown["timeline"])
     assert stages["gate"]["decision"].startswith("proceed")
-    assert stages["spare"]["decision"].startswith("gpu-5 left the spare pool")
+    assert stages["spare"]["decision"].startswith(f"gpu-5 left the spare pool to take {sick}'s jobs")
+    assert job in stages["drain"]["decision"] and job in stages["jobs"]["decision"]
     assert "replace on i-" in stages["repair"]["decision"] and "healthy" in stages["repair"]["decision"]
 
     listed = cli(local, "incidents")
@@ -61,7 +64,7 @@ def test_remediate_starts_the_state_machine_and_show_explains_each_stage(local: 
     assert cli(local, "incidents", "--since", "1h")[0]["incident"] == started["incident"]
 
     pool = cli(local, "spares")
-    assert pool["target_size"] == 1 and pool["nodes"] == [{"node": "gpu-2", "state": pool["nodes"][0]["state"],
+    assert pool["target_size"] == 1 and pool["nodes"] == [{"node": sick, "state": pool["nodes"][0]["state"],
                                                            "ready": True}]
 
 

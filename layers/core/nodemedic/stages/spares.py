@@ -5,6 +5,8 @@ The pool is the nodes of one Slurm reservation (``SpareReservation``, ``users=ro
 Taking a spare removes it from the reservation, so the requeued job (the oldest pending job)
 starts on it at once. The failed node is repaired off the critical path, passes the *full* deep
 health check and joins the reservation in the spare's place (see :mod:`nodemedic.stages.resume`).
+A node that ran no job leaves the pool alone (the spares wait for a failure that interrupts a
+job): it is repaired, then resumed.
 """
 
 from __future__ import annotations
@@ -32,9 +34,15 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger
     if record.completed_at:
         return SpareOutput.model_validate(record.result)
     spare = record.result.get("spare")
+    drained = ledger.get(incident.incident_id).stages.get("drain")
+    interrupted = drained.result.get("requeued_jobs", []) if drained else []
     if pool_size == 0:
         out = SpareOutput(spare=None, destination="service", pool=[],
                           reason="no hot-spare pool configured (HotSpares=0): replace, then resume")
+    elif not interrupted and not spare:
+        out = SpareOutput(spare=None, destination="service", pool=[],
+                          reason=f"no job was interrupted on {incident.slurm_node} (Drain requeued none): the "
+                                 "spares stay for a failure that interrupts one; repair, then resume")
     else:
         pool = orchestrator.spares()
         if not spare:
