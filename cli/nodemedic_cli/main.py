@@ -5,7 +5,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ from rich.table import Table
 from nodemedic_cli import operator, report
 from nodemedic_cli.console import console
 from nodemedic_cli.fleet.commands import app as fleet_app
+from nodemedic_cli.fleet.model import parse_duration_hours
 from nodemedic_cli.target import Target, TargetError, stack_from_samconfig
 
 err_console = Console(stderr=True)
@@ -303,15 +303,14 @@ def _n(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-_AGO = re.compile(r"^(\d+)([mhd])$")
-
-
 def _since(text: str | None) -> datetime | None:
+    """``--since``: a duration ago (the fleet commands' syntax: 30m, 24h, 7d) or an ISO time."""
     if not text:
         return None
-    m = _AGO.match(text.strip())
-    if m:
-        return datetime.now(UTC) - timedelta(**{{"m": "minutes", "h": "hours", "d": "days"}[m.group(2)]: int(m.group(1))})
+    try:
+        return datetime.now(UTC) - timedelta(hours=parse_duration_hours(text))
+    except ValueError:
+        pass
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

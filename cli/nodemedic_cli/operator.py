@@ -16,7 +16,6 @@ from nodemedic.contracts.incident import ENDED_STATUSES, STAGES, Incident
 from nodemedic.contracts.problems import describe
 from nodemedic.errors import CommandFailedError, IncidentStateError
 from nodemedic.operations import OperatorError
-from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.providers.run_command import RunCommand
 from nodemedic.stages.health_check import parse_report
 from pydantic import ValidationError
@@ -76,13 +75,11 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
 
 
 def instance_of(target: Target, node: str) -> str:
-    found = target.client("ec2").describe_instances(Filters=[
-        {"Name": f"tag:{SLURM_NODE_TAG}", "Values": [node]},
-        {"Name": "instance-state-name", "Values": ["running"]}])
-    ids = [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]]
-    if len(ids) != 1:
-        raise OperatorError(f"{len(ids)} running instances are tagged {SLURM_NODE_TAG}={node}; expected one")
-    return ids[0]
+    member = target.provider.member_by_node(node)
+    if member is None or member.state != "running":
+        raise OperatorError(f"no running instance of cluster {target.cluster} backs {node}"
+                            + (f" ({member.instance_id} is {member.state})" if member else ""))
+    return member.instance_id
 
 
 def health_check(target: Target, node: str, level: str) -> dict[str, Any]:

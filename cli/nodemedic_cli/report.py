@@ -57,10 +57,21 @@ def stat(values: list[float]) -> Stat:
     return Stat(n=len(values), p50=round(statistics.median(values), 3), p90=round(_pct(values, 90), 3))
 
 
+def in_period(incidents: list[Incident], since: datetime | None) -> list[Incident]:
+    return [i for i in incidents if since is None or i.observed_at >= since]
+
+
+def mttd_values(incidents: list[Incident]) -> list[float]:
+    return [(i.detected_at - i.observed_at).total_seconds() for i in incidents]
+
+
+def mttr_values(incidents: list[Incident]) -> list[float]:
+    """Recovered (closed) incidents only: held, failed, quarantined ones did not recover."""
+    return [(i.closed_at - i.observed_at).total_seconds() for i in incidents if i.status == "closed" and i.closed_at]
+
+
 def _class_report(name: str, incidents: list[Incident]) -> ClassReport:
-    mttd = [(i.detected_at - i.observed_at).total_seconds() for i in incidents]
-    closed = [i for i in incidents if i.status == "closed" and i.closed_at]
-    mttr = [(i.closed_at - i.observed_at).total_seconds() for i in closed if i.closed_at]
+    mttd, mttr = mttd_values(incidents), mttr_values(incidents)
     downtime = [float(d) for i in incidents if "jobs" in i.stages
                 if (d := i.stages["jobs"].result.get("job_downtime_s")) is not None]  # type: ignore[arg-type]
     stages: dict[str, list[float]] = defaultdict(list)
@@ -68,13 +79,13 @@ def _class_report(name: str, incidents: list[Incident]) -> ClassReport:
         for stage, record in i.stages.items():
             if record.completed_at:
                 stages[stage].append((record.completed_at - record.started_at).total_seconds())
-    return ClassReport(fault_class=name, incidents=len(incidents), recovered=len(closed), mttd_s=stat(mttd),
+    return ClassReport(fault_class=name, incidents=len(incidents), recovered=len(mttr), mttd_s=stat(mttd),
                        mttr_s=stat(mttr), job_downtime_s=stat(downtime),
                        stages_s={s: stat(stages[s]) for s in STAGES if stages.get(s)})
 
 
 def build(incidents: list[Incident], since: datetime | None = None) -> Report:
-    chosen = [i for i in incidents if since is None or i.observed_at >= since]
+    chosen = in_period(incidents, since)
     classes: dict[str, list[Incident]] = defaultdict(list)
     for i in chosen:
         classes[i.fault_class].append(i)
@@ -156,9 +167,8 @@ def _histogram(title: str, values: list[float], colour: str) -> str:
 
 
 def render_html(report: Report, incidents: list[Incident], title: str) -> str:
-    chosen = [i for i in incidents if report.since is None or i.observed_at >= report.since]
-    mttd = [(i.detected_at - i.observed_at).total_seconds() for i in chosen]
-    mttr = [(i.closed_at - i.observed_at).total_seconds() for i in chosen if i.status == "closed" and i.closed_at]
+    chosen = in_period(incidents, report.since)
+    mttd, mttr = mttd_values(chosen), mttr_values(chosen)
     rows = "".join(
         f"<tr><td>{html.escape(c.fault_class)}</td><td>{c.incidents}</td><td>{c.recovered}</td>"
         f"<td>{_fmt(c.mttd_s.p50)}</td><td>{_fmt(c.mttd_s.p90)}</td><td>{_fmt(c.mttr_s.p50)}</td>"

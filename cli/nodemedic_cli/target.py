@@ -18,6 +18,8 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 from nodemedic.errors import NodeMedicError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
+from nodemedic.providers.base import Provider
+from nodemedic.providers.kinds import provider_for
 from nodemedic.providers.run_command import RunCommand
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -97,3 +99,10 @@ class Target:
         return SlurmViaSSM(RunCommand(self.client("ssm"), poll_interval=0.5), p["SlurmControllerInstanceId"],
                            int(p.get("CommandTimeoutSeconds") or 120),
                            spare_reservation=p.get("SpareReservation") or "nodemedic_spares")
+
+    @cached_property
+    def provider(self) -> Provider:
+        p = self.parameters
+        return provider_for(p.get("Provider") or "autoscaling", self.client, cluster=self.cluster,
+                            autoscaling_group=p.get("AutoScalingGroupName", ""),
+                            hyperpod_cluster=p.get("HyperPodClusterName", ""))

@@ -11,10 +11,8 @@ from botocore.exceptions import ClientError
 
 from nodemedic.errors import PolicyError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
-from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.base import Provider
-from nodemedic.providers.ec2 import EC2Provider
-from nodemedic.providers.hyperpod import HyperPodProvider
+from nodemedic.providers.kinds import provider_for
 from nodemedic.providers.run_command import RunCommand
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.settings import settings
@@ -72,11 +70,8 @@ def orchestrator() -> SlurmViaSSM:
 @lru_cache(maxsize=1)
 def provider() -> Provider:
     s = settings()
-    if s.provider == "ec2":
-        return EC2Provider(client("ec2"), s.cluster_name)
-    if s.provider == "hyperpod":
-        return HyperPodProvider(client("sagemaker"), s.hyperpod_cluster_name)
-    return AutoScalingProvider(client("autoscaling"), client("ec2"), s.autoscaling_group_name)
+    return provider_for(s.provider, client, cluster=s.cluster_name, autoscaling_group=s.autoscaling_group_name,
+                        hyperpod_cluster=s.hyperpod_cluster_name)
 
 
 def reset(*, keep_clients: bool = False) -> None:

@@ -27,6 +27,12 @@ def parse_scontrol_record(line: str) -> dict[str, str]:
     return fields
 
 
+def _node_status(fields: dict[str, str]) -> NodeStatus:
+    """A node's status from its ``scontrol show node -o`` record (the reason without its stamp)."""
+    reason = _REASON_SUFFIX.sub("", fields.get("Reason", "")).strip()
+    return NodeStatus(name=fields["NodeName"], state=fields.get("State", ""), reason=reason)
+
+
 class SlurmViaSSM:
     """:class:`~nodemedic.orchestrators.base.Orchestrator` for Slurm, driven with SSM."""
 
@@ -45,8 +51,7 @@ class SlurmViaSSM:
         fields = parse_scontrol_record(out.strip().splitlines()[-1] if out.strip() else "")
         if fields.get("NodeName") != node:
             raise CommandFailedError(f"scontrol did not describe node {node}: {out.strip()[:300]}")
-        reason = _REASON_SUFFIX.sub("", fields.get("Reason", "")).strip()
-        return NodeStatus(name=node, state=fields.get("State", ""), reason=reason)
+        return _node_status(fields)
 
     def drain(self, node: str, reason: str) -> None:
         try:
@@ -113,6 +118,15 @@ class SlurmViaSSM:
         return states
 
     # -- hot spares: the nodes of one Slurm reservation -----------------------------------
+    def _pool_nodes(self) -> str:
+        """Shell that sets ``$old`` to the spare reservation's nodes, one per line (empty if none)."""
+        return (
+            f"cur=$(scontrol show reservation {shlex.quote(self._reservation)} -o 2>/dev/null "
+            "| grep -o ' Nodes=[^ ]*' | cut -d= -f2)\n"
+            '[ "$cur" = "(null)" ] && cur=""\n'
+            'old=""; [ -n "$cur" ] && old=$(scontrol show hostnames "$cur")\n'
+        )
+
     def _spares_script(self, change: str) -> str:
         """Read the reservation's nodes, apply ``change`` (a shell filter over one name per line),
         write the reservation back: all under a lock, since Slurm 22.05 cannot add or remove a
@@ -120,10 +134,8 @@ class SlurmViaSSM:
         r = shlex.quote(self._reservation)
         return (
             f"exec 9>/tmp/nodemedic-{self._reservation}.lock && flock -w 60 9\n"
-            f"cur=$(scontrol show reservation {r} -o 2>/dev/null | grep -o ' Nodes=[^ ]*' | cut -d= -f2)\n"
-            '[ "$cur" = "(null)" ] && cur=""\n'
-            'old=""; [ -n "$cur" ] && old=$(scontrol show hostnames "$cur")\n'
-            f'new=$(printf "%s\\n" "$old" | {change} | grep -v "^$" | sort -u | paste -sd, -)\n'
+            + self._pool_nodes()
+            + f'new=$(printf "%s\\n" "$old" | {change} | grep -v "^$" | sort -u | paste -sd, -)\n'
             'if [ "$new" = "$(printf "%s\\n" "$old" | grep -v "^$" | sort -u | paste -sd, -)" ]; then :\n'
             f'elif [ -z "$new" ]; then scontrol delete reservationname={r}\n'
             f'elif [ -z "$old" ]; then scontrol create reservation reservationname={r} nodes="$new" users=root '
@@ -133,19 +145,9 @@ class SlurmViaSSM:
 
     def spares(self) -> list[NodeStatus]:
         """The nodes in the spare reservation, with their state (a drained or down one is no spare)."""
-        r = shlex.quote(self._reservation)
-        out = self._sh(
-            f"cur=$(scontrol show reservation {r} -o 2>/dev/null | grep -o ' Nodes=[^ ]*' | cut -d= -f2)\n"
-            '[ -z "$cur" ] || [ "$cur" = "(null)" ] || '
-            'for n in $(scontrol show hostnames "$cur"); do scontrol show node "$n" -o; done',
-            "list spares")
-        found = []
-        for line in out.splitlines():
-            fields = parse_scontrol_record(line)
-            if fields.get("NodeName"):
-                found.append(NodeStatus(fields["NodeName"], fields.get("State", ""),
-                                        _REASON_SUFFIX.sub("", fields.get("Reason", "")).strip()))
-        return found
+        out = self._sh(self._pool_nodes() + 'for n in $old; do scontrol show node "$n" -o; done', "list spares")
+        records = [parse_scontrol_record(line) for line in out.splitlines()]
+        return [_node_status(fields) for fields in records if fields.get("NodeName")]
 
     def take_spare(self, node: str) -> None:
         """Take ``node`` out of the spare reservation: pending jobs (the requeued one first, by

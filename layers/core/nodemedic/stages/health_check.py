@@ -69,8 +69,10 @@ def start_check(
         return str(record.result.get("check", {}).get("command_id", ""))  # type: ignore[union-attr]
     rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
     token_id = hashlib.sha256(task_token.encode()).hexdigest()[:16]
-    sent_before = (rungs[-1].get("check", {}) if rungs else {}) if purpose == "recovery" else \
-        dict(record.result.get("check", {}))  # type: ignore[call-overload]
+    if purpose == "verify":
+        sent_before: dict[str, Any] = dict(record.result.get("check", {}))  # type: ignore[call-overload]
+    else:
+        sent_before = rungs[-1].get("check", {}) if rungs else {}
     if sent_before.get("token") == token_id:  # a retried invocation for the same wait: sent already
         return str(sent_before["command_id"])
     sent = ssm.send_command(

@@ -97,7 +97,8 @@ def end_unrecovered(
 ) -> EndOutput:
     """The ladder could not bring the node back: keep it drained (and its lock: later events
     fold into this incident), mark why, and say what the on-call must do."""
-    repair = ledger.get(incident.incident_id).stages.get("repair")
+    current = ledger.get(incident.incident_id)
+    repair = current.stages.get("repair")
     rungs = list(repair.result.get("rungs", [])) if repair else []  # type: ignore[call-overload]
     tried = ", ".join(f"{r['rung']} ({r['instance_id']}: "
                       f"{'healthy' if r.get('check', {}).get('healthy') else 'unhealthy'})" for r in rungs) or "none"
@@ -119,6 +120,6 @@ def end_unrecovered(
         ledger.complete_stage(incident, "repair", clock(), repair.result)
     if rungs and rungs[-1]["instance_id"] != incident.instance_id:  # a replacement backs the node now
         ledger.lock(incident, rungs[-1]["instance_id"])
-    if ledger.get(incident.incident_id).status == "open":
+    if current.status == "open":  # a retried invocation finds it ended already
         ledger.end(incident, status, clock(), message, release_node=False)  # type: ignore[arg-type]
     return EndOutput(status=status, message=message)  # type: ignore[arg-type]
