@@ -26,9 +26,10 @@ chromium:  ## install Debian's Chromium, which renders the HTML report in a test
 demo: venv slurm  ## run the local end-to-end demo
 	$(BIN)/nodemedic demo
 
-lint: venv  ## cfn-lint the template, ruff the code
+lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda
 	$(BIN)/cfn-lint template.yaml
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: venv slurm chromium lint  ## run the whole test suite
 	$(BIN)/pytest

@@ -24,7 +24,7 @@ RUNS = 5
 
 
 def import_ms(function_dir: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "layers" / "core"), "POWERTOOLS_SERVICE_NAME": function_dir.name,
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "layers" / "core"),
            "POWERTOOLS_METRICS_NAMESPACE": "NodeMedic"}
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import app"], cwd=function_dir, env=env,
                          capture_output=True, text=True, check=True)

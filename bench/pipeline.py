@@ -150,7 +150,7 @@ def burst(nodes: int, events: int, wait: bool) -> None:
             finished = round(time.monotonic() - start, 1)
             incidents = local.incidents()  # their final statuses
         per_node = {n: sum(i.slurm_node == n for i in incidents) for n in local.node_names}
-        drains = {n: len([c for c in local.scontrol_commands("state=drain") if f"nodename={n} " in c + " "])
+        drains = {n: local.drains().count(n)
                   for n in local.node_names}
         statuses = dict(Counter(i.status for i in incidents))
         correct = len(incidents) == nodes and set(per_node.values()) == {1} and max(drains.values()) <= 1

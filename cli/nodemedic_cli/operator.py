@@ -16,7 +16,7 @@ from nodemedic.contracts.incident import ENDED_STATUSES, STAGES, Incident
 from nodemedic.contracts.problems import describe
 from nodemedic.errors import CommandFailedError, IncidentStateError
 from nodemedic.operations import OperatorError
-from nodemedic.providers.run_command import RunCommand
+from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.stages.health_check import parse_report
 from pydantic import ValidationError
 
@@ -83,11 +83,10 @@ def instance_of(target: Target, node: str) -> str:
 
 
 def health_check(target: Target, node: str, level: str) -> dict[str, Any]:
-    key = "FullHealthCheckCommand" if level == "full" else "DeepHealthCheckCommand"
-    command = target.parameters.get(key) or target.parameters.get("DeepHealthCheckCommand", "")
     instance = instance_of(target, node)
     runner = RunCommand(target.client("ssm"), poll_interval=1.0)
-    result = runner.run(instance, command, int(target.parameters.get("CommandTimeoutSeconds") or 300),
+    result = runner.run(instance, Documents(target.cluster).health_check, {"level": level},
+                        int(target.parameters.get("CommandTimeoutSeconds") or 300),
                         f"nodemedic operator {level} check {node}")
     healthy, checks = parse_report(result)
     return {"action": "health-check", "node": node, "instance_id": instance, "level": level, "healthy": healthy,

@@ -20,7 +20,7 @@ from nodemedic.errors import NodeMedicError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.base import Provider
 from nodemedic.providers.kinds import provider_for
-from nodemedic.providers.run_command import RunCommand
+from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
@@ -68,6 +68,38 @@ class Target:
             raise TargetError(f"cannot reach AWS to read stack {self.stack!r}: {exc}") from exc
         return dict(stacks[0])
 
+    @property
+    def status(self) -> str:
+        return str(self._description["StackStatus"])
+
+    @cached_property
+    def _resources(self) -> list[dict[str, Any]]:
+        pages = self.client("cloudformation").get_paginator("list_stack_resources").paginate(StackName=self.stack)
+        return [r for page in pages for r in page["StackResourceSummaries"]]
+
+    def resources_of(self, resource_type: str) -> dict[str, str]:
+        """Logical id -> physical id of the stack's resources of one type."""
+        return {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in self._resources
+                if r["ResourceType"] == resource_type}
+
+    def resource_id(self, logical_id: str) -> str:
+        for r in self._resources:
+            if r["LogicalResourceId"] == logical_id:
+                return str(r["PhysicalResourceId"])
+        raise TargetError(f"stack {self.stack!r} has no resource {logical_id}: is it a NodeMedic stack of this version?")
+
+    @property
+    def account(self) -> str:
+        return str(self._description["StackId"].split(":")[4])
+
+    @property
+    def region(self) -> str:
+        return str(self._description["StackId"].split(":")[3])
+
+    @property
+    def partition(self) -> str:
+        return str(self._description["StackId"].split(":")[1])
+
     @cached_property
     def outputs(self) -> dict[str, str]:
         return {o["OutputKey"]: o["OutputValue"] for o in self._description.get("Outputs", [])}
@@ -97,7 +129,7 @@ class Target:
     def orchestrator(self) -> SlurmViaSSM:
         p = self.parameters
         return SlurmViaSSM(RunCommand(self.client("ssm"), poll_interval=0.5), p["SlurmControllerInstanceId"],
-                           int(p.get("CommandTimeoutSeconds") or 120),
+                           int(p.get("CommandTimeoutSeconds") or 120), Documents(self.cluster),
                            spare_reservation=p.get("SpareReservation") or "nodemedic_spares")
 
     @cached_property

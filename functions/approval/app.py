@@ -10,7 +10,7 @@ from nodemedic.observability import utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.approval import Notifier, record_denial, request_approval
 
-logger = Logger()
+logger = Logger(service="approval")
 
 
 @logger.inject_lambda_context
@@ -19,7 +19,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         denial = DenialInput.model_validate(event)
         logger.append_keys(incident=denial.incident.incident_id, node=denial.incident.slurm_node)
         out = record_denial(denial.incident, denial.denial, ledger=wiring.ledger(), clock=utc_now)
-        logger.info("denied", **out)
+        logger.info("denied", decision=out["decision"], reason=out["reason"])
         return out
     request = ApprovalInput.model_validate(event)
     logger.append_keys(incident=request.incident.incident_id, node=request.incident.slurm_node)

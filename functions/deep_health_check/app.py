@@ -11,7 +11,7 @@ from nodemedic.observability import utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.health_check import start_check
 
-logger = Logger()
+logger = Logger(service="deep_health_check")
 
 
 @logger.inject_lambda_context
@@ -21,8 +21,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node, purpose=request.purpose)
     command_id = start_check(incident, request.instance_id, request.level, request.task_token,
-                             purpose=request.purpose, ssm=wiring.client("ssm"), ledger=wiring.ledger(),
-                             document=s.health_check_document, command=s.health_check_commands[request.level],
-                             timeout_s=s.command_timeout_seconds, clock=utc_now)
+                             purpose=request.purpose, runner=wiring.run_command(), ledger=wiring.ledger(),
+                             documents=wiring.documents(), timeout_s=s.command_timeout_seconds, clock=utc_now)
     logger.info("deep health check sent", instance=request.instance_id, level=request.level, command=command_id)
     return {"command_id": command_id}

@@ -12,7 +12,7 @@ from nodemedic.observability import record_durations
 from nodemedic.settings import settings
 from nodemedic.stages.detect import detect
 
-logger = Logger()
+logger = Logger(service="detect")
 metrics = Metrics()
 
 

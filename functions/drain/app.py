@@ -10,7 +10,7 @@ from nodemedic.observability import record_durations, seconds_since_fault, utc_n
 from nodemedic.settings import settings
 from nodemedic.stages.drain import drain
 
-logger = Logger()
+logger = Logger(service="drain")
 metrics = Metrics()
 
 

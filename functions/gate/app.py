@@ -11,7 +11,7 @@ from nodemedic.contracts.stages import StageInput
 from nodemedic.observability import utc_now
 from nodemedic.stages.gate import gate
 
-logger = Logger()
+logger = Logger(service="gate")
 metrics = Metrics()
 
 

@@ -8,7 +8,7 @@ from nodemedic import wiring
 from nodemedic.observability import utc_now
 from nodemedic.stages.health_check import complete_check
 
-logger = Logger()
+logger = Logger(service="health_check_result")
 
 
 @logger.inject_lambda_context

@@ -10,7 +10,7 @@ from nodemedic.observability import record_durations, seconds_since_fault, utc_n
 from nodemedic.settings import settings
 from nodemedic.stages.repair import repair
 
-logger = Logger()
+logger = Logger(service="repair")
 metrics = Metrics()
 
 
@@ -22,8 +22,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
     s = settings()
     out = repair(incident, request.destination, provider=wiring.provider(), runner=wiring.run_command(),
-                 ledger=wiring.ledger(), gpu_reset_command=s.gpu_reset_command, join_command=s.node_join_command,
-                 timeout_s=s.command_timeout_seconds,
+                 ledger=wiring.ledger(), documents=wiring.documents(), timeout_s=s.command_timeout_seconds,
                  check_timeout_s=s.health_check_timeout_seconds, clock=utc_now)
     logger.info("rung done", rung=out.rung, attempt=out.attempt, instance=out.instance_id, level=out.level)
     record_durations(metrics, incident, {"TimeToRepair": seconds_since_fault(incident)})

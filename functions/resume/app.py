@@ -11,7 +11,7 @@ from nodemedic.observability import record_durations, utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.resume import await_jobs, end_unrecovered, resume
 
-logger = Logger()
+logger = Logger(service="resume")
 metrics = Metrics()
 
 

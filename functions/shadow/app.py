@@ -10,7 +10,7 @@ from nodemedic.observability import utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.shadow import shadow
 
-logger = Logger()
+logger = Logger(service="shadow")
 
 
 @logger.inject_lambda_context
@@ -19,6 +19,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(incident=request.incident.incident_id, node=request.incident.slurm_node)
     out = shadow(request.incident, request.gate, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
                  prefix=settings().drain_reason_prefix,
-                 health_check_command=settings().deep_health_check_command, clock=utc_now)
+                 health_check_command=f"{wiring.documents().health_check} --level quick", clock=utc_now)
     logger.info("dry run recorded", would=out.would, actions=out.actions)
     return out.model_dump(mode="json")

@@ -12,7 +12,7 @@ from nodemedic.settings import settings
 from nodemedic.silence_sweeper import SilenceSweeper
 from nodemedic.store.roster import RosterConflictError, RosterStore
 
-logger = Logger()
+logger = Logger(service="silence_sweeper")
 
 
 @logger.inject_lambda_context

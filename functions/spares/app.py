@@ -11,7 +11,7 @@ from nodemedic.observability import utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.spares import swap_in
 
-logger = Logger()
+logger = Logger(service="spares")
 metrics = Metrics()
 
 

@@ -36,7 +36,12 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$CLUSTER" ]] || die "--cluster is required"
 [[ -n "$BUS" ]] || die "--bus is required (the stack output EventBusName)"
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PYTHON is older than 3.10"
+command -v "$PYTHON" >/dev/null || die "no $PYTHON on PATH: the agent needs Python 3.10 or newer (--python PATH)"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PYTHON is $("$PYTHON" -V 2>&1): the agent \
+needs Python 3.10 or newer. Amazon Linux 2023: dnf install -y python3.11, then --python python3.11; Ubuntu 20.04: \
+apt-get install -y python3.10-venv from the deadsnakes PPA, or use the DLAMI's conda Python"
+"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || die "$PYTHON cannot create a virtual environment: install \
+its venv module (Debian/Ubuntu: apt-get install -y python3-venv, or python3.X-venv for that version)"
 
 PREFIX="$ROOT/opt/nodemedic"
 ETC="$ROOT/etc/nodemedic"

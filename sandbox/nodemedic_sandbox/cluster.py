@@ -60,8 +60,9 @@ class SimCluster:
         ec2, asg = self.aws.client("ec2"), self.aws.client("autoscaling")
         image = "ami-0123456789abcdef0"
         controller = ec2.run_instances(ImageId=image, InstanceType="m7i.xlarge", MinCount=1, MaxCount=1,
-                                       TagSpecifications=[{"ResourceType": "instance",
-                                                           "Tags": [{"Key": "Name", "Value": "slurm-controller"}]}])
+                                       TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                           {"Key": "Name", "Value": "slurm-controller"},
+                                           {"Key": CLUSTER_TAG, "Value": self.name}]}])
         self.controller_id = controller["Instances"][0]["InstanceId"]
         ec2.create_launch_template(LaunchTemplateName=f"{self.asg_name}-lt",
                                    LaunchTemplateData={"ImageId": image, "InstanceType": INSTANCE_TYPE})
@@ -70,6 +71,9 @@ class SimCluster:
             AutoScalingGroupName=self.asg_name, MinSize=n, MaxSize=n + 2, DesiredCapacity=n,
             LaunchTemplate={"LaunchTemplateName": f"{self.asg_name}-lt", "Version": "$Latest"},
             AvailabilityZones=[f"{self.aws.region}a"],
+            # the tag the functions' SendCommand permission requires, on every instance it launches
+            Tags=[{"Key": CLUSTER_TAG, "Value": self.name, "PropagateAtLaunch": True,
+                   "ResourceId": self.asg_name, "ResourceType": "auto-scaling-group"}],
         )
         instances = sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups(
             AutoScalingGroupNames=[self.asg_name])["AutoScalingGroups"][0]["Instances"])
@@ -104,7 +108,7 @@ class SimCluster:
             "ClusterName": self.name,
             "AutoScalingGroupName": self.asg_name,
             "SlurmControllerInstanceId": self.controller_id,
-            "NodeJoinCommand": f"{node_cmd} join {{slurm_node}}",
+            "NodeJoinCommand": f'{node_cmd} join "$SLURM_NODE"',
             "DeepHealthCheckCommand": f"{node_cmd} health-check --level quick",
             "FullHealthCheckCommand": f"{node_cmd} health-check --level full",
             "GpuResetCommand": f"{node_cmd} gpu-reset",

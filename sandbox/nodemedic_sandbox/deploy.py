@@ -28,9 +28,14 @@ from samtranslator.translator.managed_policy_translator import ManagedPolicyLoad
 from samtranslator.translator.transform import transform
 from samtranslator.yaml_helper import yaml_parse
 
+from nodemedic_sandbox.aws_rules import alarm_topic_problem, reserved_concurrency_problem
 from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, EmbeddedAWS, FunctionSource
 
 ARTIFACT_BUCKET = "nodemedic-local-artifacts"
+
+
+class DeploymentRefusedError(RuntimeError):
+    """Real AWS would refuse this deployment, or leave part of it unable to work."""
 
 
 class _NoManagedPolicies(ManagedPolicyLoader):
@@ -116,6 +121,11 @@ def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: d
     sam = yaml_parse(template_path.read_text())
     packaged, code_dirs = package(sam, root, aws)
     cfn = transform(packaged, parameters, _NoManagedPolicies())
+    reserved = {logical_id: int(r["Properties"]["ReservedConcurrentExecutions"])
+                for logical_id, r in cfn["Resources"].items()
+                if r["Type"] == "AWS::Lambda::Function" and "ReservedConcurrentExecutions" in r.get("Properties", {})}
+    if problem := reserved_concurrency_problem(reserved, aws.lambda_concurrency_quota):
+        raise DeploymentRefusedError(problem)
     cloudformation = aws.client("cloudformation")
     with _quiet_about_policies():
         cloudformation.create_stack(
@@ -148,6 +158,19 @@ def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> N
     """moto's CloudFormation skips bus and queue policies and CloudWatch alarms; apply them through
     their APIs."""
     stack = _moto_stack(aws, stack_name)
+    for logical_id, resource in cfn["Resources"].items():  # keys first: the alarms' checks read their policies
+        # moto's CloudFormation stores a key's policy and a document's content as dicts, not JSON
+        if resource["Type"] == "AWS::KMS::Key":
+            policy = clean_json(resource["Properties"]["KeyPolicy"], stack.resource_map)
+            aws.client("kms").put_key_policy(KeyId=stack.resource_map[logical_id].id, PolicyName="default",
+                                             Policy=json.dumps(policy))
+        elif resource["Type"] == "AWS::SSM::Document":
+            name = stack.resource_map[logical_id].name
+            props = clean_json(resource["Properties"], stack.resource_map)
+            aws.client("ssm").delete_document(Name=name)
+            aws.client("ssm").create_document(Name=name, Content=json.dumps(props["Content"]),
+                                              DocumentType=props.get("DocumentType", "Command"),
+                                              DocumentFormat="JSON")
     for resource in cfn["Resources"].values():
         props = resource.get("Properties", {})
         if resource["Type"] == "AWS::Events::EventBusPolicy":
@@ -165,6 +188,9 @@ def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> N
             for query in props.get("Metrics", []):
                 if "MetricStat" in query:
                     query["MetricStat"]["Period"] = int(query["MetricStat"]["Period"])
+            for action in props.get("AlarmActions", []):
+                if ":sns:" in action and (problem := alarm_topic_problem(aws.client("sns"), aws.client("kms"), action)):
+                    raise DeploymentRefusedError(f"alarm {props['AlarmName']} cannot notify: {problem}")
             aws.client("cloudwatch").put_metric_alarm(**props)
         elif resource["Type"] == "AWS::SQS::QueuePolicy":
             props = clean_json(props, stack.resource_map)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from unittest import mock
 
 import boto3
+from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudwatch.models import CloudWatchBackend
@@ -39,6 +40,7 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.instances import InstanceBackend
 from moto.events.models import Rule, events_backends
+from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
@@ -46,7 +48,8 @@ from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguagePa
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.utilities.arns import parse_arn
 
-from nodemedic_sandbox import hyperpod
+from nodemedic_sandbox import hyperpod, iam
+from nodemedic_sandbox.aws_rules import NEW_ACCOUNT_CONCURRENCY
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
@@ -59,6 +62,7 @@ HOOKED = {
     "ssm command sent": (SimpleSystemManagerBackend, "send_command"),
     "ssm command targets": (Command, "_get_instance_ids_from_targets"),
     "alarm state change": (CloudWatchBackend, "set_alarm_state"),
+    "exact metric dimensions": (CloudWatchBackend, "get_metric_statistics"),
     "retry sleep": (retrier_decl, "time"),
     "task timeout": (TimeoutSeconds, "_eval_seconds"),
     "ec2 reboot": (InstanceBackend, "reboot_instances"),
@@ -71,8 +75,8 @@ HOOKED = {
 _DYNAMODB_WRITES = threading.RLock()
 
 
-SERVICES = ("autoscaling", "cloudformation", "cloudwatch", "dynamodb", "ec2", "events", "lambda", "logs",
-            "s3", "sagemaker", "sns", "sqs", "ssm", "stepfunctions")
+SERVICES = ("autoscaling", "cloudformation", "cloudwatch", "dynamodb", "ec2", "events", "iam", "kms", "lambda",
+            "logs", "s3", "sagemaker", "sns", "sqs", "ssm", "stepfunctions")
 
 
 def _warm_service_models() -> None:
@@ -81,6 +85,17 @@ def _warm_service_models() -> None:
     for service in SERVICES:
         get_service_model(service)
         get_service_router(service)
+
+
+_OWN_SESSIONS: dict[str, boto3.Session] = {}
+
+
+def _own_session(region: str) -> boto3.Session:
+    """The embedded AWS's own session (kept per process: its loader caches the service models).
+    Its clients are not authorized: they play AWS itself, the harness and the tests."""
+    if region not in _OWN_SESSIONS:
+        _OWN_SESSIONS[region] = boto3.Session(region_name=region)
+    return _OWN_SESSIONS[region]
 
 
 _PARSED: dict[str, Any] = {}
@@ -125,6 +140,26 @@ class Invocation:
     error_message: str = ""
     logs: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Denial:
+    """A call a deployed function made that its role does not allow (AWS would refuse it too)."""
+
+    function: str
+    action: str
+    resource: str
+    context: dict[str, list[str]]
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"{self.function} may not {self.action} on {self.resource} ({self.reason}); its role needs "
+                f"{iam.needed_statement(iam.Request(self.action, self.resource, self.context))}"
+                + (f" with a condition that holds for {self.context}" if self.context else ""))
+
+
+_DENIED_CODE = {"ec2": "UnauthorizedOperation", "sns": "AuthorizationError", "autoscaling": "AccessDenied",
+                "sqs": "AccessDenied", "sts": "AccessDenied", "iam": "AccessDenied"}
 
 
 @dataclass(frozen=True)
@@ -220,6 +255,13 @@ class EmbeddedAWS:
         self._runs: dict[tuple[str, str], _Run] = {}
         self.hyperpod = hyperpod.HyperPodEmulation(ACCOUNT_ID, region, on_reboot=self._rebooted)
         self.ec2_capacity = True  # False: StartInstances fails with InsufficientInstanceCapacity
+        self.lambda_concurrency_quota = NEW_ACCOUNT_CONCURRENCY  # the low quota of a new account
+        # IAM: each function's calls are authorized against its role (see nodemedic_sandbox.iam)
+        self.denials: list[Denial] = []
+        self.authorized: list[iam.Request] = []  # every request a function's role was allowed
+        self._caller = threading.local()  # the function whose handler runs on this thread
+        self._role_policies: dict[str, list[dict[str, Any]]] = {}
+        self._own: boto3.Session | None = None  # the embedded AWS's own clients: never authorized
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> EmbeddedAWS:
@@ -244,6 +286,19 @@ class EmbeddedAWS:
             mock_aws(config={"stepfunctions": {"execute_state_machine": True},
                              "lambda": {"use_docker": False}})
         )
+        self._own = _own_session(self.region)
+        # the functions' clients come from boto3's default session (nodemedic.wiring.client):
+        # every call they make passes through the authorizer first. The session is kept (not made
+        # anew): its loader's cache of service models is what a thousand Step Functions threads
+        # creating Lambda clients at once would otherwise each parse again.
+        session = boto3._get_default_session()
+        for service in SERVICES:
+            session.client(service)  # load each model once, before any burst
+        session.events.register("before-parameter-build", self._authorize)
+        self._stack.callback(session.events.unregister, "before-parameter-build", self._authorize)
+        from nodemedic import wiring
+
+        wiring.reset()  # clients made before the authorizer was registered are gone
         _warm_service_models()
         embedded = self
 
@@ -259,8 +314,11 @@ class EmbeddedAWS:
         original_send = SimpleSystemManagerBackend.send_command
 
         def send_command(backend: SimpleSystemManagerBackend, *args: Any, **kwargs: Any) -> Command:
+            document = embedded._document(kwargs["document_name"])
+            if document is not None:  # SSM checks the values against the document before sending
+                check_parameters(kwargs["document_name"], document, kwargs.get("parameters") or {})
             command = original_send(backend, *args, **kwargs)
-            embedded._start_command(command)
+            embedded._start_command(command, document)
             return command
 
         original_invocation = Command.get_invocation
@@ -300,6 +358,19 @@ class EmbeddedAWS:
             embedded._rebooted([instance.id for instance, _ in started])  # a start boots it
             return started
 
+        original_statistics = CloudWatchBackend.get_metric_statistics
+
+        def get_metric_statistics(backend: CloudWatchBackend, namespace: str, metric_name: str, start_time: Any,
+                                  end_time: Any, period: int, stats: list[str], dimensions: list[dict[str, str]],
+                                  unit: str | None = None) -> Any:
+            # CloudWatch matches a metric only with exactly the dimensions it was published with
+            # (CloudWatch concepts, "Dimensions"); moto matches any superset
+            wanted = sorted((d["Name"], d["Value"]) for d in dimensions or [])
+            exact = [md for md in backend.get_all_metrics()
+                     if sorted((d.name, d.value) for d in md.dimensions) == wanted]
+            return original_statistics(SimpleNamespace(get_all_metrics=lambda: exact), namespace,  # type: ignore[arg-type]
+                                       metric_name, start_time, end_time, period, stats, [], unit)
+
         def task_timeout(timeout: TimeoutSeconds, env: Any) -> int:
             return max(1, int(timeout.timeout_seconds * embedded.task_timeout_scale))
 
@@ -311,6 +382,7 @@ class EmbeddedAWS:
             (SimpleSystemManagerBackend, "send_command", send_command),
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
+            (CloudWatchBackend, "get_metric_statistics", get_metric_statistics),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
             (TimeoutSeconds, "_eval_seconds", task_timeout),
             (InstanceBackend, "reboot_instances", reboot_instances),
@@ -387,7 +459,33 @@ class EmbeddedAWS:
             return self._clients[service]
 
     def _new_client(self, service: str) -> Any:
-        return boto3.client(service, region_name=self.region)
+        assert self._own is not None, "the embedded AWS is not started"
+        return self._own.client(service)
+
+    # -- IAM: authorize each call of a function against its role ----------------------------
+    def _authorize(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        caller = getattr(self._caller, "function", None)
+        if caller is None:  # the harness, a test, moto's own workers: not a deployed function
+            return
+        function, role_arn = caller
+        service = model.service_model.signing_name
+        requests = self._authorizer().requests(service, model.name, params)
+        if role_arn not in self._role_policies:
+            self._role_policies[role_arn] = iam.role_policies(self.client("iam"), role_arn)
+        for request in requests:
+            verdict = iam.evaluate(self._role_policies[role_arn], request)
+            if verdict.allowed:
+                self.authorized.append(request)
+                continue
+            denial = Denial(function, request.action, request.resource, request.context, verdict.reason)
+            self.denials.append(denial)
+            raise ClientError({"Error": {"Code": _DENIED_CODE.get(service, "AccessDeniedException"),
+                                         "Message": f"User: {role_arn} is not authorized to perform: {request.action} "
+                                                    f"on resource: {request.resource} because {verdict.reason}"}},
+                              model.name)
+
+    def _authorizer(self) -> iam.Authorizer:
+        return iam.Authorizer(iam.facts_from(self.client, partition="aws", region=self.region, account=ACCOUNT_ID))
 
     # -- Lambda: run the real handler --------------------------------------------------
     def _load(self, name: str, source: FunctionSource) -> ModuleType:
@@ -436,7 +534,11 @@ class EmbeddedAWS:
             try:
                 module = self._load(fn.function_name, source)
                 handler = getattr(module, source.handler.rsplit(".", 1)[1])
-                record.result = handler(event, context)
+                self._caller.function = (fn.function_name, fn.role)
+                try:
+                    record.result = handler(event, context)
+                finally:
+                    self._caller.function = None
                 payload = json.dumps(record.result).encode()
             except Exception as exc:  # noqa: BLE001 - reported as the Lambda service does
                 record.error_type, record.error_message = type(exc).__name__, str(exc)
@@ -537,10 +639,22 @@ class EmbeddedAWS:
         })
 
     # -- SSM: execute the command, as SSM does: in the background, then emit its status event ---
-    def _start_command(self, command: Command) -> None:
+    def _document(self, name: str) -> dict[str, Any] | None:
+        """The content of one of the account's own Command documents (None for AWS's)."""
+        if name.startswith("AWS-"):
+            return None
+        try:
+            return dict(json.loads(self.client("ssm").get_document(Name=name)["Content"]))
+        except ClientError:
+            return None
+
+    def _start_command(self, command: Command, document: dict[str, Any] | None) -> None:
         if self.command_host is None:
             return
-        script = "\n".join(command.parameters.get("commands", []))
+        if document is None:  # AWS-RunShellScript: its commands are the script
+            script = "\n".join(command.parameters.get("commands", []))
+        else:
+            script = render_document(document, command.parameters)
         timeout = int(command.parameters.get("executionTimeout", ["3600"])[0])
         for instance_id in command.instance_ids:
             run = self._runs[(command.command_id, instance_id)] = _Run()
@@ -602,6 +716,39 @@ class EmbeddedAWS:
         self.client("events").put_events(Entries=[{
             "Source": "aws.cloudwatch", "DetailType": "CloudWatch Alarm State Change",
             "Resources": [alarm.alarm_arn], "Detail": json.dumps(detail)}])
+
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z0-9_]+)\s*\}\}")
+
+
+def check_parameters(name: str, document: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """What SSM checks before it sends a command: every value is declared, present or defaulted,
+    and matches its ``allowedValues`` / ``allowedPattern`` (else ``InvalidParameters``; SSM
+    "Creating SSM documents: parameters"). No value reaches an instance unchecked."""
+    declared: dict[str, dict[str, Any]] = document.get("parameters", {})
+    problems = [f"{k} is not a parameter of {name}" for k in given if k not in declared]
+    for key, spec in declared.items():
+        values = given.get(key)
+        if values is None:
+            if "default" not in spec:
+                problems.append(f"{key} is required")
+            continue
+        for value in values:
+            if "allowedValues" in spec and value not in spec["allowedValues"]:
+                problems.append(f"{key}={value!r} is not one of {spec['allowedValues']}")
+            if "allowedPattern" in spec and not re.search(spec["allowedPattern"], value):
+                problems.append(f"{key}={value!r} does not match {spec['allowedPattern']}")
+    if problems:
+        raise SSMException("InvalidParameters", f"{name}: " + "; ".join(problems))
+
+
+def render_document(document: dict[str, Any], given: dict[str, list[str]]) -> str:
+    """The shell an SSM agent runs for an ``aws:runShellScript`` document: ``{{ name }}``
+    replaced by the parameter's value (its default when not given)."""
+    values = {k: given.get(k, [str(spec.get("default", ""))]) for k, spec in document.get("parameters", {}).items()}
+    lines = [line for step in document["mainSteps"] if step["action"] == "aws:runShellScript"
+             for line in step["inputs"]["runCommand"]]
+    return _PLACEHOLDER.sub(lambda m: "\n".join(values[m.group(1)]), "\n".join(lines))
 
 
 _RATE = re.compile(r"^rate\((\d+) (minute|minutes|hour|hours|day|days)\)$")

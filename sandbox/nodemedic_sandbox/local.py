@@ -4,6 +4,8 @@ deployed ``template.yaml``. Tests, benchmarks and the demo all start it the same
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import time
 import uuid
 from datetime import UTC, datetime
@@ -30,11 +32,15 @@ class LocalMode:
     def __init__(self, nodes: int = 4, scheduler: str = "auto", retry_time_scale: float = 1.0,
                  stack_name: str = "nodemedic-local", extra_parameters: dict[str, str] | None = None,
                  schedule_scale: float | None = None, task_timeout_scale: float = 1.0, spares: int = 0,
-                 boot_seconds: float = 0.0) -> None:
+                 boot_seconds: float = 0.0, expect_denials: bool = False, template: Path = TEMPLATE) -> None:
         """``schedule_scale``: fire the template's scheduled rules (the silence sweeper) with their
         periods multiplied by it; ``None`` leaves them unfired. ``spares``: how many more nodes
         start in the hot-spare reservation. ``boot_seconds``: how long a new or rebooted
-        instance takes to answer (the published ~900 s, scaled down for a run)."""
+        instance takes to answer (the published ~900 s, scaled down for a run). Every call a deployed
+        function makes is authorized against its role; leaving raises ``PermissionError`` listing any
+        call that was denied, unless ``expect_denials`` (a test of a broken deployment)."""
+        self.expect_denials = expect_denials
+        self.template = template
         self.node_names = [f"gpu-{i}" for i in range(1, nodes + spares + 1)]
         self.spare_names = self.node_names[nodes:]
         self.boot_seconds = boot_seconds
@@ -56,7 +62,7 @@ class LocalMode:
             self.cluster.create()
             self.aws.command_host = self.cluster
             params = {**self.cluster.template_parameters(), **self.extra_parameters}
-            self.stack: Stack = deploy(self.aws, TEMPLATE, self.stack_name, params)
+            self.stack: Stack = deploy(self.aws, self.template, self.stack_name, params)
             self.ledger = Ledger(self.aws.client("dynamodb"), self.stack.table_name)
             self._escalation_queue = self._subscribe_queue(self.stack.topic_arn)
             if self.schedule_scale is not None:
@@ -71,7 +77,11 @@ class LocalMode:
             self.agents.stop()
         if hasattr(self, "scheduler"):
             self.scheduler.stop()
+            shutil.rmtree(self.scheduler.root, ignore_errors=True)  # the cluster's temp dir: nothing is left
         self.aws.stop()
+        if self.aws.denials and not self.expect_denials and not any(exc):
+            raise PermissionError("IAM denied calls that template.yaml's roles must allow (AWS would too):\n"
+                                  + "\n".join(f"- {d}" for d in self.aws.denials))
 
     def start_agents(self, heartbeat_s: float = 15.0, poll_s: float = 2.0) -> NodeAgents:
         """A real node agent on every node (simulated hardware), publishing to the stack's bus."""
@@ -160,6 +170,11 @@ class LocalMode:
             EndTime=datetime.fromtimestamp(now.timestamp() + 60, UTC),
             Period=60, Statistics=["Maximum", "SampleCount"])
         return [p["Maximum"] for p in stats["Datapoints"]]
+
+    def drains(self) -> list[str]:
+        """The node of each drain the pipeline sent to the controller (its slurm-drain commands)."""
+        return [m.group(1) for script in self.scontrol_commands("state=drain")
+                if (m := re.search(r"node='([^']*)'", script))]
 
     def scontrol_commands(self, verb: str) -> list[str]:
         """Scripts run on the controller that contain ``verb`` (e.g. ``state=drain``)."""

@@ -92,7 +92,10 @@ def main(tool: str, args: list[str], path: Path) -> int:
             return 0
         # scontrol
         verb, rest = args[0], args[1:]
-        if verb == "show" and rest[0] == "node":
+        if verb == "show" and rest[0] == "nodes":
+            for name in st["nodes"]:
+                print(_node_line(st, name))
+        elif verb == "show" and rest[0] == "node":
             if rest[1] not in st["nodes"]:
                 print(f"Node {rest[1]} not found", file=sys.stderr)
                 return 1

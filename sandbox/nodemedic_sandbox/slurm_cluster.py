@@ -6,6 +6,7 @@ Needs Debian's ``slurmctld``, ``slurmd`` and ``slurm-client`` and root (the daem
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +47,20 @@ def _free_port_base(count: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no free port range for the local Slurm cluster")
+
+
+def processes_of(root: Path) -> list[int]:
+    """Processes (other than this one) whose command line or environment names ``root``."""
+    mark, found = str(root).encode(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark in (entry / "cmdline").read_bytes() or mark in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -188,8 +203,16 @@ class LocalSlurm:
     def stop(self) -> None:
         self._kill([self.root / "run" / f"slurmd-{n}.pid" for n in self.nodes]
                    + [self.root / "run" / "slurmctld.pid"])
-        # slurmstepd of finished jobs exit by themselves; kill leftovers of this cluster's jobs
-        subprocess.run(["pkill", "-f", f"{self.root}/jobs"], check=False)
+        # what the daemons started outlives them: each job's slurmstepd (SLURM_CONF in its
+        # environment) and the job's processes (its script under our spool): kill them all
+        leftovers = processes_of(self.root)
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while leftovers and time.monotonic() < deadline:
+            leftovers = [p for p in leftovers if _alive(p)]
+            time.sleep(0.02)
 
     def _ping_ok(self) -> bool:
         try:

@@ -1,6 +1,7 @@
 """The local mode deploys template.yaml itself, with the state machine made executable."""
 
 import json
+import time
 from pathlib import Path
 
 from nodemedic.safety.policy import parse_policy
@@ -45,3 +46,82 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         assert patterns[rules[0]["Name"]]["source"] == ["nodemedic.agent", "nodemedic.sweeper"]
         targets = aws.client("events").list_targets_by_rule(Rule=rules[0]["Name"], EventBusName=stack.bus_name)
         assert targets["Targets"][0]["DeadLetterConfig"]["Arn"].startswith("arn:aws:sqs:")
+
+
+def _deploy_edited(edit, **aws_settings):  # noqa: ANN001, ANN003, ANN202
+    """Deploy template.yaml with ``edit`` applied to its text."""
+    import tempfile
+
+    text = edit(TEMPLATE.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name in ("functions", "layers", "statemachines"):
+            (root / name).symlink_to(TEMPLATE.parent / name)
+        (root / "template.yaml").write_text(text)
+        with EmbeddedAWS() as aws:
+            for key, value in aws_settings.items():
+                setattr(aws, key, value)
+            return deploy(aws, root / "template.yaml", "s", PARAMS)
+
+
+def test_an_alarm_topic_on_the_aws_managed_key_is_refused() -> None:
+    """main's EscalationTopic used alias/aws/sns: CloudWatch alarms can never publish to it."""
+    import pytest
+    from nodemedic_sandbox.deploy import DeploymentRefusedError
+
+    with pytest.raises(DeploymentRefusedError, match="AWS managed key alias/aws/sns"):
+        _deploy_edited(lambda t: t.replace("KmsMasterKeyId: !Ref EscalationTopicKey", "KmsMasterKeyId: alias/aws/sns"))
+    with pytest.raises(DeploymentRefusedError, match="does not let cloudwatch.amazonaws.com"):
+        _deploy_edited(lambda t: t.replace("Principal: {Service: [cloudwatch.amazonaws.com, events.amazonaws.com]}",
+                                           "Principal: {Service: [events.amazonaws.com]}"))
+
+
+def test_reserved_concurrency_is_refused_in_a_low_quota_account() -> None:
+    """main's sweeper reserved 1: stack creation fails where the account quota is 10 (or 50)."""
+    import pytest
+    from nodemedic_sandbox.deploy import DeploymentRefusedError
+
+    reserve = lambda t: t.replace("      MemorySize: 128\n", "      MemorySize: 128\n      ReservedConcurrentExecutions: 1\n")  # noqa: E731
+    with pytest.raises(DeploymentRefusedError, match=r"below its minimum value of \[10\]"):
+        _deploy_edited(reserve)
+    with pytest.raises(DeploymentRefusedError, match=r"minimum value of \[50\]"):
+        _deploy_edited(reserve, lambda_concurrency_quota=50)
+    _deploy_edited(reserve, lambda_concurrency_quota=1000)  # a raised quota leaves room
+
+
+def test_a_document_refuses_a_value_outside_its_pattern_and_nothing_runs() -> None:
+    """SSM checks each value against the document's allowedPattern before sending (InvalidParameters):
+    an event field can never become shell text on the controller."""
+    import pytest
+    from botocore.exceptions import ClientError
+
+    ran: list[str] = []
+
+    class Host:
+        def run(self, instance_id: str, script: str, timeout_s: int):  # noqa: ANN201
+            from nodemedic_sandbox.embedded_aws import CommandOutcome
+
+            ran.append(script)
+            return CommandOutcome("Success", 0, "", "")
+
+        def rebooted(self, instance_ids: list[str]) -> None: ...
+
+    with EmbeddedAWS() as aws:
+        deploy(aws, TEMPLATE, "s", PARAMS)
+        aws.command_host = Host()
+        ssm = aws.client("ssm")
+        for parameters in ({"node": ["gpu-1"], "reason": ["nodemedic:x XID 79'; reboot; echo '"]},
+                           {"node": ["gpu-1 $(reboot)"], "reason": ["ok"]},
+                           {"node": ["gpu-1"]},  # reason is required
+                           {"node": ["gpu-1"], "reason": ["ok"], "commands": ["reboot"]}):
+            with pytest.raises(ClientError, match="InvalidParameters"):
+                ssm.send_command(InstanceIds=[PARAMS["SlurmControllerInstanceId"]],
+                                 DocumentName="nodemedic-c1-slurm-drain", Parameters=parameters)
+        assert ran == []
+        ssm.send_command(InstanceIds=[PARAMS["SlurmControllerInstanceId"]], DocumentName="nodemedic-c1-slurm-drain",
+                         Parameters={"node": ["gpu-1"], "reason": ["nodemedic:abc XID 79"]})
+        deadline = time.monotonic() + 5
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [script] = ran
+        assert "node='gpu-1'; reason='nodemedic:abc XID 79'" in script and "set -euo pipefail" in script

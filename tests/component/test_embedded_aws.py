@@ -247,3 +247,26 @@ def test_an_alarm_state_change_emits_the_event_aws_emits(aws: EmbeddedAWS) -> No
     assert event["detail"]["state"]["value"] == "ALARM"
     dims = event["detail"]["configuration"]["metrics"][0]["metricStat"]["metric"]["dimensions"]
     assert dims == {"InstanceId": "i-0123456789abcdef0"}
+
+
+def test_metric_statistics_match_the_exact_dimension_set_as_cloudwatch_does() -> None:
+    """main's Powertools 'service' dimension made every {Cluster} query (the MTTR alarm) find
+    nothing on AWS; moto matched the subset and hid it."""
+    from datetime import UTC, datetime, timedelta
+
+    with EmbeddedAWS() as embedded:
+        cw = embedded.client("cloudwatch")
+        now = datetime.now(UTC)
+        cw.put_metric_data(Namespace="N", MetricData=[{
+            "MetricName": "TimeToRecover", "Value": 5.0, "Timestamp": now,
+            "Dimensions": [{"Name": "Cluster", "Value": "c1"}, {"Name": "service", "Value": "resume"}]}])
+
+        def points(*dims: tuple[str, str]) -> list:
+            return cw.get_metric_statistics(
+                Namespace="N", MetricName="TimeToRecover", Dimensions=[{"Name": k, "Value": v} for k, v in dims],
+                StartTime=now - timedelta(minutes=5), EndTime=now + timedelta(minutes=5), Period=60,
+                Statistics=["Maximum"])["Datapoints"]
+
+        assert points(("Cluster", "c1")) == []
+        assert points() == []
+        assert [p["Maximum"] for p in points(("service", "resume"), ("Cluster", "c1"))] == [5.0]

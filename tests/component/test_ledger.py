@@ -59,10 +59,12 @@ def test_a_replacement_instance_or_a_spare_is_claimed_by_one_incident(ledger: Le
     assert ledger.claim("spare", "gpu-9", "inc-2")
 
 
-def test_a_waiting_check_completes_once(ledger: Ledger) -> None:
+def test_a_waiting_check_stays_until_answered(ledger: Ledger) -> None:
     ledger.save_check("cmd-1", "inc-1", "token-1", {"instance_id": "i-1", "level": "full"})
-    assert ledger.take_check("cmd-1") == ("inc-1", "token-1", {"instance_id": "i-1", "level": "full"})
-    assert ledger.take_check("cmd-1") is None  # a second status event for the command answers nothing
+    assert ledger.waiting_check("cmd-1") == ("inc-1", "token-1", {"instance_id": "i-1", "level": "full"})
+    assert ledger.waiting_check("cmd-1") is not None  # still there until answered: a failed answer is retried
+    ledger.forget_check("cmd-1")
+    assert ledger.waiting_check("cmd-1") is None  # a later status event for the command answers nothing
 
 
 def test_a_retried_detect_finds_its_own_incident_opened(ledger: Ledger) -> None:

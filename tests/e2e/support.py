@@ -71,6 +71,6 @@ def by_status(local: LocalMode) -> dict[str, list[str]]:
 
 
 def drained_nodes(local: LocalMode) -> set[str]:
-    return {c.split("nodename=")[1].split()[0] for c in local.scontrol_commands("state=drain")}
+    return set(local.drains())
 
 

@@ -22,6 +22,5 @@ def test_a_thousand_duplicate_events_for_ten_nodes_open_ten_incidents() -> None:
         assert sorted(i.slurm_node for i in incidents) == sorted(local.node_names)
         assert all(i.status == "closed" for i in incidents)
         assert sum(i.duplicate_events for i in incidents) == 990
-        drains = [c for c in local.scontrol_commands("state=drain")]
-        assert sorted(c.split("nodename=")[1].split()[0] for c in drains) == sorted(local.node_names)
+        assert sorted(local.drains()) == sorted(local.node_names)
         print(f"1,000 events put in {put_seconds:.1f} s; all executions ended after {time.monotonic() - start:.1f} s")

@@ -35,7 +35,7 @@ def test_each_stage_twice_acts_once(local: LocalMode) -> None:
     ec2 = local.aws.client("ec2")
     all_instances = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
     assert sum(i["State"]["Name"] == "terminated" for i in all_instances) == 1, "one termination"
-    joins = [c for c in local.cluster.commands if " join gpu-2" in c.script]
+    joins = [c for c in local.cluster.commands if "SLURM_NODE='gpu-2'" in c.script]
     assert len(joins) == 1 and joins[0].instance_id == repaired[0]["instance_id"]
 
     check = {**stage, "instance_id": repaired[0]["instance_id"], "level": "quick", "task_token": "token-1"}

@@ -88,4 +88,4 @@ def test_concurrent_events_for_one_node_from_three_sources_open_one_incident(sto
     [incident] = [i for i in local.incidents() if i.slurm_node == node]
     assert incident.duplicate_events == 3
     # whichever event came first, the node is acted on at most once
-    assert len([c for c in local.scontrol_commands("state=drain") if f"nodename={node} " in c]) <= 1
+    assert local.drains().count(node) <= 1

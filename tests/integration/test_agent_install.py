@@ -39,3 +39,39 @@ def test_lifecycle_script_installs_a_working_agent(tmp_path: Path) -> None:
     assert check.returncode == 1 and report["healthy"] is False
     gpu = next(c for c in report["checks"] if c["name"] == "gpu")
     assert gpu["status"] == "error" and "NVML" in gpu["detail"]
+
+
+def test_the_systemd_unit_is_sandboxed_but_keeps_what_the_agent_reads(tmp_path: Path) -> None:
+    import re
+    import shutil
+
+    import pytest
+
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian package systemd)")
+    unit = tmp_path / "nodemedic-agent.service"
+    unit.write_text((ROOT / "node_agent/systemd/nodemedic-agent.service").read_text())
+    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True,
+                         text=True, timeout=60).stdout
+    exposure = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out).group(1))
+    assert exposure <= 3.0, out[-3000:]  # main's unit: 9.6 UNSAFE
+    settings = dict(line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line and line[0] != "#")
+    # what would break the agent: /dev/kmsg hidden, NVML's devices hidden, / read-only (the read-only
+    # file system check would flag every node), kernel log capability dropped
+    assert settings.get("ProtectKernelLogs", "no") == "no" and settings.get("PrivateDevices", "no") == "no"
+    assert settings["ProtectSystem"] != "strict"
+    assert "CAP_SYSLOG" in settings["CapabilityBoundingSet"]
+
+
+def test_an_old_python_is_refused_with_what_to_install(tmp_path: Path) -> None:
+    """AL2023 ships Python 3.9: the installer says what it needs instead of failing later in pip."""
+    old = tmp_path / "python3"
+    old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && { echo 'Python 3.9.16'; exit 0; }\nexit 1\n")
+    old.chmod(0o755)
+    proc = subprocess.run(["bash", str(ROOT / "node_agent/lifecycle/install-agent.sh"), "--cluster", "c", "--bus", "b",
+                           "--python", str(old), "--root", str(tmp_path / "node"), "--no-systemd"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Python 3.9.16" in proc.stderr and "needs Python 3.10 or newer" in proc.stderr
+    assert "dnf install -y python3.11" in proc.stderr
+    assert not (tmp_path / "node").exists()  # nothing installed

@@ -23,3 +23,31 @@ def test_the_pipeline_owns_only_drains_with_its_own_incident_tag() -> None:
     assert not ours.drained_by("nodemedic:inc-10"), "a prefix of another incident id is not ours"
     assert not NodeStatus("gpu-1", "IDLE+DRAIN", "disk swap - bob").drained_by("nodemedic:inc-1")
     assert not NodeStatus("gpu-1", "IDLE", "nodemedic:inc-1 XID 79").drained_by("nodemedic:inc-1")
+
+
+class RecordingRunner:
+    """Stands in for RunCommand: records what would be sent, answers with canned output."""
+
+    def __init__(self, stdout: str = "") -> None:
+        self.sent: list[tuple[str, str, dict[str, str]]] = []
+        self.stdout = stdout
+
+    def run_checked(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
+                    comment: str = "") -> str:
+        self.sent.append((instance_id, document, parameters))
+        return self.stdout
+
+
+def test_the_adapter_sends_parameter_values_to_typed_documents_never_shell() -> None:
+    from nodemedic.orchestrators.slurm import SlurmViaSSM
+    from nodemedic.providers.run_command import Documents
+
+    runner = RecordingRunner()
+    slurm = SlurmViaSSM(runner, "i-0ctl", 60, Documents("prod"), spare_reservation="spares")  # type: ignore[arg-type]
+    # a fault code is event input: what the drain document's pattern refuses is replaced, not quoted
+    slurm.drain("gpu-1", "nodemedic:inc-1 XID 79'; reboot; echo $(id)`x`")
+    slurm.take_spare("gpu-9")
+    assert runner.sent == [
+        ("i-0ctl", "nodemedic-prod-slurm-drain", {"node": "gpu-1", "reason": "nodemedic:inc-1 XID 79__ reboot_ echo _(id)_x_"}),
+        ("i-0ctl", "nodemedic-prod-spare-take", {"node": "gpu-9", "reservation": "spares"}),
+    ]

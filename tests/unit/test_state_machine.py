@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ASL = json.loads((Path(__file__).resolve().parents[2] / "statemachines" / "remediation.asl.json").read_text())
+ROOT = Path(__file__).resolve().parents[2]
+ASL = json.loads((ROOT / "statemachines" / "remediation.asl.json").read_text())
 STATES = ASL["States"]
 
 
@@ -41,7 +42,7 @@ def test_detect_retries_a_timeout_and_every_stage_catches_everything():
 
 def test_the_deep_health_check_is_a_callback_and_an_unanswered_check_climbs_the_ladder():
     check = STATES["CheckHealth"]
-    assert check["Resource"] == "arn:aws:states:::lambda:invoke.waitForTaskToken"
+    assert check["Resource"] == "arn:${Partition}:states:::lambda:invoke.waitForTaskToken"
     assert check["Parameters"]["Payload"]["task_token.$"] == "$$.Task.Token"
     assert check["TimeoutSecondsPath"] == "$.repair.check_timeout_s"
     [timeout] = [c for c in check["Catch"] if c["ErrorEquals"] == ["States.Timeout"]]
@@ -54,3 +55,9 @@ def test_a_capacity_error_is_retried_later_then_escalated_not_failed():
     [retry] = [r for r in repair["Retry"] if r["ErrorEquals"] == ["CapacityError"]]
     assert retry["IntervalSeconds"] >= 60 and retry["MaxAttempts"] >= 3
     assert repair["Catch"][0] == {"ErrorEquals": ["CapacityError"], "ResultPath": "$.error", "Next": "Escalate"}
+
+
+def test_no_arn_names_a_partition_literally():
+    """arn:aws:... breaks GovCloud (aws-us-gov) and China (aws-cn): the partition is substituted."""
+    text = (ROOT / "statemachines" / "remediation.asl.json").read_text()
+    assert "arn:aws:" not in text and "arn:aws:" not in (ROOT / "template.yaml").read_text()

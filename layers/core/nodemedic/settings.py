@@ -19,12 +19,6 @@ class Settings(BaseSettings):
     hyperpod_cluster_name: str = ""
     slurm_controller_instance_id: str = Field(min_length=1)
     drain_reason_prefix: str = Field(default="nodemedic", pattern=r"^[A-Za-z0-9_.-]+$")
-    node_join_command: str = Field(min_length=1)
-    deep_health_check_command: str = Field(min_length=1, description="quick level: on the critical path")
-    full_health_check_command: str = Field(default="", description="full level: spares and replacements")
-    gpu_reset_command: str = "nvidia-smi --gpu-reset"
-    health_check_document: str = Field(default="AWS-RunShellScript",
-                                       description="SSM document the deep health check runs with")
     spare_reservation: str = Field(default="nodemedic_spares", pattern=r"^[A-Za-z0-9_.-]+$")
     hot_spares: int = Field(default=0, ge=0, le=1000, description="target size of the hot-spare pool")
     job_start_wait_seconds: float = Field(default=60, ge=0, le=600)
@@ -49,12 +43,7 @@ class Settings(BaseSettings):
             raise ValueError("PROVIDER=hyperpod needs HYPERPOD_CLUSTER_NAME")
         return self
 
-    @property
-    def health_check_commands(self) -> dict[str, str]:
-        return {"quick": self.deep_health_check_command,
-                "full": self.full_health_check_command or self.deep_health_check_command}
-
 
 @lru_cache(maxsize=1)
 def settings() -> Settings:
-    return Settings()  # type: ignore[call-arg]  # values come from the environment
+    return Settings()  # values come from the environment

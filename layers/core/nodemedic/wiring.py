@@ -13,7 +13,7 @@ from nodemedic.errors import PolicyError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.base import Provider
 from nodemedic.providers.kinds import provider_for
-from nodemedic.providers.run_command import RunCommand
+from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.settings import settings
 from nodemedic.store.control import ControlStore
@@ -24,7 +24,7 @@ POLICY_CACHE_SECONDS = 30.0
 
 @cache
 def client(service: str) -> Any:
-    return boto3.client(service)
+    return boto3.client(service)  # type: ignore[call-overload]  # any service, by name
 
 
 @lru_cache(maxsize=1)
@@ -60,10 +60,14 @@ def run_command() -> RunCommand:
     return RunCommand(client("ssm"), settings().command_poll_interval_seconds)
 
 
+def documents() -> Documents:
+    return Documents(settings().cluster_name)
+
+
 @lru_cache(maxsize=1)
 def orchestrator() -> SlurmViaSSM:
     s = settings()
-    return SlurmViaSSM(run_command(), s.slurm_controller_instance_id, s.command_timeout_seconds,
+    return SlurmViaSSM(run_command(), s.slurm_controller_instance_id, s.command_timeout_seconds, documents(),
                        spare_reservation=s.spare_reservation)
 
 

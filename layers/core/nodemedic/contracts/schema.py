@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from nodemedic.contracts.events import NodeHealthEvent, NodeHeartbeat, RemediationRequest
 
-SCHEMAS = {
+SCHEMAS: dict[str, type[BaseModel]] = {
     "node-health-event.v1.json": NodeHealthEvent,
     "node-heartbeat.v1.json": NodeHeartbeat,
     "remediation-request.v1.json": RemediationRequest,
@@ -15,7 +17,7 @@ SCHEMAS = {
 
 def json_schema(name: str) -> dict[str, Any]:
     model = SCHEMAS[name]
-    schema = model.model_json_schema()
+    schema: dict[str, Any] = model.model_json_schema()
     schema["$id"] = f"https://nodemedic.dev/schemas/{name}"
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema

@@ -37,6 +37,10 @@ class JobState:
 class Orchestrator(Protocol):
     def node_status(self, node: str) -> NodeStatus: ...
 
+    def nodes(self) -> list[NodeStatus]:
+        """Every node the scheduler knows."""
+        ...
+
     def drain(self, node: str, reason: str) -> None: ...
 
     def evacuate(self, node: str) -> EvacuationResult:

@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CapacityError, ReplacementFailedError
-from nodemedic.providers.base import Member, ReplaceStep, ec2_member, is_capacity_error, reboot_ec2
+from nodemedic.providers.base import SLURM_NODE_TAG, Member, ReplaceStep, ec2_member, is_capacity_error, reboot_ec2
 
 CLUSTER_TAG = "nodemedic:cluster"
 _LIVE = ["pending", "running", "stopping", "stopped"]
@@ -26,6 +26,7 @@ class EC2Provider:
     def _instances(self, *filters: dict[str, Any]) -> list[dict[str, Any]]:
         pages = self._ec2.get_paginator("describe_instances").paginate(Filters=[
             {"Name": f"tag:{CLUSTER_TAG}", "Values": [self._cluster]},
+            {"Name": "tag-key", "Values": [SLURM_NODE_TAG]},  # the controller carries the cluster tag too
             {"Name": "instance-state-name", "Values": _LIVE}, *filters])
         return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 

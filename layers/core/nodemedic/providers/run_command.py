@@ -1,4 +1,8 @@
-"""Run a shell script on an instance with SSM Run Command and wait for its result."""
+"""Run one of the stack's SSM Command documents on an instance and wait for its result.
+
+Every operation NodeMedic runs on an instance is a typed document in ``template.yaml``
+(:class:`Documents`): its parameters are values checked by the document's ``allowedPattern``,
+never shell text, and the functions' roles may send only these documents."""
 
 from __future__ import annotations
 
@@ -10,6 +14,52 @@ from typing import Any
 from nodemedic.errors import CommandFailedError, CommandPendingError
 
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
+
+
+@dataclass(frozen=True)
+class Documents:
+    """The names of the stack's SSM documents (``nodemedic-<cluster>-<operation>``)."""
+
+    cluster: str
+
+    def _name(self, operation: str) -> str:
+        return f"nodemedic-{self.cluster}-{operation}"
+
+    @property
+    def slurm_query(self) -> str:
+        return self._name("slurm-query")
+
+    @property
+    def slurm_drain(self) -> str:
+        return self._name("slurm-drain")
+
+    @property
+    def slurm_requeue(self) -> str:
+        return self._name("slurm-requeue")
+
+    @property
+    def slurm_resume(self) -> str:
+        return self._name("slurm-resume")
+
+    @property
+    def spare_take(self) -> str:
+        return self._name("spare-take")
+
+    @property
+    def spare_add(self) -> str:
+        return self._name("spare-add")
+
+    @property
+    def gpu_reset(self) -> str:
+        return self._name("gpu-reset")
+
+    @property
+    def node_join(self) -> str:
+        return self._name("node-join")
+
+    @property
+    def health_check(self) -> str:
+        return self._name("health-check")
 
 
 @dataclass(frozen=True)
@@ -27,7 +77,7 @@ class CommandResult:
 
 
 class RunCommand:
-    """``AWS-RunShellScript`` on one instance, polled until it ends or the deadline passes."""
+    """A document on one instance, polled until it ends or the deadline passes."""
 
     def __init__(
         self,
@@ -41,15 +91,21 @@ class RunCommand:
         self._sleep = sleep
         self._clock = clock
 
-    def run(self, instance_id: str, script: str, timeout_s: int, comment: str = "") -> CommandResult:
+    def send(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
+             comment: str = "") -> str:
+        """Send ``document`` with ``parameters`` and return the command id at once."""
         sent = self._ssm.send_command(
             InstanceIds=[instance_id],
-            DocumentName="AWS-RunShellScript",
+            DocumentName=document,
             Comment=comment[:100],
             TimeoutSeconds=max(30, timeout_s),
-            Parameters={"commands": [script], "executionTimeout": [str(timeout_s)]},
+            Parameters={**{k: [v] for k, v in parameters.items()}, "executionTimeout": [str(timeout_s)]},
         )
-        command_id = sent["Command"]["CommandId"]
+        return str(sent["Command"]["CommandId"])
+
+    def run(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
+            comment: str = "") -> CommandResult:
+        command_id = self.send(instance_id, document, parameters, timeout_s, comment)
         deadline = self._clock() + timeout_s
         while True:
             inv = self._invocation(command_id, instance_id)
@@ -68,9 +124,10 @@ class RunCommand:
                 )
             self._sleep(self._poll)
 
-    def run_checked(self, instance_id: str, script: str, timeout_s: int, comment: str = "") -> str:
+    def run_checked(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
+                    comment: str = "") -> str:
         """Run and return stdout; raise :class:`CommandFailedError` with the output on failure."""
-        result = self.run(instance_id, script, timeout_s, comment)
+        result = self.run(instance_id, document, parameters, timeout_s, comment)
         if not result.ok:
             raise CommandFailedError(
                 f"{comment or 'command'} on {instance_id}: {result.status} "

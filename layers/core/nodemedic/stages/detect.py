@@ -22,7 +22,7 @@ from nodemedic.providers.base import Member, Provider
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
-_TRIGGER = TypeAdapter(TriggerEvent)
+_TRIGGER: TypeAdapter[TriggerEvent] = TypeAdapter(TriggerEvent)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def gate(
         control.save(state)  # conflict -> retried: only one gate ever trips it
     if d.verdict in ("hold", "dry_run"):
         return _hold(incident, ledger, clock, d)
-    out = GateOutput(verdict=d.verdict, reason=d.reason, rules=d.rules,  # type: ignore[arg-type]
+    out = GateOutput(verdict=d.verdict, reason=d.reason, rules=d.rules,
                      needs_approval=d.needs_approval, notify=d.notify)
     ledger.record_progress(incident, "gate", out.model_dump(mode="json"))
     _prune(state, active, now, policy)
@@ -91,7 +91,7 @@ def _prune(state: ControlState, active: set[str], now: datetime, policy: SafetyP
 
 
 def _hold(incident: IncidentRef, ledger: Ledger, clock: Callable[[], datetime], d: Decision) -> GateOutput:
-    out = GateOutput(verdict=d.verdict, reason=d.reason, rules=d.rules, notify=d.notify,  # type: ignore[arg-type]
+    out = GateOutput(verdict=d.verdict, reason=d.reason, rules=d.rules, notify=d.notify,
                      would=d.would)
     out = _complete(incident, ledger, clock, out)
     if d.verdict == "hold":

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.incident import IncidentRef, Stage
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
-from nodemedic.providers.run_command import CommandResult
+from nodemedic.errors import CommandPendingError
+from nodemedic.providers.run_command import TERMINAL, CommandResult, Documents, RunCommand
 from nodemedic.safety.gate import lineage_keys
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -52,10 +53,9 @@ def start_check(
     task_token: str,
     *,
     purpose: Purpose = "recovery",
-    ssm: Any,
+    runner: RunCommand,
     ledger: Ledger,
-    document: str,
-    command: str,
+    documents: Documents,
     timeout_s: int,
     clock: Callable[[], datetime],
 ) -> str:
@@ -63,10 +63,11 @@ def start_check(
     ``task_token``, which :func:`complete_check` answers when SSM reports the command ended.
     ``recovery``: the check after a rung of the ladder (recorded on the rung). ``verify``: an
     ambiguous fault is checked before anything destructive (recorded in the ``verify`` stage)."""
-    stage = "repair" if purpose == "recovery" else "verify"
+    stage: Stage = "repair" if purpose == "recovery" else "verify"
     record = ledger.start_stage(incident, stage, clock())
     if record.completed_at:  # verify answered already; a late retry sends nothing
-        return str(record.result.get("check", {}).get("command_id", ""))  # type: ignore[union-attr]
+        answered = record.result.get("check", {})
+        return str(answered.get("command_id", "")) if isinstance(answered, dict) else ""
     rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
     token_id = hashlib.sha256(task_token.encode()).hexdigest()[:16]
     if purpose == "verify":
@@ -75,12 +76,8 @@ def start_check(
         sent_before = rungs[-1].get("check", {}) if rungs else {}
     if sent_before.get("token") == token_id:  # a retried invocation for the same wait: sent already
         return str(sent_before["command_id"])
-    sent = ssm.send_command(
-        InstanceIds=[instance_id], DocumentName=document,
-        Comment=f"nodemedic {purpose} {level} check {incident.slurm_node}"[:100],
-        TimeoutSeconds=max(30, timeout_s), Parameters={"commands": [command], "executionTimeout": [str(timeout_s)]},
-    )
-    command_id = str(sent["Command"]["CommandId"])
+    command_id = runner.send(instance_id, documents.health_check, {"level": level}, timeout_s,
+                             f"nodemedic {purpose} {level} check {incident.slurm_node}")
     ledger.save_check(command_id, incident.incident_id, task_token,
                       {"instance_id": instance_id, "level": level, "purpose": purpose,
                        "incident": incident.model_dump(mode="json")})
@@ -100,12 +97,14 @@ def complete_check(
 ) -> HealthCheckOutput | None:
     """SSM says the check's command ended: read its report, record it, answer the waiting task.
     None when no check waits on this command (another command, or answered already)."""
-    taken = ledger.take_check(command_id)
-    if taken is None:
+    waiting = ledger.waiting_check(command_id)
+    if waiting is None:
         return None
-    _, token, detail = taken
+    _, token, detail = waiting
     incident = IncidentRef.model_validate(detail["incident"])
     inv = ssm.get_command_invocation(CommandId=command_id, InstanceId=detail["instance_id"])
+    if inv["Status"] not in TERMINAL:  # the event ran ahead of the invocation's record: retried
+        raise CommandPendingError(f"command {command_id} is {inv['Status']}, not ended; the check stays waiting")
     result = CommandResult(detail["instance_id"], command_id, inv["Status"], int(inv.get("ResponseCode", -1)),
                            inv.get("StandardOutputContent", ""), inv.get("StandardErrorContent", ""))
     healthy, checks = parse_report(result)
@@ -118,7 +117,8 @@ def complete_check(
         stepfunctions.send_task_success(taskToken=token, output=out.model_dump_json())
     except (stepfunctions.exceptions.TaskTimedOut, stepfunctions.exceptions.TaskDoesNotExist,
             stepfunctions.exceptions.InvalidToken):
-        return out  # the state machine stopped waiting (the rung timed out) and has moved on
+        pass  # the state machine stopped waiting (the rung timed out, or answered before) and moved on
+    ledger.forget_check(command_id)  # only now: any error above leaves the check for the retry
     return out
 
 

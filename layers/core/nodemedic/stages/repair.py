@@ -16,7 +16,7 @@ from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import Destination, RepairOutput
 from nodemedic.errors import IncidentStateError, ReplacementPendingError
 from nodemedic.providers.base import Provider
-from nodemedic.providers.run_command import RunCommand
+from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.store.ledger import Ledger
 
 REPLACEMENT = "replacement"
@@ -31,8 +31,7 @@ def repair(
     provider: Provider,
     runner: RunCommand,
     ledger: Ledger,
-    gpu_reset_command: str,
-    join_command: str,
+    documents: Documents,
     timeout_s: int,
     check_timeout_s: int,
     clock: Callable[[], datetime],
@@ -59,8 +58,7 @@ def repair(
         ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
     current = rungs[-1]
     current["instance_id"] = _climb(incident, current, provider=provider, runner=runner, ledger=ledger,
-                                    gpu_reset_command=gpu_reset_command, join_command=join_command,
-                                    timeout_s=timeout_s, save=lambda: ledger.record_progress(
+                                    documents=documents, timeout_s=timeout_s, save=lambda: ledger.record_progress(
                                         incident, "repair", {"rungs": rungs}))
     current["done_at"] = clock().isoformat()
     ledger.record_progress(incident, "repair", {"rungs": rungs})
@@ -69,18 +67,17 @@ def repair(
 
 def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], level: str,
             check_timeout_s: int) -> RepairOutput:
-    return RepairOutput(rung=rung["rung"], attempt=attempt, instance_id=rung["instance_id"], level=level,  # type: ignore[arg-type]
+    return RepairOutput(rung=rung["rung"], attempt=attempt, instance_id=rung["instance_id"], level=level,
                         last=attempt >= len(incident.rungs), check_timeout_s=check_timeout_s)
 
 
 def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, runner: RunCommand,
-           ledger: Ledger, gpu_reset_command: str, join_command: str, timeout_s: int,
-           save: Callable[[], None]) -> str:
+           ledger: Ledger, documents: Documents, timeout_s: int, save: Callable[[], None]) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
     instance = str(rung["instance_id"])
     if rung["rung"] == "gpu_reset":
         if not rung.get("reset"):
-            result = runner.run(instance, gpu_reset_command, timeout_s, f"GPU reset {incident.slurm_node}")
+            result = runner.run(instance, documents.gpu_reset, {}, timeout_s, f"GPU reset {incident.slurm_node}")
             rung["reset"] = {"status": result.status, "exit_code": result.exit_code,
                              "output": (result.stderr or result.stdout).strip()[-300:]}
             save()
@@ -98,8 +95,8 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, r
     if step.instance_id is None:
         raise ReplacementPendingError(f"the replacement for {instance} ({incident.slurm_node}) is not running yet")
     if not rung.get("joined"):
-        script = join_command.replace("{slurm_node}", incident.slurm_node)
-        runner.run_checked(step.instance_id, script, timeout_s, f"join {incident.slurm_node}")
+        runner.run_checked(step.instance_id, documents.node_join, {"slurmNode": incident.slurm_node}, timeout_s,
+                           f"join {incident.slurm_node}")
         rung["joined"] = True
         save()
     return step.instance_id

@@ -34,7 +34,8 @@ def await_jobs(
     if record.completed_at:
         return JobsOutput.model_validate(record.result)
     drained = ledger.get(incident.incident_id).stages.get("drain")
-    requeued = [str(j) for j in (drained.result.get("requeued_jobs", []) if drained else [])]  # type: ignore[union-attr]
+    jobs = drained.result.get("requeued_jobs", []) if drained else []
+    requeued = [str(j) for j in jobs] if isinstance(jobs, list) else []
     give_up = record.started_at.timestamp() + wait_s
     this_call = time.monotonic() + POLL_PER_CALL_S
     origin = incident.observed_at.timestamp()
@@ -122,4 +123,4 @@ def end_unrecovered(
         ledger.lock(incident, rungs[-1]["instance_id"])
     if current.status == "open":  # a retried invocation finds it ended already
         ledger.end(incident, status, clock(), message, release_node=False)  # type: ignore[arg-type]
-    return EndOutput(status=status, message=message)  # type: ignore[arg-type]
+    return EndOutput(status=status, message=message)

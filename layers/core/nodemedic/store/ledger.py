@@ -206,9 +206,9 @@ class Ledger:
             if not condition_failed(exc):
                 raise
         incident = self.get(ref.incident_id)
-        record = incident.stages.get(stage)
-        if record is not None and (record.completed_at or incident.status == "open"):
-            return record  # a retried invocation: finish, or report, what was started
+        found = incident.stages.get(stage)
+        if found is not None and (found.completed_at or incident.status == "open"):
+            return found  # a retried invocation: finish, or report, what was started
         raise IncidentStateError(f"incident {ref.incident_id} is {incident.status}, not open")
 
     def complete_stage(
@@ -310,20 +310,23 @@ class Ledger:
             "pk": {"S": f"CHECK#{command_id}"}, "incident_id": {"S": incident_id},
             "task_token": {"S": task_token}, "doc": {"S": json.dumps(detail)}})
 
-    def take_check(self, command_id: str) -> tuple[str, str, dict[str, Any]] | None:
-        """The waiting check of ``command_id`` (incident id, task token, detail), removed so that
-        it completes once; None if no check waits on that command."""
-        resp = self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"CHECK#{command_id}"}},
-                                    ReturnValues="ALL_OLD")
-        item = resp.get("Attributes")
+    def waiting_check(self, command_id: str) -> tuple[str, str, dict[str, Any]] | None:
+        """The check waiting on ``command_id`` (incident id, task token, detail); None if none.
+        It stays until :meth:`forget_check`, after its task was answered: an error in between
+        (SSM or Step Functions throttled, the function timed out) leaves it for the retry."""
+        resp = self._db.get_item(TableName=self._table, Key={"pk": {"S": f"CHECK#{command_id}"}},
+                                 ConsistentRead=True)
+        item = resp.get("Item")
         if not item:
             return None
         return item["incident_id"]["S"], item["task_token"]["S"], json.loads(item["doc"]["S"])
 
+    def forget_check(self, command_id: str) -> None:
+        self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"CHECK#{command_id}"}})
 
 def _from_item(item: dict[str, Any]) -> Incident:
     incident = Incident.model_validate_json(item["doc"]["S"])
-    incident.status = item["status"]["S"]  # type: ignore[assignment]
+    incident.status = item["status"]["S"]
     incident.stages = {
         name: StageRecord.model_validate_json(value["S"])
         for name, value in item.get("stages", {}).get("M", {}).items()

@@ -1,0 +1,344 @@
+"""``nodemedic doctor``: after ``sam deploy``, check that the deployment can do its job.
+
+Each check returns rows: what was checked, pass / warn / fail, what was found and, for a
+failure, how to fix it. Permissions are checked with the same model of each call that the local
+stack's IAM enforces (:mod:`nodemedic_sandbox.iam`): on AWS the decision comes from
+``iam:SimulatePrincipalPolicy``, locally from the local evaluator.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+from botocore.exceptions import BotoCoreError, ClientError
+from nodemedic.errors import NodeMedicError
+from nodemedic.providers.run_command import Documents
+from nodemedic.store.roster import RosterStore
+from nodemedic_sandbox import iam
+from nodemedic_sandbox.aws_rules import alarm_topic_problem
+
+from nodemedic_cli.target import Target
+
+Status = Literal["pass", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Row:
+    check: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+class Permissions(Protocol):
+    def decide(self, role_arn: str, request: iam.Request) -> tuple[bool, str]: ...
+
+
+class SimulatedPermissions:
+    """The account's own answer: ``iam:SimulatePrincipalPolicy`` for the function's role."""
+
+    def __init__(self, iam_client: Any) -> None:
+        self._iam = iam_client
+
+    def decide(self, role_arn: str, request: iam.Request) -> tuple[bool, str]:
+        entries = [{"ContextKeyName": k, "ContextKeyValues": v, "ContextKeyType": "stringList"}
+                   for k, v in request.context.items()]
+        result = self._iam.simulate_principal_policy(
+            PolicySourceArn=role_arn, ActionNames=[request.action], ResourceArns=[request.resource],
+            ContextEntries=entries)["EvaluationResults"][0]
+        return result["EvalDecision"] == "allowed", result["EvalDecision"]
+
+
+class LocalPermissions:
+    """The local stack's evaluator over the role's policies as deployed."""
+
+    def __init__(self, iam_client: Any) -> None:
+        self._iam = iam_client
+        self._policies: dict[str, list[dict[str, Any]]] = {}
+
+    def decide(self, role_arn: str, request: iam.Request) -> tuple[bool, str]:
+        if role_arn not in self._policies:
+            self._policies[role_arn] = iam.role_policies(self._iam, role_arn)
+        verdict = iam.evaluate(self._policies[role_arn], request)
+        return verdict.allowed, verdict.reason
+
+
+Call = tuple[str, str, dict[str, Any]]  # service signing name, operation, parameters
+
+
+def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
+    """One call of each kind each function makes (their parameters are what the code passes),
+    keyed by the function's logical id. ``member``: an instance of the cluster."""
+    p, out = target.parameters, target.outputs
+    table = {"TableName": out["IncidentsTableName"]}
+    open_incident = {"TransactItems": [{"Put": {"TableName": table["TableName"], "Item": {}}}] * 2}
+    end_incident = {"TransactItems": [{"Update": {"TableName": table["TableName"], "Key": {}}},
+                                      {"Delete": {"TableName": table["TableName"], "Key": {}}}]}
+    db: list[Call] = [("dynamodb", op, table) for op in ("GetItem", "PutItem", "UpdateItem")]
+    provider = p.get("Provider") or "autoscaling"
+    reads: list[Call] = {
+        "autoscaling": [("autoscaling", "DescribeAutoScalingGroups", {}), ("ec2", "DescribeInstances", {})],
+        "ec2": [("ec2", "DescribeInstances", {})],
+        "hyperpod": [("sagemaker", "ListClusterNodes", {"ClusterName": p.get("HyperPodClusterName", "")})],
+    }[provider]
+    docs = Documents(target.cluster)
+
+    def send(document: str, instance: str) -> Call:
+        return "ssm", "SendCommand", {"DocumentName": document, "InstanceIds": [instance]}
+
+    def on_controller(*documents: str) -> list[Call]:
+        return [*(send(d, p["SlurmControllerInstanceId"]) for d in documents), ("ssm", "GetCommandInvocation", {})]
+    repair: list[Call] = {
+        "autoscaling": [("autoscaling", "TerminateInstanceInAutoScalingGroup", {"InstanceId": member}),
+                        ("ec2", "CreateTags", {"Resources": [member], "Tags": [{"Key": "nodemedic:slurm-node",
+                                                                                 "Value": "gpu-1"}]}),
+                        ("ec2", "RebootInstances", {"InstanceIds": [member]})],
+        "ec2": [("ec2", "RebootInstances", {"InstanceIds": [member]}), ("ec2", "StopInstances", {"InstanceIds": [member]})],
+        "hyperpod": [("sagemaker", op, {"ClusterName": p.get("HyperPodClusterName", "")})
+                     for op in ("BatchRebootClusterNodes", "BatchReplaceClusterNodes")],
+    }[provider]
+    return {
+        "DetectFunction": [*db, ("dynamodb", "TransactWriteItems", open_incident), *reads],
+        "GateFunction": [*db, ("dynamodb", "TransactWriteItems", end_incident), *reads,
+                         ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]})],
+        "ShadowFunction": [("dynamodb", "GetItem", table), ("dynamodb", "UpdateItem", table),
+                           *on_controller(docs.slurm_query)],
+        "DrainFunction": [("dynamodb", "GetItem", table), ("dynamodb", "UpdateItem", table),
+                          *on_controller(docs.slurm_query, docs.slurm_drain, docs.slurm_requeue)],
+        "SparesFunction": [*db, *on_controller(docs.slurm_query, docs.spare_take)],
+        "ResumeFunction": [*db, ("dynamodb", "DeleteItem", table),
+                           *on_controller(docs.slurm_query, docs.slurm_resume, docs.spare_add)],
+        "RepairFunction": [*db, *reads, *repair, send(docs.gpu_reset, member), send(docs.node_join, member),
+                           ("ssm", "GetCommandInvocation", {})],
+        "DeepHealthCheckFunction": [*db, send(docs.health_check, member)],
+        "HealthCheckResultFunction": [*db, ("dynamodb", "DeleteItem", table), ("ssm", "GetCommandInvocation", {}),
+                                      ("states", "SendTaskSuccess", {})],
+        "ApprovalFunction": [("dynamodb", "UpdateItem", table),
+                             ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]})],
+        "SilenceSweeperFunction": [("sqs", "ReceiveMessage", {"QueueUrl": out["HeartbeatQueueUrl"]}),
+                                   ("sqs", "DeleteMessageBatch", {"QueueUrl": out["HeartbeatQueueUrl"]}),
+                                   ("dynamodb", "GetItem", table), ("dynamodb", "PutItem", table),
+                                   ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {}}}),
+                                   ("events", "PutEvents", {"Entries": [{"EventBusName": out["EventBusName"],
+                                                                         "Source": "nodemedic.sweeper",
+                                                                         "DetailType": "Node Health Event"}]}),
+                                   *reads],
+    }
+
+
+# -- the checks --------------------------------------------------------------------------------
+def check_stack(target: Target) -> Iterator[Row]:
+    status = target.status
+    ok = status.endswith("_COMPLETE") and "ROLLBACK" not in status
+    yield Row("stack", "pass" if ok else "fail", f"{target.stack}: {status}",
+              "" if ok else "see the stack's events in CloudFormation and deploy again")
+
+
+def check_rules(target: Target) -> Iterator[Row]:
+    events = target.client("events")
+    for logical_id, physical in target.resources_of("AWS::Events::Rule").items():
+        name, bus = _rule_name_and_bus(physical)
+        # CloudFormation names a rule on a custom bus "bus|rule"; an emulator may give the name alone
+        buses = [bus] if bus else ["default", target.output("EventBusName")]
+        rule = None
+        for bus in buses:
+            try:
+                rule = events.describe_rule(Name=name, EventBusName=bus)
+                break
+            except events.exceptions.ResourceNotFoundException:
+                continue
+        if rule is None:
+            yield Row(f"rule {logical_id}", "fail", f"rule {name} does not exist", "deploy the template again")
+            continue
+        targets = events.list_targets_by_rule(Rule=name, EventBusName=bus)["Targets"]
+        if rule["State"] != "ENABLED" or not targets:
+            yield Row(f"rule {logical_id}", "fail", f"{rule['State']}, {len(targets)} target(s)",
+                      f"enable rule {name} and give it its target (deploy the template again)")
+        else:
+            yield Row(f"rule {logical_id}", "pass", f"ENABLED -> {', '.join(t['Arn'].split(':')[-1] for t in targets)}")
+
+
+def _rule_name_and_bus(physical: str) -> tuple[str, str]:
+    bus, sep, name = physical.partition("|")
+    return (name, bus) if sep else (physical, "")
+
+
+def check_permissions(target: Target, permissions: Permissions, member: str) -> Iterator[Row]:
+    authorizer = iam.Authorizer(iam.facts_from(target.client, partition=target.partition, region=target.region,
+                                               account=target.account))
+    lambda_ = target.client("lambda")
+    for logical_id, calls in representative_calls(target, member).items():
+        role = lambda_.get_function_configuration(FunctionName=target.resource_id(logical_id))["Role"]
+        denied = []
+        for service, operation, params in calls:
+            for request in authorizer.requests(service, operation, params):
+                allowed, why = permissions.decide(role, request)
+                if not allowed:
+                    denied.append(request)
+        if denied:
+            yield Row(f"permissions {logical_id}", "fail",
+                      "; ".join(f"{r.action} on {r.resource}" for r in denied),
+                      f"allow in {logical_id}'s Policies in template.yaml: "
+                      + " ".join(iam.needed_statement(r) for r in denied))
+        else:
+            yield Row(f"permissions {logical_id}", "pass", f"{len(calls)} kinds of call allowed")
+
+
+def check_documents(target: Target) -> Iterator[Row]:
+    ssm = target.client("ssm")
+    for logical_id, name in target.resources_of("AWS::SSM::Document").items():
+        try:
+            ssm.describe_document(Name=name)
+            yield Row(f"document {logical_id}", "pass", name)
+        except ClientError as exc:
+            yield Row(f"document {logical_id}", "fail", str(exc), "deploy the template again")
+
+
+# The metrics the alarms and the dashboard read, with the exact dimension sets they query
+def wanted_metrics(target: Target) -> list[tuple[str, str, dict[str, str | None]]]:
+    """(namespace, metric, {dimension: value, or None for any value}) of every NodeMedic metric
+    an alarm or a dashboard widget queries."""
+    cw = target.client("cloudwatch")
+    wanted: list[tuple[str, str, dict[str, str | None]]] = []
+    for alarm in cw.describe_alarms(AlarmNamePrefix="NodeMedic ")["MetricAlarms"]:
+        if alarm.get("Namespace") == "NodeMedic":
+            wanted.append(("NodeMedic", alarm["MetricName"], {d["Name"]: d["Value"] for d in alarm["Dimensions"]}))
+    name = target.outputs.get("DashboardName")
+    if name:
+        body = json.loads(cw.get_dashboard(DashboardName=name)["DashboardBody"])
+        for widget in body.get("widgets", []):
+            for metric in widget.get("properties", {}).get("metrics", []):
+                wanted.extend(_widget_metric(metric))
+    unique = {(ns, m, tuple(sorted(d.items(), key=lambda kv: kv[0]))): (ns, m, d) for ns, m, d in wanted}
+    return list(unique.values())
+
+
+_SEARCH = re.compile(r"\{(?P<schema>[^}]*)\}\s+MetricName=\\?\"(?P<name>\w+)\\?\"(?P<rest>[^']*)")
+
+
+def _widget_metric(metric: list[Any]) -> list[tuple[str, str, dict[str, str | None]]]:
+    if metric and isinstance(metric[0], dict) and "expression" in metric[0]:
+        m = _SEARCH.search(metric[0]["expression"])
+        if not m:
+            return []
+        namespace, *keys = [k.strip() for k in m.group("schema").split(",")]
+        fixed = dict(re.findall(r'(\w+)=\\?"([^"\\]*)\\?"', m.group("rest")))
+        return [(namespace, m.group("name"), {k: fixed.get(k) for k in keys})]
+    parts = [x for x in metric if not isinstance(x, dict)]
+    if len(parts) >= 2 and parts[0] == "NodeMedic":
+        return [(parts[0], parts[1], dict(zip(parts[2::2], parts[3::2], strict=False)))]
+    return []
+
+
+def check_metrics(target: Target) -> Iterator[Row]:
+    cw = target.client("cloudwatch")
+    for namespace, name, dims in wanted_metrics(target):
+        published = [{d["Name"]: d["Value"] for d in m.get("Dimensions", [])}
+                     for page in cw.get_paginator("list_metrics").paginate(Namespace=namespace, MetricName=name)
+                     for m in page["Metrics"]]
+        exact = [p for p in published if set(p) == set(dims)
+                 and all(v is None or p[k] == v for k, v in dims.items())]
+        shown = ", ".join(f"{k}={v or '*'}" for k, v in dims.items())
+        label = f"metric {name} {{{shown}}}"
+        if exact:
+            yield Row(label, "pass", f"{len(exact)} series with exactly these dimensions")
+        elif published:
+            sets = sorted({"{" + ", ".join(sorted(p)) + "}" for p in published})
+            yield Row(label, "fail", f"published only with dimensions {', '.join(sets)}: CloudWatch matches a "
+                      "query only with the exact dimension set, so the alarm/dashboard never sees it",
+                      "emit it with exactly the queried dimensions (no POWERTOOLS_SERVICE_NAME 'service' dimension)")
+        else:
+            yield Row(label, "warn", "no data yet (no incident has recorded it since the deploy)")
+
+
+def check_alarm_actions(target: Target) -> Iterator[Row]:
+    cw = target.client("cloudwatch")
+    for alarm in cw.describe_alarms(AlarmNamePrefix="NodeMedic ")["MetricAlarms"]:
+        problems = [p for a in alarm.get("AlarmActions", []) if ":sns:" in a
+                    and (p := alarm_topic_problem(target.client("sns"), target.client("kms"), a))]
+        yield Row(f"alarm {alarm['AlarmName']}", "fail" if problems else "pass",
+                  "; ".join(problems) or f"notifies {', '.join(alarm.get('AlarmActions', []))}",
+                  "encrypt the topic with a customer managed key that CloudWatch may use" if problems else "")
+
+
+def check_nodes(target: Target) -> Iterator[Row]:
+    try:
+        nodes = target.orchestrator.nodes()
+    except (NodeMedicError, ClientError, BotoCoreError) as exc:
+        yield Row("scheduler", "fail", f"cannot read the Slurm nodes through the controller: {exc}",
+                  "check the controller's SSM agent and SlurmControllerInstanceId")
+        return
+    yield Row("scheduler", "pass", f"{len(nodes)} Slurm nodes")
+    unmapped = [n.name for n in nodes if target.provider.member_by_node(n.name) is None]
+    if unmapped:
+        yield Row("nodes mapped", "fail", f"no running instance of the cluster backs {', '.join(unmapped)}",
+                  "tag each node's instance with nodemedic:slurm-node (or fix the provider's group/cluster name)")
+    else:
+        yield Row("nodes mapped", "pass", "every Slurm node maps to a running instance of the cluster")
+
+
+def check_heartbeats(target: Target, now: datetime) -> Iterator[Row]:
+    roster, _ = RosterStore(target.client("dynamodb"), target.output("IncidentsTableName"), target.cluster).load()
+    if not roster:
+        yield Row("heartbeats", "warn", "no agent heartbeat received yet",
+                  "install the agent on the GPU nodes (node_agent/lifecycle/install-agent.sh)")
+        return
+    threshold = float(target.parameters.get("HeartbeatSilenceSeconds") or 45)
+    silent = sorted(i for i, seen in roster.items()
+                    if (now - datetime.fromisoformat(seen["last_seen"])).total_seconds() > threshold)
+    yield Row("heartbeats", "fail" if silent else "pass",
+              f"{len(roster) - len(silent)} of {len(roster)} agents heard within {threshold:.0f} s"
+              + (f"; silent: {', '.join(silent)}" if silent else ""),
+              "check the agent on the silent nodes (systemctl status nodemedic-agent)" if silent else "")
+
+
+def check_spares(target: Target) -> Iterator[Row]:
+    size = int(target.parameters.get("HotSpares") or 0)
+    if size == 0:
+        yield Row("spare pool", "pass", "no hot spares configured (HotSpares=0)")
+        return
+    from nodemedic.stages.spares import ready
+
+    pool = target.orchestrator.spares()
+    ready_now = [s.name for s in pool if ready(s.state)]
+    yield Row("spare pool", "pass" if len(ready_now) >= size else "warn",
+              f"{len(ready_now)} ready of {size} ({', '.join(f'{s.name} {s.state}' for s in pool) or 'empty'})")
+
+
+def run(target: Target, permissions: Permissions | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> list[Row]:
+    """Every check, in order; a check that cannot run is itself a failed row."""
+    perms = permissions or SimulatedPermissions(target.client("iam"))
+    rows = list(check_stack(target))
+    member = next((m.instance_id for n in _safe_nodes(target) if (m := target.provider.member_by_node(n))), "")
+    checks: list[tuple[str, Callable[[], Iterator[Row]]]] = [
+        ("rules", lambda: check_rules(target)),
+        ("permissions", lambda: check_permissions(target, perms, member or "i-00000000000000000")),
+        ("documents", lambda: check_documents(target)),
+        ("alarms", lambda: check_alarm_actions(target)),
+        ("metrics", lambda: check_metrics(target)),
+        ("nodes", lambda: check_nodes(target)),
+        ("heartbeats", lambda: check_heartbeats(target, now())),
+        ("spares", lambda: check_spares(target)),
+    ]
+    for name, check in checks:
+        try:
+            rows.extend(check())
+        except (ClientError, BotoCoreError, NodeMedicError, KeyError) as exc:
+            rows.append(Row(name, "fail", f"the check could not run: {exc!r}"))
+    return rows
+
+
+def _safe_nodes(target: Target) -> list[str]:
+    try:
+        return [n.name for n in target.orchestrator.nodes()]
+    except (NodeMedicError, ClientError, BotoCoreError):
+        return []

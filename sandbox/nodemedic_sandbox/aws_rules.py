@@ -1,0 +1,62 @@
+"""Rules real AWS enforces that moto does not, checked where the local stack deploys and by
+``nodemedic doctor`` against a real account. Each cites the AWS documentation it follows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+NEW_ACCOUNT_CONCURRENCY = 10  # a new account's Lambda concurrency quota can be as low as 10
+
+
+def reserved_concurrency_problem(reserved: dict[str, int], account_quota: int) -> str | None:
+    """Lambda refuses a reservation that leaves less than the minimum unreserved concurrency
+    (Lambda developer guide, "Configuring reserved concurrency": you can reserve up to the
+    account's concurrency minus 100; accounts with a lower quota keep all of it unreserved)."""
+    total = sum(reserved.values())
+    minimum = min(100, account_quota)
+    if total and account_quota - total < minimum:
+        names = ", ".join(f"{k}={v}" for k, v in sorted(reserved.items()))
+        return (f"ReservedConcurrentExecutions ({names}) decreases the account's UnreservedConcurrentExecution "
+                f"below its minimum value of [{minimum}] (account concurrency quota {account_quota})")
+    return None
+
+
+def alarm_topic_problem(sns: Any, kms: Any, topic_arn: str) -> str | None:
+    """Why a CloudWatch alarm cannot publish to this topic, or None. An encrypted topic needs a
+    customer managed key whose policy lets ``cloudwatch.amazonaws.com`` use it: the AWS managed
+    ``alias/aws/sns`` key's policy cannot (Amazon SNS developer guide, "Configure AWS KMS
+    permissions for AWS services")."""
+    key = sns.get_topic_attributes(TopicArn=topic_arn)["Attributes"].get("KmsMasterKeyId")
+    if not key:
+        return None
+    if key.startswith("alias/aws/"):
+        return (f"topic {topic_arn} is encrypted with the AWS managed key {key}, which CloudWatch alarms "
+                "cannot use: use a customer managed key that grants cloudwatch.amazonaws.com "
+                "kms:GenerateDataKey* and kms:Decrypt")
+    metadata = kms.describe_key(KeyId=key)["KeyMetadata"]
+    raw = kms.get_key_policy(KeyId=metadata["KeyId"], PolicyName="default")["Policy"]
+    policy = raw if isinstance(raw, dict) else json.loads(raw)  # moto's CloudFormation keeps the template's dict
+    if not _grants_service(policy, "cloudwatch.amazonaws.com", ("kms:GenerateDataKey", "kms:Decrypt")):
+        return (f"the key policy of {metadata['Arn']} (topic {topic_arn}) does not let cloudwatch.amazonaws.com "
+                "use it (kms:GenerateDataKey* and kms:Decrypt)")
+    return None
+
+
+def _grants_service(policy: dict[str, Any], service: str, actions: tuple[str, ...]) -> bool:
+    from nodemedic_sandbox.iam import _glob  # the same wildcard rules as IAM
+
+    def allows(action: str) -> bool:
+        for statement in _list(policy.get("Statement", [])):
+            principals = statement.get("Principal", {})
+            services = _list(principals.get("Service", [])) if isinstance(principals, dict) else []
+            if (statement.get("Effect") == "Allow" and service in services
+                    and any(_glob(a, action, case_sensitive=False) for a in _list(statement.get("Action", [])))):
+                return True
+        return False
+
+    return all(allows(a) for a in actions)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]

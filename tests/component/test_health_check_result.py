@@ -1,0 +1,79 @@
+"""The deep health check's callback (HealthCheckResult) answers its task exactly when it can:
+a transient error leaves the check waiting for the retry; it is never lost."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from nodemedic.contracts.incident import IncidentRef
+from nodemedic.errors import CommandPendingError
+from nodemedic.stages.health_check import complete_check
+from nodemedic.store.control import ControlStore
+from nodemedic.store.ledger import Ledger
+
+from tests.component.test_ledger import incident, ledger  # noqa: F401 - the fixture
+
+REPORT = '{"healthy": true, "checks": [{"name": "gpus", "ok": true}]}'
+
+
+class FakeSSM:
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+    def get_command_invocation(self, **_: Any) -> dict[str, Any]:
+        return {"Status": self.status, "ResponseCode": 0, "StandardOutputContent": REPORT}
+
+
+class FakeStepFunctions:
+    class exceptions:  # noqa: N801 - the shape of a boto3 client's exceptions
+        class TaskTimedOut(Exception): ...  # noqa: N818
+        class TaskDoesNotExist(Exception): ...  # noqa: N818
+        class InvalidToken(Exception): ...  # noqa: N818
+
+    def __init__(self, throttled: int) -> None:
+        self.throttled = throttled
+        self.answers: list[str] = []
+
+    def send_task_success(self, taskToken: str, output: str) -> None:  # noqa: N803 - boto3's names
+        if self.throttled:
+            self.throttled -= 1
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
+                              "SendTaskSuccess")
+        self.answers.append(taskToken)
+
+
+def _waiting(ledger: Ledger) -> IncidentRef:  # noqa: F811
+    opened = incident("inc-1")
+    assert ledger.open_incident(opened) is None
+    ref = IncidentRef(**{name: getattr(opened, name) for name in IncidentRef.model_fields})
+    ledger.start_stage(ref, "verify", datetime.now(UTC))
+    ledger.save_check("cmd-1", ref.incident_id, "token-1", {"instance_id": ref.instance_id, "level": "quick",
+                                                            "purpose": "verify", "incident": ref.model_dump(mode="json")})
+    return ref
+
+
+def test_a_throttled_answer_leaves_the_check_for_the_retry(ledger: Ledger) -> None:  # noqa: F811
+    _waiting(ledger)
+    sfn = FakeStepFunctions(throttled=1)
+    control = ControlStore(ledger._db, "incidents", "c")
+    with pytest.raises(ClientError):
+        complete_check("cmd-1", ssm=FakeSSM("Success"), stepfunctions=sfn, ledger=ledger, control=control,
+                       clock=lambda: datetime.now(UTC))
+    assert ledger.waiting_check("cmd-1") is not None, "the check was lost with the failed answer"
+    out = complete_check("cmd-1", ssm=FakeSSM("Success"), stepfunctions=sfn, ledger=ledger, control=control,
+                         clock=lambda: datetime.now(UTC))
+    assert out is not None and out.healthy
+    assert sfn.answers == ["token-1"]
+    assert ledger.waiting_check("cmd-1") is None
+    assert complete_check("cmd-1", ssm=FakeSSM("Success"), stepfunctions=sfn, ledger=ledger, control=control,
+                          clock=lambda: datetime.now(UTC)) is None, "a late duplicate event answered again"
+
+
+def test_a_command_not_ended_is_not_judged(ledger: Ledger) -> None:  # noqa: F811
+    _waiting(ledger)
+    sfn = FakeStepFunctions(throttled=0)
+    with pytest.raises(CommandPendingError):
+        complete_check("cmd-1", ssm=FakeSSM("Cancelling"), stepfunctions=sfn, ledger=ledger,
+                       control=ControlStore(ledger._db, "incidents", "c"), clock=lambda: datetime.now(UTC))
+    assert sfn.answers == [] and ledger.waiting_check("cmd-1") is not None

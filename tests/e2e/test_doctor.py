@@ -1,0 +1,123 @@
+"""``nodemedic doctor`` against the local stack: it passes on the template as it is, and names the
+broken row on each deliberately broken deployment."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import boto3
+from nodemedic_cli.main import app
+from nodemedic_cli.target import Target
+from nodemedic_sandbox.local import TEMPLATE, LocalMode
+from typer.testing import CliRunner
+
+from tests.conftest import require_slurm
+
+
+def doctor(local: LocalMode) -> tuple[int, dict[str, dict[str, str]]]:
+    """Run ``nodemedic doctor --json`` against the local stack (its permissions judged by the local
+    IAM evaluator, as iam:SimulatePrincipalPolicy would on AWS)."""
+    from nodemedic_cli import doctor as checks
+
+    target = Target(local.stack.name, session=boto3.Session())
+    original = checks.SimulatedPermissions
+    checks.SimulatedPermissions = lambda iam: checks.LocalPermissions(iam)  # type: ignore[assignment,misc]
+    try:
+        with local.aws.lambdas_held():
+            result = CliRunner().invoke(app, ["doctor", "--json"], obj=target)
+    finally:
+        checks.SimulatedPermissions = original  # type: ignore[misc]
+    rows = json.loads(result.output)
+    return result.exit_code, {r["check"]: r for r in rows}
+
+
+@contextmanager
+def deployed(edit: Callable[[str], str] = lambda t: t, **kwargs: object) -> Iterator[LocalMode]:
+    """The local stack over real Slurm, from template.yaml with ``edit`` applied to its text."""
+    require_slurm()
+    with tempfile.TemporaryDirectory(prefix="nodemedic-template-") as tmp:
+        root = Path(tmp)
+        for name in ("functions", "layers", "statemachines"):
+            (root / name).symlink_to(TEMPLATE.parent / name)
+        (root / "template.yaml").write_text(edit(TEMPLATE.read_text()))
+        with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01, template=root / "template.yaml",
+                       **kwargs) as local:  # type: ignore[arg-type]
+            yield local
+
+
+def remediate_one(local: LocalMode) -> dict:
+    local.put_event(local.health_event(local.node_names[-1], "XID 79"))
+    [execution] = local.wait_for_executions(1, timeout=120)
+    return execution
+
+
+def test_the_doctor_passes_on_the_local_stack() -> None:
+    with deployed(schedule_scale=0.05) as local:
+        local.start_agents(heartbeat_s=1.0)
+        assert remediate_one(local)["status"] == "SUCCEEDED"
+        deadline = time.monotonic() + 30
+        while True:
+            code, rows = doctor(local)
+            if rows["heartbeats"]["status"] == "pass" or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        failed = {k: r for k, r in rows.items() if r["status"] == "fail"}
+        assert code == 0 and not failed, failed
+        assert rows["nodes mapped"]["status"] == "pass" and rows["scheduler"]["detail"] == "4 Slurm nodes"
+        assert rows["metric TimeToRecover {Cluster=local}"]["status"] == "pass"
+        assert all(rows[f"permissions {f}"]["status"] == "pass" for f in ("DetectFunction", "RepairFunction",
+                                                                          "HealthCheckResultFunction"))
+        assert rows["document HealthCheckDocument"]["status"] == "pass"
+
+
+def test_a_metric_published_with_other_dimensions_fails_its_row() -> None:
+    """What main published: Powertools added a 'service' dimension, so {Cluster} found nothing."""
+    with deployed() as local:
+        local.aws.client("cloudwatch").put_metric_data(Namespace="NodeMedic", MetricData=[{
+            "MetricName": "TimeToRecover", "Value": 300.0, "Timestamp": datetime.now(UTC),
+            "Dimensions": [{"Name": "Cluster", "Value": "local"}, {"Name": "service", "Value": "resume"}]}])
+        code, rows = doctor(local)
+        row = rows["metric TimeToRecover {Cluster=local}"]
+        assert code == 1 and row["status"] == "fail"
+        assert "{Cluster, service}" in row["detail"] and "service" in row["fix"]
+
+
+MAINS_SEND_TASK_SUCCESS = """            - Effect: Allow
+              Action: states:SendTaskSuccess
+              Resource: !Ref RemediationStateMachine
+"""
+
+
+def test_main_send_task_success_permission_is_denied_and_named() -> None:
+    """main scoped states:SendTaskSuccess to the state machine's ARN; the action has no resource type."""
+    def mains(text: str) -> str:
+        start = text.index("            - Effect: Allow\n              Action: states:SendTaskSuccess")
+        end = text.index('Resource: "*"\n', start) + len('Resource: "*"\n')
+        return text[:start] + MAINS_SEND_TASK_SUCCESS + text[end:]
+
+    with deployed(mains, expect_denials=True) as local:
+        execution = remediate_one(local)
+        assert any("HealthCheckResultFunction" in d.function and d.action == "states:SendTaskSuccess"
+                   for d in local.aws.denials), local.aws.denials
+        assert execution["status"] != "SUCCEEDED" or local.incidents()[0].status != "closed"
+        code, rows = doctor(local)
+        row = rows["permissions HealthCheckResultFunction"]
+        assert code == 1 and row["status"] == "fail" and "states:SendTaskSuccess on *" in row["detail"]
+        assert '"Resource": "*"' in row["fix"]
+
+
+def test_a_node_whose_instance_is_gone_fails_the_mapping_row() -> None:
+    with deployed() as local:
+        gone = local.node_names[1]
+        local.aws.client("ec2").terminate_instances(InstanceIds=[local.cluster.instance_of(gone)])
+        code, rows = doctor(local)
+        assert code == 1 and rows["nodes mapped"]["status"] == "fail" and gone in rows["nodes mapped"]["detail"]
+        assert all(r["status"] != "fail" for k, r in rows.items() if k != "nodes mapped")
+    assert shutil.which("scontrol")  # the real Slurm the rows were read from

@@ -1,0 +1,78 @@
+"""template.yaml as AWS will read it: least privilege that still allows the pipeline, documents
+instead of shell, partitions, log retention (what cfn-lint does not check)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from samtranslator.yaml_helper import yaml_parse
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = yaml_parse((ROOT / "template.yaml").read_text())
+RESOURCES: dict[str, Any] = TEMPLATE["Resources"]
+FUNCTIONS = {k: v for k, v in RESOURCES.items() if v["Type"] == "AWS::Serverless::Function"}
+
+
+def statements(function: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for p in function["Properties"].get("Policies", []) if isinstance(p, dict)
+            for s in p.get("Statement", [])]
+
+
+def test_no_shell_document_and_no_literal_partition() -> None:
+    text = (ROOT / "template.yaml").read_text()
+    assert "AWS-RunShellScript" not in text
+    assert "arn:aws:" not in text
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_send_command_names_documents_and_tagged_instances_only(name: str) -> None:
+    for statement in statements(FUNCTIONS[name]):
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        if "ssm:SendCommand" not in actions:
+            continue
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        text = json.dumps(resources)
+        assert "*" not in text.replace("instance/*", ""), f"{name}: SendCommand on {text}"
+        if "instance/*" in text:  # any instance only with this cluster's tag
+            assert statement["Condition"]["StringEquals"]["ssm:resourceTag/nodemedic:cluster"] == {"Ref": "ClusterName"}
+        else:
+            assert all("document/" in json.dumps(r) for r in resources), f"{name}: {text}"
+
+
+def test_every_document_parameter_is_constrained() -> None:
+    documents = {k: v for k, v in RESOURCES.items() if v["Type"] == "AWS::SSM::Document"}
+    assert len(documents) >= 9
+    for name, document in documents.items():
+        for key, spec in document["Properties"]["Content"]["parameters"].items():
+            assert "allowedPattern" in spec or "allowedValues" in spec, f"{name}.{key} takes any text"
+            assert spec["type"] == "String", f"{name}.{key}: a StringList would become lines of shell"
+
+
+def test_every_function_has_a_log_group_with_retention() -> None:
+    groups = {v["Properties"]["LogGroupName"]["Fn::Sub"]: v["Properties"] for v in RESOURCES.values()
+              if v["Type"] == "AWS::Logs::LogGroup"}
+    for name in FUNCTIONS:
+        assert groups[f"/aws/lambda/${{{name}}}"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+
+
+def test_no_function_reserves_concurrency_and_none_names_a_service_dimension() -> None:
+    for name, function in FUNCTIONS.items():
+        assert "ReservedConcurrentExecutions" not in function["Properties"], name
+        assert "POWERTOOLS_SERVICE_NAME" not in json.dumps(function["Properties"].get("Environment", {})), name
+    assert "POWERTOOLS_SERVICE_NAME" not in json.dumps(TEMPLATE["Globals"])
+
+
+def test_the_escalation_topic_uses_a_key_cloudwatch_may_use() -> None:
+    assert RESOURCES["EscalationTopic"]["Properties"]["KmsMasterKeyId"] == {"Ref": "EscalationTopicKey"}
+
+
+def test_the_layer_brings_a_botocore_that_knows_the_hyperpod_batch_calls() -> None:
+    import botocore.session
+
+    requirements = (ROOT / "layers/core/requirements.txt").read_text()
+    assert "botocore>=1.41.1" in requirements and "boto3>=1.41.1" in requirements
+    operations = botocore.session.get_session().get_service_model("sagemaker").operation_names
+    assert {"BatchRebootClusterNodes", "BatchReplaceClusterNodes"} <= set(operations)
