@@ -215,7 +215,7 @@ def _recreate_state_machines(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, A
         if "${" in definition:
             raise RuntimeError(f"{logical_id}: unresolved substitution in the definition")
         arn = resources[logical_id]
-        sfn.create_state_machine(
-            name=arn.rsplit(":", 1)[1], definition=definition,
-            roleArn=clean_json(props["RoleArn"], stack.resource_map), type=props.get("StateMachineType", "STANDARD"),
-        )
+        role = clean_json(props["RoleArn"], stack.resource_map)
+        sfn.create_state_machine(name=arn.rsplit(":", 1)[1], definition=definition, roleArn=role,
+                                 type=props.get("StateMachineType", "STANDARD"))
+        aws.state_machine_roles.append(role)  # its Lambda and SDK calls are authorized against it

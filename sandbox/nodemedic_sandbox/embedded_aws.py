@@ -30,10 +30,12 @@ from typing import Any, Protocol
 from unittest import mock
 
 import boto3
+from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudwatch.models import CloudWatchBackend
+from moto.core.botocore_stubber import MockRawResponse
 from moto.core.routing import get_service_router
 from moto.core.utils import get_service_model
 from moto.dynamodb.models import DynamoDBBackend
@@ -85,6 +87,16 @@ def _warm_service_models() -> None:
     for service in SERVICES:
         get_service_model(service)
         get_service_router(service)
+
+
+STATE_MACHINE_KEY = "ak"  # the access key moto's Step Functions interpreter signs with (boto_client.py)
+_PARAMETERS = "nodemedic_api_parameters"
+
+
+def _remember_parameters(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+    """Keep a call's API parameters in its request context: the authorizer, at ``before-call``
+    (where the signer says who calls), needs them, not the serialized request."""
+    context[_PARAMETERS] = params
 
 
 _OWN_SESSIONS: dict[str, boto3.Session] = {}
@@ -156,6 +168,42 @@ class Denial:
         return (f"{self.function} may not {self.action} on {self.resource} ({self.reason}); its role needs "
                 f"{iam.needed_statement(iam.Request(self.action, self.resource, self.context))}"
                 + (f" with a condition that holds for {self.context}" if self.context else ""))
+
+
+@dataclass
+class Throttle:
+    """AWS throttling injected into the deployed functions' (and the state machine's) calls: the
+    next ``times`` attempts of a matching call get the service's throttling error, as a response,
+    so the SDK's own retries see it as they would on AWS."""
+
+    service: str  # the client's signing name: dynamodb, ec2, autoscaling, ssm, states, ...
+    operation: str | None = None  # e.g. "UpdateItem"; None: every operation
+    caller: str | None = None  # a part of the function's name ("Drain"), "state machine"; None: any
+    times: int = 1
+    hits: list[str] = field(default_factory=list)  # "caller service:operation" of each throttled attempt
+
+    def matches(self, caller: str, service: str, operation: str) -> bool:
+        return (self.times > len(self.hits) and service == self.service
+                and self.operation in (None, operation) and (self.caller is None or self.caller in caller))
+
+
+# each service's throttling error (its API reference); botocore retries all of them
+THROTTLING_CODE = {"ec2": "RequestLimitExceeded", "dynamodb": "ProvisionedThroughputExceededException",
+                   "autoscaling": "Throttling", "sns": "Throttling", "sqs": "RequestThrottled"}
+
+
+def _throttled_response(url: str, protocol: str, code: str) -> AWSResponse:
+    message = "Rate exceeded (injected by the local stack)"
+    if protocol in ("json", "rest-json"):
+        body = json.dumps({"__type": code, "message": message})
+        headers = {"x-amzn-ErrorType": code, "Content-Type": "application/x-amz-json-1.0"}
+    elif protocol == "ec2":
+        body = f"<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors></Response>"
+        headers = {"Content-Type": "text/xml"}
+    else:  # query
+        body = f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code><Message>{message}</Message></Error></ErrorResponse>"
+        headers = {"Content-Type": "text/xml"}
+    return AWSResponse(url, 400, headers, MockRawResponse(body))
 
 
 _DENIED_CODE = {"ec2": "UnauthorizedOperation", "sns": "AuthorizationError", "autoscaling": "AccessDenied",
@@ -258,7 +306,9 @@ class EmbeddedAWS:
         self.lambda_concurrency_quota = NEW_ACCOUNT_CONCURRENCY  # the low quota of a new account
         # IAM: each function's calls are authorized against its role (see nodemedic_sandbox.iam)
         self.denials: list[Denial] = []
-        self.authorized: list[iam.Request] = []  # every request a function's role was allowed
+        self.authorized: list[tuple[str, iam.Request]] = []  # (who, request) for every allowed call
+        self.state_machine_roles: list[str] = []  # the deployed state machines' roles (deploy.py)
+        self.throttles: list[Throttle] = []  # see throttle()
         self._caller = threading.local()  # the function whose handler runs on this thread
         self._role_policies: dict[str, list[dict[str, Any]]] = {}
         self._own: boto3.Session | None = None  # the embedded AWS's own clients: never authorized
@@ -294,8 +344,12 @@ class EmbeddedAWS:
         session = boto3._get_default_session()
         for service in SERVICES:
             session.client(service)  # load each model once, before any burst
-        session.events.register("before-parameter-build", self._authorize)
-        self._stack.callback(session.events.unregister, "before-parameter-build", self._authorize)
+        session.events.register("before-parameter-build", _remember_parameters)
+        session.events.register("before-call", self._authorize)
+        session.events.register_first("before-send", self._maybe_throttle)  # ahead of moto's stubber
+        self._stack.callback(session.events.unregister, "before-send", self._maybe_throttle)
+        self._stack.callback(session.events.unregister, "before-parameter-build", _remember_parameters)
+        self._stack.callback(session.events.unregister, "before-call", self._authorize)
         from nodemedic import wiring
 
         wiring.reset()  # clients made before the authorizer was registered are gone
@@ -462,20 +516,34 @@ class EmbeddedAWS:
         assert self._own is not None, "the embedded AWS is not started"
         return self._own.client(service)
 
-    # -- IAM: authorize each call of a function against its role ----------------------------
-    def _authorize(self, params: dict[str, Any], model: Any, **_: Any) -> None:
-        caller = getattr(self._caller, "function", None)
-        if caller is None:  # the harness, a test, moto's own workers: not a deployed function
+    # -- IAM: authorize each call of a function (or of the state machine) against its role --
+    def _principal(self, request_signer: Any) -> tuple[str, str] | None:
+        """Who makes this call: the function whose handler runs on this thread, or the state
+        machine (moto's interpreter signs its Lambda and SDK-integration calls with the key
+        ``ak``); None for the harness and the tests."""
+        caller: tuple[str, str] | None = getattr(self._caller, "function", None)
+        if caller is not None:
+            return caller
+        credentials = getattr(request_signer, "_credentials", None)
+        if credentials is not None and credentials.access_key == STATE_MACHINE_KEY and self.state_machine_roles:
+            return ("state machine", self.state_machine_roles[-1])
+        return None
+
+    def _authorize(self, model: Any, context: dict[str, Any], request_signer: Any = None, **_: Any) -> None:
+        self._caller.call = None
+        caller = self._principal(request_signer)
+        if caller is None:
             return
         function, role_arn = caller
         service = model.service_model.signing_name
-        requests = self._authorizer().requests(service, model.name, params)
+        self._caller.call = (function, service, model.name, model.service_model.protocol)  # for _maybe_throttle
+        requests = self._authorizer().requests(service, model.name, context.get(_PARAMETERS, {}))
         if role_arn not in self._role_policies:
             self._role_policies[role_arn] = iam.role_policies(self.client("iam"), role_arn)
         for request in requests:
             verdict = iam.evaluate(self._role_policies[role_arn], request)
             if verdict.allowed:
-                self.authorized.append(request)
+                self.authorized.append((function, request))
                 continue
             denial = Denial(function, request.action, request.resource, request.context, verdict.reason)
             self.denials.append(denial)
@@ -483,6 +551,25 @@ class EmbeddedAWS:
                                          "Message": f"User: {role_arn} is not authorized to perform: {request.action} "
                                                     f"on resource: {request.resource} because {verdict.reason}"}},
                               model.name)
+
+    def throttle(self, service: str, operation: str | None = None, *, caller: str | None = None,
+                 times: int = 1) -> Throttle:
+        """Throttle the next ``times`` attempts of a deployed function's (or, ``caller="state
+        machine"``, the state machine's) calls to ``service`` (``operation`` only, if given)."""
+        rule = Throttle(service, operation, caller, times)
+        self.throttles.append(rule)
+        return rule
+
+    def _maybe_throttle(self, request: Any, **_: Any) -> AWSResponse | None:
+        call = getattr(self._caller, "call", None)
+        if call is None:
+            return None
+        caller, service, operation, protocol = call
+        rule = next((r for r in self.throttles if r.matches(caller, service, operation)), None)
+        if rule is None:
+            return None
+        rule.hits.append(f"{caller} {service}:{operation}")
+        return _throttled_response(request.url, protocol, THROTTLING_CODE.get(service, "ThrottlingException"))
 
     def _authorizer(self) -> iam.Authorizer:
         return iam.Authorizer(iam.facts_from(self.client, partition="aws", region=self.region, account=ACCOUNT_ID))

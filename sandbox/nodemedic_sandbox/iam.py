@@ -306,6 +306,13 @@ class Authorizer:
     def _sagemaker(self, action: str, operation: str, params: dict[str, Any]) -> Iterable[Request]:
         yield Request(action, self.f.hyperpod_cluster_arn(params["ClusterName"]))
 
+    def _lambda(self, action: str, operation: str, params: dict[str, Any]) -> Iterable[Request]:
+        if operation != "Invoke":
+            raise NotImplementedError(f"the local IAM has no model of {action}")
+        name = params["FunctionName"]  # a name, a partial or a full ARN (qualifier included)
+        arn = name if name.startswith("arn:") else self.arn("lambda", f"function:{name}")
+        yield Request("lambda:InvokeFunction", arn)
+
     def _states(self, action: str, operation: str, params: dict[str, Any]) -> Iterable[Request]:
         if "stateMachineArn" in params:
             yield Request(action, params["stateMachineArn"])

@@ -270,3 +270,37 @@ def test_metric_statistics_match_the_exact_dimension_set_as_cloudwatch_does() ->
         assert points(("Cluster", "c1")) == []
         assert points() == []
         assert [p["Maximum"] for p in points(("service", "resume"), ("Cluster", "c1"))] == [5.0]
+
+
+def test_injected_throttling_reaches_the_sdk_as_a_response_so_its_retries_apply(aws: EmbeddedAWS,
+                                                                                 tmp_path: Path) -> None:
+    """A function's DynamoDB call throttled twice succeeds on botocore's retries; throttled more
+    times than the SDK retries, it fails with the service's own error code."""
+    code = tmp_path / "dbfn"
+    code.mkdir()
+    (code / "app.py").write_text(
+        "import boto3\n"
+        "def handler(event, context):\n"
+        "    boto3.client('dynamodb').describe_table(TableName='t')\n"
+        "    return {'ok': True}\n")
+    iam = aws.client("iam")
+    role = iam.create_role(RoleName="db", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    iam.put_role_policy(RoleName="db", PolicyName="p", PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "dynamodb:DescribeTable", "Resource": "*"}]}))
+    aws.client("dynamodb").create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                                        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    aws.client("lambda").create_function(FunctionName="dbfn", Runtime="python3.12", Role=role, Handler="app.handler",
+                                         Code={"ZipFile": b"PK"})
+    aws.functions["dbfn"] = FunctionSource(code, "app.handler")
+
+    brief = aws.throttle("dynamodb", "DescribeTable", caller="dbfn", times=2)
+    resp = aws.client("lambda").invoke(FunctionName="dbfn", Payload=b"{}")
+    assert json.loads(resp["Payload"].read()) == {"ok": True} and len(brief.hits) == 2
+
+    long = aws.throttle("dynamodb", "DescribeTable", caller="dbfn", times=50)
+    resp = aws.client("lambda").invoke(FunctionName="dbfn", Payload=b"{}")
+    error = json.loads(resp["Payload"].read())
+    assert resp["FunctionError"] == "Unhandled" and "ProvisionedThroughputExceededException" in error["errorMessage"]
+    assert 2 <= len(long.hits) < 50  # the SDK's attempts, then it gave up
+    assert aws.client("dynamodb").describe_table(TableName="t")  # the harness itself is never throttled
