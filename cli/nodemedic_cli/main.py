@@ -153,7 +153,8 @@ def remediate(
 def incidents(
     ctx: typer.Context,
     open_: Annotated[bool, typer.Option("--open", help="Only incidents still in progress.")] = False,
-    since: Annotated[str | None, typer.Option(help="Only faults after this: ISO time or a duration ago (24h, 7d).")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="Only incidents detected after this (server time): ISO time or a duration ago (24h, 7d).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """List incidents, newest first."""
@@ -329,7 +330,8 @@ def spares_command(ctx: typer.Context, as_json: AsJson = False) -> None:
 @app.command("report")
 def report_command(
     ctx: typer.Context,
-    since: Annotated[str | None, typer.Option(help="Only faults after this: an ISO time or a duration ago (24h, 7d).")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="Only incidents detected after this (server time): an ISO time or a duration ago (24h, 7d).")] = None,
     html_file: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report here.")] = None,
     as_json: AsJson = False,
 ) -> None:

@@ -108,7 +108,7 @@ def current_stage(i: Incident) -> str:
 
 def list_incidents(target: Target, open_only: bool, since: datetime | None) -> list[dict[str, Any]]:
     chosen = [i for i in target.ledger.list_incidents()
-              if (not open_only or i.status == "open") and (since is None or i.observed_at >= since)]
+              if (not open_only or i.status == "open") and (since is None or i.detected_at >= since)]
     return [incident_summary(i) for i in sorted(chosen, key=lambda i: i.observed_at, reverse=True)]
 
 

@@ -58,7 +58,9 @@ def stat(values: list[float]) -> Stat:
 
 
 def in_period(incidents: list[Incident], since: datetime | None) -> list[Incident]:
-    return [i for i in incidents if since is None or i.observed_at >= since]
+    """Incidents detected since ``since``: the server's clock, not the node's (a node whose clock
+    was years off must not hide its incident from the report)."""
+    return [i for i in incidents if since is None or i.detected_at >= since]
 
 
 def mttd_values(incidents: list[Incident]) -> list[float]:
@@ -109,9 +111,8 @@ def _timeline(incidents: list[Incident]) -> str:
         return "<p>No incidents in the period.</p>"
     ends = [max([(r.completed_at or r.started_at) for r in i.stages.values()] + [i.closed_at or i.detected_at])
             for i in rows]
-    longest = max((e - i.observed_at).total_seconds() for i, e in zip(rows, ends, strict=True)) or 1.0
-    step = next(s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 86400)
-                if longest / s <= 6)
+    longest = max(1.0, *((e - i.observed_at).total_seconds() for i, e in zip(rows, ends, strict=True)))
+    step = _tick(longest / 6)
     ticks = int(-(-longest // step))
     span = ticks * step
     left, width, row_h, right = 230, 720, 22, 110
@@ -131,8 +132,8 @@ def _timeline(incidents: list[Incident]) -> str:
             record = inc.stages.get(stage)
             if record is None:
                 continue
-            start = (record.started_at - inc.observed_at).total_seconds()
-            end = ((record.completed_at or record.started_at) - inc.observed_at).total_seconds()
+            start = max(0.0, (record.started_at - inc.observed_at).total_seconds())
+            end = max(start, ((record.completed_at or record.started_at) - inc.observed_at).total_seconds())
             w = max(2.0, (end - start) * scale)
             parts.append(f'<rect x="{left + start * scale:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" '
                          f'rx="2" fill="{STAGE_COLOURS[stage]}"><title>{stage}: {start:.1f}–{end:.1f} s'
@@ -144,14 +145,23 @@ def _timeline(incidents: list[Incident]) -> str:
     return "".join(parts) + f'<div class="legend">{legend}</div>'
 
 
+def _tick(at_least: float) -> int:
+    """The first round axis step (seconds) not below ``at_least``: 1, 2, 5, 10, 15, 30 s, minutes,
+    hours, days, then whole multiples of days: any duration gets an axis."""
+    for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400):
+        if step >= at_least:
+            return step
+    return 86400 * int(-(-at_least // 86400))
+
+
 def _histogram(title: str, values: list[float], colour: str) -> str:
     if not values:
         return f"<figure><figcaption>{title}: no data</figcaption></figure>"
-    top = max(values) or 1.0
+    top = max(1.0, *values)
     bins = 10
     counts = [0] * bins
-    for v in values:
-        counts[min(bins - 1, int(v / top * bins))] += 1
+    for v in values:  # a negative duration (a node clock before the fix) counts in the first bin
+        counts[max(0, min(bins - 1, int(v / top * bins)))] += 1
     peak = max(counts)
     w, h = 420, 160
     bars = "".join(

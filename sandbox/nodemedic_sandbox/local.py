@@ -160,7 +160,8 @@ class LocalMode:
     def incidents(self) -> list[Incident]:
         return self.ledger.list_incidents()
 
-    def metric_values(self, name: str, **dimensions: str) -> list[float]:
+    def metric_values(self, name: str, statistic: str = "Maximum", **dimensions: str) -> list[float]:
+        """Per-minute ``statistic`` of a NodeMedic metric with exactly these dimensions (last hour)."""
         cw = self.aws.client("cloudwatch")
         dims = [{"Name": k, "Value": v} for k, v in dimensions.items()]
         now = datetime.now(UTC)
@@ -168,8 +169,8 @@ class LocalMode:
             Namespace="NodeMedic", MetricName=name, Dimensions=dims,
             StartTime=datetime.fromtimestamp(now.timestamp() - 3600, UTC),
             EndTime=datetime.fromtimestamp(now.timestamp() + 60, UTC),
-            Period=60, Statistics=["Maximum", "SampleCount"])
-        return [p["Maximum"] for p in stats["Datapoints"]]
+            Period=60, Statistics=[statistic])  # type: ignore[list-item]
+        return [p[statistic] for p in stats["Datapoints"]]
 
     def drains(self) -> list[str]:
         """The node of each drain the pipeline sent to the controller (its slurm-drain commands)."""

@@ -43,6 +43,20 @@ def _sample() -> dict:
         pytest.param({"observed_at": "2026-11-22T04:14:07Z"}, "clock skew", id="observed_after_sent"),
         pytest.param({"observed_at": "2026-11-22T03:14:07"}, "observed_at", id="naive_timestamp"),
         pytest.param({"extra": 1}, "extra", id="unknown_field"),
+        # what a fuzzer got through before: no coercion, plausible dates, bounded strings
+        pytest.param({"observed_at": "0001-01-01T00:00:00Z", "sent_at": "0001-01-01T00:00:01Z"}, "plausible",
+                     id="year_0001"),
+        pytest.param({"observed_at": "2099-12-31T00:00:00Z", "sent_at": "2100-01-01T00:00:01Z"}, "plausible",
+                     id="year_2100"),
+        pytest.param({"observed_at": "1970-01-01T00:00:05Z", "sent_at": "1970-01-01T00:00:07Z"}, "plausible",
+                     id="year_1970"),
+        pytest.param({"count": "5"}, "count", id="count_as_string"),
+        pytest.param({"count": True}, "count", id="count_as_bool"),
+        pytest.param({"component": {"kind": "gpu", "index": True}}, "index", id="index_as_bool"),
+        pytest.param({"observed_at": 1763781247}, "ISO 8601", id="epoch_number_as_date"),
+        pytest.param({"fault_code": "XID" + "X" * 5000}, "fault_code", id="huge_fault_code"),
+        pytest.param({"event_id": "x" * 65}, "event_id", id="long_event_id"),
+        pytest.param({"event_id": "a b;c"}, "event_id", id="event_id_with_spaces"),
     ],
 )
 def test_a_bad_health_event_names_what_is_wrong(change: dict, message: str) -> None:
@@ -64,3 +78,30 @@ def test_a_runbook_reason_cannot_smuggle_shell() -> None:
     event["detail"]["reason"] = "ok'; scontrol delete"
     with pytest.raises(InvalidEventError, match="reason"):
         parse_trigger(event)
+
+
+def test_no_mutation_of_a_valid_event_is_coerced_into_another_valid_one() -> None:
+    """Property: a field replaced by a value of another JSON type is either refused or kept as it
+    was sent (nothing is silently converted: "5" never becomes 5, true never becomes 1)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    json_values = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=False),
+                            st.text(max_size=50), st.lists(st.integers(), max_size=3),
+                            st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+    fields = ["schema_version", "event_id", "cluster", "check", "fault_code", "severity", "observed_at", "sent_at",
+              "count", "component", "evidence", "node"]
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.sampled_from(fields), json_values)
+    def check(field: str, value: object) -> None:
+        event = _sample()
+        event["detail"][field] = value
+        try:
+            parsed = parse_trigger(event)
+        except InvalidEventError:
+            return
+        got = parsed.detail.model_dump(mode="json")[field]
+        assert got == value or (field in ("observed_at", "sent_at") and isinstance(value, str)), (field, value, got)
+
+    check()

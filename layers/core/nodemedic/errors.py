@@ -22,6 +22,11 @@ class UnknownNodeError(NodeMedicError):
     """The event names a node that is not a member of the cluster."""
 
 
+class UnknownNodeQuietError(NodeMedicError):
+    """An unknown node, within a window where one page about unknown nodes was sent already:
+    counted (metric EventsRejected), not paged again."""
+
+
 class IncidentStateError(NodeMedicError):
     """The ledger does not hold the incident a stage was asked to work on."""
 

@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     hot_spares: int = Field(default=0, ge=0, le=1000, description="target size of the hot-spare pool")
     job_start_wait_seconds: float = Field(default=60, ge=0, le=600)
     fault_action_overrides: str = Field(default="{}", description="JSON: fault code -> action")
+    max_event_age_seconds: int = Field(default=3600, ge=60, le=14 * 86400,
+                                       description="older events (redeliveries, replays) are rejected as stale")
+    unknown_node_page_minutes: int = Field(default=15, ge=1, le=1440,
+                                           description="events naming unknown nodes page once per this window")
     command_timeout_seconds: int = Field(default=120, ge=5, le=3600)
     health_check_timeout_seconds: int = Field(
         default=1200, ge=10, le=86400, description="a rung's deep check must answer within this (boot included)")

@@ -8,10 +8,21 @@ field selects the model.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 AGENT_SOURCE = "nodemedic.agent"
 SWEEPER_SOURCE = "nodemedic.sweeper"
@@ -30,6 +41,28 @@ INSTANCE_ID = r"^i-[0-9a-f]{8,17}$"
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 CLUSTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 FAULT_CODE = r"^[A-Z][A-Z0-9_]*( [0-9]{1,5})?$"  # "XID 79", "SXID 12028", "ECC_DBE"
+EVENT_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"  # a UUID, or another printable id
+EARLIEST, LATEST = datetime(2020, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC)
+
+
+def _iso_text(value: object) -> object:
+    """A timestamp is an ISO 8601 string: no epoch numbers, no other types coerced."""
+    if isinstance(value, datetime):  # built in Python (the agent, the tests): already a timestamp
+        return value
+    if not isinstance(value, str) or len(value) > 40:
+        raise ValueError("must be an ISO 8601 date-time string with a time zone")
+    return value
+
+
+def _plausible(value: datetime) -> datetime:
+    """A date no real fault has: a garbled or forged event (a node whose clock is merely off is
+    corrected against the bus's time by Detect, see nodemedic.domain.freshness)."""
+    if not EARLIEST <= value < LATEST:
+        raise ValueError(f"{value.isoformat()} is not a plausible time (before {EARLIEST.year} or after {LATEST.year})")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_plausible)]
 
 Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual"]
 Severity = Literal["info", "warning", "error", "critical"]
@@ -54,7 +87,7 @@ class Component(_Strict):
     """The part of the node that failed: a GPU, a NIC, a disk, a file system or the node."""
 
     kind: Literal["gpu", "nic", "disk", "filesystem", "node"]
-    index: int | None = Field(default=None, ge=0, le=255)
+    index: StrictInt | None = Field(default=None, ge=0, le=255)
     uuid: str | None = Field(default=None, max_length=128)
     name: str | None = Field(default=None, max_length=256)
 
@@ -63,16 +96,16 @@ class NodeHealthEvent(_Strict):
     """Node Health Event v1: what the agent on a GPU node publishes (``detail`` of the event)."""
 
     schema_version: Literal["1"] = Field(description="Contract version; only '1' exists")
-    event_id: str = Field(min_length=1, max_length=64, description="Unique per event, for dedupe")
+    event_id: str = Field(pattern=EVENT_ID, description="Unique per event: a redelivery of it is deduplicated")
     cluster: str = Field(pattern=CLUSTER_NAME)
     node: NodeIdentity
     check: Check = Field(description="The check that saw the fault")
     component: Component | None = None
-    fault_code: str = Field(pattern=FAULT_CODE, description="e.g. 'XID 79', 'ECC_DBE', 'GPU_LOST'")
+    fault_code: str = Field(pattern=FAULT_CODE, max_length=48, description="e.g. 'XID 79', 'ECC_DBE', 'GPU_LOST'")
     severity: Severity
-    observed_at: AwareDatetime = Field(description="When the fault happened (kernel log / NVML)")
-    sent_at: AwareDatetime = Field(description="When the agent sent the event")
-    count: int = Field(default=1, ge=1, description="Occurrences folded into this event")
+    observed_at: Timestamp = Field(description="When the fault happened (kernel log / NVML), node clock")
+    sent_at: Timestamp = Field(description="When the agent sent the event, node clock")
+    count: StrictInt = Field(default=1, ge=1, le=1_000_000, description="Occurrences folded into this event")
     evidence: dict[str, EvidenceValue] = Field(
         default_factory=dict, description=f"Raw facts; at most {MAX_EVIDENCE_BYTES} bytes as JSON"
     )
@@ -99,10 +132,10 @@ class NodeHeartbeat(_Strict):
     schema_version: Literal["1"]
     cluster: str = Field(pattern=CLUSTER_NAME)
     node: NodeIdentity
-    sent_at: AwareDatetime
+    sent_at: Timestamp
     status: Literal["running", "stopping"] = Field(
         default="running", description="'stopping' on a clean shutdown: stop watching this node")
-    interval_seconds: float = Field(gt=0, le=3600, description="When the next heartbeat is due")
+    interval_seconds: StrictFloat | StrictInt = Field(gt=0, le=3600, description="When the next heartbeat is due")
     agent_version: str = Field(default="", max_length=32)
 
 
@@ -119,7 +152,7 @@ class RemediationRequest(_Strict):
     action: RunbookAction
     reason: str = Field(min_length=3, max_length=200, pattern=r"^[^\x00-\x1f'\"`$\\]+$")
     requested_by: str = Field(min_length=1, max_length=128)
-    observed_at: AwareDatetime | None = Field(
+    observed_at: Timestamp | None = Field(
         default=None, description="When the operator saw the fault; defaults to the request time"
     )
 
@@ -133,7 +166,7 @@ class RemediationRequest(_Strict):
 class AlarmState(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
     value: Literal["ALARM", "OK", "INSUFFICIENT_DATA"]
-    timestamp: AwareDatetime
+    timestamp: Timestamp
     reason: str = ""
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -17,7 +17,8 @@ from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentR
 from nodemedic.contracts.problems import describe
 from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, parse_overrides
-from nodemedic.errors import InvalidEventError, UnknownNodeError
+from nodemedic.domain.freshness import fault_origin, staleness
+from nodemedic.errors import InvalidEventError, UnknownNodeError, UnknownNodeQuietError
 from nodemedic.providers.base import Member, Provider
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -37,6 +38,16 @@ class Fault:
     observed_at: datetime
     requested_action: Action | None = None
     requested_reason: str = ""
+    sent_at: datetime | None = None  # the node's clock, for an agent's event
+    event_key: str | None = None  # what a redelivery of the same event repeats
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How old an event may be, and how often events naming unknown nodes may page."""
+
+    max_event_age: timedelta = timedelta(hours=1)
+    page_window: timedelta = timedelta(minutes=15)
 
 
 def parse_trigger(event: dict[str, object]) -> TriggerEvent:
@@ -49,8 +60,9 @@ def parse_trigger(event: dict[str, object]) -> TriggerEvent:
 def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
     if isinstance(trigger, HealthEventEnvelope):
         d = trigger.detail
+        sent_at = None if trigger.source == "nodemedic.sweeper" else d.sent_at  # the sweeper's clock is ours
         return Fault(trigger.source, d.cluster, d.node.instance_id, d.node.slurm_node,
-                     d.fault_code, d.observed_at)
+                     d.fault_code, d.observed_at, sent_at=sent_at, event_key=f"{trigger.source}/{d.event_id}")
     if isinstance(trigger, AlarmEnvelope):
         a = trigger.detail
         if a.state.value != "ALARM":
@@ -59,7 +71,8 @@ def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
         if instance is None:
             raise InvalidEventError(f"alarm {a.alarmName} has no InstanceId dimension")
         return Fault(trigger.source, a.metric_dimension("Cluster") or cluster, instance, None,
-                     alarm_fault_code(a.metric_name()), a.state.timestamp)
+                     alarm_fault_code(a.metric_name()), a.state.timestamp,
+                     event_key=f"{trigger.source}/{trigger.id}" if trigger.id else None)
     assert isinstance(trigger, RunbookEnvelope)
     r = trigger.detail
     return Fault(trigger.source, r.cluster, r.instance_id, r.slurm_node, "MANUAL",
@@ -86,7 +99,7 @@ def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
 
 
 def _fold_into_active(fault: Fault, incident_id: str, cluster: str, ledger: Ledger,
-                      control: ControlStore) -> DetectOutput | None:
+                      control: ControlStore, now: datetime) -> DetectOutput | None:
     """Fast path under a storm: an event for an instance that already has an active incident (and
     names the same Slurm node) is folded into it without asking EC2 and Auto Scaling again; the
     lock exists only for a resolved member, so the event's node is known."""
@@ -94,10 +107,23 @@ def _fold_into_active(fault: Fault, incident_id: str, cluster: str, ledger: Ledg
     if lock is None or lock[0] == incident_id or (fault.slurm_node and fault.slurm_node != lock[1]):
         return None
     assert fault.instance_id
-    control.record_signal(fault.instance_id, fault.source, fault.fault_code, fault.observed_at)
+    control.record_signal(fault.instance_id, fault.source, fault.fault_code, now)
     ledger.count_duplicate(lock[0], incident_id)
     return DetectOutput(decision="deduplicated", reason=f"incident {lock[0]} is already active for {lock[1]}",
                         existing_incident_id=lock[0])
+
+
+def _resolve_or_page(fault: Fault, provider: Provider, cluster: str, control: ControlStore, now: datetime,
+                     limits: Limits) -> Member:
+    """The member; an unknown node pages the on-call at most once per ``page_window`` (whoever
+    can put events on the bus cannot page at will): later ones are counted, not paged."""
+    try:
+        return resolve_member(fault, provider, cluster)
+    except UnknownNodeError as exc:
+        if control.allow_page("unknown_node", now, limits.page_window):
+            raise UnknownNodeError(f"{exc} (further events naming unknown nodes in the next "
+                                   f"{limits.page_window.total_seconds() / 60:.0f} min are counted, not paged)") from exc
+        raise UnknownNodeQuietError(str(exc)) from exc
 
 
 def detect(
@@ -109,8 +135,15 @@ def detect(
     ledger: Ledger,
     control: ControlStore,
     now: datetime,
+    limits: Limits = Limits(),
 ) -> DetectOutput:
-    fault = to_fault(parse_trigger(request.event), cluster, now)
+    trigger = parse_trigger(request.event)
+    fault = to_fault(trigger, cluster, now)
+    # EventBridge's clock; a runbook is started by hand (start-execution), its envelope is the operator's
+    bus_time = trigger.time if trigger.time and trigger.time.tzinfo and not isinstance(trigger, RunbookEnvelope) else None
+    # EventBridge's time has whole seconds: the event arrived within the second after it
+    received = min(bus_time + timedelta(seconds=1), now) if bus_time else now
+    origin = fault_origin(fault.observed_at, fault.sent_at, received)
     if fault.cluster != cluster:
         raise InvalidEventError(f"event is for cluster {fault.cluster}; this pipeline serves {cluster}")
     confidence: Confidence = "high"  # an operator's request is a signal of its own
@@ -122,12 +155,20 @@ def detect(
         fault_class, action, reason, confidence, ladder = c.fault_class, c.action, c.reason, c.confidence, c.ladder
     if action == "monitor":
         return DetectOutput(decision="monitor", reason=reason)
-    folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control)
+    folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control, now)
     if folded:
         return folded
 
-    member = resolve_member(fault, provider, cluster)
-    control.record_signal(member.instance_id, fault.source, fault.fault_code, fault.observed_at)
+    handled_by = ledger.event_handled_by(fault.event_key) if fault.event_key else None
+    if handled_by and handled_by != request.incident_id:  # its node may be another instance by now
+        return DetectOutput(decision="deduplicated", existing_incident_id=handled_by,
+                            reason=f"event {fault.event_key} was handled already, by incident {handled_by}")
+    member = _resolve_or_page(fault, provider, cluster, control, now, limits)
+    why_stale = staleness(received, now, limits.max_event_age, origin.at,
+                          ledger.repaired_at(cluster, member.slurm_node or ""))
+    if why_stale:
+        raise InvalidEventError(why_stale)
+    control.record_signal(member.instance_id, fault.source, fault.fault_code, now)  # the server's clock
     ref = IncidentRef(
         incident_id=request.incident_id,
         cluster=cluster,
@@ -137,7 +178,7 @@ def detect(
         fault_class=fault_class,
         action=action,
         source=fault.source,
-        observed_at=fault.observed_at,
+        observed_at=origin.at,
         confidence=confidence,
         ladder=ladder,
     )
@@ -146,7 +187,9 @@ def detect(
         status="open",
         detected_at=now,
         reason=reason,
-        stages={"detect": StageRecord(started_at=now, completed_at=now, result={"reason": reason})},
+        stages={"detect": StageRecord(started_at=now, completed_at=now, result={
+            "reason": reason, "event": fault.event_key, "reported_observed_at": fault.observed_at.isoformat(),
+            "node_clock_skew_s": round(origin.clock_skew_s, 3), "origin_corrected": origin.corrected})},
     )
     existing = ledger.open_incident(incident)
     if existing is not None:
@@ -155,4 +198,6 @@ def detect(
             reason=f"incident {existing} is already active for {member.slurm_node}",
             existing_incident_id=existing,
         )
+    if fault.event_key:
+        ledger.mark_event_handled(fault.event_key, request.incident_id, now)
     return DetectOutput(decision="remediate", reason=reason, incident=ref)

@@ -136,6 +136,25 @@ class ControlStore:
         raise AssertionError("unreachable")
 
     # -- signals -------------------------------------------------------------------------------
+    # -- pages ---------------------------------------------------------------------------------
+    def allow_page(self, kind: str, now: datetime, window: timedelta) -> bool:
+        """True for the first page of ``kind`` in a window (and it opens the window); False for the
+        others, which are counted on the window's item instead. Atomic: two at once page once."""
+        key = {"pk": {"S": f"PAGES#{self.cluster}#{kind}"}}
+        try:
+            self._db.update_item(
+                TableName=self._table, Key=key, UpdateExpression="SET opened = :now, suppressed = :zero",
+                ConditionExpression="attribute_not_exists(pk) OR opened < :cutoff",
+                ExpressionAttributeValues={":now": {"S": now.isoformat()}, ":zero": {"N": "0"},
+                                           ":cutoff": {"S": (now - window).isoformat()}})
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            self._db.update_item(TableName=self._table, Key=key, UpdateExpression="ADD suppressed :one",
+                                 ExpressionAttributeValues={":one": {"N": "1"}})
+            return False
+        return True
+
     def record_signal(self, instance_id: str, source: str, fault_code: str, at: datetime) -> None:
         """Remember that ``source`` reported ``fault_code`` for the instance at ``at`` (latest wins)."""
         self._db.update_item(

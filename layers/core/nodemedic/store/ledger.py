@@ -15,7 +15,7 @@ Items (partition key ``pk``):
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -30,6 +30,13 @@ def _incident_key(incident_id: str) -> dict[str, Any]:
 
 def _lock_key(cluster: str, instance_id: str) -> dict[str, Any]:
     return {"pk": {"S": f"NODE#{cluster}#{instance_id}"}}
+
+
+def _repaired_key(cluster: str, slurm_node: str) -> dict[str, Any]:
+    return {"pk": {"S": f"REPAIRED#{cluster}#{slurm_node}"}}
+
+
+EVENT_MEMORY = timedelta(days=15)
 
 
 def condition_failed(exc: ClientError) -> bool:
@@ -237,11 +244,14 @@ class Ledger:
 
     # -- ending --------------------------------------------------------------------------
     def close(self, ref: IncidentRef, now: datetime, outcome: str = "") -> None:
-        """Mark the incident closed and release the node lock, atomically."""
-        self.end(ref, "closed", now, outcome, release_node=True)
+        """Mark the incident closed, release the node lock and remember when the node was
+        repaired (an event about an older fault is stale), atomically."""
+        self.end(ref, "closed", now, outcome, release_node=True, extra=[{"Put": {
+            "TableName": self._table, "Item": {**_repaired_key(ref.cluster, ref.slurm_node), "at": {"S": now.isoformat()},
+                                               "incident_id": {"S": ref.incident_id}}}}])
 
     def end(self, ref: IncidentRef, status: IncidentStatus, now: datetime, outcome: str,
-            *, release_node: bool) -> None:
+            *, release_node: bool, extra: list[dict[str, Any]] | None = None) -> None:
         """End an open incident with ``status`` and why. ``release_node=False`` keeps the node lock,
         so later events for the node are folded into this incident until an operator acts."""
         update: dict[str, Any] = {
@@ -255,7 +265,7 @@ class Ledger:
                 ":now": {"S": now.isoformat()}, ":why": {"S": outcome},
             },
         }
-        items: list[dict[str, Any]] = [{"Update": update}]
+        items: list[dict[str, Any]] = [{"Update": update}, *(extra or [])]
         if release_node:
             items.append({"Delete": {
                 "TableName": self._table,
@@ -284,6 +294,25 @@ class Ledger:
                     out[item["pk"]["S"].removeprefix("INCIDENT#")] = item["status"]["S"]
                 request = resp.get("UnprocessedKeys") or {}
         return out
+
+    # -- events already acted on, and nodes repaired: what makes a redelivery harmless -----
+    def event_handled_by(self, event_key: str) -> str | None:
+        """The incident an event opened, if it opened one within ``EVENT_MEMORY`` (longer than
+        any redelivery: EventBridge retries for 24 h, a dead-letter queue keeps 14 days)."""
+        item = self._db.get_item(TableName=self._table, Key={"pk": {"S": f"EVENT#{event_key}"}},
+                                 ConsistentRead=True).get("Item")
+        return str(item["incident_id"]["S"]) if item else None
+
+    def mark_event_handled(self, event_key: str, incident_id: str, now: datetime) -> None:
+        self._db.put_item(TableName=self._table, Item={
+            "pk": {"S": f"EVENT#{event_key}"}, "incident_id": {"S": incident_id},
+            "expires_at": {"N": str(int((now + EVENT_MEMORY).timestamp()))}})  # the table's TTL attribute
+
+    def repaired_at(self, cluster: str, slurm_node: str) -> datetime | None:
+        """When the node's last incident closed (it was back in service or in the spare pool)."""
+        item = self._db.get_item(TableName=self._table, Key=_repaired_key(cluster, slurm_node),
+                                 ConsistentRead=True).get("Item")
+        return datetime.fromisoformat(item["at"]["S"]) if item else None
 
     def claim(self, kind: str, key: str, incident_id: str) -> bool:
         """Take ``key`` (a replacement instance, a hot spare) for an incident; False if another

@@ -1,0 +1,36 @@
+"""The report handles any duration: days-long incidents, negative ones from a node clock that was
+off before the origin was corrected, incidents whose node clock said 1970."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from nodemedic.contracts.incident import Incident, StageRecord
+from nodemedic_cli import report
+
+NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
+
+
+def incident(n: int, observed: datetime, detected: datetime, closed: datetime) -> Incident:
+    return Incident(incident_id=f"inc-{n}", cluster="c", instance_id="i-0123456789abcdef0", slurm_node="gpu-1",
+                    fault_code="XID 79", fault_class="gpu_lost", action="replace", source="nodemedic.agent",
+                    observed_at=observed, status="closed", detected_at=detected, reason="r", closed_at=closed,
+                    stages={"detect": StageRecord(started_at=detected, completed_at=detected),
+                            "resume": StageRecord(started_at=closed - timedelta(seconds=5), completed_at=closed)})
+
+
+@pytest.mark.parametrize("incidents", [
+    pytest.param([incident(1, NOW - timedelta(days=9), NOW - timedelta(days=9), NOW)], id="nine_days_long"),
+    pytest.param([incident(2, NOW + timedelta(minutes=10), NOW, NOW + timedelta(seconds=60))], id="negative_mttd"),
+    pytest.param([incident(3, datetime(1970, 1, 1, tzinfo=UTC), NOW, NOW + timedelta(seconds=60))], id="rtc_1970"),
+])
+def test_the_html_report_renders_any_duration(incidents: list[Incident]) -> None:
+    built = report.build(incidents, since=NOW - timedelta(days=30))
+    assert built.incidents == 1  # found by its detection time, whatever the node's clock said
+    page = report.render_html(built, incidents, "t")
+    assert "<svg" in page and "inc-" in page
+
+
+def test_since_filters_on_the_servers_detection_time() -> None:
+    old_clock = incident(1, datetime(1970, 1, 1, tzinfo=UTC), NOW, NOW + timedelta(seconds=9))
+    long_ago = incident(2, NOW - timedelta(days=40), NOW - timedelta(days=40), NOW - timedelta(days=40))
+    assert [i.incident_id for i in report.in_period([old_clock, long_ago], NOW - timedelta(days=7))] == ["inc-1"]
