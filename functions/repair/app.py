@@ -21,7 +21,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     incident = request.incident
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
     s = settings()
-    out = repair(incident, request.destination, provider=wiring.provider(), runner=wiring.run_command(),
+    out = repair(incident, request.destination, provider=wiring.provider(), orchestrator=wiring.orchestrator(),
+                 runner=wiring.run_command(),
                  ledger=wiring.ledger(), documents=wiring.documents(), timeout_s=s.command_timeout_seconds,
                  check_timeout_s=s.health_check_timeout_seconds, clock=utc_now)
     logger.info("rung done", rung=out.rung, attempt=out.attempt, instance=out.instance_id, level=out.level)

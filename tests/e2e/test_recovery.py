@@ -50,7 +50,7 @@ def test_a_job_hit_by_xid79_runs_on_a_hot_spare_while_the_node_is_replaced_off_t
 
 
 def test_with_the_pool_empty_the_slow_path_replaces_then_resumes() -> None:
-    with stack(nodes=4, spares=1, boot_seconds=3, **OPEN) as local:
+    with stack(nodes=4, spares=1, boot_seconds=8, **OPEN) as local:
         job_a, nodes_a = running_job(local)
         job_b, nodes_b = running_job(local)
         # a node of each job fails at once: one incident takes the only spare, the other finds the
@@ -72,7 +72,8 @@ def test_with_the_pool_empty_the_slow_path_replaces_then_resumes() -> None:
         for job in (job_a, job_b):
             job_running(local, job)
         downtimes = [d for i in incidents for d in i.stages["jobs"].result["running"].values()]
-        assert len(downtimes) == 2 and max(downtimes) >= 3 > min(downtimes)
+        # (the boot is 8 s: well apart from the spare path's few seconds on a loaded 2-core machine)
+        assert len(downtimes) == 2 and max(downtimes) >= 8 > min(downtimes)
         # the spared node refilled the pool
         assert local.cluster.spare_pool() == [spared.slurm_node]
 

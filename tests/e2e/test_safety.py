@@ -9,7 +9,7 @@ import pytest
 from nodemedic import operations
 from nodemedic_sandbox.local import LocalMode
 
-from tests.e2e.support import OPERATOR, job_running, latest, put_all, running_job, stack
+from tests.e2e.support import OPERATOR, job_running, latest, put_all, running_job, stack, wait_for
 
 
 def test_a_flapping_node_is_quarantined_on_its_third_incident_not_replaced_again() -> None:
@@ -124,3 +124,38 @@ def test_an_operators_drain_survives_an_incident_on_that_node(local: LocalMode) 
     assert incident.status == "closed" and incident.stages["resume"].result["resumed"] is False
     node = local.scheduler.node("gpu-3")
     assert "DRAIN" in node["State"] and node["Reason"].startswith("maintenance: BIOS update")
+
+
+def test_a_node_returned_to_service_during_repair_is_never_touched() -> None:
+    """An operator resumes the node while it reboots (its first rung) and a job lands on it; the
+    reboot does not fix it, and the next rung (replace) re-checks the node right before acting,
+    finds the job, and stops: the instance is not terminated under the job (escalated)."""
+    import json
+
+    from tests.conftest import load_event
+
+    with stack(4, boot_seconds=6, BreakerMaxPercent="100", HealthCheckTimeoutSeconds="60") as local:
+        local.cluster.break_node("gpu-2", fixed_by="replace")
+        local.aws.client("stepfunctions").start_execution(
+            stateMachineArn=local.stack.state_machine_arn, name="reboot-gpu-2",
+            input=json.dumps(load_event("runbooks/reboot-node.json")))
+
+        def rebooted() -> bool:
+            incidents = local.incidents()
+            repair = incidents[0].stages.get("repair") if incidents else None
+            return bool(repair and any(r.get("rebooted") for r in repair.result.get("rungs", [])))
+
+        wait_for(rebooted, what="the reboot rung", timeout=60)
+        subprocess.run(["scontrol", "update", "nodename=gpu-2", "state=resume"], env={**os.environ, **local.scheduler.env},
+                       check=True)
+        job = local.scheduler.submit(4)  # all four nodes: it runs on gpu-2 too
+        job_running(local, job)
+        [execution] = local.wait_for_executions(1, timeout=120)
+
+        incident = local.incident("reboot-gpu-2")
+        assert incident.status == "escalated", incident.outcome
+        assert "stopped before a destructive step" in incident.outcome and "runs job(s)" in incident.outcome
+        rungs = incident.stages["repair"].result["rungs"]
+        assert [r["rung"] for r in rungs] == ["reboot", "replace"] and not rungs[-1].get("progress")
+        assert local.cluster.instance_of("gpu-2") == incident.instance_id  # never terminated
+        assert local.scheduler.job(job)["JobState"] == "RUNNING"  # never killed

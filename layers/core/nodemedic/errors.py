@@ -78,4 +78,10 @@ class JobsPendingError(RetryableError):
     """Requeued jobs are not RUNNING yet."""
 
 
+class NodeBusyError(RetryableError):
+    """Right before a destructive step (GPU reset, reboot, replace) the node runs a job, or is no
+    longer drained: nothing is done to it. Retried briefly (a requeued job leaving COMPLETING),
+    then the incident ends escalated with the node as it is."""
+
+
 RETRYABLE_ERRORS = tuple(cls.__name__ for cls in RetryableError.__subclasses__())

@@ -47,6 +47,11 @@ class Orchestrator(Protocol):
         """Requeue the jobs running on ``node`` and make them eligible to start at once."""
         ...
 
+    def busy(self, node: str) -> str | None:
+        """Why no destructive step may touch ``node`` right now (a job runs there, or it is not
+        drained); None when it may. One scheduler read, made right before the step."""
+        ...
+
     def jobs_on(self, node: str) -> list[str]:
         """Ids of the jobs running (or completing) on ``node``; reads only."""
         ...

@@ -87,6 +87,22 @@ class SlurmViaSSM:
                 not_requeued.append(rest.strip())
         return EvacuationResult(requeued=requeued, not_requeued=not_requeued)
 
+    def busy(self, node: str) -> str | None:
+        """Why no destructive step may touch ``node`` now (it runs a job, or it is no longer
+        drained), read in one command right before the step; None when it may."""
+        out = self._query("guard", f"guard {node}", node=node)
+        lines = out.strip().splitlines()
+        fields = parse_scontrol_record(lines[0] if lines else "")
+        if fields.get("NodeName") != node:
+            raise CommandFailedError(f"scontrol did not describe node {node}: {out.strip()[:300]}")
+        status = _node_status(fields)
+        jobs = [line.split()[1] for line in lines[1:] if line.startswith("job ")]
+        if jobs:
+            return f"{node} runs job(s) {', '.join(jobs)} ({status.state})"
+        if not status.drained:
+            return f"{node} is no longer drained ({status.state}): someone returned it to service"
+        return None
+
     def jobs_on(self, node: str) -> list[str]:
         out = self._query("jobs-on", f"jobs on {node}", node=node)
         return [line.strip() for line in out.splitlines() if line.strip()]

@@ -14,7 +14,8 @@ from typing import Any
 
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import Destination, RepairOutput
-from nodemedic.errors import IncidentStateError, ReplacementPendingError
+from nodemedic.errors import IncidentStateError, NodeBusyError, ReplacementPendingError
+from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.store.ledger import Ledger
@@ -29,6 +30,7 @@ def repair(
     destination: Destination,
     *,
     provider: Provider,
+    orchestrator: Orchestrator,
     runner: RunCommand,
     ledger: Ledger,
     documents: Documents,
@@ -57,7 +59,8 @@ def repair(
         rungs.append({"rung": ladder[len(rungs)], "instance_id": instance, "started_at": clock().isoformat()})
         ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
     current = rungs[-1]
-    current["instance_id"] = _climb(incident, current, provider=provider, runner=runner, ledger=ledger,
+    current["instance_id"] = _climb(incident, current, provider=provider, orchestrator=orchestrator,
+                                    runner=runner, ledger=ledger,
                                     documents=documents, timeout_s=timeout_s, save=lambda: ledger.record_progress(
                                         incident, "repair", {"rungs": rungs}))
     current["done_at"] = clock().isoformat()
@@ -71,12 +74,22 @@ def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], level: st
                         last=attempt >= len(incident.rungs), check_timeout_s=check_timeout_s)
 
 
-def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, runner: RunCommand,
-           ledger: Ledger, documents: Documents, timeout_s: int, save: Callable[[], None]) -> str:
+def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
+    """No destructive step on a node that runs a job, or that someone returned to service:
+    checked right before each step, whatever the stages before it recorded."""
+    why = orchestrator.busy(incident.slurm_node)
+    if why:
+        raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
+
+
+def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, orchestrator: Orchestrator,
+           runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int,
+           save: Callable[[], None]) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
     instance = str(rung["instance_id"])
     if rung["rung"] == "gpu_reset":
         if not rung.get("reset"):
+            _guard(incident, orchestrator)
             result = runner.run(instance, documents.gpu_reset, {}, timeout_s, f"GPU reset {incident.slurm_node}")
             rung["reset"] = {"status": result.status, "exit_code": result.exit_code,
                              "output": (result.stderr or result.stdout).strip()[-300:]}
@@ -84,10 +97,13 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, r
         return instance
     if rung["rung"] == "reboot":
         if not rung.get("rebooted"):
+            _guard(incident, orchestrator)
             provider.reboot([instance])
             rung["rebooted"] = True
             save()
         return instance
+    if not rung.get("progress", {}).get("requested_at"):  # before the instance is terminated or stopped
+        _guard(incident, orchestrator)
     step = provider.replace(instance, incident.slurm_node, dict(rung.get("progress", {})),
                             claim=lambda candidate: ledger.claim(REPLACEMENT, candidate, incident.incident_id))
     rung["progress"] = step.progress

@@ -7,6 +7,7 @@ The node is only touched if the pipeline drained it: an operator's drain is left
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -92,6 +93,14 @@ def resume(
     return out
 
 
+def _error_message(cause: str) -> str:
+    """A Lambda error's message from the state machine's Cause (a JSON document), or the cause."""
+    try:
+        return str(json.loads(cause).get("errorMessage", cause))
+    except (ValueError, AttributeError):
+        return cause
+
+
 def end_unrecovered(
     incident: IncidentRef, status: str, *, ledger: Ledger, clock: Callable[[], datetime],
     error: dict[str, str | None] | None = None,
@@ -113,6 +122,15 @@ def end_unrecovered(
                    f"returned to service by automation. Escalated: replace or investigate it by hand.")
     else:
         cause = (error or {}).get("Cause") or (error or {}).get("Error") or "unknown"
+        if (error or {}).get("Error") == "NodeBusyError":
+            message = (f"NodeMedic escalated incident {incident.incident_id}: it stopped before a destructive step. "
+                       f"{_error_message(cause)}. Rungs done: {tried}. Nothing more is done to the node; check "
+                       f"it and start a runbook if it still needs repair.")
+            if repair and not repair.completed_at:
+                ledger.complete_stage(incident, "repair", clock(), repair.result)
+            if current.status == "open":
+                ledger.end(incident, "escalated", clock(), message, release_node=False)
+            return EndOutput(status="escalated", message=message)
         message = (f"NodeMedic escalated incident {incident.incident_id} for {incident.slurm_node}: "
                    f"no capacity to repair it after retries ({cause}). Rungs tried: {tried}. The node stays "
                    f"drained; start a replace runbook for it (events/runbooks/replace-node.json) when capacity "
