@@ -50,7 +50,9 @@ def test_a_job_hit_by_xid79_runs_on_a_hot_spare_while_the_node_is_replaced_off_t
 
 
 def test_with_the_pool_empty_the_slow_path_replaces_then_resumes() -> None:
-    with stack(nodes=4, spares=1, boot_seconds=8, **OPEN) as local:
+    # Resume waits up to 90 s to see the requeued job running (the slow one waits for the boot,
+    # longer on a loaded machine): both downtimes are then recorded
+    with stack(nodes=4, spares=1, boot_seconds=8, JobStartWaitSeconds="90", **OPEN) as local:
         job_a, nodes_a = running_job(local)
         job_b, nodes_b = running_job(local)
         # a node of each job fails at once: one incident takes the only spare, the other finds the

@@ -159,3 +159,26 @@ def test_a_node_returned_to_service_during_repair_is_never_touched() -> None:
         assert [r["rung"] for r in rungs] == ["reboot", "replace"] and not rungs[-1].get("progress")
         assert local.cluster.instance_of("gpu-2") == incident.instance_id  # never terminated
         assert local.scheduler.job(job)["JobState"] == "RUNNING"  # never killed
+
+
+def test_the_resume_document_lifts_only_the_owners_drain_in_one_command(local: LocalMode) -> None:
+    """Check-and-act in one scheduler command: the drain is lifted only if its reason is the
+    incident's own, read inside the same command that resumes (no window for an operator's drain)."""
+    from nodemedic.orchestrators.slurm import SlurmViaSSM
+    from nodemedic.providers.run_command import Documents, RunCommand
+
+    slurm = SlurmViaSSM(RunCommand(local.aws.client("ssm"), 0.1), local.cluster.controller_id, 60,
+                        Documents(local.cluster.name))
+    env = {**os.environ, **local.scheduler.env}
+    subprocess.run(["scontrol", "update", "nodename=gpu-1", "state=drain", "reason=maintenance: bob swaps a cable"],
+                   env=env, check=True)
+    assert slurm.resume("gpu-1", "nodemedic:inc-1") is False
+    assert "DRAIN" in local.scheduler.node("gpu-1")["State"]  # the operator's drain stays
+    subprocess.run(["scontrol", "update", "nodename=gpu-2", "state=drain", "reason=nodemedic:inc-10 XID 79"],
+                   env=env, check=True)
+    assert slurm.resume("gpu-2", "nodemedic:inc-1") is False  # a prefix of another incident's tag is not ours
+    subprocess.run(["scontrol", "update", "nodename=gpu-2", "state=drain", "reason=nodemedic:inc-1 XID 79"],
+                   env=env, check=True)
+    assert slurm.resume("gpu-2", "nodemedic:inc-1") is True
+    assert "DRAIN" not in local.scheduler.node("gpu-2")["State"]
+    assert slurm.resume("gpu-1", "*") is True  # an operator's own resume lifts any drain

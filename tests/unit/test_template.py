@@ -76,3 +76,12 @@ def test_the_layer_brings_a_botocore_that_knows_the_hyperpod_batch_calls() -> No
     assert "botocore>=1.41.1" in requirements and "boto3>=1.41.1" in requirements
     operations = botocore.session.get_session().get_service_model("sagemaker").operation_names
     assert {"BatchRebootClusterNodes", "BatchReplaceClusterNodes"} <= set(operations)
+
+
+def test_every_document_the_code_sends_is_in_the_template() -> None:
+    from nodemedic.providers.run_command import Documents
+
+    names = {v["Properties"]["Name"]["Fn::Sub"] for v in RESOURCES.values() if v["Type"] == "AWS::SSM::Document"}
+    sent = {getattr(Documents("${ClusterName}"), attr) for attr in vars(Documents) if not attr.startswith("_")
+            and isinstance(getattr(Documents("${ClusterName}"), attr), str) and attr != "cluster"}
+    assert len(sent) == 9 and sent == names

@@ -107,11 +107,14 @@ class SlurmViaSSM:
         out = self._query("jobs-on", f"jobs on {node}", node=node)
         return [line.strip() for line in out.splitlines() if line.strip()]
 
-    def resume(self, node: str) -> None:
+    def resume(self, node: str, owner: str = "*") -> bool:
+        """Resume ``node`` if its drain reason is ``owner``'s (``*``: any drain, an operator's own
+        resume), checked and acted on in one scheduler command. True when it was resumed."""
         try:
-            self._send(self._docs.slurm_resume, f"resume {node}", node=node)
+            out = self._send(self._docs.slurm_resume, f"resume {node}", node=node, owner=owner)
         except CommandFailedError as exc:
             raise ResumeFailedError(str(exc)) from exc
+        return "resumed" in out.split()
 
     # -- jobs -----------------------------------------------------------------------------
     def job_states(self, job_ids: list[str]) -> dict[str, JobState]:
@@ -140,8 +143,11 @@ class SlurmViaSSM:
         its age) can start on it at once."""
         self._send(self._docs.spare_take, f"take spare {node}", node=node, reservation=self._reservation)
 
-    def add_spare(self, node: str) -> None:
-        """Put ``node`` into the spare reservation, then undrain it: it is idle but only jobs
-        that name the reservation can use it. The drain is lifted only once Slurm shows the node
-        reserved, and the call returns once the node answers: a pending job never sees it free."""
-        self._send(self._docs.spare_add, f"add spare {node}", node=node, reservation=self._reservation)
+    def add_spare(self, node: str, owner: str) -> bool:
+        """Put ``node`` into the spare reservation, then lift its drain if ``owner`` set it: it is
+        idle but only jobs that name the reservation can use it. The drain is lifted only once
+        Slurm shows the node reserved, and the call returns once the node answers: a pending job
+        never sees it free. True when the drain was lifted."""
+        out = self._send(self._docs.spare_add, f"add spare {node}", node=node, reservation=self._reservation,
+                         owner=owner)
+        return "resumed" in out.split()

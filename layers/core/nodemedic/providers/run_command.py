@@ -16,50 +16,31 @@ from nodemedic.errors import CommandFailedError, CommandPendingError
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
 
 
+class _Document:
+    """The name of one of the stack's documents: ``nodemedic-<cluster>-<operation>``, the
+    operation being the attribute's name with dashes."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._operation = name.replace("_", "-")
+
+    def __get__(self, documents: Documents, owner: type | None = None) -> str:
+        return f"nodemedic-{documents.cluster}-{self._operation}"
+
+
 @dataclass(frozen=True)
 class Documents:
-    """The names of the stack's SSM documents (``nodemedic-<cluster>-<operation>``)."""
+    """The names of the stack's SSM Command documents (template.yaml)."""
 
     cluster: str
-
-    def _name(self, operation: str) -> str:
-        return f"nodemedic-{self.cluster}-{operation}"
-
-    @property
-    def slurm_query(self) -> str:
-        return self._name("slurm-query")
-
-    @property
-    def slurm_drain(self) -> str:
-        return self._name("slurm-drain")
-
-    @property
-    def slurm_requeue(self) -> str:
-        return self._name("slurm-requeue")
-
-    @property
-    def slurm_resume(self) -> str:
-        return self._name("slurm-resume")
-
-    @property
-    def spare_take(self) -> str:
-        return self._name("spare-take")
-
-    @property
-    def spare_add(self) -> str:
-        return self._name("spare-add")
-
-    @property
-    def gpu_reset(self) -> str:
-        return self._name("gpu-reset")
-
-    @property
-    def node_join(self) -> str:
-        return self._name("node-join")
-
-    @property
-    def health_check(self) -> str:
-        return self._name("health-check")
+    slurm_query = _Document()
+    slurm_drain = _Document()
+    slurm_requeue = _Document()
+    slurm_resume = _Document()
+    spare_take = _Document()
+    spare_add = _Document()
+    gpu_reset = _Document()
+    node_join = _Document()
+    health_check = _Document()
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,13 @@ def resume(
         resumed = status.drained_by(owner_tag(prefix, incident))
         if destination == "pool" and len(orchestrator.spares()) >= pool_size:
             destination = "service"
+        # the read above only chooses; the drain is lifted inside the scheduler command that
+        # checks it is still ours (an operator may have drained it again meanwhile)
         if resumed and destination == "pool":
-            orchestrator.add_spare(incident.slurm_node)
+            resumed = orchestrator.add_spare(incident.slurm_node, owner_tag(prefix, incident))
             ledger.release(SPARE, incident.slurm_node)
         elif resumed:
-            orchestrator.resume(incident.slurm_node)
+            resumed = orchestrator.resume(incident.slurm_node, owner_tag(prefix, incident))
         if resumed:
             status = orchestrator.node_status(incident.slurm_node)
         ledger.record_progress(incident, "resume", {"resumed": resumed, "destination": destination})
