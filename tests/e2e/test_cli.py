@@ -21,15 +21,20 @@ OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinut
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[LocalMode]:
-    with stack(nodes=4, spares=1, **OPEN) as running:
-        yield running
+    # the operator's name, for the whole module: CliRunner(env=...) would add and delete it around
+    # each command while the state machine's threads iterate os.environ (botocore reads proxies
+    # there), and one of them fails with KeyError('NODEMEDIC_OPERATOR')
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("NODEMEDIC_OPERATOR", OPERATOR)
+        with stack(nodes=4, spares=1, **OPEN) as running:
+            yield running
 
 
 def cli(local: LocalMode, *args: str, code: int = 0) -> Any:
     """Run ``nodemedic ARGS --json`` against the local stack; return the parsed JSON."""
     target = Target(local.stack.name, session=boto3.Session())
     with local.aws.lambdas_held():  # a Lambda running meanwhile would swap the stdout CliRunner captures
-        result = CliRunner().invoke(app, [*args, "--json"], obj=target, env={"NODEMEDIC_OPERATOR": OPERATOR})
+        result = CliRunner().invoke(app, [*args, "--json"], obj=target)
     assert result.exit_code == code, result.output
     try:
         return json.loads(result.output)
@@ -103,9 +108,9 @@ def test_bad_requests_are_refused_with_the_reason_and_change_nothing(local: Loca
 
 
 def test_a_missing_stack_is_named() -> None:
-    result = CliRunner().invoke(app, ["--stack", "no-such-stack", "--region", "us-east-1", "incidents", "--json"],
-                                env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
-                                     "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    # options, not env=: CliRunner would change os.environ under the running stack's threads
+    result = CliRunner().invoke(app, ["--stack", "no-such-stack", "--region", "us-east-1",
+                                      "--endpoint-url", "http://127.0.0.1:9", "incidents", "--json"])
     assert result.exit_code == 2
     assert "no-such-stack" in json.loads(result.output)["error"]
 
