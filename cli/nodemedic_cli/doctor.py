@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 from nodemedic.errors import NodeMedicError
+from nodemedic.providers.base import Member
 from nodemedic.providers.run_command import Documents
 from nodemedic.store.roster import RosterStore
 from nodemedic_sandbox import iam
@@ -269,15 +270,23 @@ def check_alarm_actions(target: Target) -> Iterator[Row]:
                   "encrypt the topic with a customer managed key that CloudWatch may use" if problems else "")
 
 
-def check_nodes(target: Target) -> Iterator[Row]:
+def _nodes(target: Target) -> tuple[dict[str, Member | None], Exception | None]:
+    """Each Slurm node and the cluster member backing it (read once for every check), or why the
+    controller could not be read."""
     try:
         nodes = target.orchestrator.nodes()
     except (NodeMedicError, ClientError, BotoCoreError) as exc:
-        yield Row("scheduler", "fail", f"cannot read the Slurm nodes through the controller: {exc}",
+        return {}, exc
+    return {n.name: target.provider.member_by_node(n.name) for n in nodes}, None
+
+
+def check_nodes(mapped: dict[str, Member | None], error: Exception | None) -> Iterator[Row]:
+    if error is not None:
+        yield Row("scheduler", "fail", f"cannot read the Slurm nodes through the controller: {error}",
                   "check the controller's SSM agent and SlurmControllerInstanceId")
         return
-    yield Row("scheduler", "pass", f"{len(nodes)} Slurm nodes")
-    unmapped = [n.name for n in nodes if target.provider.member_by_node(n.name) is None]
+    yield Row("scheduler", "pass", f"{len(mapped)} Slurm nodes")
+    unmapped = [name for name, member in mapped.items() if member is None]
     if unmapped:
         yield Row("nodes mapped", "fail", f"no running instance of the cluster backs {', '.join(unmapped)}",
                   "tag each node's instance with nodemedic:slurm-node (or fix the provider's group/cluster name)")
@@ -318,14 +327,15 @@ def run(target: Target, permissions: Permissions | None = None,
     """Every check, in order; a check that cannot run is itself a failed row."""
     perms = permissions or SimulatedPermissions(target.client("iam"))
     rows = list(check_stack(target))
-    member = next((m.instance_id for n in _safe_nodes(target) if (m := target.provider.member_by_node(n))), "")
+    mapped, nodes_error = _nodes(target)
+    member = next((m.instance_id for m in mapped.values() if m), "")
     checks: list[tuple[str, Callable[[], Iterator[Row]]]] = [
         ("rules", lambda: check_rules(target)),
         ("permissions", lambda: check_permissions(target, perms, member or "i-00000000000000000")),
         ("documents", lambda: check_documents(target)),
         ("alarms", lambda: check_alarm_actions(target)),
         ("metrics", lambda: check_metrics(target)),
-        ("nodes", lambda: check_nodes(target)),
+        ("nodes", lambda: check_nodes(mapped, nodes_error)),
         ("heartbeats", lambda: check_heartbeats(target, now())),
         ("spares", lambda: check_spares(target)),
     ]
@@ -335,10 +345,3 @@ def run(target: Target, permissions: Permissions | None = None,
         except (ClientError, BotoCoreError, NodeMedicError, KeyError) as exc:
             rows.append(Row(name, "fail", f"the check could not run: {exc!r}"))
     return rows
-
-
-def _safe_nodes(target: Target) -> list[str]:
-    try:
-        return [n.name for n in target.orchestrator.nodes()]
-    except (NodeMedicError, ClientError, BotoCoreError):
-        return []

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nodemedic_sandbox.iam import wildcard_match  # the same wildcard rules as IAM
+
 NEW_ACCOUNT_CONCURRENCY = 10  # a new account's Lambda concurrency quota can be as low as 10
 
 
@@ -44,14 +46,12 @@ def alarm_topic_problem(sns: Any, kms: Any, topic_arn: str) -> str | None:
 
 
 def _grants_service(policy: dict[str, Any], service: str, actions: tuple[str, ...]) -> bool:
-    from nodemedic_sandbox.iam import _glob  # the same wildcard rules as IAM
-
     def allows(action: str) -> bool:
         for statement in _list(policy.get("Statement", [])):
             principals = statement.get("Principal", {})
             services = _list(principals.get("Service", [])) if isinstance(principals, dict) else []
             if (statement.get("Effect") == "Allow" and service in services
-                    and any(_glob(a, action, case_sensitive=False) for a in _list(statement.get("Action", [])))):
+                    and any(wildcard_match(a, action, case_sensitive=False) for a in _list(statement.get("Action", [])))):
                 return True
         return False
 

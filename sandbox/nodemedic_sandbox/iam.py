@@ -56,7 +56,7 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _glob(pattern: str, value: str, *, case_sensitive: bool) -> bool:
+def wildcard_match(pattern: str, value: str, *, case_sensitive: bool) -> bool:
     """IAM wildcards: ``*`` any run of characters (``/`` and ``:`` included), ``?`` one."""
     regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
     return re.fullmatch(regex, value, 0 if case_sensitive else re.IGNORECASE) is not None
@@ -64,14 +64,14 @@ def _glob(pattern: str, value: str, *, case_sensitive: bool) -> bool:
 
 def _matches_action(statement: dict[str, Any], action: str) -> bool:
     if "NotAction" in statement:
-        return not any(_glob(a, action, case_sensitive=False) for a in _as_list(statement["NotAction"]))
-    return any(_glob(a, action, case_sensitive=False) for a in _as_list(statement.get("Action", [])))
+        return not any(wildcard_match(a, action, case_sensitive=False) for a in _as_list(statement["NotAction"]))
+    return any(wildcard_match(a, action, case_sensitive=False) for a in _as_list(statement.get("Action", [])))
 
 
 def _matches_resource(statement: dict[str, Any], resource: str) -> bool:
     if "NotResource" in statement:
-        return not any(_glob(r, resource, case_sensitive=True) for r in _as_list(statement["NotResource"]))
-    return any(_glob(r, resource, case_sensitive=True) for r in _as_list(statement.get("Resource", [])))
+        return not any(wildcard_match(r, resource, case_sensitive=True) for r in _as_list(statement["NotResource"]))
+    return any(wildcard_match(r, resource, case_sensitive=True) for r in _as_list(statement.get("Resource", [])))
 
 
 def _number(text: str) -> float | None:
@@ -84,9 +84,9 @@ def _number(text: str) -> float | None:
 _SINGLE: dict[str, Callable[[str, str], bool]] = {
     "StringEquals": lambda want, got: want == got,
     "StringEqualsIgnoreCase": lambda want, got: want.lower() == got.lower(),
-    "StringLike": lambda want, got: _glob(want, got, case_sensitive=True),
-    "ArnEquals": lambda want, got: _glob(want, got, case_sensitive=True),
-    "ArnLike": lambda want, got: _glob(want, got, case_sensitive=True),
+    "StringLike": lambda want, got: wildcard_match(want, got, case_sensitive=True),
+    "ArnEquals": lambda want, got: wildcard_match(want, got, case_sensitive=True),
+    "ArnLike": lambda want, got: wildcard_match(want, got, case_sensitive=True),
     "Bool": lambda want, got: want.lower() == got.lower(),
     "NumericEquals": lambda want, got: _number(got) is not None and _number(got) == _number(want),
     "NumericLessThan": lambda want, got: _cmp(got, want, lambda a, b: a < b),
