@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv slurm chromium demo test lint unit bench agent-wheel clean
+.PHONY: help venv slurm chromium demo test lint unit chaos bench agent-wheel clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -34,8 +34,11 @@ lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in 
 test: venv slurm chromium lint  ## run the whole test suite
 	$(BIN)/pytest
 
-unit: venv  ## fast tests only (no local stack)
-	$(BIN)/pytest tests/unit
+unit: venv  ## fast tests only (no local stack): units and the stages on in-memory Slurm
+	$(BIN)/pytest tests/unit tests/stages
+
+chaos: venv slurm  ## every chaos scenario (make test runs a bounded subset); the report goes to docs/chaos.md
+	CHAOS_REPORT=docs/chaos.md $(BIN)/pytest tests/chaos -m "" -p no:cacheprovider
 
 bench: venv  ## run the benchmarks (about 40 min); results in docs/benchmarks.{json,md} and docs/fleet.md
 	$(BIN)/python -m bench.agent_latency --faults 200

@@ -83,6 +83,9 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
     open_incident = {"TransactItems": [{"Put": {"TableName": table["TableName"], "Item": {}}}] * 2}
     end_incident = {"TransactItems": [{"Update": {"TableName": table["TableName"], "Key": {}}},
                                       {"Delete": {"TableName": table["TableName"], "Key": {}}}]}
+    fail_incident = {"TransactItems": [*end_incident["TransactItems"],
+                                       {"Put": {"TableName": table["TableName"], "Item": {}}}]}
+    execution = out["StateMachineArn"].replace(":stateMachine:", ":execution:", 1) + ":doctor"
     db: list[Call] = [("dynamodb", op, table) for op in ("GetItem", "PutItem", "UpdateItem")]
     provider = p.get("Provider") or "autoscaling"
     reads: list[Call] = {
@@ -112,11 +115,17 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                          ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]})],
         "ShadowFunction": [("dynamodb", "GetItem", table), ("dynamodb", "UpdateItem", table),
                            *on_controller(docs.slurm_query)],
-        "DrainFunction": [("dynamodb", "GetItem", table), ("dynamodb", "UpdateItem", table),
+        "DrainFunction": [*db, ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {}}}),
                           *on_controller(docs.slurm_query, docs.slurm_drain, docs.slurm_requeue)],
         "SparesFunction": [*db, *on_controller(docs.slurm_query, docs.spare_take)],
-        "ResumeFunction": [*db, ("dynamodb", "DeleteItem", table),
-                           *on_controller(docs.slurm_query, docs.slurm_resume, docs.spare_add)],
+        "ResumeFunction": [*db, ("dynamodb", "DeleteItem", table), ("dynamodb", "TransactWriteItems", fail_incident),
+                           *on_controller(docs.slurm_query, docs.slurm_resume, docs.spare_add, docs.slurm_drain)],
+        "ReconcilerFunction": [*db, ("dynamodb", "Scan", table), ("dynamodb", "DeleteItem", table),
+                               ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {}}}),
+                               ("dynamodb", "TransactWriteItems", fail_incident),
+                               ("states", "DescribeExecution", {"executionArn": execution}),
+                               ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]}),
+                               *on_controller(docs.slurm_query, docs.slurm_drain)],
         "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query), send(docs.gpu_reset, member),
                            send(docs.node_join, member)],
         "DeepHealthCheckFunction": [*db, send(docs.health_check, member)],

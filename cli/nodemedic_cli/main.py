@@ -127,7 +127,9 @@ def remediate(
     ctx: typer.Context,
     node: Annotated[str, typer.Argument(help="Slurm node name, e.g. gpu-12.")],
     action: Annotated[str, typer.Option(help="replace / reboot: start the state machine as the automatic path does. "
-                                             "drain / resume / health-check: that one step, now.")],
+                                             "drain / resume / health-check: that one step, now. drain also takes "
+                                             "over NodeMedic's own drain (keep a node out, e.g. for an RMA: "
+                                             "automation never lifts an operator's drain).")],
     reason: Reason,
     by: By = "",
     level: Annotated[str, typer.Option(help="health-check: quick or full.")] = "quick",

@@ -61,13 +61,19 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
         return {"action": action, "node": node, "incident": name, "execution_arn": started["executionArn"],
                 "started": True}
     if action == "drain":
-        if status.drained:
-            raise OperatorError(f"{node} is already drained ({status.state}: {status.reason or 'no reason'})")
-        target.orchestrator.drain(node, f"{OPERATOR_DRAIN_PREFIX}:{by} {reason}")
-        return {"action": action, "node": node, "state": target.orchestrator.node_status(node).state}
+        # NodeMedic's own drain is taken over (the node stays out, e.g. for an RMA: automation
+        # never lifts an operator's drain), checked and acted on in one scheduler command
+        prefix = target.parameters.get("DrainReasonPrefix") or "nodemedic"
+        if not target.orchestrator.drain(node, f"{OPERATOR_DRAIN_PREFIX}:{by} {reason}", takeover=f"{prefix}:"):
+            now = target.orchestrator.node_status(node)
+            raise OperatorError(f"{node} is already drained by someone else ({now.state}: {now.reason or 'no reason'})")
+        target.ledger.drop_hold(target.cluster, node)
+        return {"action": action, "node": node, "state": target.orchestrator.node_status(node).state,
+                "was": status.reason if status.drained else ""}
     if action == "resume":
         if not status.drained:
             raise OperatorError(f"{node} is not drained ({status.state}); nothing to resume")
+        target.ledger.drop_hold(target.cluster, node)  # first: the reconciler never drains it again
         target.orchestrator.resume(node)
         return {"action": action, "node": node, "state": target.orchestrator.node_status(node).state,
                 "was": status.reason}

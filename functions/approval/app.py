@@ -5,6 +5,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
+from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import ApprovalInput, DenialInput
 from nodemedic.observability import utc_now
 from nodemedic.settings import settings
@@ -14,6 +15,7 @@ logger = Logger(service="approval")
 
 
 @logger.inject_lambda_context
+@throttling_is_retryable
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if "denial" in event:
         denial = DenialInput.model_validate(event)

@@ -6,6 +6,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
+from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import HealthCheckInput
 from nodemedic.observability import utc_now
 from nodemedic.settings import settings
@@ -15,6 +16,7 @@ logger = Logger(service="deep_health_check")
 
 
 @logger.inject_lambda_context
+@throttling_is_retryable
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = HealthCheckInput.model_validate(event)
     incident = request.incident

@@ -7,6 +7,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
+from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import DetectInput
 from nodemedic.errors import InvalidEventError, UnknownNodeError, UnknownNodeQuietError
 from nodemedic.observability import record_durations
@@ -18,6 +19,7 @@ metrics = Metrics()
 
 
 @logger.inject_lambda_context
+@throttling_is_retryable
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     now = datetime.now(UTC)

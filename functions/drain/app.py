@@ -5,6 +5,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
+from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import StageInput
 from nodemedic.observability import record_durations, seconds_since_fault, utc_now
 from nodemedic.settings import settings
@@ -15,6 +16,7 @@ metrics = Metrics()
 
 
 @logger.inject_lambda_context
+@throttling_is_retryable
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     incident = StageInput.model_validate(event).incident

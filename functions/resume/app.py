@@ -1,14 +1,16 @@
 """Resume stage: return the node (to service or the spare pool), see the jobs RUNNING, close;
-or await the requeued jobs only; or end the incident quarantined / escalated."""
+or await the requeued jobs only; or end the incident quarantined / escalated / failed."""
 
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
+from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import JobsOutput, ResumeInput
 from nodemedic.observability import record_durations, utc_now
 from nodemedic.settings import settings
+from nodemedic.stages.failure import fail
 from nodemedic.stages.resume import await_jobs, end_unrecovered, resume
 
 logger = Logger(service="resume")
@@ -21,15 +23,21 @@ def _job_downtime(incident: Any, jobs: JobsOutput | None) -> None:
 
 
 @logger.inject_lambda_context
+@throttling_is_retryable
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = ResumeInput.model_validate(event)
     incident = request.incident
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node, step=request.step)
     s = settings()
+    if request.step == "fail":
+        ended = fail(incident, request.error, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
+                     prefix=s.drain_reason_prefix, clock=utc_now)
+        logger.error("incident failed", status=ended.status, page=ended.message)
+        return ended.model_dump(mode="json")
     if request.step in ("quarantine", "escalate"):
         ended = end_unrecovered(incident, "quarantined" if request.step == "quarantine" else "escalated",
-                                ledger=wiring.ledger(), clock=utc_now, error=request.error)
+                                ledger=wiring.ledger(), clock=utc_now, error=request.error, reason=request.reason)
         logger.warning("incident not recovered", status=ended.status, page=ended.message)
         return ended.model_dump(mode="json")
     if request.step == "jobs":

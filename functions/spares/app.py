@@ -6,6 +6,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
+from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import StageInput
 from nodemedic.observability import utc_now
 from nodemedic.settings import settings
@@ -16,6 +17,7 @@ metrics = Metrics()
 
 
 @logger.inject_lambda_context
+@throttling_is_retryable
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     incident = StageInput.model_validate(event).incident

@@ -21,7 +21,7 @@ import time
 import traceback
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +32,7 @@ from unittest import mock
 import boto3
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
+from botocore.retries.standard import ExponentialBackoff
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudwatch.models import CloudWatchBackend
@@ -278,6 +279,12 @@ class _ScaledTime:
         return getattr(time, name)
 
 
+def _scaled_delay(original: Callable[..., float], scale: float) -> Callable[..., float]:
+    def delay_amount(self: Any, context: Any) -> float:
+        return float(original(self, context)) * scale
+    return delay_amount
+
+
 class EmbeddedAWS:
     """Start moto in this process with the local mode's hooks; use as a context manager."""
 
@@ -293,6 +300,8 @@ class EmbeddedAWS:
         self._clients: dict[str, Any] = {}
         self._clients_lock = threading.Lock()
         self.command_host: CommandHost | None = None
+        self._before_invoke: list[tuple[str, Callable[[dict[str, Any]], bool], Callable[[dict[str, Any]], None],
+                                        list[dict[str, Any]]]] = []
         self.invocations: list[Invocation] = []
         self.delivery_failures: list[dict[str, Any]] = []
         self._modules: dict[str, ModuleType] = {}
@@ -438,6 +447,9 @@ class EmbeddedAWS:
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
             (CloudWatchBackend, "get_metric_statistics", get_metric_statistics),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
+            # the SDK's own backoff (standard mode, what the functions use) is scaled alike
+            (ExponentialBackoff, "delay_amount", _scaled_delay(ExponentialBackoff.delay_amount,
+                                                               self.retry_time_scale)),
             (TimeoutSeconds, "_eval_seconds", task_timeout),
             (InstanceBackend, "reboot_instances", reboot_instances),
             (InstanceBackend, "start_instances", start_instances),
@@ -560,6 +572,21 @@ class EmbeddedAWS:
         self.throttles.append(rule)
         return rule
 
+    def before_invoke(self, function: str, action: Callable[[dict[str, Any]], None], *,
+                      when: Callable[[dict[str, Any]], bool] = lambda event: True) -> list[dict[str, Any]]:
+        """Run ``action(event)`` once, right before the first invocation of a deployed function whose
+        name contains ``function`` and whose event satisfies ``when`` (chaos: a controller killed,
+        an operator's command, at that stage). Returns the list the event is appended to once fired."""
+        fired: list[dict[str, Any]] = []
+        self._before_invoke.append((function, when, action, fired))
+        return fired
+
+    def _run_before_invoke(self, name: str, event: dict[str, Any]) -> None:
+        for function, when, action, fired in list(self._before_invoke):
+            if not fired and function in name and when(event):
+                fired.append(event)
+                action(event)
+
     def _maybe_throttle(self, request: Any, **_: Any) -> AWSResponse | None:
         call = getattr(self._caller, "call", None)
         if call is None:
@@ -569,7 +596,12 @@ class EmbeddedAWS:
         if rule is None:
             return None
         rule.hits.append(f"{caller} {service}:{operation}")
-        return _throttled_response(request.url, protocol, THROTTLING_CODE.get(service, "ThrottlingException"))
+        response = _throttled_response(request.url, protocol, THROTTLING_CODE.get(service, "ThrottlingException"))
+        # botocore emits before-send to every handler and takes the first response: moto's stubber
+        # would still execute the request (a throttled CreateTags tagged the instance). An address
+        # no backend serves makes it pass, so a throttled call changes nothing, as on AWS.
+        request.url = "https://throttled.nodemedic.invalid/"
+        return response
 
     def _authorizer(self) -> iam.Authorizer:
         return iam.Authorizer(iam.facts_from(self.client, partition="aws", region=self.region, account=ACCOUNT_ID))
@@ -596,6 +628,7 @@ class EmbeddedAWS:
             raise RuntimeError(f"local mode: no source registered for function {fn.function_name}")
         event = json.loads(body or "{}")
         record = Invocation(function=fn.function_name, event=event)
+        self._run_before_invoke(fn.function_name, event)
         buffer = io.StringIO()
         request_id = str(uuid.uuid4())
         context = SimpleNamespace(

@@ -172,6 +172,15 @@ class LocalMode:
             Period=60, Statistics=[statistic])  # type: ignore[list-item]
         return [p[statistic] for p in stats["Datapoints"]]
 
+    def reconcile(self) -> dict[str, Any]:
+        """Run the reconciler now (its schedule fires every 5 minutes); returns its report."""
+        resp = self.aws.client("lambda").invoke(FunctionName=self.stack.resources["ReconcilerFunction"],
+                                                Payload=b"{}")
+        body: dict[str, Any] = json.loads(resp["Payload"].read())
+        if "FunctionError" in resp:
+            raise RuntimeError(f"the reconciler failed: {body}")
+        return body
+
     def drains(self) -> list[str]:
         """The node of each drain the pipeline sent to the controller (its slurm-drain commands)."""
         return [m.group(1) for script in self.scontrol_commands("state=drain")

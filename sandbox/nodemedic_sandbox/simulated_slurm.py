@@ -88,7 +88,7 @@ def main(tool: str, args: list[str], path: Path) -> int:
             for job_id, j in st["jobs"].items():
                 if (node is None or node in j["nodes"]) and (job is None or job == job_id) \
                         and (node is None or j["state"] == "RUNNING"):
-                    print(j["state"] if "%T" in args else job_id)
+                    print(j["state"] if "%T" in args else ",".join(j["nodes"]) if "%N" in args else job_id)
             return 0
         # scontrol
         verb, rest = args[0], args[1:]

@@ -167,6 +167,33 @@ class LocalSlurm:
             self.start_node(node)
         self._wait(lambda: self.idle_nodes() >= set(self.nodes), "all nodes to be idle")
 
+    def stop_controller(self, *, graceful: bool = False) -> None:
+        """Stop slurmctld: every Slurm command fails until it starts again. SIGKILL (a crash: what
+        it had not saved yet is lost), or ``graceful``: SIGTERM, and wait while it saves its state."""
+        pidfile = self.root / "run" / "slurmctld.pid"
+        if graceful and pidfile.exists():
+            pid = int(pidfile.read_text().strip())
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._kill([pidfile])
+
+    def start_controller(self, *, clear_state: bool = False) -> None:
+        """Start slurmctld again; ``clear_state`` loses what it had saved (drains, jobs,
+        reservations), as a controller restarted without its state does."""
+        env = {**os.environ, **self.env}
+        subprocess.run(["slurmctld", "-f", str(self.conf), *(["-c"] if clear_state else [])], env=env, check=True,
+                       timeout=30)
+        self._wait(lambda: self._ping_ok(), "slurmctld to answer")
+        self._wait(lambda: self.idle_nodes() | self._busy_nodes() >= set(self.nodes), "the nodes to register")
+
+    def _busy_nodes(self) -> set[str]:
+        out = self._run("sinfo", "-h", "-N", "-o", "%N %T")
+        return {n for n, state in (line.split() for line in out.splitlines())
+                if state.rstrip("*") in ("allocated", "mixed", "drained", "draining", "completing", "reserved")}
+
     def start_node(self, node: str) -> None:
         """Start (or restart) the slurmd of ``node``: a new instance joining under that name."""
         self.stop_node(node)
@@ -234,13 +261,15 @@ class LocalSlurm:
         raise RuntimeError(f"timed out waiting for {what}\n{log}")
 
     # -- jobs, for tests and the demo ---------------------------------------------------
-    def submit(self, nodes: int, name: str = "train", seconds: int = 3600) -> str:
+    def submit(self, nodes: int, name: str = "train", seconds: int = 3600, on: str = "") -> str:
+        """Submit a job of ``nodes`` nodes (``on``: onto this node list)."""
         script = self.root / "jobs" / f"{name}.sh"
         script.write_text(f"#!/bin/bash\nsleep {seconds}\n")
         script.chmod(0o755)
         out = self._run(
             "sbatch", "--parsable", "--requeue", "--exclusive", f"--nodes={nodes}", "--ntasks-per-node=1",
-            f"--job-name={name}", f"--output={self.root}/jobs/{name}-%j.out", str(script),
+            f"--job-name={name}", f"--output={self.root}/jobs/{name}-%j.out", *([f"--nodelist={on}"] if on else []),
+            str(script),
         )
         return out.strip().split(";")[0]
 

@@ -20,11 +20,11 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         assert "${" not in definition
         states = json.loads(definition)["States"]
         assert states["Detect"]["Resource"].endswith(stack.resources["DetectFunction"])
-        assert states["MarkIncidentFailed"]["Parameters"]["TableName"] == stack.table_name
+        assert states["Failed"]["Resource"].endswith(stack.resources["ResumeFunction"])
         # one Lambda per stage and the silence sweeper, each with its source registered for the local runtime
         assert {Path(src.code_dir).name for src in aws.functions.values()} == {
             "detect", "gate", "shadow", "approval", "drain", "spares", "repair", "deep_health_check",
-            "health_check_result", "resume", "silence_sweeper"}
+            "health_check_result", "resume", "silence_sweeper", "reconciler"}
         # the dashboard, and the three alarms (to the escalation topic) that moto's CloudFormation skips
         cw = aws.client("cloudwatch")
         assert cw.list_dashboards()["DashboardEntries"][0]["DashboardName"] == stack.outputs["DashboardName"]

@@ -276,23 +276,11 @@ def test_injected_throttling_reaches_the_sdk_as_a_response_so_its_retries_apply(
                                                                                  tmp_path: Path) -> None:
     """A function's DynamoDB call throttled twice succeeds on botocore's retries; throttled more
     times than the SDK retries, it fails with the service's own error code."""
-    code = tmp_path / "dbfn"
-    code.mkdir()
-    (code / "app.py").write_text(
-        "import boto3\n"
-        "def handler(event, context):\n"
-        "    boto3.client('dynamodb').describe_table(TableName='t')\n"
-        "    return {'ok': True}\n")
-    iam = aws.client("iam")
-    role = iam.create_role(RoleName="db", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
-    iam.put_role_policy(RoleName="db", PolicyName="p", PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Action": "dynamodb:DescribeTable", "Resource": "*"}]}))
+    _function(aws, tmp_path, "dbfn", "boto3.client('dynamodb').describe_table(TableName='t')\n    return {'ok': True}",
+              "dynamodb:DescribeTable")
     aws.client("dynamodb").create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
                                         AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
                                         KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
-    aws.client("lambda").create_function(FunctionName="dbfn", Runtime="python3.12", Role=role, Handler="app.handler",
-                                         Code={"ZipFile": b"PK"})
-    aws.functions["dbfn"] = FunctionSource(code, "app.handler")
 
     brief = aws.throttle("dynamodb", "DescribeTable", caller="dbfn", times=2)
     resp = aws.client("lambda").invoke(FunctionName="dbfn", Payload=b"{}")
@@ -304,3 +292,32 @@ def test_injected_throttling_reaches_the_sdk_as_a_response_so_its_retries_apply(
     assert resp["FunctionError"] == "Unhandled" and "ProvisionedThroughputExceededException" in error["errorMessage"]
     assert 2 <= len(long.hits) < 50  # the SDK's attempts, then it gave up
     assert aws.client("dynamodb").describe_table(TableName="t")  # the harness itself is never throttled
+
+
+def test_a_throttled_write_changes_nothing(aws: EmbeddedAWS, tmp_path: Path) -> None:
+    """AWS refuses a throttled call before acting on it: moto must not execute it anyway (botocore
+    hands before-send to every handler, moto's stubber too)."""
+    _function(aws, tmp_path, "tagfn",
+              "boto3.client('ec2').create_tags(Resources=[event['i']], Tags=[{'Key': 'k', 'Value': 'v'}])",
+              "ec2:CreateTags")
+    ec2 = aws.client("ec2")
+    instance = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    throttled = aws.throttle("ec2", "CreateTags", caller="tagfn", times=100)
+    resp = aws.client("lambda").invoke(FunctionName="tagfn", Payload=json.dumps({"i": instance}).encode())
+    assert resp["FunctionError"] == "Unhandled" and len(throttled.hits) >= 2
+    [found] = ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]["Instances"]
+    assert "Tags" not in found or not any(t["Key"] == "k" for t in found["Tags"])
+
+
+def _function(aws: EmbeddedAWS, tmp_path: Path, name: str, body: str, action: str) -> None:
+    """Deploy a one-line function ``name`` whose role allows ``action`` on everything."""
+    code = tmp_path / name
+    code.mkdir()
+    (code / "app.py").write_text(f"import boto3\ndef handler(event, context):\n    {body}\n")
+    iam = aws.client("iam")
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    iam.put_role_policy(RoleName=name, PolicyName="p", PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": action, "Resource": "*"}]}))
+    aws.client("lambda").create_function(FunctionName=name, Runtime="python3.12", Role=role, Handler="app.handler",
+                                         Code={"ZipFile": b"PK"})
+    aws.functions[name] = FunctionSource(code, "app.handler")

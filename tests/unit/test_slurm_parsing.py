@@ -42,12 +42,27 @@ def test_the_adapter_sends_parameter_values_to_typed_documents_never_shell() -> 
     from nodemedic.orchestrators.slurm import SlurmViaSSM
     from nodemedic.providers.run_command import Documents
 
-    runner = RecordingRunner()
+    runner = RecordingRunner("drained\n")
     slurm = SlurmViaSSM(runner, "i-0ctl", 60, Documents("prod"), spare_reservation="spares")  # type: ignore[arg-type]
     # a fault code is event input: what the drain document's pattern refuses is replaced, not quoted
     slurm.drain("gpu-1", "nodemedic:inc-1 XID 79'; reboot; echo $(id)`x`")
     slurm.take_spare("gpu-9")
     assert runner.sent == [
-        ("i-0ctl", "nodemedic-prod-slurm-drain", {"node": "gpu-1", "reason": "nodemedic:inc-1 XID 79__ reboot_ echo _(id)_x_"}),
+        ("i-0ctl", "nodemedic-prod-slurm-drain", {"node": "gpu-1", "reason": "nodemedic:inc-1 XID 79__ reboot_ echo _(id)_x_",
+                                                   "takeover": "-"}),
         ("i-0ctl", "nodemedic-prod-spare-take", {"node": "gpu-9", "reservation": "spares"}),
     ]
+
+
+def test_a_drain_that_does_not_say_what_it_did_fails_and_someone_elses_drain_is_kept() -> None:
+    import pytest
+    from nodemedic.errors import DrainFailedError
+    from nodemedic.orchestrators.slurm import SlurmViaSSM
+    from nodemedic.providers.run_command import Documents
+
+    kept = SlurmViaSSM(RecordingRunner("kept disk swap - bob [bob@2026-11-22T01:18:58]\n"), "i-0ctl", 60,  # type: ignore[arg-type]
+                       Documents("prod"))
+    assert kept.drain("gpu-1", "nodemedic:inc-1 XID 79", takeover="nodemedic:") is False
+    silent = SlurmViaSSM(RecordingRunner(""), "i-0ctl", 60, Documents("prod"))  # type: ignore[arg-type]
+    with pytest.raises(DrainFailedError, match="did not say"):
+        silent.drain("gpu-1", "nodemedic:inc-1 XID 79")

@@ -85,3 +85,8 @@ class NodeBusyError(RetryableError):
 
 
 RETRYABLE_ERRORS = tuple(cls.__name__ for cls in RetryableError.__subclasses__())
+
+
+class AwsThrottledError(RetryableError):
+    """An AWS call was still throttled (or the service still unavailable) after the SDK's own
+    retries; the state machine retries the stage later, within its budget, then fails it."""

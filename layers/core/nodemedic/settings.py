@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     command_poll_interval_seconds: float = Field(default=1.0, gt=0, le=30)
     safety_policy_parameter: str = Field(default="", description="SSM parameter holding the policy JSON")
     escalation_topic_arn: str = ""
+    state_machine_arn: str = Field(default="", description="the reconciler: whose executions it checks")
     # silent-node sweeper
     event_bus_name: str = ""
     heartbeat_queue_url: str = ""

@@ -9,6 +9,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
+from nodemedic.aws_retries import CLIENT_CONFIG
 from nodemedic.errors import PolicyError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.base import Provider
@@ -24,7 +25,8 @@ POLICY_CACHE_SECONDS = 30.0
 
 @cache
 def client(service: str) -> Any:
-    return boto3.client(service)  # type: ignore[call-overload]  # any service, by name
+    """A client that retries throttling and transient errors (see :mod:`nodemedic.aws_retries`)."""
+    return boto3.client(service, config=CLIENT_CONFIG)  # type: ignore[call-overload]  # any service, by name
 
 
 @lru_cache(maxsize=1)

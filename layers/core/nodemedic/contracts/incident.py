@@ -75,3 +75,39 @@ class Incident(IncidentRef):
     def duration_from_fault(self, moment: datetime) -> float:
         """Seconds from the fault (``observed_at``) to ``moment``: the origin of every metric."""
         return (moment - self.observed_at).total_seconds()
+
+
+class NodeLock(BaseModel):
+    """``NODE#<cluster>#<instance>``: the one incident active for an instance."""
+
+    instance_id: str
+    incident_id: str
+    slurm_node: str
+
+
+class Claim(BaseModel):
+    """``CLAIM#<kind>#<key>``: a hot spare or a replacement instance taken by one incident."""
+
+    kind: str
+    key: str
+    incident_id: str
+
+
+class DrainHold(BaseModel):
+    """``DRAINHOLD#<cluster>#<node>``: NodeMedic keeps this node drained with ``reason``."""
+
+    cluster: str
+    slurm_node: str
+    instance_id: str
+    incident_id: str
+    reason: str
+    since: AwareDatetime
+
+
+class Bookkeeping(BaseModel):
+    """What the reconciler checks: every lock, claim and drain hold, and the open incidents."""
+
+    locks: list[NodeLock] = Field(default_factory=list)
+    claims: list[Claim] = Field(default_factory=list)
+    holds: list[DrainHold] = Field(default_factory=list)
+    open_incidents: list[Incident] = Field(default_factory=list)

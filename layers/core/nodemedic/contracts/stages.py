@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nodemedic.contracts.events import TriggerEvent
-from nodemedic.contracts.incident import IncidentRef, Rung
+from nodemedic.contracts.incident import IncidentRef, IncidentStatus, Rung
 
 
 class _Model(BaseModel):
@@ -59,6 +59,7 @@ class DrainOutput(_Model):
     drained_by_pipeline: bool = Field(description="False when an operator had drained it first")
     requeued_jobs: list[str]
     jobs_not_requeued: list[str]
+    job_nodes: dict[str, list[str]] = Field(default_factory=dict, description="each requeued job's nodes")
 
 
 Destination = Literal["service", "pool"]
@@ -134,11 +135,13 @@ class HealthCheckOutput(_Model):
 
 class ResumeInput(_Model):
     incident: IncidentRef
-    step: Literal["return", "jobs", "quarantine", "escalate"] = Field(
+    step: Literal["return", "jobs", "quarantine", "escalate", "fail"] = Field(
         default="return", description="return the node (pool or service) and close; or only await the "
-                                      "requeued jobs; or end the incident quarantined / escalated")
+                                      "requeued jobs; or end the incident quarantined / escalated / failed")
     destination: Destination = "service"
-    error: dict[str, str | None] | None = Field(default=None, description="escalate: the Catch's error")
+    error: dict[str, str | None] | None = Field(default=None, description="escalate, fail: the Catch's error")
+    reason: str = Field(default="", max_length=2000,
+                        description="quarantine by the lemon rule: the gate's reason (the ladder was not tried)")
 
 
 class ResumeOutput(_Model):
@@ -151,7 +154,7 @@ class ResumeOutput(_Model):
 
 
 class EndOutput(_Model):
-    status: Literal["quarantined", "escalated"]
+    status: IncidentStatus
     message: str = Field(description="what the on-call is paged with")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -25,6 +25,7 @@ class NodeStatus:
 class EvacuationResult:
     requeued: list[str]
     not_requeued: list[str]
+    job_nodes: dict[str, list[str]] = field(default_factory=dict)  # each requeued job's nodes then
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,11 @@ class Orchestrator(Protocol):
         """Every node the scheduler knows."""
         ...
 
-    def drain(self, node: str, reason: str) -> None: ...
+    def drain(self, node: str, reason: str, takeover: str = "-") -> bool:
+        """Drain ``node`` with ``reason`` unless another drain is there whose reason does not start
+        with ``takeover`` (``-``: none is taken over), in one scheduler operation. True when the
+        node is drained with ``reason`` now."""
+        ...
 
     def evacuate(self, node: str) -> EvacuationResult:
         """Requeue the jobs running on ``node`` and make them eligible to start at once."""

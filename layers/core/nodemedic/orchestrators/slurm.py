@@ -67,25 +67,34 @@ class SlurmViaSSM:
             raise CommandFailedError(f"scontrol did not list the nodes: {out.strip()[:300]}")
         return [_node_status(fields) for fields in records]
 
-    def drain(self, node: str, reason: str) -> None:
+    def drain(self, node: str, reason: str, takeover: str = "-") -> bool:
+        """Drain ``node`` with ``reason`` unless it is drained already by someone whose reason does
+        not start with ``takeover`` (``-``: nobody's drain is taken over), checked and acted on in
+        one scheduler command. True when the node is drained with ``reason`` now."""
         try:
-            self._send(self._docs.slurm_drain, f"drain {node}", node=node,
-                       reason=_REASON_UNSAFE.sub("_", reason)[:200])
+            out = self._send(self._docs.slurm_drain, f"drain {node}", node=node,
+                             reason=_REASON_UNSAFE.sub("_", reason)[:200], takeover=takeover)
         except CommandFailedError as exc:
             raise DrainFailedError(str(exc)) from exc
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        if last != "drained" and not last.startswith("kept"):
+            raise DrainFailedError(f"the drain of {node} did not say what it did: {out.strip()[:300]}")
+        return last == "drained"
 
     def evacuate(self, node: str) -> EvacuationResult:
         """Requeue each job on the node, then release it at once (a requeued job is otherwise held
         until requeue time + cred_expire, 120 s by default); see the slurm-requeue document."""
         out = self._send(self._docs.slurm_requeue, f"requeue jobs on {node}", node=node)
-        requeued, not_requeued = [], []
+        requeued, not_requeued, job_nodes = [], [], {}
         for line in out.splitlines():
             word, _, rest = line.partition(" ")
+            job, _, nodes = rest.strip().partition(" ")
             if word == "requeued":
-                requeued.append(rest.strip())
+                requeued.append(job)
+                job_nodes[job] = [n for n in nodes.split(",") if n]
             elif word == "not_requeued":
                 not_requeued.append(rest.strip())
-        return EvacuationResult(requeued=requeued, not_requeued=not_requeued)
+        return EvacuationResult(requeued=requeued, not_requeued=not_requeued, job_nodes=job_nodes)
 
     def busy(self, node: str) -> str | None:
         """Why no destructive step may touch ``node`` now (it runs a job, or it is no longer

@@ -26,17 +26,28 @@ def drain(
     record = ledger.start_stage(incident, "drain", clock())
     if record.completed_at:  # a retried invocation: the work is done
         return DrainOutput.model_validate(record.result)
-    status = orchestrator.node_status(incident.slurm_node)
-    ours = status.drained_by(owner_tag(prefix, incident))
-    if not status.drained:
-        orchestrator.drain(incident.slurm_node, drain_reason(prefix, incident))
-        ours = True
+    reason = drain_reason(prefix, incident)
+    # an operator's drain stays theirs; a drain an ended NodeMedic incident holds is taken over
+    # (checked and acted on in one scheduler command), that of another incident still open is not
+    hold = ledger.hold_of(incident.cluster, incident.slurm_node)
+    other_open = hold is not None and hold.incident_id != incident.incident_id \
+        and ledger.statuses([hold.incident_id]).get(hold.incident_id) == "open"
+    ours = orchestrator.drain(incident.slurm_node, reason, takeover="-" if other_open else f"{prefix}:")
+    if ours:
+        ledger.hold_drain(incident, reason, clock())
     evacuated = orchestrator.evacuate(incident.slurm_node)
+    # the job's other nodes: one of them failing too finds its job requeued already, and still
+    # takes a spare for it (stages.spares)
+    for job, nodes in evacuated.job_nodes.items():
+        for other in nodes:
+            if other != incident.slurm_node:
+                ledger.mark_interrupted(incident.cluster, other, job, incident.incident_id, clock())
     out = DrainOutput(
         slurm_node=incident.slurm_node,
         drained_by_pipeline=ours,
         requeued_jobs=evacuated.requeued,
         jobs_not_requeued=evacuated.not_requeued,
+        job_nodes=evacuated.job_nodes,
     )
     ledger.complete_stage(incident, "drain", clock(), out.model_dump(mode="json"))
     return out

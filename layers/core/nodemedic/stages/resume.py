@@ -74,7 +74,11 @@ def resume(
         if destination == "pool" and len(orchestrator.spares()) >= pool_size:
             destination = "service"
         # the read above only chooses; the drain is lifted inside the scheduler command that
-        # checks it is still ours (an operator may have drained it again meanwhile)
+        # checks it is still ours (an operator may have drained it again meanwhile). NodeMedic stops
+        # holding it first: the reconciler never drains again a node being returned (a failure
+        # from here on holds it again)
+        if resumed:
+            ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
         if resumed and destination == "pool":
             resumed = orchestrator.add_spare(incident.slurm_node, owner_tag(prefix, incident))
             ledger.release(SPARE, incident.slurm_node)
@@ -105,11 +109,16 @@ def _error_message(cause: str) -> str:
 
 def end_unrecovered(
     incident: IncidentRef, status: str, *, ledger: Ledger, clock: Callable[[], datetime],
-    error: dict[str, str | None] | None = None,
+    error: dict[str, str | None] | None = None, reason: str = "",
 ) -> EndOutput:
-    """The ladder could not bring the node back: keep it drained (and its lock: later events
-    fold into this incident), mark why, and say what the on-call must do."""
+    """The ladder could not bring the node back (or, with ``reason``, the lemon rule quarantined
+    it before any rung): keep it drained (and its lock: later events fold into this incident),
+    mark why, and say what the on-call must do."""
     current = ledger.get(incident.incident_id)
+    if reason:
+        if current.status == "open":
+            ledger.end(incident, "quarantined", clock(), reason, release_node=False)
+        return EndOutput(status="quarantined", message=reason)
     repair = current.stages.get("repair")
     rungs = list(repair.result.get("rungs", [])) if repair else []  # type: ignore[call-overload]
     tried = ", ".join(f"{r['rung']} ({r['instance_id']}: "

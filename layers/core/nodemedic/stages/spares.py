@@ -35,7 +35,12 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger
         return SpareOutput.model_validate(record.result)
     spare = record.result.get("spare")
     drained = ledger.get(incident.incident_id).stages.get("drain")
-    interrupted = drained.result.get("requeued_jobs", []) if drained else []
+    interrupted = list(drained.result.get("requeued_jobs", [])) if drained else []  # type: ignore[call-overload]
+    if pool_size and not interrupted and not spare:
+        # a job that also ran here, requeued by another incident's drain, and still waiting for
+        # nodes: this node's failure interrupted it too
+        others = ledger.interrupted_on(incident.cluster, incident.slurm_node, clock())
+        interrupted = [j for j, s in orchestrator.job_states(others).items() if s.state == "PENDING"] if others else []
     if pool_size == 0:
         out = SpareOutput(spare=None, destination="service", pool=[],
                           reason="no hot-spare pool configured (HotSpares=0): replace, then resume")
@@ -53,7 +58,8 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger
             orchestrator.take_spare(str(spare))
             left = sorted(s.name for s in pool if s.name != spare)
             out = SpareOutput(spare=str(spare), destination="pool", pool=left,
-                              reason=f"{spare} left the spare pool to take {incident.slurm_node}'s jobs; "
+                              reason=f"{spare} left the spare pool to take {incident.slurm_node}'s jobs "
+                                     f"({', '.join(str(j) for j in interrupted)}); "
                                      f"{incident.slurm_node} joins the pool once repaired and fully checked")
         else:
             unready = ", ".join(f"{s.name} ({s.state})" for s in pool) or "none"

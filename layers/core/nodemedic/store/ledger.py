@@ -10,6 +10,10 @@ Items (partition key ``pk``):
   concurrent incidents never take the same one.
 - ``CHECK#<command id>``: a deep health check waiting for its SSM command to end, with the
   Step Functions task token that its result completes.
+- ``DRAINHOLD#<cluster>#<node>``: NodeMedic keeps this node drained (an incident drained it and
+  has not returned it); the reconciler drains it again if the drain was lost (a controller
+  restarted without saving it). Dropped right before the node is returned to service, by the
+  incident or by an operator's ``nodemedic remediate <node> --action resume``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nodemedic.contracts.incident import Incident, IncidentRef, IncidentStatus, Stage, StageRecord
+from nodemedic.contracts.incident import (
+    Bookkeeping,
+    Claim,
+    DrainHold,
+    Incident,
+    IncidentRef,
+    IncidentStatus,
+    NodeLock,
+    Stage,
+    StageRecord,
+)
 from nodemedic.errors import IncidentStateError
 
 
@@ -36,7 +50,12 @@ def _repaired_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"REPAIRED#{cluster}#{slurm_node}"}}
 
 
+def _hold_key(cluster: str, slurm_node: str) -> dict[str, Any]:
+    return {"pk": {"S": f"DRAINHOLD#{cluster}#{slurm_node}"}}
+
+
 EVENT_MEMORY = timedelta(days=15)
+INTERRUPTION_MEMORY = timedelta(hours=1)
 
 
 def condition_failed(exc: ClientError) -> bool:
@@ -111,12 +130,16 @@ class Ledger:
     def lock(self, ref: IncidentRef, instance_id: str) -> bool:
         """Also lock ``instance_id`` (a replacement now backing the node) for this incident, so
         its events fold into it; False if another incident holds it."""
+        return self._conditional("put_item", Item={
+            **_lock_key(ref.cluster, instance_id), "incident_id": {"S": ref.incident_id},
+            "slurm_node": {"S": ref.slurm_node}},
+            ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
+            ExpressionAttributeValues={":id": {"S": ref.incident_id}})
+
+    def _conditional(self, operation: str, **kwargs: Any) -> bool:
+        """Run one conditional write on the table; False when its condition did not hold."""
         try:
-            self._db.put_item(TableName=self._table, Item={
-                **_lock_key(ref.cluster, instance_id), "incident_id": {"S": ref.incident_id},
-                "slurm_node": {"S": ref.slurm_node}},
-                ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
-                ExpressionAttributeValues={":id": {"S": ref.incident_id}})
+            getattr(self._db, operation)(TableName=self._table, **kwargs)
         except ClientError as exc:
             if condition_failed(exc):
                 return False
@@ -251,7 +274,8 @@ class Ledger:
                                                "incident_id": {"S": ref.incident_id}}}}])
 
     def end(self, ref: IncidentRef, status: IncidentStatus, now: datetime, outcome: str,
-            *, release_node: bool, extra: list[dict[str, Any]] | None = None) -> None:
+            *, release_node: bool, extra: list[dict[str, Any]] | None = None,
+            failure: dict[str, str] | None = None) -> None:
         """End an open incident with ``status`` and why. ``release_node=False`` keeps the node lock,
         so later events for the node are folded into this incident until an operator acts."""
         update: dict[str, Any] = {
@@ -265,6 +289,9 @@ class Ledger:
                 ":now": {"S": now.isoformat()}, ":why": {"S": outcome},
             },
         }
+        if failure is not None:
+            update["UpdateExpression"] += ", failed_at = :now, failure = :failure"
+            update["ExpressionAttributeValues"][":failure"] = {"M": {k: {"S": v} for k, v in failure.items()}}
         items: list[dict[str, Any]] = [{"Update": update}, *(extra or [])]
         if release_node:
             items.append({"Delete": {
@@ -280,6 +307,81 @@ class Ledger:
                 raise
             current = self.get(ref.incident_id).status
             raise IncidentStateError(f"incident {ref.incident_id} is {current}; cannot mark it {status}") from exc
+
+    def fail(self, ref: IncidentRef, now: datetime, failure: dict[str, str], outcome: str,
+             hold_reason: str | None) -> None:
+        """End an open incident ``failed`` with where and why, release its node lock (the next
+        fault, or a runbook, opens a new incident) and, with ``hold_reason``, keep its node held
+        drained; atomically."""
+        extra: list[dict[str, Any]] = []
+        if hold_reason is not None:
+            extra.append({"Put": {"TableName": self._table, "Item": self._hold_item(ref, hold_reason, now)}})
+        self.end(ref, "failed", now, outcome, release_node=True, extra=extra, failure=failure)
+
+    # -- drains NodeMedic holds ----------------------------------------------------------
+    def _hold_item(self, ref: IncidentRef, reason: str, now: datetime) -> dict[str, Any]:
+        return {**_hold_key(ref.cluster, ref.slurm_node), "incident_id": {"S": ref.incident_id},
+                "instance_id": {"S": ref.instance_id}, "reason": {"S": reason}, "since": {"S": now.isoformat()}}
+
+    def hold_drain(self, ref: IncidentRef, reason: str, now: datetime) -> None:
+        """NodeMedic keeps ``ref``'s node drained with ``reason`` (the latest incident's hold wins)."""
+        self._db.put_item(TableName=self._table, Item=self._hold_item(ref, reason, now))
+
+    def drop_hold(self, cluster: str, slurm_node: str, incident_id: str | None = None) -> None:
+        """Stop holding the node drained (only ``incident_id``'s hold, when given)."""
+        kwargs: dict[str, Any] = {}
+        if incident_id is not None:
+            kwargs = {"ConditionExpression": "incident_id = :id",
+                      "ExpressionAttributeValues": {":id": {"S": incident_id}}}
+        self._conditional("delete_item", Key=_hold_key(cluster, slurm_node), **kwargs)
+
+    def hold_of(self, cluster: str, slurm_node: str) -> DrainHold | None:
+        item = self._db.get_item(TableName=self._table, Key=_hold_key(cluster, slurm_node),
+                                 ConsistentRead=True).get("Item")
+        return _hold_from(cluster, slurm_node, item) if item else None
+
+    # -- what the reconciler checks -----------------------------------------------------
+    def bookkeeping(self, cluster: str) -> Bookkeeping:
+        """Every lock, claim and drain hold, and the open incidents of ``cluster``, in one scan."""
+        pages = self._db.get_paginator("scan").paginate(
+            TableName=self._table, ConsistentRead=True,
+            FilterExpression="begins_with(pk, :lock) OR begins_with(pk, :claim) OR begins_with(pk, :hold) "
+                             "OR (begins_with(pk, :inc) AND #s = :open)",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues={":lock": {"S": f"NODE#{cluster}#"}, ":claim": {"S": "CLAIM#"},
+                                       ":hold": {"S": f"DRAINHOLD#{cluster}#"}, ":inc": {"S": "INCIDENT#"},
+                                       ":open": {"S": "open"}},
+        )
+        found = Bookkeeping()
+        for page in pages:
+            for item in page.get("Items", []):
+                kind, _, rest = item["pk"]["S"].partition("#")
+                if kind == "NODE":
+                    found.locks.append(NodeLock(instance_id=rest.split("#", 1)[1],
+                                                incident_id=item["incident_id"]["S"],
+                                                slurm_node=item.get("slurm_node", {}).get("S", "")))
+                elif kind == "CLAIM":
+                    claim_kind, _, key = rest.partition("#")
+                    found.claims.append(Claim(kind=claim_kind, key=key, incident_id=item["incident_id"]["S"]))
+                elif kind == "DRAINHOLD":
+                    found.holds.append(_hold_from(cluster, rest.split("#", 1)[1], item))
+                elif kind == "INCIDENT":
+                    incident = _from_item(item)
+                    if incident.cluster == cluster:
+                        found.open_incidents.append(incident)
+        return found
+
+    def release_lock(self, lock: NodeLock, cluster: str) -> bool:
+        """Release a lock still held by ``lock.incident_id``; False if it changed meanwhile."""
+        return self._conditional("delete_item", Key=_lock_key(cluster, lock.instance_id),
+                                 ConditionExpression="incident_id = :id",
+                                 ExpressionAttributeValues={":id": {"S": lock.incident_id}})
+
+    def release_claim(self, claim: Claim) -> bool:
+        """Release a claim still held by ``claim.incident_id``; False if it changed meanwhile."""
+        return self._conditional("delete_item", Key={"pk": {"S": f"CLAIM#{claim.kind}#{claim.key}"}},
+                                 ConditionExpression="incident_id = :id",
+                                 ExpressionAttributeValues={":id": {"S": claim.incident_id}})
 
     def statuses(self, incident_ids: list[str]) -> dict[str, str]:
         """The status of each incident (batch read; missing ones are left out)."""
@@ -314,21 +416,29 @@ class Ledger:
                                  ConsistentRead=True).get("Item")
         return datetime.fromisoformat(item["at"]["S"]) if item else None
 
+    # -- jobs a drain interrupted on other nodes: one job's several failed nodes each take a spare
+    def mark_interrupted(self, cluster: str, slurm_node: str, job_id: str, incident_id: str, now: datetime) -> None:
+        """``job_id``, which also ran on ``slurm_node``, was requeued by ``incident_id``."""
+        self._db.update_item(
+            TableName=self._table, Key={"pk": {"S": f"INTERRUPTED#{cluster}#{slurm_node}"}},
+            UpdateExpression="ADD jobs :job SET incident_id = :id, expires_at = :exp",
+            ExpressionAttributeValues={":job": {"SS": [job_id]}, ":id": {"S": incident_id},
+                                       ":exp": {"N": str(int((now + INTERRUPTION_MEMORY).timestamp()))}})
+
+    def interrupted_on(self, cluster: str, slurm_node: str, now: datetime) -> list[str]:
+        """Jobs that ran on ``slurm_node`` and another incident's drain requeued, within the hour."""
+        item = self._db.get_item(TableName=self._table, Key={"pk": {"S": f"INTERRUPTED#{cluster}#{slurm_node}"}},
+                                 ConsistentRead=True).get("Item")
+        if not item or int(item["expires_at"]["N"]) < now.timestamp():  # TTL deletes late: check it here
+            return []
+        return sorted(item["jobs"]["SS"])
+
     def claim(self, kind: str, key: str, incident_id: str) -> bool:
         """Take ``key`` (a replacement instance, a hot spare) for an incident; False if another
         incident has it. The claim holds until :meth:`release`."""
-        try:
-            self._db.put_item(
-                TableName=self._table,
-                Item={"pk": {"S": f"CLAIM#{kind}#{key}"}, "incident_id": {"S": incident_id}},
-                ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
-                ExpressionAttributeValues={":id": {"S": incident_id}},
-            )
-        except ClientError as exc:
-            if condition_failed(exc):
-                return False
-            raise
-        return True
+        return self._conditional("put_item", Item={"pk": {"S": f"CLAIM#{kind}#{key}"}, "incident_id": {"S": incident_id}},
+                                 ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
+                                 ExpressionAttributeValues={":id": {"S": incident_id}})
 
     def release(self, kind: str, key: str) -> None:
         self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"CLAIM#{kind}#{key}"}})
@@ -352,6 +462,12 @@ class Ledger:
 
     def forget_check(self, command_id: str) -> None:
         self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"CHECK#{command_id}"}})
+
+def _hold_from(cluster: str, slurm_node: str, item: dict[str, Any]) -> DrainHold:
+    return DrainHold(cluster=cluster, slurm_node=slurm_node, instance_id=item["instance_id"]["S"],
+                     incident_id=item["incident_id"]["S"], reason=item["reason"]["S"],
+                     since=datetime.fromisoformat(item["since"]["S"]))
+
 
 def _from_item(item: dict[str, Any]) -> Incident:
     incident = Incident.model_validate_json(item["doc"]["S"])

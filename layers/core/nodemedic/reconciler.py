@@ -1,0 +1,125 @@
+"""The reconciler: finds what every exit path should have left right and was not, and fixes it.
+
+Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then:
+
+- an incident still ``open`` whose execution is no longer running (it was stopped, timed out, or
+  its failure could not even be recorded) ends ``failed`` exactly as a failed stage does
+  (:func:`nodemedic.stages.failure.fail`): lock released, node held drained if NodeMedic acted;
+- a node lock whose incident ended with a status that does not keep it (closed, failed, denied,
+  dry run) or is gone is released, so the node's next fault is not folded into a dead incident;
+- a claim (hot spare, replacement) whose incident ended or is gone is released;
+- a node NodeMedic holds drained that is not drained (a controller restarted without saving the
+  drain; the scheduler was unreachable when the incident failed) is drained again, never over
+  someone else's drain, and never while its incident is returning it to service.
+
+Each repair is counted by kind (metric ``ReconcilerRepairs``, dimensions Cluster and Kind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, Field
+
+from nodemedic.contracts.incident import Bookkeeping
+from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.stages.failure import fail
+from nodemedic.store.ledger import Ledger
+
+KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated"})  # see the runbooks: on purpose
+GRACE = timedelta(minutes=2)  # an execution is started right before its incident is opened
+
+
+class ReconcileReport(BaseModel):
+    """What one run found and repaired, by kind; ``pages``: what the on-call must be told."""
+
+    incidents_failed: list[str] = Field(default_factory=list)
+    locks_released: list[str] = Field(default_factory=list)
+    claims_released: list[str] = Field(default_factory=list)
+    drains_reasserted: list[str] = Field(default_factory=list)
+    holds_dropped: list[str] = Field(default_factory=list)
+    pages: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {"incident": len(self.incidents_failed), "lock": len(self.locks_released),
+                "claim": len(self.claims_released), "drain": len(self.drains_reasserted)}
+
+
+def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
+              execution_status: Callable[[str], str | None], prefix: str, now: datetime) -> ReconcileReport:
+    """``execution_status(incident_id)``: its execution's status (RUNNING, SUCCEEDED, ...), None
+    when there is no such execution."""
+    report = ReconcileReport()
+    books = ledger.bookkeeping(cluster)
+    _strays(books, ledger, orchestrator, execution_status, prefix, now, report)
+    _locks_and_claims(books, cluster, ledger, report)
+    _holds(books, ledger, orchestrator, report)
+    return report
+
+
+def _strays(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator,
+            execution_status: Callable[[str], str | None], prefix: str, now: datetime,
+            report: ReconcileReport) -> None:
+    for incident in books.open_incidents:
+        if now - incident.detected_at < GRACE:
+            continue
+        try:
+            status = execution_status(incident.incident_id)
+            if status == "RUNNING":
+                continue
+            ended = fail(incident, {"Error": "IncidentStranded",
+                                    "Cause": f"its execution is {status or 'gone'} but the incident was still open"},
+                         orchestrator=orchestrator, ledger=ledger, prefix=prefix, clock=lambda: now)
+        except Exception as exc:  # noqa: BLE001 - one item's error never stops the others
+            report.errors.append(f"incident {incident.incident_id}: {exc}")
+            continue
+        if ended.status == "failed":
+            report.incidents_failed.append(incident.incident_id)
+            report.pages.append(ended.message)
+
+
+def _locks_and_claims(books: Bookkeeping, cluster: str, ledger: Ledger, report: ReconcileReport) -> None:
+    ids = sorted({lock.incident_id for lock in books.locks} | {claim.incident_id for claim in books.claims})
+    statuses = ledger.statuses(ids) if ids else {}
+    for lock in books.locks:
+        if statuses.get(lock.incident_id) not in KEEPS_LOCK and ledger.release_lock(lock, cluster):
+            report.locks_released.append(f"{lock.slurm_node or lock.instance_id} ({lock.instance_id}, incident "
+                                         f"{lock.incident_id} {statuses.get(lock.incident_id, 'gone')})")
+    for claim in books.claims:
+        if statuses.get(claim.incident_id) != "open" and ledger.release_claim(claim):
+            report.claims_released.append(f"{claim.kind} {claim.key} (incident {claim.incident_id} "
+                                          f"{statuses.get(claim.incident_id, 'gone')})")
+
+
+def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, report: ReconcileReport) -> None:
+    if not books.holds:
+        return
+    try:
+        nodes = {n.name: n for n in orchestrator.nodes()}
+    except Exception as exc:  # noqa: BLE001 - the scheduler is down: the next run tries again
+        report.errors.append(f"cannot read the scheduler's nodes: {exc}")
+        return
+    returning = {i.incident_id for i in books.open_incidents if "resume" in i.stages}
+    for hold in books.holds:
+        node = nodes.get(hold.slurm_node)
+        if hold.incident_id in returning or (node is not None and node.drained):
+            continue
+        if node is None:  # the node left the cluster
+            ledger.drop_hold(hold.cluster, hold.slurm_node, hold.incident_id)
+            report.holds_dropped.append(hold.slurm_node)
+            continue
+        current = ledger.hold_of(hold.cluster, hold.slurm_node)  # dropped meanwhile: being returned
+        if current is None or current.incident_id != hold.incident_id:
+            continue
+        try:
+            if orchestrator.drain(hold.slurm_node, hold.reason):
+                report.drains_reasserted.append(hold.slurm_node)
+                report.pages.append(
+                    f"NodeMedic drained {hold.slurm_node} again: incident {hold.incident_id} holds it drained "
+                    f"({hold.reason}) but it was in service ({node.state}); the drain was lost (a controller "
+                    f"restart) or lifted outside NodeMedic. To return it, use `nodemedic remediate "
+                    f"{hold.slurm_node} --action resume`.")
+        except Exception as exc:  # noqa: BLE001
+            report.errors.append(f"drain {hold.slurm_node}: {exc}")

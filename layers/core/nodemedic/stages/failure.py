@@ -1,0 +1,88 @@
+"""Failed: where every stage's error ends, the same way whatever failed.
+
+The incident is marked ``failed`` with the stage and the error; its node lock is released, so the
+next fault or a runbook opens a new incident; a spare it had claimed but not taken is released;
+and a node the gate had allowed NodeMedic to act on is left drained and *held* drained (the
+reconciler drains it again if the drain is lost, or if the scheduler could not be reached now).
+A node returned to service before the failure is not drained again; a node the gate never let
+NodeMedic act on (gate, verify, dry run) is not touched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+
+from nodemedic.contracts.incident import STAGES, Incident, IncidentRef
+from nodemedic.contracts.stages import EndOutput
+from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.stages.drain import drain_reason
+from nodemedic.stages.spares import SPARE
+from nodemedic.store.ledger import Ledger
+
+
+def failed_stage(incident: Incident) -> str:
+    """The stage that failed: the last one started and not completed; else the step after the
+    last completed one (the error came before the next stage recorded its start)."""
+    started = sorted(incident.stages.items(), key=lambda kv: kv[1].started_at)
+    unfinished = [name for name, record in started if record.completed_at is None]
+    if unfinished:
+        return unfinished[-1]
+    done = [name for name in STAGES if name in incident.stages]
+    return f"after {done[-1]}" if done else "gate"
+
+
+def error_message(error: dict[str, str | None] | None) -> tuple[str, str]:
+    """(error name, message) from a Catch's ``{"Error", "Cause"}``; a Lambda's Cause is a JSON
+    document whose ``errorMessage`` is the message."""
+    name = (error or {}).get("Error") or "unknown"
+    cause = (error or {}).get("Cause") or ""
+    try:
+        cause = str(json.loads(cause).get("errorMessage", cause))
+    except (ValueError, AttributeError):
+        pass
+    return name, cause[:1000]
+
+
+def holds_node(incident: Incident) -> bool:
+    """NodeMedic keeps the node drained: the gate let it act (Drain started) and it has not
+    returned the node to service."""
+    resume = incident.stages.get("resume")
+    returned = bool(resume and resume.result.get("resumed"))
+    return "drain" in incident.stages and not returned
+
+
+def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestrator: Orchestrator,
+         ledger: Ledger, prefix: str, clock: Callable[[], datetime]) -> EndOutput:
+    current = ledger.get(incident.incident_id)
+    if current.status != "open":  # a retried invocation, or another path ended it first
+        return EndOutput(status=current.status,
+                         message=current.outcome or f"incident {incident.incident_id} is {current.status} already")
+    stage = failed_stage(current)
+    name, cause = error_message(error)
+    spare = current.stages.get("spare")
+    if spare and not spare.completed_at and spare.result.get("spare"):
+        ledger.release(SPARE, str(spare.result["spare"]))  # claimed, maybe not taken: never lost to the pool
+    node = incident.slurm_node
+    if holds_node(current):
+        reason = drain_reason(prefix, incident)
+        hold: str | None = reason
+        try:
+            if orchestrator.drain(node, reason, takeover=f"{prefix}:"):
+                drained = f"{node} stays drained; NodeMedic holds the drain (it is drained again if lost)"
+            else:
+                hold, drained = None, f"{node} stays drained by someone else's drain, which is left alone"
+        except Exception as exc:  # noqa: BLE001 - the scheduler may be what failed: hold it all the same
+            drained = (f"{node} could not be drained now ({exc}); NodeMedic holds it: the reconciler drains "
+                       f"it as soon as the scheduler answers")
+    else:
+        hold = None
+        drained = (f"{node} was returned to service before the failure and is left so" if "drain" in current.stages
+                   else f"{node} was not touched (the failure came before the gate let NodeMedic act)")
+    message = (f"NodeMedic incident {incident.incident_id} on {node} ({incident.instance_id}) failed in stage "
+               f"{stage}: {name}: {cause}. {drained}. The node's lock is released: its next fault, or a runbook "
+               f"(nodemedic remediate {node} --action replace|reboot), opens a new incident; "
+               f"`nodemedic remediate {node} --action resume` returns it to service.")
+    ledger.fail(incident, clock(), {"stage": stage, "error": name, "cause": cause}, message, hold)
+    return EndOutput(status="failed", message=message)

@@ -1,0 +1,121 @@
+"""Chaos (issue 15): a fault injected right before each stage of a real incident, on the local
+stack with real Slurm; then the reconciler runs once. Whatever the fault and the stage:
+
+- the incident ends in a terminal state, and nothing is left for the reconciler to find again;
+- no lock or claim outlives its incident (except the locks quarantined/escalated keep on purpose);
+- a node NodeMedic acted on and did not return is drained;
+- the job that ran on the node is never killed: it runs, or waits to run again;
+- an operator's drain is never lifted;
+- a job an operator let land on the node mid-repair is never killed by a destructive step.
+
+``make test`` runs the scenarios marked ``chaos_smoke``; ``make chaos`` runs them all.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from nodemedic.reconciler import KEEPS_LOCK
+from nodemedic_sandbox.local import LocalMode
+
+from tests.chaos.conftest import OUTCOMES
+from tests.e2e.support import running_job, stack
+
+OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+# the stage, as the function that runs it and the Resume function's step
+STAGES: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
+    "drain": ("DrainFunction", lambda e: True),
+    "spare": ("SparesFunction", lambda e: True),
+    "repair": ("RepairFunction", lambda e: True),
+    "resume": ("ResumeFunction", lambda e: e.get("step", "return") == "return"),
+}
+FAULTS = ("controller-down", "dynamodb-throttled", "operator-drain", "operator-resume")
+SMOKE = {("controller-down", "drain"), ("dynamodb-throttled", "repair"), ("operator-resume", "repair"),
+         ("operator-drain", "resume")}
+
+
+def _scontrol(local: LocalMode, *args: str) -> None:
+    subprocess.run(["scontrol", *args], env={**os.environ, **local.scheduler.env}, check=False, timeout=30,
+                   capture_output=True)  # e.g. resuming a node not drained yet: Slurm refuses, nothing happens
+
+
+def _inject(local: LocalMode, fault: str, stage: str, sick: str, started: list[str]) -> Any:
+    function, when = STAGES[stage]
+    if fault == "dynamodb-throttled":
+        return local.aws.throttle("dynamodb", caller=function.removesuffix("Function"), times=10_000)
+
+    def act(event: dict[str, Any]) -> None:
+        if fault == "controller-down":  # stopped, its state saved: what it knew comes back with it
+            local.scheduler.stop_controller(graceful=True)
+        elif fault == "operator-drain":
+            _scontrol(local, "update", f"nodename={sick}", "state=drain", "reason=operator:chaos RMA")
+        elif fault == "operator-resume":  # lifts NodeMedic's drain by hand, and a job lands there
+            _scontrol(local, "update", f"nodename={sick}", "state=resume")
+            started.append(local.scheduler.submit(1, name="operator", on=sick))
+    return local.aws.before_invoke(function, act, when=when)
+
+
+def _state(local: LocalMode, node: str) -> dict[str, str]:
+    return local.scheduler.node(node)
+
+
+@pytest.mark.parametrize("fault,stage", [
+    pytest.param(f, s, marks=() if (f, s) in SMOKE else (pytest.mark.chaos_full,), id=f"{f}@{s}")
+    for f in FAULTS for s in STAGES])
+def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str) -> None:
+    with stack(nodes=4, spares=1, boot_seconds=1, **OPEN) as local:
+        job, nodes = running_job(local)
+        sick = nodes[0]
+        started: list[str] = []  # jobs an operator let land on the node
+        injected = _inject(local, fault, stage, sick, started)
+        local.put_event(local.health_event(sick, "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=240)
+        if fault == "controller-down":
+            local.scheduler.start_controller()
+        report = local.reconcile()
+        again = local.reconcile()
+        incident = local.incident(execution["name"])
+        books = local.ledger.bookkeeping(local.cluster.name)
+        statuses = local.ledger.statuses(sorted({x.incident_id for x in [*books.locks, *books.claims]}))
+        state = _state(local, sick)
+        job_state = local.scheduler.job(job)["JobState"]
+        broken: list[str] = []
+
+        def check(ok: bool, what: str) -> None:
+            if not ok:
+                broken.append(what)
+        check(incident.status != "open", "the incident ended")
+        check(not books.open_incidents, "no incident left open")
+        check(all(statuses.get(x.incident_id) in KEEPS_LOCK for x in books.locks), "no lock outlives its incident")
+        check(all(statuses.get(x.incident_id) == "open" for x in books.claims), "no claim outlives its incident")
+        check(all(v == 0 for v in {k: len(v) for k, v in again.items()
+                                   if k in ("incidents_failed", "locks_released", "claims_released",
+                                            "drains_reasserted")}.values()),
+              "a second reconciler run finds nothing")
+        check(job_state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING"), f"the job lives ({job_state})")
+        if incident.status != "closed" and "drain" in incident.stages:
+            check("DRAIN" in state["State"], f"the node stays drained ({state['State']})")
+        if fault == "operator-drain" and injected:
+            check("DRAIN" in state["State"] and state.get("Reason", "").startswith("operator:chaos"),
+                  "the operator's drain was never lifted")
+        for landed in started:  # the operator's job on the node mid-incident was never killed
+            check(local.scheduler.job(landed)["JobState"] in ("RUNNING", "PENDING", "COMPLETED"),
+                  f"job {landed} placed by the operator lives")
+        if fault == "dynamodb-throttled":
+            check(len(injected.hits) > 0, "the throttle was hit")
+        elif not injected:
+            broken.append(f"the fault was never injected ({stage} did not run)")
+        OUTCOMES.append({
+            "scenario": f"{fault} @ {stage}",
+            "incident": incident.status + (f" ({incident.failure['stage']}: {incident.failure['error']})"
+                                           if incident.failure else ""),
+            "node": state["State"] + (f" ({state.get('Reason', '').split(' [')[0]})" if "DRAIN" in state["State"]
+                                      else ""),
+            "job": job_state,
+            "invariants": "all hold" if not broken else "BROKEN: " + "; ".join(broken),
+        })
+        assert not broken, (broken, report)

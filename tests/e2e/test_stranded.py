@@ -1,0 +1,82 @@
+"""Nothing is left half-done (issue 15): with real Slurm and the deployed state machine, a stage
+that fails ends its incident failed, releases its lock, leaves the node held drained, and the
+reconciler repairs what could not be done at the time."""
+
+import boto3
+import pytest
+from nodemedic.operations import OperatorError
+from nodemedic_cli import operator as operator_commands
+from nodemedic_cli.target import Target
+
+from tests.e2e.support import OPERATOR, job_running, running_job, stack, wait_for
+
+OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+
+
+def test_controller_down_at_drain_then_restarted_without_its_state() -> None:
+    with stack(**OPEN) as local:
+        job, nodes = running_job(local)
+        sick = nodes[0]
+        instance = local.cluster.instance_of(sick)
+        local.scheduler.stop_controller()
+        local.put_event(local.health_event(sick, "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=180)
+
+        assert execution["status"] == "FAILED"
+        incident = local.incident(execution["name"])
+        assert (incident.status, incident.failure["stage"]) == ("failed", "drain")
+        [page] = [e for e in local.escalations() if incident.incident_id in e["Message"]]
+        assert "could not be drained now" in page["Message"] and "lock is released" in page["Message"]
+        assert local.ledger.active_incident_id(local.cluster.name, instance) is None
+        assert local.ledger.hold_of(local.cluster.name, sick).incident_id == incident.incident_id
+
+        # the controller answers again: the reconciler drains the node (a drain only: the job runs on)
+        local.scheduler.start_controller()
+        report = local.reconcile()
+        assert report["drains_reasserted"] == [sick], report
+        state = local.scheduler.node(sick)
+        assert "DRAIN" in state["State"] and state["Reason"].startswith(f"nodemedic:{incident.incident_id} ")
+        assert job_running(local, job)["JobState"] == "RUNNING"
+        assert local.reconcile()["drains_reasserted"] == []  # nothing more to do
+
+        # slurmctld restarts without its saved state: the drain is lost, and re-asserted
+        local.scheduler.stop_controller()
+        local.scheduler.start_controller(clear_state=True)
+        assert "DRAIN" not in local.scheduler.node(sick)["State"]
+        assert local.reconcile()["drains_reasserted"] == [sick]
+        assert "DRAIN" in local.scheduler.node(sick)["State"]
+
+        # the lock was released: the next fault opens a new incident, which takes over the drain,
+        # repairs the node and returns it; NodeMedic then holds nothing
+        local.put_event(local.health_event(sick, "XID 79"))
+        executions = local.wait_for_executions(2, timeout=180)
+        [second] = [e for e in executions if e["name"] != execution["name"]]
+        assert second["status"] == "SUCCEEDED", second.get("cause")
+        assert local.incident(second["name"]).status == "closed"
+        assert "DRAIN" not in local.scheduler.node(sick)["State"]
+        assert local.ledger.hold_of(local.cluster.name, sick) is None
+        assert local.reconcile()["drains_reasserted"] == []
+
+
+def test_an_operator_keeps_a_node_nodemedic_drained_out_for_an_rma() -> None:
+    with stack(boot_seconds=8, **OPEN) as local:
+        job, nodes = running_job(local)
+        sick = nodes[0]
+        local.put_event(local.health_event(sick, "XID 79"))
+        wait_for(lambda: "DRAIN" in local.scheduler.node(sick)["State"], "the drain", timeout=60)
+        target = Target(local.stack.name, session=boto3.Session())
+        # while the node is replaced (an 8 s boot), the on-call takes it for an RMA
+        done = operator_commands.remediate(target, sick, "drain", "RMA bad HBM", OPERATOR)
+        assert done["was"].startswith("nodemedic:")
+        [execution] = local.wait_for_executions(1, timeout=120)
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        incident = local.incident(execution["name"])
+        assert incident.status == "closed" and "drained by an operator: left drained" in incident.outcome
+        state = local.scheduler.node(sick)
+        assert "DRAIN" in state["State"] and state["Reason"].startswith(f"operator:{OPERATOR} RMA bad HBM")
+        assert local.ledger.hold_of(local.cluster.name, sick) is None
+        assert local.reconcile()["drains_reasserted"] == []
+        job_running(local, job)  # requeued, and running elsewhere
+        # another operator's drain is not taken over by a second one
+        with pytest.raises(OperatorError, match="already drained by someone else"):
+            operator_commands.remediate(target, sick, "drain", "mine now", "someone@example.com")

@@ -1,0 +1,61 @@
+"""AWS throttling at every stage (issue 15): each call is retried by the SDK, a call still throttled
+makes the state machine retry the stage within a budget, and past the budget the incident fails
+the one uniform way, never half-done. Real Slurm, the deployed template, injected throttling."""
+
+from nodemedic.aws_retries import MAX_ATTEMPTS
+
+from tests.e2e.support import job_running, running_job, stack
+
+OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+PAST_THE_SDK = MAX_ATTEMPTS + 2  # one stage retry by the state machine, then the SDK absorbs the rest
+
+
+def test_throttling_at_every_stage_past_the_sdks_retries_still_ends_in_a_repaired_node() -> None:
+    with stack(**OPEN) as local:
+        job, nodes = running_job(local)
+        sick = nodes[0]
+        old = local.cluster.instance_of(sick)
+        throttles = [local.aws.throttle("autoscaling", caller="Detect", times=PAST_THE_SDK),
+                     local.aws.throttle("dynamodb", caller="Gate", times=PAST_THE_SDK),
+                     local.aws.throttle("dynamodb", caller="Drain", times=PAST_THE_SDK),
+                     local.aws.throttle("ssm", "SendCommand", caller="Drain", times=3),
+                     local.aws.throttle("ec2", "CreateTags", caller="Repair", times=PAST_THE_SDK),
+                     local.aws.throttle("dynamodb", caller="Resume", times=PAST_THE_SDK)]
+        local.put_event(local.health_event(sick, "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=240)
+
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        assert [len(t.hits) for t in throttles] == [t.times for t in throttles]
+        incident = local.incident(execution["name"])
+        assert incident.status == "closed"
+        # the replacement was tagged although CreateTags was throttled: no orphan, no empty slot
+        [rung] = incident.stages["repair"].result["rungs"]
+        new = rung["instance_id"]
+        assert new != old and local.cluster.instance_of(sick) == new
+        job_running(local, job)
+
+
+def test_throttled_past_the_budget_the_incident_fails_cleanly_and_the_node_stays_drained() -> None:
+    with stack(**OPEN) as local:
+        job, nodes = running_job(local)
+        sick = nodes[0]
+        instance = local.cluster.instance_of(sick)
+        forever = local.aws.throttle("autoscaling", caller="Repair", times=10_000)
+        local.put_event(local.health_event(sick, "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=240)
+
+        assert execution["status"] == "FAILED"
+        assert len(forever.hits) >= 2 * MAX_ATTEMPTS  # the SDK's retries, then the stage's
+        incident = local.incident(execution["name"])
+        assert (incident.status, incident.failure["stage"], incident.failure["error"]) == (
+            "failed", "repair", "AwsThrottledError")
+        assert local.ledger.active_incident_id(local.cluster.name, instance) is None
+        assert local.ledger.hold_of(local.cluster.name, sick).incident_id == incident.incident_id
+        state = local.scheduler.node(sick)
+        assert "DRAIN" in state["State"] and state["Reason"].startswith(f"nodemedic:{incident.incident_id} ")
+        assert local.cluster.instance_of(sick) == instance  # nothing was terminated
+        [page] = [e for e in local.escalations() if incident.incident_id in e["Message"]]
+        assert "failed in stage repair" in page["Message"] and "stays drained" in page["Message"]
+        job_running(local, job)  # requeued by the drain, running elsewhere
+        report = local.reconcile()
+        assert report["incidents_failed"] == [] and report["drains_reasserted"] == []

@@ -1,0 +1,52 @@
+"""The fast tier: stages against the in-memory Slurm and the ledger in the embedded DynamoDB."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from nodemedic.contracts.incident import Incident
+from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+
+from tests.stages.memory_slurm import MemorySlurm
+
+PREFIX = "nodemedic"
+_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def aws() -> Iterator[EmbeddedAWS]:
+    with EmbeddedAWS() as embedded:
+        yield embedded
+
+
+@pytest.fixture
+def ledger(aws: EmbeddedAWS) -> Ledger:
+    db = aws.client("dynamodb")
+    name = f"incidents-{next(_ids)}"
+    db.create_table(TableName=name, BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    return Ledger(db, name)
+
+
+@pytest.fixture
+def slurm() -> MemorySlurm:
+    return MemorySlurm([f"gpu-{i}" for i in range(1, 5)] + ["spare-1"], spares=["spare-1"])
+
+
+def opened(ledger: Ledger, node: str = "gpu-1", *, instance: str = "", minutes_ago: float = 0) -> Incident:
+    """An incident opened for ``node`` (instance ``i-<node>`` unless given), with its lock."""
+    at = datetime.now(UTC) - timedelta(minutes=minutes_ago)
+    incident = Incident(incident_id=f"inc-{next(_ids)}", cluster="c1", instance_id=instance or f"i-{node}",
+                        slurm_node=node, fault_code="XID 79", fault_class="gpu_lost", action="replace",
+                        source="test", observed_at=at, status="open", detected_at=at, reason="test")
+    assert ledger.open_incident(incident) is None
+    return incident
+
+
+def clock() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,212 @@
+"""Every exit path leaves the ledger and the node right; the reconciler repairs what one did not.
+
+Fast tier: the real stage code, the ledger in DynamoDB (embedded), Slurm in memory.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from nodemedic.errors import DrainFailedError
+from nodemedic.reconciler import reconcile
+from nodemedic.stages.drain import drain, drain_reason
+from nodemedic.stages.failure import fail
+from nodemedic.stages.resume import end_unrecovered, resume
+from nodemedic.stages.spares import SPARE, swap_in
+from nodemedic.store.ledger import Ledger
+
+from tests.stages.conftest import PREFIX, clock, opened
+from tests.stages.memory_slurm import MemorySlurm
+
+ERROR = {"Error": "DrainFailedError", "Cause": '{"errorMessage": "the controller did not answer"}'}
+
+
+def _fail(incident, slurm: MemorySlurm, ledger: Ledger, error=ERROR):
+    return fail(incident, error, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+
+
+def _reconcile(slurm: MemorySlurm, ledger: Ledger, executions: dict[str, str] | None = None,
+               now: datetime | None = None):
+    return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm,
+                     execution_status=lambda i: (executions or {}).get(i, "RUNNING"), prefix=PREFIX,
+                     now=now or datetime.now(UTC))
+
+
+def test_controller_down_at_drain_fails_the_incident_releases_the_lock_and_the_reconciler_drains_it_later(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)
+    slurm.n["gpu-1"].jobs = ["42"]
+    slurm.down = True
+    with pytest.raises(DrainFailedError):
+        drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    ended = _fail(incident, slurm, ledger)
+    stored = ledger.get(incident.incident_id)
+    assert (stored.status, stored.failure["stage"], stored.failure["error"]) == ("failed", "drain", "DrainFailedError")
+    assert "could not be drained now" in ended.message and "the controller did not answer" in ended.message
+    assert ledger.active_incident_id("c1", "i-gpu-1") is None  # the next fault, or a runbook, opens an incident
+    assert ledger.hold_of("c1", "gpu-1").incident_id == incident.incident_id
+    assert not slurm.n["gpu-1"].drained  # the sick node is in service until the scheduler answers
+
+    assert _reconcile(slurm, ledger).errors  # still down: said, nothing else
+    slurm.down = False
+    report = _reconcile(slurm, ledger)
+    assert report.drains_reasserted == ["gpu-1"] and "drained gpu-1 again" in report.pages[0]
+    assert slurm.n["gpu-1"].reason == drain_reason(PREFIX, incident)
+    assert slurm.n["gpu-1"].jobs == ["42"]  # a drain only: the job is not touched
+    assert opened(ledger, "gpu-1")  # a new incident for the node opens
+
+
+def test_a_new_incident_takes_over_a_failed_incidents_drain_and_returns_the_node(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    first = opened(ledger)
+    drain(first, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    _fail(first, slurm, ledger)
+    assert slurm.n["gpu-1"].reason == drain_reason(PREFIX, first)
+    second = opened(ledger)
+    out = drain(second, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert out.drained_by_pipeline and slurm.n["gpu-1"].reason == drain_reason(PREFIX, second)
+    ledger.start_stage(second, "jobs", clock())
+    ledger.complete_stage(second, "jobs", clock(), {"running": {}, "pending": [], "job_downtime_s": None})
+    back = resume(second, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0,
+                  clock=clock)
+    assert back.resumed and not slurm.n["gpu-1"].drained
+    assert ledger.hold_of("c1", "gpu-1") is None
+    assert not _reconcile(slurm, ledger).drains_reasserted  # returned on purpose: never drained again
+
+
+def test_an_operators_drain_is_neither_taken_over_nor_held(slurm: MemorySlurm, ledger: Ledger) -> None:
+    slurm.n["gpu-1"].drained, slurm.n["gpu-1"].reason = True, "operator:bob RMA"
+    incident = opened(ledger)
+    out = drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert not out.drained_by_pipeline and slurm.n["gpu-1"].reason == "operator:bob RMA"
+    ended = _fail(incident, slurm, ledger)
+    assert "someone else's drain" in ended.message and ledger.hold_of("c1", "gpu-1") is None
+
+
+def test_another_open_incidents_drain_is_not_taken_over(slurm: MemorySlurm, ledger: Ledger) -> None:
+    first = opened(ledger)
+    drain(first, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    second = opened(ledger, "gpu-1", instance="i-replacement")  # an event from the node's replacement
+    out = drain(second, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert not out.drained_by_pipeline and slurm.n["gpu-1"].reason == drain_reason(PREFIX, first)
+
+
+def test_a_failure_before_the_gate_let_nodemedic_act_touches_nothing(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)
+    ledger.start_stage(incident, "gate", clock())
+    ended = _fail(incident, slurm, ledger, {"Error": "ThrottledError", "Cause": "DynamoDB throttled"})
+    assert "was not touched" in ended.message and "stage gate" in ended.message
+    assert not slurm.n["gpu-1"].drained and ledger.hold_of("c1", "gpu-1") is None
+    assert slurm.calls == []
+    assert ledger.active_incident_id("c1", "i-gpu-1") is None
+
+
+def test_a_failure_after_the_node_was_returned_leaves_it_in_service(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    slurm.n["gpu-1"].jobs = []
+    # Resume returns the node, then awaiting the requeued jobs fails
+    ledger.start_stage(incident, "resume", clock())
+    ledger.drop_hold("c1", "gpu-1", incident.incident_id)
+    slurm.resume("gpu-1", f"{PREFIX}:{incident.incident_id}")
+    ledger.record_progress(incident, "resume", {"resumed": True, "destination": "service"})
+    ended = _fail(incident, slurm, ledger, {"Error": "States.Timeout", "Cause": ""})
+    assert "returned to service before the failure" in ended.message
+    assert not slurm.n["gpu-1"].drained and ledger.hold_of("c1", "gpu-1") is None
+
+
+def test_a_spare_claimed_but_not_taken_goes_back_to_the_pool(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)
+    slurm.n["gpu-1"].jobs = ["7"]
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    slurm.take_spare = lambda node: (_ for _ in ()).throw(DrainFailedError("spare-take failed"))  # type: ignore[method-assign]
+    with pytest.raises(DrainFailedError):
+        swap_in(incident, orchestrator=slurm, ledger=ledger, pool_size=1, clock=clock)
+    _fail(incident, slurm, ledger)
+    other = opened(ledger, "gpu-2")
+    assert ledger.claim(SPARE, "spare-1", other.incident_id), "the pool is not empty from then on"
+
+
+def test_the_reconciler_ends_stranded_incidents_and_releases_leaked_locks_and_claims(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    stranded = opened(ledger, "gpu-1", minutes_ago=10)
+    drain(stranded, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    fresh = opened(ledger, "gpu-2")  # its execution is starting: left alone
+    running = opened(ledger, "gpu-3", minutes_ago=10)
+    closed = opened(ledger, "gpu-4", minutes_ago=10)
+    ledger.claim(SPARE, "spare-1", closed.incident_id)
+    ledger.end(closed, "closed", clock(), "", release_node=False)  # a lock left behind
+    quarantined = opened(ledger, "gpu-9", minutes_ago=10)
+    ledger.end(quarantined, "quarantined", clock(), "lemon", release_node=False)
+
+    report = _reconcile(slurm, ledger, {stranded.incident_id: "ABORTED", fresh.incident_id: "ABORTED",
+                                        running.incident_id: "RUNNING"})
+    assert report.incidents_failed == [stranded.incident_id]
+    failed = ledger.get(stranded.incident_id)
+    assert failed.status == "failed" and failed.failure["error"] == "IncidentStranded"
+    assert "ABORTED" in failed.failure["cause"]
+    assert slurm.n["gpu-1"].drained and ledger.hold_of("c1", "gpu-1") is not None
+    assert [lock.split()[0] for lock in report.locks_released] == ["gpu-4"]
+    assert report.claims_released == [f"spare spare-1 (incident {closed.incident_id} closed)"]
+    assert ledger.get(fresh.incident_id).status == "open" and ledger.get(running.incident_id).status == "open"
+    assert ledger.active_incident_id("c1", "i-gpu-9") == quarantined.incident_id  # kept on purpose
+    assert report.counts() == {"incident": 1, "lock": 1, "claim": 1, "drain": 0}
+    again = _reconcile(slurm, ledger, {fresh.incident_id: "RUNNING"})
+    assert again.counts() == {"incident": 0, "lock": 0, "claim": 0, "drain": 0}, "a second run finds nothing"
+
+
+def test_a_drain_lost_in_a_controller_restart_is_reasserted_unless_the_node_is_being_returned(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    repairing = opened(ledger, "gpu-1")
+    drain(repairing, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    escalated = opened(ledger, "gpu-2")
+    drain(escalated, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    end_unrecovered(escalated, "escalated", ledger=ledger, clock=clock, error={"Error": "CapacityError"})
+    returning = opened(ledger, "gpu-3")
+    drain(returning, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    ledger.start_stage(returning, "resume", clock())
+    for name in ("gpu-1", "gpu-2", "gpu-3"):  # slurmctld restarted without its saved state
+        slurm.n[name].drained, slurm.n[name].reason = False, ""
+    report = _reconcile(slurm, ledger)
+    assert sorted(report.drains_reasserted) == ["gpu-1", "gpu-2"]
+    assert slurm.n["gpu-1"].reason == drain_reason(PREFIX, repairing)
+    assert not slurm.n["gpu-3"].drained
+
+
+def test_the_reconciler_never_overrides_an_operators_resume_through_nodemedic(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    _fail(incident, slurm, ledger)
+    ledger.drop_hold("c1", "gpu-1")  # what `nodemedic remediate gpu-1 --action resume` does first
+    slurm.resume("gpu-1")
+    assert not _reconcile(slurm, ledger).drains_reasserted
+
+
+def test_an_incident_ended_twice_is_recorded_once(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)
+    first = _fail(incident, slurm, ledger)
+    again = _fail(incident, slurm, ledger)  # the state machine retried the step
+    assert first.status == again.status == "failed"
+    assert ledger.get(incident.incident_id).failed_at is not None
+    assert datetime.now(UTC) - ledger.get(incident.incident_id).failed_at < timedelta(minutes=1)
+
+
+def test_two_failed_nodes_of_one_job_each_take_a_spare(slurm: MemorySlurm, ledger: Ledger) -> None:
+    slurm.n["spare-2"] = type(slurm.n["spare-1"])(reserved=True)
+    slurm.n["gpu-1"].jobs = ["77"]
+    slurm.n["gpu-2"].jobs = ["77"]
+    first, second = opened(ledger, "gpu-1"), opened(ledger, "gpu-2")
+    drained = drain(first, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert drained.job_nodes == {"77": ["gpu-1", "gpu-2"]}
+    assert drain(second, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock).requeued_jobs == []
+    taken = [swap_in(i, orchestrator=slurm, ledger=ledger, pool_size=2, clock=clock) for i in (first, second)]
+    assert sorted(t.spare for t in taken) == ["spare-1", "spare-2"]
+    assert "(77)" in taken[1].reason
+    # a node whose job was requeued elsewhere and already runs again takes none
+    third = opened(ledger, "gpu-3")
+    slurm.n["gpu-4"].jobs = ["88"]
+    ledger.mark_interrupted("c1", "gpu-3", "88", "inc-x", clock())
+    drain(third, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert swap_in(third, orchestrator=slurm, ledger=ledger, pool_size=2, clock=clock).spare is None
