@@ -50,6 +50,7 @@ bench: venv  ## run the benchmarks (about 40 min); results in docs/benchmarks.{j
 	$(BIN)/python -m bench.pipeline burst --nodes 500 --events 1000 --wait
 	$(BIN)/python -m bench.recovery --faults 25
 	$(BIN)/python -m bench.fleet_report
+	$(BIN)/python -m bench.fleet_scale --nodes 10000 --minutes 4
 
 agent-wheel: venv  ## build the node agent wheel into dist/ (install it with node_agent/lifecycle/install-agent.sh)
 	$(BIN)/pip wheel --quiet --no-deps -w dist node_agent

@@ -22,6 +22,7 @@ import traceback
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -450,6 +451,8 @@ class EmbeddedAWS:
             # the SDK's own backoff (standard mode, what the functions use) is scaled alike
             (ExponentialBackoff, "delay_amount", _scaled_delay(ExponentialBackoff.delay_amount,
                                                                self.retry_time_scale)),
+            # a function's worker threads call AWS as the function (and are authorized so)
+            (ThreadPoolExecutor, "submit", self._as_submitter(ThreadPoolExecutor.submit)),
             (TimeoutSeconds, "_eval_seconds", task_timeout),
             (InstanceBackend, "reboot_instances", reboot_instances),
             (InstanceBackend, "start_instances", start_instances),
@@ -529,6 +532,24 @@ class EmbeddedAWS:
         return self._own.client(service)
 
     # -- IAM: authorize each call of a function (or of the state machine) against its role --
+    def _as_submitter(self, submit: Callable[..., Any]) -> Callable[..., Any]:
+        """ThreadPoolExecutor.submit that runs the task as the function that submitted it."""
+        caller = self._caller
+
+        def wrapped(executor: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            function = getattr(caller, "function", None)
+            if function is None:
+                return submit(executor, fn, *args, **kwargs)
+
+            def as_function(*a: Any, **k: Any) -> Any:
+                caller.function = function
+                try:
+                    return fn(*a, **k)
+                finally:
+                    caller.function = None
+            return submit(executor, as_function, *args, **kwargs)
+        return wrapped
+
     def _principal(self, request_signer: Any) -> tuple[str, str] | None:
         """Who makes this call: the function whose handler runs on this thread, or the state
         machine (moto's interpreter signs its Lambda and SDK-integration calls with the key

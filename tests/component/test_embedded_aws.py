@@ -321,3 +321,14 @@ def _function(aws: EmbeddedAWS, tmp_path: Path, name: str, body: str, action: st
     aws.client("lambda").create_function(FunctionName=name, Runtime="python3.12", Role=role, Handler="app.handler",
                                          Code={"ZipFile": b"PK"})
     aws.functions[name] = FunctionSource(code, "app.handler")
+
+
+def test_a_functions_worker_threads_are_authorized_as_the_function(aws: EmbeddedAWS, tmp_path: Path) -> None:
+    _function(aws, tmp_path, "poolfn",
+              "from concurrent.futures import ThreadPoolExecutor; "
+              "list(ThreadPoolExecutor(2).map(lambda _: boto3.client('ec2').describe_instances(), [0]))",
+              "dynamodb:DescribeTable")
+    resp = aws.client("lambda").invoke(FunctionName="poolfn", Payload=b"{}")
+    assert resp["FunctionError"] == "Unhandled"
+    assert [(d.function, d.action) for d in aws.denials] == [("poolfn", "ec2:DescribeInstances")]
+    aws.denials.clear()

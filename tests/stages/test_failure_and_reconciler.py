@@ -132,7 +132,7 @@ def test_the_reconciler_ends_stranded_incidents_and_releases_leaked_locks_and_cl
         slurm: MemorySlurm, ledger: Ledger) -> None:
     stranded = opened(ledger, "gpu-1", minutes_ago=10)
     drain(stranded, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
-    fresh = opened(ledger, "gpu-2")  # its execution is starting: left alone
+    fresh = opened(ledger, "gpu-2")  # its execution not found yet (read after write): left alone
     running = opened(ledger, "gpu-3", minutes_ago=10)
     closed = opened(ledger, "gpu-4", minutes_ago=10)
     ledger.claim(SPARE, "spare-1", closed.incident_id)
@@ -140,7 +140,7 @@ def test_the_reconciler_ends_stranded_incidents_and_releases_leaked_locks_and_cl
     quarantined = opened(ledger, "gpu-9", minutes_ago=10)
     ledger.end(quarantined, "quarantined", clock(), "lemon", release_node=False)
 
-    report = _reconcile(slurm, ledger, {stranded.incident_id: "ABORTED", fresh.incident_id: "ABORTED",
+    report = _reconcile(slurm, ledger, {stranded.incident_id: "ABORTED", fresh.incident_id: None,  # type: ignore[dict-item]
                                         running.incident_id: "RUNNING"})
     assert report.incidents_failed == [stranded.incident_id]
     failed = ledger.get(stranded.incident_id)
@@ -210,3 +210,32 @@ def test_two_failed_nodes_of_one_job_each_take_a_spare(slurm: MemorySlurm, ledge
     ledger.mark_interrupted("c1", "gpu-3", "88", "inc-x", clock())
     drain(third, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
     assert swap_in(third, orchestrator=slurm, ledger=ledger, pool_size=2, clock=clock).spare is None
+
+
+def test_a_failure_after_the_gate_said_proceed_drains_the_node_even_if_drain_never_started(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)
+    ledger.start_stage(incident, "gate", clock())
+    ledger.complete_stage(incident, "gate", clock(), {"verdict": "proceed", "reason": "", "rules": []})
+    ended = _fail(incident, slurm, ledger, {"Error": "AwsThrottledError", "Cause": "UpdateItem still throttled"})
+    assert "stays drained" in ended.message and slurm.n["gpu-1"].reason == drain_reason(PREFIX, incident)
+    assert ledger.hold_of("c1", "gpu-1") is not None
+
+
+def test_a_just_ended_execution_is_reconciled_at_once(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)  # its Failed step could not write the ledger (DynamoDB throttled for it)
+    report = _reconcile(slurm, ledger, {incident.incident_id: "FAILED"})
+    assert report.incidents_failed == [incident.incident_id]
+
+
+def test_an_incident_that_leaves_a_node_to_its_operator_stops_holding_it(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger)
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    slurm.n["gpu-1"].reason = "operator:bob RMA"  # the operator took the drain over mid-incident
+    ledger.start_stage(incident, "jobs", clock())
+    ledger.complete_stage(incident, "jobs", clock(), {"running": {}, "pending": [], "job_downtime_s": None})
+    out = resume(incident, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0,
+                 clock=clock)
+    assert not out.resumed and ledger.hold_of("c1", "gpu-1") is None
+    slurm.resume("gpu-1")  # the operator returns it, by hand
+    assert not _reconcile(slurm, ledger).drains_reasserted

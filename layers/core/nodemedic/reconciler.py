@@ -28,7 +28,7 @@ from nodemedic.stages.failure import fail
 from nodemedic.store.ledger import Ledger
 
 KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated"})  # see the runbooks: on purpose
-GRACE = timedelta(minutes=2)  # an execution is started right before its incident is opened
+GRACE = timedelta(minutes=2)  # an incident whose execution is not found yet (read after write) is left alone
 
 
 class ReconcileReport(BaseModel):
@@ -63,11 +63,9 @@ def _strays(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator,
             execution_status: Callable[[str], str | None], prefix: str, now: datetime,
             report: ReconcileReport) -> None:
     for incident in books.open_incidents:
-        if now - incident.detected_at < GRACE:
-            continue
         try:
             status = execution_status(incident.incident_id)
-            if status == "RUNNING":
+            if status == "RUNNING" or (status is None and now - incident.detected_at < GRACE):
                 continue
             ended = fail(incident, {"Error": "IncidentStranded",
                                     "Cause": f"its execution is {status or 'gone'} but the incident was still open"},

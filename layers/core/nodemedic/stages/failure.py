@@ -45,12 +45,20 @@ def error_message(error: dict[str, str | None] | None) -> tuple[str, str]:
     return name, cause[:1000]
 
 
+def allowed_to_act(incident: Incident) -> bool:
+    """The gate let NodeMedic act on the node (or its verify check found the node unhealthy);
+    Drain may not even have recorded its start (DynamoDB throttled)."""
+    gate, verify = incident.stages.get("gate"), incident.stages.get("verify")
+    return ("drain" in incident.stages
+            or bool(gate and gate.completed_at and gate.result.get("verdict") in ("proceed", "quarantine"))
+            or bool(verify and verify.completed_at and verify.result.get("healthy") is False))
+
+
 def holds_node(incident: Incident) -> bool:
-    """NodeMedic keeps the node drained: the gate let it act (Drain started) and it has not
-    returned the node to service."""
+    """NodeMedic keeps the node drained: the gate let it act, and it has not returned the node."""
     resume = incident.stages.get("resume")
     returned = bool(resume and resume.result.get("resumed"))
-    return "drain" in incident.stages and not returned
+    return allowed_to_act(incident) and not returned
 
 
 def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestrator: Orchestrator,
@@ -78,7 +86,7 @@ def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestr
                        f"it as soon as the scheduler answers")
     else:
         hold = None
-        drained = (f"{node} was returned to service before the failure and is left so" if "drain" in current.stages
+        drained = (f"{node} was returned to service before the failure and is left so" if allowed_to_act(current)
                    else f"{node} was not touched (the failure came before the gate let NodeMedic act)")
     message = (f"NodeMedic incident {incident.incident_id} on {node} ({incident.instance_id}) failed in stage "
                f"{stage}: {name}: {cause}. {drained}. The node's lock is released: its next fault, or a runbook "

@@ -94,6 +94,7 @@ def resume(
         time_to_recover_s=(done - incident.observed_at).total_seconds(), jobs=jobs,
     )
     ledger.complete_stage(incident, "resume", done, out.model_dump(mode="json"))
+    ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)  # left to whoever drained it
     ledger.close(incident, done, f"node back in the spare pool ({status.state})" if destination == "pool" and resumed
                  else "" if resumed else f"{incident.slurm_node} was drained by an operator: left drained")
     return out
