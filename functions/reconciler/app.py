@@ -24,6 +24,19 @@ def execution_status(incident_id: str) -> str | None:
         return None
 
 
+MAX_PAGE_BYTES = 200_000  # SNS allows 256 KB
+
+
+def page(messages: list[str]) -> str:
+    """All of one run's messages in one page, cut short (with a count) if too long for SNS."""
+    text, shown = "", 0
+    for message in messages:
+        if len((text + message).encode()) > MAX_PAGE_BYTES:
+            break
+        text, shown = text + message + "\n\n", shown + 1
+    return text + (f"... and {len(messages) - shown} more (see the reconciler's log)" if shown < len(messages) else "")
+
+
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
@@ -33,9 +46,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):
             pass
-    for message in report.pages:
-        wiring.client("sns").publish(TopicArn=s.escalation_topic_arn, Subject="NodeMedic: reconciler repaired "
-                                     "an incident or a drain", Message=message)
+    if report.pages:  # one page per run, however many it repaired (a controller restart re-drains many)
+        wiring.client("sns").publish(TopicArn=s.escalation_topic_arn,
+                                     Subject=f"NodeMedic: the reconciler repaired {len(report.pages)} thing(s)",
+                                     Message=page(report.pages))
     if report.errors:
         logger.error("reconciler could not repair everything", errors=report.errors)
     if any(report.counts().values()) or report.holds_dropped:

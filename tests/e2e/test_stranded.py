@@ -34,6 +34,8 @@ def test_controller_down_at_drain_then_restarted_without_its_state() -> None:
         local.scheduler.start_controller()
         report = local.reconcile()
         assert report["drains_reasserted"] == [sick], report
+        [page] = [e for e in local.escalations() if "reconciler" in e.get("Subject", "")]  # one page a run
+        assert page["Subject"].endswith("repaired 1 thing(s)") and f"drained {sick} again" in page["Message"]
         state = local.scheduler.node(sick)
         assert "DRAIN" in state["State"] and state["Reason"].startswith(f"nodemedic:{incident.incident_id} ")
         assert job_running(local, job)["JobState"] == "RUNNING"
