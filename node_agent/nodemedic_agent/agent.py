@@ -13,11 +13,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import boto3
 from botocore.config import Config
-from nodemedic.contracts.events import NodeIdentity
+from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
 
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error
 from nodemedic_agent.checks.kernel_log import KernelLogFollower, bus_key, message_finding, xid_finding
@@ -59,6 +60,9 @@ class Agent:
         self.published = 0
         self.lost = 0  # events neither spooled nor sent (spool unwritable while the bus was down)
         self.heartbeats = 0
+        self.reasserted = 0
+        self._reasserts: list[tuple[float, int, NodeHealthEvent]] = []  # (due, sends so far, event)
+        self._reassert_lock = threading.Lock()
         self._gpu_by_bus: dict[str, int] = {}
         self._threads: list[threading.Thread] = []
         self._print_lock = threading.Lock()
@@ -77,8 +81,32 @@ class Agent:
                                   "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
         else:
             self._publish(item, event.event_id)
+            self._schedule_reassert(event, 0)
         self.published += 1
         return True
+
+    # -- re-asserting: the same event again, so a delivery the pipeline dropped is not lost --
+    def _schedule_reassert(self, event: NodeHealthEvent, sent: int) -> None:
+        """Send ``event`` again after ``reassert_seconds * 2**sent``, up to ``reasserts`` times. The
+        pipeline remembers each event_id it acted on: a re-send of one it acted on changes nothing;
+        one it never saw (Detect throttled, failed, the event dropped) opens the incident then."""
+        intervals = self.config.intervals
+        if sent >= intervals.reasserts or intervals.reassert_seconds <= 0:
+            return
+        with self._reassert_lock:
+            self._reasserts.append((time.monotonic() + intervals.reassert_seconds * 2 ** sent, sent, event))
+
+    def _reassert(self) -> None:
+        now = time.monotonic()
+        with self._reassert_lock:
+            due = [r for r in self._reasserts if r[0] <= now]
+            self._reasserts = [r for r in self._reasserts if r[0] > now]
+        for _, sent, event in due:
+            again = event.model_copy(update={"sent_at": datetime.now(UTC)})  # the same event, sent now
+            self._publish(entry(self.config.event_bus, again), again.event_id)
+            self.reasserted += 1
+            self._schedule_reassert(event, sent + 1)
+        self.stop_event.wait(min(1.0, self.config.intervals.reassert_seconds or 1.0))
 
     def _publish(self, item: dict[str, Any], event_id: str) -> None:
         """Spool, then send. A spool that cannot be written (disk full) must not stop detection:
@@ -166,6 +194,7 @@ class Agent:
             ("xid", self._guarded("xid watch", "nvml", self._xid_watch)),
             ("poll", self._guarded("polled checks", "nvml", self._poll)),
             ("heartbeat", self._guarded("heartbeat", "heartbeat", self._heartbeat)),
+            ("reassert", self._guarded("reassert", None, self._reassert)),
         ]
         if self.config.kernel_log.source != "off":
             loops.append(("kernel-log", self._guarded("kernel log", "kernel_log", self._follow_kernel_log)))

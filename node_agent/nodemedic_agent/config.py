@@ -40,6 +40,10 @@ class Intervals(_Section):
     heartbeat_seconds: float = Field(default=15, gt=0, le=300)
     poll_seconds: float = Field(default=10, gt=0, le=3600)
     dedupe_window_seconds: float = Field(default=300, ge=0, le=86400)
+    reassert_seconds: float = Field(
+        default=60, ge=0, le=3600, description="send a health event again (same event_id) after this, doubling "
+                                               "each time: a delivery the pipeline could not act on is not lost")
+    reasserts: int = Field(default=3, ge=0, le=10, description="how many times; 0: never")
 
 
 class Expected(_Section):

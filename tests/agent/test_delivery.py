@@ -20,6 +20,16 @@ def test_repeated_fault_is_one_event(bus, sim, make_agent):
     assert agent.dedupe.suppressed_total == 9
 
 
+def test_a_health_event_is_sent_again_with_its_event_id_so_a_dropped_delivery_is_not_lost(bus, sim, make_agent):
+    agent = make_agent(intervals={"reassert_seconds": 0.3, "reasserts": 2})
+    sim.inject("xid", xid=79, gpu=3)
+    events = bus.wait_health(3, settle=1.2)  # sent, then again after 0.3 s and 0.6 s more; no more
+    assert len(events) == 3 and agent.reasserted == 2
+    assert len({e["event_id"] for e in events}) == 1 and len({e["observed_at"] for e in events}) == 1
+    sent = [e["sent_at"] for e in events]
+    assert sent == sorted(sent) and len(set(sent)) == 3  # sent now: the pipeline sees no clock skew
+
+
 def test_repeats_are_counted_into_the_next_event_after_the_window():
     now = [0.0]
     dedupe = Deduper(window_s=300, clock=lambda: now[0])

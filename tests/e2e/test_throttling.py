@@ -2,7 +2,10 @@
 makes the state machine retry the stage within a budget, and past the budget the incident fails
 the one uniform way, never half-done. Real Slurm, the deployed template, injected throttling."""
 
+from datetime import UTC, datetime
+
 from nodemedic.aws_retries import MAX_ATTEMPTS
+from nodemedic_sandbox.local import LocalMode
 
 from tests.e2e.support import job_running, running_job, stack
 
@@ -59,3 +62,30 @@ def test_throttled_past_the_budget_the_incident_fails_cleanly_and_the_node_stays
         job_running(local, job)  # requeued by the drain, running elsewhere
         report = local.reconcile()
         assert report["incidents_failed"] == [] and report["drains_reasserted"] == []
+
+
+def test_the_agents_resend_of_an_event_detect_could_not_act_on_opens_the_incident_once() -> None:
+    with stack(**OPEN) as local:
+        job, nodes = running_job(local)
+        sick = nodes[0]
+        forever = local.aws.throttle("autoscaling", caller="Detect", times=10_000)
+        event = local.health_event(sick, "XID 79")
+        local.put_event(event)
+        [dropped] = local.wait_for_executions(1, timeout=240)
+        assert dropped["status"] == "FAILED" and local.incidents() == []  # the on-call was told it was not opened
+        local.aws.throttles.remove(forever)
+
+        def resend() -> dict:  # what the agent does (intervals.reassert_seconds): same event, sent now
+            before = len(local.executions())
+            local.put_event({**event, "sent_at": datetime.now(UTC).isoformat()})
+            executions = local.wait_for_executions(before + 1, timeout=180)
+            return max(executions, key=lambda e: e["startDate"])
+
+        opened = resend()
+        assert opened["status"] == "SUCCEEDED", opened.get("cause")
+        [incident] = local.incidents()
+        assert incident.status == "closed" and incident.incident_id == opened["name"]
+        again = resend()  # and once more: the pipeline remembers the event, nothing new
+        assert LocalMode.detect_decision(again) != "remediate"
+        assert len(local.incidents()) == 1
+        job_running(local, job)
