@@ -3,7 +3,7 @@
 Every node's heartbeat arrives in the sweeper's queue at the agent's interval (15 s), as the
 heartbeat rule's SQS target delivers it (the EventBridge envelope), for ``--minutes`` of real
 time. The sweeper's own code (``nodemedic.silence_sweeper``) sweeps every 10 s, as the deployed
-function does: the roster in moto's DynamoDB, the queue answered in-process (moto's SQS is ~50x
+function does: the roster in moto's DynamoDB, the queue answered in-process (moto's SQS is far
 slower than AWS's; see MemoryQueue), so what is timed is the sweeper's own work and its DynamoDB
 reads and writes, not SQS's latency. ``--silent`` nodes stop beating halfway. Measured per sweep: its duration, the heartbeats it
 drained, the backlog left in the queue, the peak memory it allocated (tracemalloc, one sweep in six,
@@ -68,9 +68,9 @@ def _body(cluster: str, n: int, now: datetime, interval: float) -> str:
 
 
 class MemoryQueue:
-    """The heartbeat queue, answered in-process: moto's SQS takes ~0.8 s per ReceiveMessage with a
-    thousand messages queued (AWS: tens of milliseconds), which would measure moto, not the
-    sweeper. It counts the calls, which the cost is computed from."""
+    """The heartbeat queue, answered in-process: moto's SQS answers ReceiveMessage far more slowly
+    than AWS with a thousand messages queued, which would measure moto, not the sweeper. It
+    counts the calls, which the cost is computed from."""
 
     def __init__(self) -> None:
         self._ready: collections.deque[dict[str, Any]] = collections.deque()

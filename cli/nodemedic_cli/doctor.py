@@ -19,6 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from nodemedic.errors import NodeMedicError
 from nodemedic.providers.base import Member
 from nodemedic.providers.run_command import Documents
+from nodemedic.reconciler import execution_arn
 from nodemedic.store.roster import RosterStore
 from nodemedic_sandbox import iam
 from nodemedic_sandbox.aws_rules import alarm_topic_problem
@@ -85,7 +86,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                       {"Delete": {"TableName": table["TableName"], "Key": {}}}]}
     fail_incident = {"TransactItems": [*end_incident["TransactItems"],
                                        {"Put": {"TableName": table["TableName"], "Item": {}}}]}
-    execution = out["StateMachineArn"].replace(":stateMachine:", ":execution:", 1) + ":doctor"
+    execution = execution_arn(out["StateMachineArn"], "doctor")
     db: list[Call] = [("dynamodb", op, table) for op in ("GetItem", "PutItem", "UpdateItem")]
     provider = p.get("Provider") or "autoscaling"
     reads: list[Call] = {

@@ -8,7 +8,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
 from nodemedic.observability import NAMESPACE, utc_now
-from nodemedic.reconciler import reconcile
+from nodemedic.reconciler import execution_arn, reconcile
 from nodemedic.settings import settings
 
 logger = Logger(service="reconciler")
@@ -16,10 +16,9 @@ logger = Logger(service="reconciler")
 
 def execution_status(incident_id: str) -> str | None:
     """The status of the execution named ``incident_id`` (every incident is one execution)."""
-    arn = settings().state_machine_arn.replace(":stateMachine:", ":execution:", 1) + f":{incident_id}"
     sfn = wiring.client("stepfunctions")
     try:
-        return str(sfn.describe_execution(executionArn=arn)["status"])
+        return str(sfn.describe_execution(executionArn=execution_arn(settings().state_machine_arn, incident_id))["status"])
     except sfn.exceptions.ExecutionDoesNotExist:
         return None
 

@@ -35,6 +35,8 @@ def running_job(local: LocalMode, nodes: int = 2) -> tuple[str, list[str]]:
 
 
 OPERATOR = "oncall@example.com"
+# every remediation admitted at once (the safety rails have their own tests)
+OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
 
 
 def stack(nodes: int = 4, spares: int = 0, boot_seconds: float = 0.0, **parameters: str) -> LocalMode:

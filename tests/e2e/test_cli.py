@@ -14,9 +14,7 @@ from nodemedic_cli.target import Target
 from nodemedic_sandbox.local import LocalMode
 from typer.testing import CliRunner
 
-from tests.e2e.support import OPERATOR, running_job, stack, wait_for
-
-OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+from tests.e2e.support import OPEN, OPERATOR, running_job, stack, wait_for
 
 
 @pytest.fixture(scope="module")

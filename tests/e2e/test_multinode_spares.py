@@ -1,8 +1,6 @@
 """One job's several failed nodes use several spares (issue 15), real Slurm."""
 
-from tests.e2e.support import job_running, running_job, stack
-
-OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+from tests.e2e.support import OPEN, job_running, running_job, stack
 
 
 def test_both_failed_nodes_of_a_two_node_job_take_a_spare_and_the_job_runs_on_them() -> None:

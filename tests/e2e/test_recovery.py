@@ -2,10 +2,7 @@
 
 from datetime import datetime
 
-from tests.e2e.support import job_running, latest, running_job, stack
-
-# every remediation admitted at once (the safety rails have their own tests)
-OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+from tests.e2e.support import OPEN, job_running, latest, running_job, stack
 
 
 def _at(stamp: str) -> datetime:

@@ -8,9 +8,7 @@ from nodemedic.operations import OperatorError
 from nodemedic_cli import operator as operator_commands
 from nodemedic_cli.target import Target
 
-from tests.e2e.support import OPERATOR, job_running, running_job, stack, wait_for
-
-OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
+from tests.e2e.support import OPEN, OPERATOR, job_running, running_job, stack, wait_for
 
 
 def test_controller_down_at_drain_then_restarted_without_its_state() -> None:

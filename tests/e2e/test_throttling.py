@@ -7,9 +7,8 @@ from datetime import UTC, datetime
 from nodemedic.aws_retries import MAX_ATTEMPTS
 from nodemedic_sandbox.local import LocalMode
 
-from tests.e2e.support import job_running, running_job, stack
+from tests.e2e.support import OPEN, job_running, running_job, stack
 
-OPEN = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "100", "NodeCooldownMinutes": "0"}
 PAST_THE_SDK = MAX_ATTEMPTS + 2  # one stage retry by the state machine, then the SDK absorbs the rest
 
 

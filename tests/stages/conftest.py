@@ -35,7 +35,7 @@ def ledger(aws: EmbeddedAWS) -> Ledger:
 
 @pytest.fixture
 def slurm() -> MemorySlurm:
-    return MemorySlurm([f"gpu-{i}" for i in range(1, 5)] + ["spare-1"], spares=["spare-1"])
+    return MemorySlurm([f"gpu-{i}" for i in range(1, 5)] + ["spare-1"], spares=("spare-1",))
 
 
 def opened(ledger: Ledger, node: str = "gpu-1", *, instance: str = "", minutes_ago: float = 0) -> Incident:

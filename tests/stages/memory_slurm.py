@@ -23,7 +23,7 @@ class _Node:
 
 
 class MemorySlurm:
-    def __init__(self, names: list[str], spares: list[str] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, names: list[str], spares: tuple[str, ...] = ()) -> None:
         self.n = {name: _Node(reserved=name in spares) for name in names}
         self.down = False
         self.calls: list[str] = []

@@ -31,6 +31,11 @@ KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated"})  # see the 
 GRACE = timedelta(minutes=2)  # an incident whose execution is not found yet (read after write) is left alone
 
 
+def execution_arn(state_machine_arn: str, name: str) -> str:
+    """The ARN of the state machine's execution ``name`` (an incident's id is its execution's name)."""
+    return state_machine_arn.replace(":stateMachine:", ":execution:", 1) + f":{name}"
+
+
 class ReconcileReport(BaseModel):
     """What one run found and repaired, by kind; ``pages``: what the on-call must be told."""
 

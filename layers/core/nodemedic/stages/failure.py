@@ -10,7 +10,6 @@ NodeMedic act on (gate, verify, dry run) is not touched.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import datetime
 
@@ -18,6 +17,7 @@ from nodemedic.contracts.incident import STAGES, Incident, IncidentRef
 from nodemedic.contracts.stages import EndOutput
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.drain import drain_reason
+from nodemedic.stages.resume import lambda_error_message
 from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
@@ -37,12 +37,7 @@ def error_message(error: dict[str, str | None] | None) -> tuple[str, str]:
     """(error name, message) from a Catch's ``{"Error", "Cause"}``; a Lambda's Cause is a JSON
     document whose ``errorMessage`` is the message."""
     name = (error or {}).get("Error") or "unknown"
-    cause = (error or {}).get("Cause") or ""
-    try:
-        cause = str(json.loads(cause).get("errorMessage", cause))
-    except (ValueError, AttributeError):
-        pass
-    return name, cause[:1000]
+    return name, lambda_error_message((error or {}).get("Cause") or "")[:1000]
 
 
 def allowed_to_act(incident: Incident) -> bool:
@@ -52,13 +47,6 @@ def allowed_to_act(incident: Incident) -> bool:
     return ("drain" in incident.stages
             or bool(gate and gate.completed_at and gate.result.get("verdict") in ("proceed", "quarantine"))
             or bool(verify and verify.completed_at and verify.result.get("healthy") is False))
-
-
-def holds_node(incident: Incident) -> bool:
-    """NodeMedic keeps the node drained: the gate let it act, and it has not returned the node."""
-    resume = incident.stages.get("resume")
-    returned = bool(resume and resume.result.get("resumed"))
-    return allowed_to_act(incident) and not returned
 
 
 def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestrator: Orchestrator,
@@ -73,7 +61,8 @@ def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestr
     if spare and not spare.completed_at and spare.result.get("spare"):
         ledger.release(SPARE, str(spare.result["spare"]))  # claimed, maybe not taken: never lost to the pool
     node = incident.slurm_node
-    if holds_node(current):
+    acted, resume = allowed_to_act(current), current.stages.get("resume")
+    if acted and not (resume and resume.result.get("resumed")):  # NodeMedic keeps the node drained
         reason = drain_reason(prefix, incident)
         hold: str | None = reason
         try:
@@ -86,7 +75,7 @@ def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestr
                        f"it as soon as the scheduler answers")
     else:
         hold = None
-        drained = (f"{node} was returned to service before the failure and is left so" if allowed_to_act(current)
+        drained = (f"{node} was returned to service before the failure and is left so" if acted
                    else f"{node} was not touched (the failure came before the gate let NodeMedic act)")
     message = (f"NodeMedic incident {incident.incident_id} on {node} ({incident.instance_id}) failed in stage "
                f"{stage}: {name}: {cause}. {drained}. The node's lock is released: its next fault, or a runbook "

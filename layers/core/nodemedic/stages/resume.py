@@ -70,15 +70,14 @@ def resume(
         resumed = bool(record.result["resumed"])
         destination = record.result.get("destination", destination)  # type: ignore[assignment]
     else:
+        # NodeMedic stops holding the node first, whoever's drain it carries: the reconciler never
+        # drains again a node being returned (a failure from here on holds it again)
+        ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
         resumed = status.drained_by(owner_tag(prefix, incident))
         if destination == "pool" and len(orchestrator.spares()) >= pool_size:
             destination = "service"
         # the read above only chooses; the drain is lifted inside the scheduler command that
-        # checks it is still ours (an operator may have drained it again meanwhile). NodeMedic stops
-        # holding it first: the reconciler never drains again a node being returned (a failure
-        # from here on holds it again)
-        if resumed:
-            ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
+        # checks it is still ours (an operator may have drained it again meanwhile)
         if resumed and destination == "pool":
             resumed = orchestrator.add_spare(incident.slurm_node, owner_tag(prefix, incident))
             ledger.release(SPARE, incident.slurm_node)
@@ -94,13 +93,12 @@ def resume(
         time_to_recover_s=(done - incident.observed_at).total_seconds(), jobs=jobs,
     )
     ledger.complete_stage(incident, "resume", done, out.model_dump(mode="json"))
-    ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)  # left to whoever drained it
     ledger.close(incident, done, f"node back in the spare pool ({status.state})" if destination == "pool" and resumed
                  else "" if resumed else f"{incident.slurm_node} was drained by an operator: left drained")
     return out
 
 
-def _error_message(cause: str) -> str:
+def lambda_error_message(cause: str) -> str:
     """A Lambda error's message from the state machine's Cause (a JSON document), or the cause."""
     try:
         return str(json.loads(cause).get("errorMessage", cause))
@@ -136,7 +134,7 @@ def end_unrecovered(
         cause = (error or {}).get("Cause") or (error or {}).get("Error") or "unknown"
         if (error or {}).get("Error") == "NodeBusyError":
             message = (f"NodeMedic escalated incident {incident.incident_id}: it stopped before a destructive step. "
-                       f"{_error_message(cause)}. Rungs done: {tried}. Nothing more is done to the node; check "
+                       f"{lambda_error_message(cause)}. Rungs done: {tried}. Nothing more is done to the node; check "
                        f"it and start a runbook if it still needs repair.")
             if repair and not repair.completed_at:
                 ledger.complete_stage(incident, "repair", clock(), repair.result)

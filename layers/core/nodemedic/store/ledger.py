@@ -50,6 +50,14 @@ def _repaired_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"REPAIRED#{cluster}#{slurm_node}"}}
 
 
+def _claim_key(kind: str, key: str) -> dict[str, Any]:
+    return {"pk": {"S": f"CLAIM#{kind}#{key}"}}
+
+
+def _interrupted_key(cluster: str, slurm_node: str) -> dict[str, Any]:
+    return {"pk": {"S": f"INTERRUPTED#{cluster}#{slurm_node}"}}
+
+
 def _hold_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"DRAINHOLD#{cluster}#{slurm_node}"}}
 
@@ -165,16 +173,10 @@ class Ledger:
         for incident in self.list_incidents():
             if incident.status != "held" or incident.cluster != cluster:
                 continue
-            try:
-                self._db.delete_item(
-                    TableName=self._table, Key=_lock_key(cluster, incident.instance_id),
-                    ConditionExpression="incident_id = :id",
-                    ExpressionAttributeValues={":id": {"S": incident.incident_id}},
-                )
+            lock = NodeLock(instance_id=incident.instance_id, incident_id=incident.incident_id,
+                            slurm_node=incident.slurm_node)
+            if self.release_lock(lock, cluster):
                 released.append(incident.incident_id)
-            except ClientError as exc:
-                if not condition_failed(exc):
-                    raise
         return released
 
     def count_duplicate(self, incident_id: str, event_id: str) -> None:
@@ -182,18 +184,10 @@ class Ledger:
         counts nothing twice). The ids are kept up to ``MAX_FOLDED_IDS`` (item size); beyond
         that the count goes on without the guard."""
         guard = "attribute_exists(pk) AND (NOT contains(folded, :id) OR size(folded) >= :cap)"
-        try:
-            self._db.update_item(
-                TableName=self._table,
-                Key=_incident_key(incident_id),
-                UpdateExpression="ADD duplicate_events :one, folded :ids",
-                ConditionExpression=guard,
-                ExpressionAttributeValues={":one": {"N": "1"}, ":ids": {"SS": [event_id]},
-                                           ":id": {"S": event_id}, ":cap": {"N": str(MAX_FOLDED_IDS)}},
-            )
-        except ClientError as exc:
-            if not condition_failed(exc):
-                raise
+        self._conditional("update_item", Key=_incident_key(incident_id),
+                          UpdateExpression="ADD duplicate_events :one, folded :ids", ConditionExpression=guard,
+                          ExpressionAttributeValues={":one": {"N": "1"}, ":ids": {"SS": [event_id]},
+                                                     ":id": {"S": event_id}, ":cap": {"N": str(MAX_FOLDED_IDS)}})
 
     # -- reading -------------------------------------------------------------------------
     def get(self, incident_id: str) -> Incident:
@@ -379,7 +373,7 @@ class Ledger:
 
     def release_claim(self, claim: Claim) -> bool:
         """Release a claim still held by ``claim.incident_id``; False if it changed meanwhile."""
-        return self._conditional("delete_item", Key={"pk": {"S": f"CLAIM#{claim.kind}#{claim.key}"}},
+        return self._conditional("delete_item", Key=_claim_key(claim.kind, claim.key),
                                  ConditionExpression="incident_id = :id",
                                  ExpressionAttributeValues={":id": {"S": claim.incident_id}})
 
@@ -420,14 +414,14 @@ class Ledger:
     def mark_interrupted(self, cluster: str, slurm_node: str, job_id: str, incident_id: str, now: datetime) -> None:
         """``job_id``, which also ran on ``slurm_node``, was requeued by ``incident_id``."""
         self._db.update_item(
-            TableName=self._table, Key={"pk": {"S": f"INTERRUPTED#{cluster}#{slurm_node}"}},
+            TableName=self._table, Key=_interrupted_key(cluster, slurm_node),
             UpdateExpression="ADD jobs :job SET incident_id = :id, expires_at = :exp",
             ExpressionAttributeValues={":job": {"SS": [job_id]}, ":id": {"S": incident_id},
                                        ":exp": {"N": str(int((now + INTERRUPTION_MEMORY).timestamp()))}})
 
     def interrupted_on(self, cluster: str, slurm_node: str, now: datetime) -> list[str]:
         """Jobs that ran on ``slurm_node`` and another incident's drain requeued, within the hour."""
-        item = self._db.get_item(TableName=self._table, Key={"pk": {"S": f"INTERRUPTED#{cluster}#{slurm_node}"}},
+        item = self._db.get_item(TableName=self._table, Key=_interrupted_key(cluster, slurm_node),
                                  ConsistentRead=True).get("Item")
         if not item or int(item["expires_at"]["N"]) < now.timestamp():  # TTL deletes late: check it here
             return []
@@ -436,12 +430,12 @@ class Ledger:
     def claim(self, kind: str, key: str, incident_id: str) -> bool:
         """Take ``key`` (a replacement instance, a hot spare) for an incident; False if another
         incident has it. The claim holds until :meth:`release`."""
-        return self._conditional("put_item", Item={"pk": {"S": f"CLAIM#{kind}#{key}"}, "incident_id": {"S": incident_id}},
+        return self._conditional("put_item", Item={**_claim_key(kind, key), "incident_id": {"S": incident_id}},
                                  ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
                                  ExpressionAttributeValues={":id": {"S": incident_id}})
 
     def release(self, kind: str, key: str) -> None:
-        self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"CLAIM#{kind}#{key}"}})
+        self._db.delete_item(TableName=self._table, Key=_claim_key(kind, key))
 
     # -- deep health checks waiting for their SSM result ---------------------------------
     def save_check(self, command_id: str, incident_id: str, task_token: str, detail: dict[str, Any]) -> None:
