@@ -22,12 +22,14 @@ from nodemedic_cli.console import console
 from nodemedic_cli.fleet.commands import app as fleet_app
 from nodemedic_cli.fleet.model import parse_duration_hours
 from nodemedic_cli.target import Target, TargetError, stack_from_samconfig
+from nodemedic_cli.xid import app as xid_app
 
 err_console = Console(stderr=True)
 
 app = typer.Typer(help="NodeMedic: event-driven remediation of GPU training nodes.",
                   no_args_is_help=True, add_completion=False)
 app.add_typer(fleet_app, name="fleet")
+app.add_typer(xid_app, name="xid")
 
 
 @app.command()

@@ -44,6 +44,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         metrics.add_metric(name="EventsRejected", unit=MetricUnit.Count, value=1)
         raise
     logger.info("detected", decision=out.decision, reason=out.reason)
+    if out.decision == "monitor":  # recorded and counted, never acted on; FaultClass "unknown": a new code
+        metrics.add_dimension(name="Cluster", value=s.cluster_name)
+        metrics.add_dimension(name="FaultClass", value=out.fault_class or "unknown")
+        metrics.add_metric(name="FaultsMonitored", unit=MetricUnit.Count, value=1)
     if out.incident:
         record_durations(metrics, out.incident,
                          {"TimeToDetect": (now - out.incident.observed_at).total_seconds()})

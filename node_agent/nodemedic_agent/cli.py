@@ -97,7 +97,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     if not (node.dir / "state.json").exists():
         raise ConfigError(f"{args.dir} is not a simulated node (run: nodemedic-agent simulate init {args.dir})")
-    node.inject(args.fault, gpu=args.gpu, xid=args.xid, efa=args.efa)
+    extra = {"text": args.text} if args.text else {}
+    node.inject(args.fault, gpu=args.gpu, xid=args.xid, efa=args.efa, **extra)
     print(f"injected {args.fault} into {args.dir}")
     return 0
 
@@ -143,6 +144,8 @@ def parser() -> argparse.ArgumentParser:
     inject.add_argument("--gpu", type=int, default=0)
     inject.add_argument("--xid", type=int, default=79)
     inject.add_argument("--efa", type=int, default=0)
+    inject.add_argument("--text", help="xid: the message after the code, e.g. 'GPU recovery action changed "
+                                       "from 0x0 (None) to 0x2 (Node Reboot Required)'")
     simsub.add_parser("faults", help="list the faults that can be injected")
     sim.set_defaults(func=cmd_simulate)
     return p

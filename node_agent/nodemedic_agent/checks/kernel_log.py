@@ -15,10 +15,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from threading import Event
 
+from nodemedic.domain.xid import decode_nvlink5, recovery_action_code
 from nodemedic_agent.checks.base import Finding, status_of
 
 KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
-XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus." and its
+# variants: no "PCI:" (older drivers), an 8-digit domain, pid without name, pid='<unknown>'
+XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\):?\s*(\d{1,5})\b,?\s*(.*)$")
+PID_NAME = re.compile(r"^(?:pid=(?:'[^']*'|[^,\s]*),\s*)?(?:name=[^,]*,\s*)?")
 SXID = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
 OFF_BUS = re.compile(r"fallen off the bus")
 GPU_PCI = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)")
@@ -34,13 +38,28 @@ def bus_key(pci: str) -> str:
     return ":".join(pci.split(".")[0].lower().split(":")[-2:])
 
 
+def xid_code(xid: int, detail: str) -> tuple[str, dict[str, object]]:
+    """The fault code of an Xid message and what its text adds: Xid 154 names the recovery action
+    the driver wants, and an NVLink5 Xid (144-150) is decoded with the catalog's table; every
+    other Xid is ``XID <n>``, classified by its catalog bucket."""
+    if xid == 154 and (code := recovery_action_code(detail)):
+        return code, {"xid": 154}
+    if nvlink5 := decode_nvlink5(xid, detail):
+        return nvlink5.fault_code, {"xid": xid, "nvlink5_unit": nvlink5.unit, "nvlink5_fatal": nvlink5.fatal,
+                                    "nvlink5_bucket": nvlink5.bucket, "decode": nvlink5.basis,
+                                    "intr_info": f"0x{nvlink5.intr_info or 0:08x}",
+                                    "error_status": None if nvlink5.error_status is None
+                                    else f"0x{nvlink5.error_status:08x}"}
+    return f"XID {xid}", {}
+
+
 def xid_finding(xid: int, pci: str, index: int | None, observed_at: datetime, evidence: dict[str, object],
-                check: str = "kernel_log", overrides: dict[str, str] | None = None) -> Finding:
+                check: str = "kernel_log", overrides: dict[str, str] | None = None, detail: str = "") -> Finding:
     """An XID, from the kernel log or from NVML's event (same component, so dedupe folds the pair)."""
-    code = f"XID {xid}"
+    code, decoded = xid_code(xid, detail)
     component = {"kind": "gpu", "index": index} if index is not None else {"kind": "gpu", "name": pci}
     return Finding(check, code, status_of(code, overrides), f"XID {xid} on GPU {pci}",  # type: ignore[arg-type]
-                   component, evidence, observed_at)
+                   component, {**evidence, **decoded}, observed_at)
 
 
 def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[str], int | None],
@@ -54,7 +73,8 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
         return Finding("kernel_log", code, status_of(code, overrides), summary, component, evidence, observed_at)  # type: ignore[arg-type]
 
     if m := XID.search(message):
-        return xid_finding(int(m.group(2)), m.group(1), gpu_index(m.group(1)), observed_at, evidence, overrides=overrides)
+        return xid_finding(int(m.group(2)), m.group(1), gpu_index(m.group(1)), observed_at, evidence,
+                           overrides=overrides, detail=PID_NAME.sub("", m.group(3)))
     if m := SXID.search(message):
         return found(f"SXID {int(m.group(2))}", f"NVSwitch SXID {m.group(2)}", {"kind": "node", "name": f"nvswitch {m.group(1)}"})
     if OFF_BUS.search(message):

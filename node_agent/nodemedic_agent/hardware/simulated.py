@@ -25,7 +25,7 @@ from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, Xi
 from nodemedic_agent.hardware.host import EFA_COUNTERS, SysfsEfa
 
 FAULTS = {
-    "xid": "XID N on GPU k (kernel log line and NVML event)",
+    "xid": "XID N on GPU k (kernel log line and NVML event; --text sets the message after the code)",
     "ecc-dbe": "a double-bit ECC error on GPU k",
     "remap-failure": "a failed row remap on GPU k",
     "gpu-lost": "GPU k falls off the bus (no XID)",
@@ -104,11 +104,12 @@ class SimulatedNode:
     def _efa_port(self, index: int) -> Path:
         return self.dir / "sys" / "class" / "infiniband" / f"rdmap{index}s0" / "ports" / "1"
 
-    def inject(self, fault: str, gpu: int = 0, xid: int = 79, efa: int = 0) -> None:  # noqa: C901 - a dispatch table
+    def inject(self, fault: str, gpu: int = 0, xid: int = 79, efa: int = 0,  # noqa: C901 - a dispatch table
+               text: str = "pid=4242, name=python3, Ch 00000008") -> None:
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; one of: {', '.join(FAULTS)}")
         if fault == "xid":
-            self.kmsg(f"NVRM: Xid (PCI:{_pci(gpu)[4:]}): {xid}, pid=4242, name=python3, Ch 00000008")
+            self.kmsg(f"NVRM: Xid (PCI:{_pci(gpu)[4:]}): {xid}, {text}")
             with (self.dir / "xids.jsonl").open("a") as f:
                 f.write(json.dumps({"xid": xid, "gpu": gpu, "at": datetime.now(UTC).isoformat()}) + "\n")
         elif fault == "ecc-dbe":

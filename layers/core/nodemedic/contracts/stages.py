@@ -34,6 +34,7 @@ class DetectOutput(_Model):
     reason: str
     incident: IncidentRef | None = None
     existing_incident_id: str | None = None
+    fault_class: str | None = Field(default=None, description="of a monitored fault ('unknown': a code no table knows)")
 
 
 class StageInput(_Model):

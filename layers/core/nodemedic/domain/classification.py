@@ -1,19 +1,25 @@
-"""Fault classification: fault code -> (fault class, action), from a data table.
+"""Fault classification: fault code -> (fault class, action, ladder), from data.
 
-The table ships as ``fault_table.json`` (seeded from public XID guidance) and an operator
-overrides single codes with a JSON object ``{"XID 74": "monitor", ...}`` (template parameter
-``FaultActionOverrides``). The node agent imports the same table.
+An ``XID n`` takes its action from NVIDIA's Xid catalog (``xid_catalog.csv``): the code's
+resolution bucket, mapped to NodeMedic's action and ladder in ``fault_table.json``
+(``xid_buckets``). Every other code, and the few Xids where NodeMedic deviates from its bucket
+(each saying why), is a rule in ``fault_table.json``. An operator overrides single codes with a
+JSON object ``{"XID 74": "monitor", ...}`` (template parameter ``FaultActionOverrides``). A code
+in neither is ``unknown``: recorded and counted, never acted on. The node agent imports the same
+table.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any, cast, get_args
 
 from nodemedic.contracts.incident import Action, Confidence, Rung, default_ladder
+from nodemedic.domain.xid import catalog
 
 
 @dataclass(frozen=True)
@@ -53,16 +59,35 @@ def parse_overrides(raw: str) -> dict[str, Action]:
     return cast(dict[str, Action], data)
 
 
-def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Classification:
+XID_CODE = re.compile(r"^XID (\d{1,5})$")
+
+
+def _rule(fault_code: str) -> dict[str, Any]:
+    """The fault table's rule for a code, else its Xid catalog bucket's, else the default."""
     table = fault_table()
-    rule = next((r for r in table["rules"] if r["code"] == fault_code), table["default"])
+    rule = next((r for r in table["rules"] if r["code"] == fault_code), None)
+    if rule is not None:
+        return rule
+    m = XID_CODE.match(fault_code)
+    entry = catalog().get(int(m.group(1))) if m else None
+    if entry is None:
+        return cast(dict[str, Any], table["default"])
+    bucket = table["xid_buckets"][entry.immediate]
+    return {**bucket, "note": f"{entry.mnemonic} ({entry.description}), NVIDIA bucket "
+                              f"{entry.immediate or 'none'}: {bucket['note']}"}
+
+
+def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Classification:
+    rule = _rule(fault_code)
     action = cast(Action, rule["action"])
     overridden = bool(overrides) and fault_code in (overrides or {})
     if overridden:
         action = (overrides or {})[fault_code]
+    ladder = ladder_for("" if overridden else rule["fault_class"], action)
+    if rule.get("ladder") and not overridden and action != "monitor":
+        ladder = tuple(rule["ladder"])
     return Classification(fault_code, rule["fault_class"], action, rule["note"], overridden,
-                          cast(Confidence, rule.get("confidence", "high")),
-                          ladder_for("" if overridden else rule["fault_class"], action))
+                          cast(Confidence, rule.get("confidence", "high")), ladder)
 
 
 def ladder_for(fault_class: str, action: Action) -> tuple[Rung, ...]:

@@ -154,7 +154,7 @@ def detect(
         c = classify(fault.fault_code, parse_overrides(overrides_json))
         fault_class, action, reason, confidence, ladder = c.fault_class, c.action, c.reason, c.confidence, c.ladder
     if action == "monitor":
-        return DetectOutput(decision="monitor", reason=reason)
+        return DetectOutput(decision="monitor", reason=reason, fault_class=fault_class)
     folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control, now)
     if folded:
         return folded

@@ -1,0 +1,51 @@
+"""The kernel log parser on a corpus of real-format lines: with and without kmsg, dmesg, syslog
+and journald prefixes, pid/name fields, old and new PCI forms, Xid 154 and NVLink5 messages."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from nodemedic_agent.checks.kernel_log import KMSG_RECORD, LogStats, bus_key, kmsg_message, message_finding
+
+CORPUS = Path(__file__).parent / "data" / "kernel_log_corpus.txt"
+GPUS = {"3b:00": 3, "b7:00": 7, "10:1c": 1, "03:00": 0, "53:00": 5, "64:00": 6, "9d:00": 2, "18:00": 4,
+        "ca:00": 6, "01:00": 1, "00:1e": 0}
+
+
+def corpus() -> list[tuple[str, str, str]]:
+    rows = []
+    for line in CORPUS.read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        code, bus, text = (part.strip() for part in line.split(" | ", 2))
+        rows.append((code, bus, text))
+    return rows
+
+
+@pytest.mark.parametrize(("code", "bus", "line"), corpus(), ids=[f"{i}:{c}" for i, (c, _, _) in enumerate(corpus())])
+def test_each_corpus_line_is_the_fault_it_reports(code: str, bus: str, line: str) -> None:
+    message = line
+    if KMSG_RECORD.match(line):
+        parsed = kmsg_message(line, LogStats())
+        assert parsed is not None
+        message = parsed[0]
+    finding = message_finding(message, datetime.now(UTC), lambda pci: GPUS.get(bus_key(pci)))
+    if code == "-":
+        assert finding is None
+        return
+    assert finding is not None and finding.fault_code == code
+    if bus != "-":
+        assert finding.component == {"kind": "gpu", "index": GPUS[bus]}
+
+
+def test_an_nvlink5_finding_carries_its_decode_and_its_action() -> None:
+    fatal = message_finding("NVRM: Xid (PCI:0008:01:00): 144, SAW_MVB Fatal XC0 i0 Link -1 "
+                            "(0x00000021 0x00000002 0x0 0x0 0x0 0x0)", datetime.now(UTC), lambda _: 1)
+    quiet = message_finding("NVRM: Xid (PCI:0008:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link -1 "
+                            "(0x00000021 0x00000001 0x0 0x0 0x0 0x0)", datetime.now(UTC), lambda _: 1)
+    assert fatal is not None and quiet is not None
+    assert (fatal.status, fatal.evidence["nvlink5_bucket"], fatal.evidence["error_status"]) == \
+        ("failed", "RESET_GPU", "0x00000002")
+    assert (quiet.status, quiet.evidence["nvlink5_bucket"]) == ("degraded", "IGNORE")

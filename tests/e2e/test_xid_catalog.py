@@ -1,0 +1,54 @@
+"""Xids whose action is in the message, end to end: the agent reads the kernel log line, the
+pipeline acts on what the driver says (Xid 154) or on the catalog's NVLink5 decode."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from nodemedic_sandbox.local import LocalMode
+
+from tests.conftest import require_slurm
+
+SWEEP_S = 0.5
+
+
+@pytest.fixture
+def fleet():
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01, schedule_scale=SWEEP_S / 60,
+                   extra_parameters={"BreakerMaxPercent": "50"}) as local:  # two of four nodes at once
+        local.start_agents(heartbeat_s=0.5, poll_s=0.5)
+        time.sleep(2 * SWEEP_S + 0.5)
+        yield local
+
+
+def test_xid154_and_nvlink5_messages_get_the_action_they_state(fleet: LocalMode) -> None:
+    # what is only recorded: the driver says no action is needed; a non-fatal NVLink5 error
+    fleet.agents.inject("gpu-3", "xid", xid=154, gpu=1,
+                        text="GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)")
+    fleet.agents.inject("gpu-3", "xid", xid=144, gpu=2, text="SAW_MVB Nonfatal XC0 i0 Link -1 "
+                        "(0x00000021 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)")
+    # what is acted on: the driver says reboot; the catalog decodes a fatal NVLink5 error to RESET_GPU
+    fleet.agents.inject("gpu-1", "xid", xid=154, gpu=3,
+                        text="pid=4511, name=python, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)")
+    fleet.agents.inject("gpu-2", "xid", xid=149, gpu=0, text="NETIR_LINK_EVT Fatal XC0 i0 Link 08 "
+                        "(0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")
+    executions = fleet.wait_for_executions(2, timeout=90)
+    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+    by_node = {i.slurm_node: i for i in fleet.incidents()}
+    assert set(by_node) == {"gpu-1", "gpu-2"}  # nothing opened for gpu-3
+    reboot, nvlink = by_node["gpu-1"], by_node["gpu-2"]
+    assert (reboot.fault_code, reboot.status) == ("XID154_NODE_REBOOT", "closed")
+    assert [r["rung"] for r in reboot.stages["repair"].result["rungs"]] == ["reboot"]  # a GPU reset will not do
+    assert (nvlink.fault_code, nvlink.status) == ("NVLINK5_RESET_GPU", "closed")
+    assert [r["rung"] for r in nvlink.stages["repair"].result["rungs"]] == ["gpu_reset"]
+    # the recorded ones were counted, by class
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        recorded = {c: sum(fleet.metric_values("FaultsMonitored", "Sum", Cluster="local", FaultClass=c))
+                    for c in ("gpu_recovery", "nvlink")}
+        if recorded["gpu_recovery"] >= 1 and recorded["nvlink"] >= 1:
+            break
+        time.sleep(0.5)
+    assert recorded["gpu_recovery"] >= 1 and recorded["nvlink"] >= 1, recorded
