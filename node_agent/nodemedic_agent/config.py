@@ -51,9 +51,33 @@ class Expected(_Section):
     efa_devices: int = Field(default=0, ge=0, le=64)
 
 
+DEFAULT_EFA_RATES = {  # errors per second, sustained for efa_debounce_polls polls: EFA_ERROR_RATE
+    "rdma_read_wr_err": 1.0, "rdma_write_wr_err": 1.0, "unresponsive_remote_events": 1.0,
+    "impaired_remote_conn_events": 1.0, "retrans_timeout_events": 10.0, "rx_drops": 1000.0,
+}
+
+
 class Thresholds(_Section):
     nvlink_errors_per_poll: int = Field(default=100, ge=1)
-    efa_errors_per_poll: int = Field(default=100, ge=1)
+    efa_errors_per_poll: int = Field(default=100, ge=1, description="a one-poll jump of all EFA error counters "
+                                                                   "together: recorded (EFA_HW_ERRORS)")
+    efa_error_rates: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_EFA_RATES),
+        description="EFA hardware counter -> errors per second; above it for efa_debounce_polls polls "
+                    "in a row: EFA_ERROR_RATE")
+    efa_debounce_polls: int = Field(default=3, ge=1, le=100)
+
+    @field_validator("efa_error_rates")
+    @classmethod
+    def _known_counters(cls, value: dict[str, float]) -> dict[str, float]:
+        from nodemedic_agent.hardware.host import EFA_COUNTERS
+
+        unknown = sorted(set(value) - set(EFA_COUNTERS))
+        if unknown:
+            raise ValueError(f"unknown EFA counters {unknown}; known: {', '.join(EFA_COUNTERS)}")
+        if any(v <= 0 for v in value.values()):
+            raise ValueError("every EFA error rate threshold must be > 0")
+        return value
 
 
 class Storage(_Section):

@@ -18,7 +18,8 @@ FAULTS = [
     ("thermal", {"gpu": 6}, "THERMAL_VIOLATION", {"nvml"}, "monitor"),
     ("dcgm", {}, "DCGM_HEALTH", {"dcgm"}, "reboot"),
     ("efa-down", {"efa": 1}, "EFA_DOWN", {"efa"}, "reboot"),
-    ("efa-errors", {"efa": 0}, "EFA_HW_ERRORS", {"efa"}, "monitor"),
+    ("efa-errors", {"efa": 0}, "EFA_HW_ERRORS", {"efa"}, "monitor"),  # one jump: recorded, not a storm
+    ("efa-storm", {"efa": 1}, "EFA_ERROR_RATE", {"efa"}, "reboot"),
     ("efa-driver", {}, "EFA_DRIVER_ERROR", {"kernel_log"}, "monitor"),
     ("disk-full", {}, "DISK_FULL", {"storage"}, "monitor"),
     ("fs-readonly", {}, "FS_READONLY", {"storage", "kernel_log"}, "reboot"),

@@ -7,7 +7,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from nodemedic.contracts.events import NodeIdentity
 from nodemedic_agent.checks.kernel_log import KMSG_RECORD, LogStats, bus_key, kmsg_message, message_finding
+from nodemedic_agent.events import health_event
 
 CORPUS = Path(__file__).parent / "data" / "kernel_log_corpus.txt"
 GPUS = {"3b:00": 3, "b7:00": 7, "10:1c": 1, "03:00": 0, "53:00": 5, "64:00": 6, "9d:00": 2, "18:00": 4,
@@ -36,6 +38,7 @@ def test_each_corpus_line_is_the_fault_it_reports(code: str, bus: str, line: str
         assert finding is None
         return
     assert finding is not None and finding.fault_code == code
+    health_event(finding, "local", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)  # a valid event
     if bus != "-":
         assert finding.component == {"kind": "gpu", "index": GPUS[bus]}
 

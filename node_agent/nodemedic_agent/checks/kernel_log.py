@@ -16,6 +16,7 @@ from pathlib import Path
 from threading import Event
 
 from nodemedic.domain.xid import decode_nvlink5, recovery_action_code
+
 from nodemedic_agent.checks.base import Finding, status_of
 
 KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
@@ -26,6 +27,9 @@ PID_NAME = re.compile(r"^(?:pid=(?:'[^']*'|[^,\s]*),\s*)?(?:name=[^,]*,\s*)?")
 SXID = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
 OFF_BUS = re.compile(r"fallen off the bus")
 GPU_PCI = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)")
+# the efa driver's admin queue stops (it clears its RUNNING bit) on these: the device is unusable until reset
+EFA_FATAL = re.compile(r"(?:\befa [0-9A-Fa-f:.]+|infiniband \S+): .*(?:Wait for completion \((?:polling|interrupts)\) "
+                       r"timeout|Admin queue is closed|Command was aborted)")
 EFA_ERROR = re.compile(r"\befa [0-9A-Fa-f:.]+: .*(?:[Ff]ail|[Ee]rror|err -\d+)")
 HUNG = re.compile(r"INFO: task (\S+) blocked for more than (\d+) seconds")
 LOCKUP = re.compile(r"soft lockup - CPU#(\d+) stuck")
@@ -45,11 +49,10 @@ def xid_code(xid: int, detail: str) -> tuple[str, dict[str, object]]:
     if xid == 154 and (code := recovery_action_code(detail)):
         return code, {"xid": 154}
     if nvlink5 := decode_nvlink5(xid, detail):
+        words = {name: f"0x{value:08x}" for name, value in (("intr_info", nvlink5.intr_info),
+                                                            ("error_status", nvlink5.error_status)) if value is not None}
         return nvlink5.fault_code, {"xid": xid, "nvlink5_unit": nvlink5.unit, "nvlink5_fatal": nvlink5.fatal,
-                                    "nvlink5_bucket": nvlink5.bucket, "decode": nvlink5.basis,
-                                    "intr_info": f"0x{nvlink5.intr_info or 0:08x}",
-                                    "error_status": None if nvlink5.error_status is None
-                                    else f"0x{nvlink5.error_status:08x}"}
+                                    "nvlink5_bucket": nvlink5.bucket, "decode": nvlink5.basis, **words}
     return f"XID {xid}", {}
 
 
@@ -82,6 +85,8 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
         index = gpu_index(pci) if pci else None
         return found("GPU_LOST", f"GPU {pci or '?'} fell off the bus (no XID)",
                      {"kind": "gpu", "index": index} if index is not None else {"kind": "gpu", **({"name": pci} if pci else {})})
+    if EFA_FATAL.search(message):
+        return found("EFA_DRIVER_FATAL", "the EFA driver's admin queue stopped", {"kind": "nic"})
     if EFA_ERROR.search(message):
         return found("EFA_DRIVER_ERROR", "EFA driver error", {"kind": "nic"})
     if m := HUNG.search(message):

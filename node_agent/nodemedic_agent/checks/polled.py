@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error, status_of
 from nodemedic_agent.config import AgentConfig
-from nodemedic_agent.hardware.base import GpuState, Hardware, HardwareError
+from nodemedic_agent.hardware.base import EfaDevice, GpuState, Hardware, HardwareError
 
 
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
@@ -22,6 +23,8 @@ class PolledChecks:
         self.gpus: list[GpuState] = []  # what the last GPU check read (the agent maps PCI ids from it)
         self._nvlink: dict[int, int] = {}
         self._efa: dict[str, int] = {}
+        self._efa_seen: dict[str, tuple[float, dict[str, int]]] = {}  # device -> (monotonic, counters)
+        self._efa_streak: dict[str, int] = {}  # device -> polls in a row above a rate threshold
 
     def _found(self, check: str, code: str, summary: str, component: dict[str, object] | None = None,
                evidence: dict[str, object] | None = None) -> Finding:
@@ -96,6 +99,16 @@ class PolledChecks:
             if dev.port_state != "ACTIVE":
                 found.append(self._found("efa", "EFA_DOWN", f"{dev.name} port 1 is {dev.port_state}", comp,
                                          {"port_state": dev.port_state}))
+            elif dev.netdev is not None and (dev.operstate != "up" or dev.carrier is False):
+                found.append(self._found("efa", "EFA_DOWN", f"{dev.name} link is down ({dev.netdev} "
+                                         f"{dev.operstate}, carrier {'on' if dev.carrier else 'off'})", comp,
+                                         {"netdev": dev.netdev, "operstate": dev.operstate, "carrier": dev.carrier}))
+            if storm := self._efa_rate_storm(dev):
+                found.append(self._found("efa", "EFA_ERROR_RATE", f"{dev.name}: " + ", ".join(
+                    f"{k} {v['per_s']:.1f}/s > {v['threshold']:g}/s" for k, v in storm.items()), comp,
+                    {"polls": self.config.thresholds.efa_debounce_polls,
+                     **{f"{k}_per_s": v["per_s"] for k, v in storm.items()},
+                     **{f"{k}_threshold": v["threshold"] for k, v in storm.items()}}))
             total = sum(dev.counters.values())
             before = self._efa.get(dev.name, total)
             self._efa[dev.name] = total
@@ -103,6 +116,22 @@ class PolledChecks:
                 found.append(self._found("efa", "EFA_HW_ERRORS", f"{dev.name}: {total - before} new hardware errors",
                                          comp, {**dev.counters, "new_errors": total - before}))
         return CheckResult("efa", f"{len(devices)}/{expected} EFA devices", found)
+
+    def _efa_rate_storm(self, dev: EfaDevice) -> dict[str, dict[str, float]]:
+        """The counters whose rate has been above its threshold for ``efa_debounce_polls`` polls in a
+        row (a counter that went down, e.g. after a driver reload, counts as no errors)."""
+        now = time.monotonic()
+        before = self._efa_seen.get(dev.name)
+        self._efa_seen[dev.name] = (now, dict(dev.counters))
+        if before is None or now <= before[0]:
+            return {}
+        elapsed = now - before[0]
+        rules = self.config.thresholds.efa_error_rates
+        over = {name: {"per_s": round(max(0, value - before[1].get(name, value)) / elapsed, 3), "threshold": limit}
+                for name, limit in rules.items() if (value := dev.counters.get(name)) is not None
+                and max(0, value - before[1].get(name, value)) / elapsed > limit}
+        streak = self._efa_streak[dev.name] = self._efa_streak.get(dev.name, 0) + 1 if over else 0
+        return over if streak >= self.config.thresholds.efa_debounce_polls else {}
 
     def storage(self) -> CheckResult:
         cfg = self.config.storage

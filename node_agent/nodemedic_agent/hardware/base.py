@@ -36,9 +36,15 @@ class XidEvent:
 
 @dataclass(frozen=True)
 class EfaDevice:
+    """An EFA device. The efa driver reports its port ACTIVE whatever the link does, so the link's
+    health is its network interface's ``operstate``/``carrier`` (None: no interface found)."""
+
     name: str
     port_state: str
     counters: dict[str, int] = field(default_factory=dict)
+    netdev: str | None = None
+    operstate: str | None = None
+    carrier: bool | None = None
 
 
 class Hardware(Protocol):

@@ -9,7 +9,24 @@ from pathlib import Path
 
 from nodemedic_agent.hardware.base import EfaDevice, HardwareError
 
-EFA_COUNTERS = ("rx_drops", "retrans_timeout_events", "impaired_remote_conn_events", "unresponsive_remote_events")
+# the EFA hardware counters (ports/1/hw_counters) that only rise when something goes wrong
+EFA_COUNTERS = ("rdma_read_wr_err", "rdma_write_wr_err", "rx_drops", "retrans_timeout_events",
+                "impaired_remote_conn_events", "unresponsive_remote_events")
+
+
+def _link(dev: Path) -> tuple[str | None, str | None, bool | None]:
+    """(netdev, operstate, carrier) of the network interface of an EFA device's PCI function.
+    Reading ``carrier`` of an interface that is down fails with EINVAL: no carrier."""
+    nets = sorted((dev / "device" / "net").glob("*")) if (dev / "device" / "net").is_dir() else []
+    if not nets:
+        return None, None, None
+    net = nets[0]
+    operstate = (net / "operstate").read_text().strip()
+    try:
+        carrier: bool | None = (net / "carrier").read_text().strip() == "1"
+    except OSError:
+        carrier = False
+    return net.name, operstate, carrier
 
 
 class SysfsEfa:
@@ -33,9 +50,10 @@ class SysfsEfa:
                     name: int((port / "hw_counters" / name).read_text().strip())
                     for name in EFA_COUNTERS if (port / "hw_counters" / name).exists()
                 }
+                netdev, operstate, carrier = _link(dev)
             except (OSError, ValueError) as exc:
                 raise HardwareError(f"cannot read EFA device {dev.name}: {exc}") from exc
-            found.append(EfaDevice(dev.name, state.split(":")[-1].strip(), counters))
+            found.append(EfaDevice(dev.name, state.split(":")[-1].strip(), counters, netdev, operstate, carrier))
         return found
 
 

@@ -31,8 +31,9 @@ FAULTS = {
     "gpu-lost": "GPU k falls off the bus (no XID)",
     "nvlink": "NVLink error counters of GPU k jump",
     "thermal": "GPU k throttles for temperature",
-    "efa-down": "EFA device k's port goes DOWN",
-    "efa-errors": "EFA device k's hardware error counters jump",
+    "efa-down": "EFA device k's link drops (its interface loses carrier; the port still says ACTIVE, as on real EFA)",
+    "efa-errors": "EFA device k's hardware error counters jump once",
+    "efa-storm": "EFA device k's write-request errors and retransmit timeouts keep rising (an error storm)",
     "efa-driver": "an EFA driver error in the kernel log",
     "disk-full": "the root file system has 1 % free",
     "fs-readonly": "the root file system is remounted read-only",
@@ -78,7 +79,15 @@ class SimulatedNode:
             (port / "state").write_text("4: ACTIVE\n")
             for name in EFA_COUNTERS:
                 (port / "hw_counters" / name).write_text("0\n")
+            self._set_link(i, up=True)
+        (self.dir / "efa_rates.json").write_text("{}")
         return self
+
+    def _set_link(self, index: int, up: bool) -> None:
+        net = self.dir / "sys" / "class" / "infiniband" / f"rdmap{index}s0" / "device" / "net" / f"eth{index + 1}"
+        net.mkdir(parents=True, exist_ok=True)
+        (net / "operstate").write_text("up\n" if up else "down\n")
+        (net / "carrier").write_text("1\n" if up else "0\n")
 
     def state(self) -> dict[str, Any]:
         return dict(json.loads((self.dir / "state.json").read_text()))
@@ -124,7 +133,11 @@ class SimulatedNode:
         elif fault == "thermal":
             self._update_gpu(gpu, thermal_violation=True)
         elif fault == "efa-down":
-            (self._efa_port(efa) / "state").write_text("1: DOWN\n")
+            self._set_link(efa, up=False)
+        elif fault == "efa-storm":
+            rates = json.loads((self.dir / "efa_rates.json").read_text())
+            rates[f"rdmap{efa}s0"] = {"since": time.time(), "per_s": {"rdma_write_wr_err": 50, "retrans_timeout_events": 200}}
+            (self.dir / "efa_rates.json").write_text(json.dumps(rates))
         elif fault == "efa-errors":
             counter = self._efa_port(efa) / "hw_counters" / "retrans_timeout_events"
             counter.write_text(f"{int(counter.read_text()) + 10_000}\n")
@@ -154,8 +167,9 @@ class SimulatedNode:
         else:  # clear
             keep = self.state()
             self.create(gpus=len(keep["gpus"]), efa=0, shared_mounts=tuple(m for m in keep["mounts"] if m != "/"))
-            for port in (self.dir / "sys" / "class" / "infiniband").glob("*/ports/1"):
+            for port in (self.dir / "sys" / "class" / "infiniband").glob("rdmap*s0/ports/1"):
                 (port / "state").write_text("4: ACTIVE\n")
+                self._set_link(int(port.parent.parent.name[len("rdmap"):-len("s0")]), up=True)
 
     def _set(self, section: str, key: str, value: Any) -> None:
         state = self.state()
@@ -211,7 +225,18 @@ class SimulatedHardware:
         return list(self._state().get("dcgm") or [])
 
     def efa_devices(self) -> list[EfaDevice]:
-        return self._efa.devices()
+        """sysfs as written, plus the counters an injected storm has added since it started."""
+        path = self._node.dir / "efa_rates.json"
+        rates = json.loads(path.read_text()) if path.exists() else {}
+        devices = []
+        for dev in self._efa.devices():
+            storm = rates.get(dev.name)
+            if storm:
+                elapsed = time.time() - storm["since"]
+                counters = {k: v + int(storm["per_s"].get(k, 0) * elapsed) for k, v in dev.counters.items()}
+                dev = dataclasses.replace(dev, counters=counters)
+            devices.append(dev)
+        return devices
 
     def disk_usage(self, path: str) -> tuple[int, int]:
         total, free = self._state()["disks"].get(path, [100 * 2**30, 60 * 2**30])

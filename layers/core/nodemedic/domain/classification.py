@@ -67,7 +67,7 @@ def _rule(fault_code: str) -> dict[str, Any]:
     table = fault_table()
     rule = next((r for r in table["rules"] if r["code"] == fault_code), None)
     if rule is not None:
-        return rule
+        return cast(dict[str, Any], rule)
     m = XID_CODE.match(fault_code)
     entry = catalog().get(int(m.group(1))) if m else None
     if entry is None:

@@ -1,5 +1,6 @@
-"""Xids whose action is in the message, end to end: the agent reads the kernel log line, the
-pipeline acts on what the driver says (Xid 154) or on the catalog's NVLink5 decode."""
+"""Health signals end to end, from a simulated node through its real agent to the pipeline on real
+Slurm: Xids whose action is in the message (Xid 154, NVLink5) and EFA faults that real EFA can
+actually show (a link that loses carrier while the port says ACTIVE, an error-counter storm)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,14 @@ def test_xid154_and_nvlink5_messages_get_the_action_they_state(fleet: LocalMode)
             break
         time.sleep(0.5)
     assert recorded["gpu_recovery"] >= 1 and recorded["nvlink"] >= 1, recorded
+
+
+def test_an_efa_link_drop_and_an_efa_error_storm_each_open_their_incident(fleet: LocalMode) -> None:
+    fleet.agents.inject("gpu-1", "efa-down", efa=2)
+    fleet.agents.inject("gpu-2", "efa-storm", efa=1)
+    fleet.agents.inject("gpu-3", "efa-errors", efa=0)  # one jump, not sustained: recorded only
+    executions = fleet.wait_for_executions(2, timeout=90)
+    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+    by_node = {i.slurm_node: i for i in fleet.incidents()}
+    assert {n: i.fault_code for n, i in by_node.items()} == {"gpu-1": "EFA_DOWN", "gpu-2": "EFA_ERROR_RATE"}
+    assert all(i.fault_class == "efa" and i.status in ("closed", "held") for i in by_node.values())

@@ -1,0 +1,67 @@
+"""EFA health that can fail: link state from the interface, error rates debounced over polls."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+from nodemedic_agent.checks.polled import PolledChecks
+from nodemedic_agent.config import ConfigError, parse_config
+from nodemedic_agent.hardware.base import EfaDevice
+
+from tests.agent.conftest import agent_config
+
+
+class Counters:
+    """EFA devices whose counters the test sets between polls (clock advanced by hand)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.carrier = True
+
+    def efa_devices(self) -> list[EfaDevice]:
+        return [EfaDevice("rdmap0s0", "ACTIVE", {"rdma_write_wr_err": self.value}, "eth1",
+                          "up" if self.carrier else "down", self.carrier)]
+
+
+@pytest.fixture
+def checks(sim, tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr("nodemedic_agent.checks.polled.time.monotonic", lambda: clock[0])
+    hw = Counters()
+    polled = PolledChecks(hw, agent_config(sim, tmp_path / "spool", expected={"efa_devices": 1}))  # type: ignore[arg-type]
+
+    def poll(add: int) -> list[str]:
+        clock[0] += 1.0
+        hw.value += add
+        return [f.fault_code for f in polled.efa().findings]
+    return poll, hw
+
+
+def test_a_rate_above_its_threshold_fires_only_when_sustained(checks) -> None:
+    poll, _ = checks
+    assert poll(0) == []
+    assert [poll(50) for _ in range(2)] == [[], []]  # 50 errors/s, but only two polls
+    assert poll(0) == []  # the streak is broken
+    assert [poll(50) for _ in range(3)] == [[], [], ["EFA_ERROR_RATE"]]
+
+
+def test_a_counter_that_goes_back_to_zero_is_not_a_storm(checks) -> None:
+    poll, hw = checks
+    poll(1000)
+    hw.value = 0  # driver reloaded
+    assert [poll(0) for _ in range(4)] == [[], [], [], []]
+
+
+def test_a_link_without_carrier_is_down_while_the_port_still_says_active(checks) -> None:
+    poll, hw = checks
+    hw.carrier = False
+    assert poll(0) == ["EFA_DOWN"]
+
+
+def test_the_example_config_is_valid_and_a_bad_counter_name_is_refused() -> None:
+    example = tomllib.loads((Path(__file__).parents[2] / "node_agent" / "agent.example.toml").read_text())
+    assert parse_config(example).thresholds.efa_debounce_polls == 3
+    with pytest.raises(ConfigError, match="unknown EFA counters"):
+        parse_config({**example, "thresholds": {"efa_error_rates": {"rdma_write_errs": 1}}})
