@@ -64,15 +64,42 @@ def cmd_check(args: argparse.Namespace) -> int:
         agent.stop_event.wait(config.intervals.poll_seconds)
 
 
+def _instance_type() -> str | None:
+    from nodemedic_agent.identity import imds
+
+    try:
+        return imds("instance-type", timeout_s=0.5)
+    except OSError:
+        return None
+
+
 def cmd_health_check(args: argparse.Namespace) -> int:
+    import time
+
+    from nodemedic_agent.checks.deep import full_checks, profile, settle
     from nodemedic_agent.checks.polled import PolledChecks
     from nodemedic_agent.hardware import open_hardware
     from nodemedic_agent.identity import resolve_identity
     from nodemedic_agent.report import machine
 
+    started = time.monotonic()
     config = _config(args)
-    results = PolledChecks(open_hardware(config), config).run_all()
+    node = profile(args.instance_type or _instance_type(), config.expected.gpus)
+    polled = PolledChecks(open_hardware(config), config)
+    settle_s = node.settle_seconds if args.settle_seconds is None else args.settle_seconds
+    results, settled = settle(polled.run_all, settle_s, args.settle_polls, min(config.intervals.poll_seconds, 5.0))
     report = machine(results, args.level, resolve_identity(config).instance_id)
+    report["settle"] = settled
+    if args.level == "full":
+        measured = [m.report() for m in full_checks(node, args.dcgm_level)]
+        for m in measured:
+            if m["ok"] is None and m["name"] in args.require:
+                m.update(ok=False, status="failed", detail=f"required, {m['detail']}")
+        report["checks"] += measured
+        report["not_run"] = [m["name"] for m in measured if m["ok"] is None]
+        report["healthy"] = report["healthy"] and all(m["ok"] is not False for m in measured)
+    report["instance_type"] = node.instance_type
+    report["duration_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(report))
     return 0 if report["healthy"] else 1
 
@@ -125,7 +152,20 @@ def parser() -> argparse.ArgumentParser:
 
     hc = sub.add_parser("health-check", help="one JSON line {healthy, checks} for the pipeline's health gate")
     hc.add_argument("--level", choices=["quick", "full"], default="quick",
-                    help="quick: the agent's checks (full adds DCGM diag and NCCL where installed; see docs)")
+                    help="quick: the agent's checks, judged once settled. full: also DCGM diagnostics (dcgmi diag), "
+                         "a GEMM/HBM burn per GPU (PyTorch) and an NCCL all-reduce (all_reduce_perf), each against "
+                         "its instance type's threshold; a missing tool is reported 'not run', never a pass")
+    hc.add_argument("--instance-type", default=None,
+                    help="thresholds and settle time of this type (default: from instance metadata; unknown types "
+                         "are measured, not judged)")
+    hc.add_argument("--settle-seconds", type=float, default=None,
+                    help="repeat the checks for up to this long until --settle-polls in a row are clean, before "
+                         "any verdict (after a reboot, GPU reset or replacement NVLinks are still training); "
+                         "default: the instance type's, 0: judge the first poll")
+    hc.add_argument("--settle-polls", type=int, default=3, help="clean polls in a row that end the settle wait")
+    hc.add_argument("--dcgm-level", type=int, choices=[1, 2, 3, 4], default=3, help="full: dcgmi diag -r LEVEL")
+    hc.add_argument("--require", action="append", default=[], choices=["dcgm_diag", "gpu_burn", "nccl_all_reduce"],
+                    help="full: this check failing to run fails the node (repeatable)")
     hc.set_defaults(func=cmd_health_check)
 
     val = sub.add_parser("validate", help="validate the configuration file and exit")

@@ -65,6 +65,9 @@ class PolledChecks:
             elif g.remap_pending or g.retired_pages_pending:
                 found.append(self._found("nvml", "RETIRED_PAGES_PENDING",
                                          f"GPU {g.index}: page retirement / row remap pending a reset", comp))
+            if g.nvlink_links_down:
+                found.append(self._found("nvml", "NVLINK_DOWN", f"GPU {g.index}: {g.nvlink_links_down} NVLinks "
+                                         "not active", comp, {"links_down": g.nvlink_links_down}))
             if g.thermal_violation:
                 found.append(self._found("nvml", "THERMAL_VIOLATION", f"GPU {g.index}: thermal slowdown", comp))
             if g.power_violation:

@@ -24,6 +24,7 @@ class GpuState:
     thermal_violation: bool = False
     power_violation: bool = False
     nvlink_errors: int = 0  # cumulative replay + recovery + CRC counters over active links
+    nvlink_links_down: int = 0  # links that exist on this GPU but are not active (they train after boot)
 
 
 @dataclass(frozen=True)

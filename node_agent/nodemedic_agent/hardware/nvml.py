@@ -80,9 +80,13 @@ class NvmlHardware:
         _, _, remap_pending, remap_failure = _supported(lambda: pynvml.nvmlDeviceGetRemappedRows(h), (0, 0, 0, 0))
         reasons = _supported(lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h), 0)
         thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonSwThermalSlowdown
-        nvlink = 0
+        nvlink = links_down = 0
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-            if not _supported(lambda lk=link: pynvml.nvmlDeviceGetNvLinkState(h, lk), 0):
+            state = _supported(lambda lk=link: pynvml.nvmlDeviceGetNvLinkState(h, lk), None)
+            if state is None:  # no such link on this GPU
+                continue
+            if not state:
+                links_down += 1
                 continue
             for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
                             pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA):
@@ -92,7 +96,7 @@ class NvmlHardware:
             retired_pages_pending=bool(pending), remap_pending=bool(remap_pending),
             remap_failure=bool(remap_failure), thermal_violation=bool(reasons & thermal),
             power_violation=bool(reasons & pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
-            nvlink_errors=int(nvlink),
+            nvlink_errors=int(nvlink), nvlink_links_down=links_down,
         )
 
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:

@@ -30,6 +30,7 @@ FAULTS = {
     "remap-failure": "a failed row remap on GPU k",
     "gpu-lost": "GPU k falls off the bus (no XID)",
     "nvlink": "NVLink error counters of GPU k jump",
+    "nvlink-down": "2 NVLinks of GPU k are not active (as right after a boot, before they train)",
     "thermal": "GPU k throttles for temperature",
     "efa-down": "EFA device k's link drops (its interface loses carrier; the port still says ACTIVE, as on real EFA)",
     "efa-errors": "EFA device k's hardware error counters jump once",
@@ -130,6 +131,8 @@ class SimulatedNode:
             self.kmsg(f"NVRM: GPU {_pci(gpu)[4:]}: GPU has fallen off the bus.")
         elif fault == "nvlink":
             self._update_gpu(gpu, nvlink_errors=10_000)
+        elif fault == "nvlink-down":
+            self._update_gpu(gpu, nvlink_links_down=2)
         elif fault == "thermal":
             self._update_gpu(gpu, thermal_violation=True)
         elif fault == "efa-down":

@@ -1,0 +1,187 @@
+"""The deep health check's two levels, and the settle rule that comes before any verdict.
+
+``quick`` (about a minute at most) is the agent's polled checks, judged only once the node has
+settled: right after a reboot, GPU reset or replacement, NVLinks are still training and GPUs may
+still be appearing, so the checks are repeated until ``settle_polls`` polls in a row are clean, or
+until ``settle_seconds`` have passed (then what is still failing fails the node).
+
+``full`` (up to 15 minutes) adds what measures the hardware: DCGM diagnostics (``dcgmi diag``),
+a GEMM throughput and HBM bandwidth burn per GPU, and an intra-node NCCL all-reduce
+(``all_reduce_perf`` from nccl-tests), each measured value reported beside its threshold (per
+instance type, ``instance_types.json``). A tool that is not installed is reported as *not run*,
+with the reason: never as a pass. ``require`` makes a not-run check fail the node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from nodemedic_agent.checks.base import CheckResult
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a healthy node of an instance type measures (``instance_types.json``)."""
+
+    instance_type: str
+    gpus: int
+    min_gemm_tflops: float | None
+    min_hbm_gbps: float | None
+    min_nccl_busbw_gbps: float | None
+    settle_seconds: float
+
+
+@lru_cache(maxsize=1)
+def _types() -> dict[str, Any]:
+    text = resources.files("nodemedic.domain").joinpath("instance_types.json").read_text()
+    return dict(json.loads(text))
+
+
+def profile(instance_type: str | None, gpus: int) -> Profile:
+    data = _types()
+    spec = data["types"].get(instance_type or "", {})
+    d = data["defaults"]
+    return Profile(instance_type or "unknown", int(spec.get("gpus", gpus)),
+                   spec["peak_bf16_tflops"] * d["min_gemm_fraction"] if spec else None,
+                   spec["peak_hbm_gbps"] * d["min_hbm_fraction"] if spec else None,
+                   spec.get("min_nccl_busbw_gbps"), float(spec.get("settle_seconds", d["settle_seconds"])))
+
+
+@dataclass
+class Measured:
+    """One check of the full level: ``ok`` is None when it could not run (``detail`` says why)."""
+
+    name: str
+    ok: bool | None
+    detail: str
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        status = "not_run" if self.ok is None else ("healthy" if self.ok else "failed")
+        return {"name": self.name, "ok": self.ok, "status": status, "detail": self.detail,
+                "findings": [] if self.ok is not False else [f"DEEP_CHECK_{self.name.upper()}"],
+                "measurements": self.measurements}
+
+
+def settle(run: Callable[[], list[CheckResult]], settle_s: float, polls: int, interval_s: float,
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+           ) -> tuple[list[CheckResult], dict[str, Any]]:
+    """Poll until ``polls`` clean polls in a row, or ``settle_s`` has passed: the last results,
+    and how the verdict was reached."""
+    start = clock()
+    streak = rounds = 0
+    while True:
+        results = run()
+        rounds += 1
+        clean = all(r.status in ("healthy", "degraded") for r in results)
+        streak = streak + 1 if clean else 0
+        waited = clock() - start
+        if streak >= polls or waited >= settle_s:
+            return results, {"polls": rounds, "clean_in_a_row": streak, "waited_s": round(waited, 1),
+                             "settle_seconds": settle_s}
+        sleep(interval_s)
+
+
+def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def dcgm_diag(level: int = 3, timeout_s: float = 900) -> Measured:
+    if shutil.which("dcgmi") is None:
+        return Measured("dcgm_diag", None, "not run: dcgmi (DCGM) is not installed")
+    try:
+        out = _run(["dcgmi", "diag", "-r", str(level), "-j"], timeout_s)
+    except subprocess.TimeoutExpired:
+        return Measured("dcgm_diag", False, f"level {level} did not finish in {timeout_s:.0f}s")
+    try:
+        report = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        return Measured("dcgm_diag", False, f"level {level}: exit {out.returncode}, no JSON: {out.stderr.strip()[:200]}")
+    failed = sorted(set(re.findall(r'"(?:name|test_name)"\s*:\s*"([^"]+)"[^{}]*"(?:status|result)"\s*:\s*"Fail',
+                                   json.dumps(report))))
+    ok = out.returncode == 0 and not failed
+    return Measured("dcgm_diag", ok, f"level {level}: " + ("pass" if ok else f"failed {', '.join(failed) or out.returncode}"))
+
+
+def gpu_burn(p: Profile, seconds: float = 10.0) -> Measured:
+    """Per GPU: dense BF16 GEMM TFLOPS and device-to-device copy GB/s, against the thresholds."""
+    try:
+        import torch  # type: ignore[import-not-found]
+    except ImportError:
+        return Measured("gpu_burn", None, "not run: PyTorch is not installed")
+    if not torch.cuda.is_available():
+        return Measured("gpu_burn", None, "not run: no CUDA device visible to PyTorch")
+    rows: list[dict[str, Any]] = []
+    for i in range(torch.cuda.device_count()):
+        with torch.cuda.device(i):
+            tflops = _gemm_tflops(torch, seconds / 2)
+            gbps = _copy_gbps(torch, seconds / 2)
+        rows.append({"target": f"gpu{i}", "metric": "gemm_bf16_tflops", "value": round(tflops, 1),
+                     "threshold": p.min_gemm_tflops})
+        rows.append({"target": f"gpu{i}", "metric": "hbm_copy_gbps", "value": round(gbps, 1),
+                     "threshold": p.min_hbm_gbps})
+    below = [f"{r['target']} {r['metric']} {r['value']} < {r['threshold']:.0f}" for r in rows
+             if r["threshold"] is not None and r["value"] < r["threshold"]]
+    unjudged = "" if p.min_gemm_tflops else f" (no thresholds for {p.instance_type}: measured only)"
+    return Measured("gpu_burn", not below, ("; ".join(below) if below else f"{len(rows) // 2} GPUs pass") + unjudged, rows)
+
+
+def _timed(torch: Any, work: Callable[[], None], seconds: float) -> tuple[int, float]:
+    work()  # warm up
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    iters, elapsed = 0, 0.0
+    start.record()
+    while elapsed < seconds:
+        for _ in range(10):
+            work()
+        iters += 10
+        end.record()
+        end.synchronize()
+        elapsed = start.elapsed_time(end) / 1000
+    return iters, elapsed
+
+
+def _gemm_tflops(torch: Any, seconds: float, n: int = 8192) -> float:
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    iters, elapsed = _timed(torch, lambda: torch.matmul(a, b), seconds)
+    return 2 * n**3 * iters / elapsed / 1e12
+
+
+def _copy_gbps(torch: Any, seconds: float, size: int = 2 * 2**30) -> float:
+    src = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    iters, elapsed = _timed(torch, lambda: dst.copy_(src), seconds)
+    return 2 * size * iters / elapsed / 1e9  # read + write
+
+
+def nccl_all_reduce(p: Profile, gpus: int, timeout_s: float = 300) -> Measured:
+    binary = shutil.which("all_reduce_perf")
+    if binary is None:
+        return Measured("nccl_all_reduce", None, "not run: all_reduce_perf (nccl-tests) is not on PATH")
+    try:
+        out = _run([binary, "-b", "1G", "-e", "1G", "-g", str(gpus), "-n", "20"], timeout_s)
+    except subprocess.TimeoutExpired:
+        return Measured("nccl_all_reduce", False, f"did not finish in {timeout_s:.0f}s")
+    m = re.search(r"Avg bus bandwidth\s*:\s*([0-9.]+)", out.stdout)
+    if out.returncode != 0 or not m:
+        return Measured("nccl_all_reduce", False, f"exit {out.returncode}: {(out.stderr or out.stdout).strip()[-200:]}")
+    busbw = float(m.group(1))
+    row = {"target": f"{gpus} GPUs", "metric": "nccl_busbw_gbps", "value": busbw, "threshold": p.min_nccl_busbw_gbps}
+    ok = p.min_nccl_busbw_gbps is None or busbw >= p.min_nccl_busbw_gbps
+    return Measured("nccl_all_reduce", ok, f"bus bandwidth {busbw:.1f} GB/s"
+                    + (f" (threshold {p.min_nccl_busbw_gbps:g})" if p.min_nccl_busbw_gbps else ""), [row])
+
+
+def full_checks(p: Profile, dcgm_level: int) -> list[Measured]:
+    return [dcgm_diag(dcgm_level), gpu_burn(p), nccl_all_reduce(p, p.gpus)]

@@ -1,0 +1,112 @@
+"""The deep health check the pipeline runs on a node: quick and full differ, full reports each
+measurement beside its threshold, missing tools are 'not run' (never a pass), and nothing is
+judged before the node has settled."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from nodemedic_agent.checks.base import CheckResult, Finding
+from nodemedic_agent.checks.deep import profile, settle
+from nodemedic_agent.cli import main
+
+from tests.agent.conftest import agent_config
+
+
+@pytest.fixture
+def config_file(sim, tmp_path: Path) -> Path:
+    cfg = agent_config(sim, tmp_path / "spool")
+    path = tmp_path / "agent.toml"
+    lines = []
+    for key, value in cfg.model_dump(exclude_none=True).items():
+        if not isinstance(value, dict):
+            lines.append(f"{key} = {json.dumps(value)}")
+    for key, value in cfg.model_dump(exclude_none=True).items():
+        if isinstance(value, dict) and value and all(not isinstance(v, dict) for v in value.values()):
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in value.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def check(config_file: Path, capsys, *args: str) -> tuple[int, dict]:
+    code = main(["--config", str(config_file), "health-check", "--instance-type", "p5.48xlarge", *args])
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def tool(bin_dir: Path, name: str, script: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_quick_and_full_run_different_checks_and_a_missing_tool_is_not_run(config_file, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no dcgmi, no all_reduce_perf here
+    code, quick = check(config_file, capsys, "--level", "quick", "--settle-seconds", "0")
+    assert code == 0 and quick["healthy"] and quick["level"] == "quick"
+    assert {c["name"] for c in quick["checks"]} == {"gpu", "dcgm", "efa", "storage"}
+    code, full = check(config_file, capsys, "--level", "full", "--settle-seconds", "0")
+    names = {c["name"]: c for c in full["checks"]}
+    assert {"dcgm_diag", "gpu_burn", "nccl_all_reduce"} <= set(names)
+    assert all(names[n]["status"] == "not_run" and names[n]["ok"] is None and "not run:" in names[n]["detail"]
+               for n in ("dcgm_diag", "gpu_burn", "nccl_all_reduce"))
+    assert full["not_run"] == ["dcgm_diag", "gpu_burn", "nccl_all_reduce"]
+    assert code == 0 and full["healthy"]  # what ran passed; what did not is said, not passed
+    code, required = check(config_file, capsys, "--level", "full", "--settle-seconds", "0", "--require", "dcgm_diag")
+    assert code == 1 and not required["healthy"]
+
+
+def test_full_reports_each_measurement_with_its_threshold(config_file, capsys, monkeypatch, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool(bin_dir, "dcgmi", 'echo \'{"tests": [{"name": "Memory", "results": [{"status": "Pass"}]}]}\'\n')
+    tool(bin_dir, "all_reduce_perf", 'echo "# Avg bus bandwidth    : 412.31"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    code, full = check(config_file, capsys, "--level", "full", "--settle-seconds", "0")
+    nccl = next(c for c in full["checks"] if c["name"] == "nccl_all_reduce")
+    assert nccl["ok"] and nccl["measurements"] == [
+        {"target": "8 GPUs", "metric": "nccl_busbw_gbps", "value": 412.31, "threshold": 350}]
+    assert next(c for c in full["checks"] if c["name"] == "dcgm_diag")["ok"]
+    tool(bin_dir, "all_reduce_perf", 'echo "# Avg bus bandwidth    : 97.5"\n')
+    tool(bin_dir, "dcgmi", 'echo \'{"tests": [{"name": "Memory", "status": "Fail"}]}\'\nexit 226\n')
+    code, slow = check(config_file, capsys, "--level", "full", "--settle-seconds", "0")
+    failed = {c["name"]: c["detail"] for c in slow["checks"] if c["ok"] is False}
+    assert code == 1 and not slow["healthy"]
+    assert "97.5" in failed["nccl_all_reduce"] and "Memory" in failed["dcgm_diag"]
+
+
+def test_an_nvlink_down_that_clears_within_the_settle_window_is_not_a_failure(sim, config_file, capsys):
+    sim.inject("nvlink-down", gpu=3)
+    threading.Timer(1.0, lambda: sim.inject("clear")).start()  # the links finish training
+    code, report = check(config_file, capsys, "--settle-seconds", "10", "--settle-polls", "3")
+    assert code == 0 and report["healthy"], report
+    assert report["settle"]["clean_in_a_row"] == 3 and report["settle"]["polls"] > 3
+
+
+def test_a_fault_that_stays_fails_once_the_settle_window_is_over(sim, config_file, capsys):
+    sim.inject("nvlink-down", gpu=3)
+    code, report = check(config_file, capsys, "--settle-seconds", "0.5")
+    assert code == 1 and not report["healthy"]
+    assert "NVLINK_DOWN" in next(c for c in report["checks"] if c["name"] == "gpu")["findings"]
+    assert report["settle"]["waited_s"] >= 0.5
+
+
+def test_settle_judges_after_n_clean_polls_or_the_deadline() -> None:
+    bad = CheckResult("gpu", "x", [Finding("nvml", "NVLINK_DOWN", "failed", "down")])
+    good = CheckResult("gpu", "x")
+    seq = iter([[bad], [bad], [good], [bad], [good], [good], [good]])
+    clock = iter(range(100))
+    results, how = settle(lambda: next(seq), 60, 3, 1, clock=lambda: float(next(clock)), sleep=lambda _: None)
+    assert results == [good] and how["polls"] == 7 and how["clean_in_a_row"] == 3
+
+
+def test_thresholds_come_from_the_instance_type_and_unknown_types_are_measured_not_judged() -> None:
+    p5 = profile("p5.48xlarge", 8)
+    assert (p5.gpus, p5.min_nccl_busbw_gbps) == (8, 350) and p5.min_gemm_tflops == pytest.approx(989 * 0.6)
+    unknown = profile("g6.xlarge", 1)
+    assert unknown.min_gemm_tflops is None and unknown.settle_seconds == 90
