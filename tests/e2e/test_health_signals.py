@@ -7,11 +7,26 @@ from __future__ import annotations
 import time
 
 import pytest
+from nodemedic.contracts.incident import ENDED_STATUSES, Incident
 from nodemedic_sandbox.local import LocalMode
 
 from tests.conftest import require_slurm
 
 SWEEP_S = 0.5
+
+
+def settled_incidents(fleet: LocalMode, nodes: set[str], timeout: float = 90) -> dict[str, Incident]:
+    """Wait until ``nodes`` each have an ended incident and every execution has ended (events that are
+    only recorded start executions too, so counting executions alone would race)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ended = {i.slurm_node: i for i in fleet.incidents() if i.status in ENDED_STATUSES}
+        if nodes <= set(ended):
+            break
+        time.sleep(0.5)
+    executions = fleet.wait_for_executions(len(fleet.executions()), timeout=30)
+    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+    return {i.slurm_node: i for i in fleet.incidents()}
 
 
 @pytest.fixture
@@ -35,9 +50,8 @@ def test_xid154_and_nvlink5_messages_get_the_action_they_state(fleet: LocalMode)
                         text="pid=4511, name=python, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)")
     fleet.agents.inject("gpu-2", "xid", xid=149, gpu=0, text="NETIR_LINK_EVT Fatal XC0 i0 Link 08 "
                         "(0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")
-    executions = fleet.wait_for_executions(2, timeout=90)
-    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
-    by_node = {i.slurm_node: i for i in fleet.incidents()}
+    time.sleep(2)  # every injected line has been read by its agent
+    by_node = settled_incidents(fleet, {"gpu-1", "gpu-2"})
     assert set(by_node) == {"gpu-1", "gpu-2"}  # nothing opened for gpu-3
     reboot, nvlink = by_node["gpu-1"], by_node["gpu-2"]
     assert (reboot.fault_code, reboot.status) == ("XID154_NODE_REBOOT", "closed")
@@ -59,8 +73,7 @@ def test_an_efa_link_drop_and_an_efa_error_storm_each_open_their_incident(fleet:
     fleet.agents.inject("gpu-1", "efa-down", efa=2)
     fleet.agents.inject("gpu-2", "efa-storm", efa=1)
     fleet.agents.inject("gpu-3", "efa-errors", efa=0)  # one jump, not sustained: recorded only
-    executions = fleet.wait_for_executions(2, timeout=90)
-    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
-    by_node = {i.slurm_node: i for i in fleet.incidents()}
+    time.sleep(5)  # well past the storm's debounce (3 polls of 0.5 s)
+    by_node = settled_incidents(fleet, {"gpu-1", "gpu-2"})
     assert {n: i.fault_code for n, i in by_node.items()} == {"gpu-1": "EFA_DOWN", "gpu-2": "EFA_ERROR_RATE"}
     assert all(i.fault_class == "efa" and i.status in ("closed", "held") for i in by_node.values())
