@@ -19,7 +19,8 @@ def test_lifecycle_script_installs_a_working_agent(tmp_path: Path) -> None:
     [wheel] = wheels.glob("nodemedic_agent-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     # the node runs the same contract models and fault table as the pipeline
-    assert {"nodemedic/contracts/events.py", "nodemedic/domain/fault_table.json",
+    assert {"nodemedic/contracts/events.py", "nodemedic/domain/fault_table.json", "nodemedic/domain/xid_catalog.csv",
+            "nodemedic/domain/nvlink5_decode.csv", "nodemedic/domain/instance_types.json",
             "nodemedic_agent/cli.py"} <= set(names)
 
     root = tmp_path / "node"
@@ -32,7 +33,8 @@ def test_lifecycle_script_installs_a_working_agent(tmp_path: Path) -> None:
     assert "valid (cluster local, bus nodemedic-local, hardware nvml)" in proc.stdout
     assert "NodeMedic health report: gpu-1 (i-0123456789abcdef0)" in proc.stdout
 
-    check = subprocess.run([str(root / "opt/nodemedic/bin/deep-health-check"), "--level", "quick"],
+    check = subprocess.run([str(root / "opt/nodemedic/bin/deep-health-check"), "--level", "quick",
+                            "--settle-seconds", "1"],  # a failing check is repeated for the settle window
                            capture_output=True, text=True, timeout=60)
     report = json.loads(check.stdout.strip().splitlines()[-1])
     # this machine has no GPU driver: the gate must say unhealthy, with the reason, and exit 1
