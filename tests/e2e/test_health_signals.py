@@ -11,6 +11,7 @@ from nodemedic.contracts.incident import ENDED_STATUSES, Incident
 from nodemedic_sandbox.local import LocalMode
 
 from tests.conftest import require_slurm
+from tests.e2e.support import wait_for
 
 SWEEP_S = 0.5
 
@@ -18,12 +19,8 @@ SWEEP_S = 0.5
 def settled_incidents(fleet: LocalMode, nodes: set[str], timeout: float = 90) -> dict[str, Incident]:
     """Wait until ``nodes`` each have an ended incident and every execution has ended (events that are
     only recorded start executions too, so counting executions alone would race)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ended = {i.slurm_node: i for i in fleet.incidents() if i.status in ENDED_STATUSES}
-        if nodes <= set(ended):
-            break
-        time.sleep(0.5)
+    wait_for(lambda: nodes <= {i.slurm_node for i in fleet.incidents() if i.status in ENDED_STATUSES},
+             f"ended incidents on {sorted(nodes)}", timeout)
     executions = fleet.wait_for_executions(len(fleet.executions()), timeout=30)
     assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
     return {i.slurm_node: i for i in fleet.incidents()}
@@ -59,14 +56,8 @@ def test_xid154_and_nvlink5_messages_get_the_action_they_state(fleet: LocalMode)
     assert (nvlink.fault_code, nvlink.status) == ("NVLINK5_RESET_GPU", "closed")
     assert [r["rung"] for r in nvlink.stages["repair"].result["rungs"]] == ["gpu_reset"]
     # the recorded ones were counted, by class
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        recorded = {c: sum(fleet.metric_values("FaultsMonitored", "Sum", Cluster="local", FaultClass=c))
-                    for c in ("gpu_recovery", "nvlink")}
-        if recorded["gpu_recovery"] >= 1 and recorded["nvlink"] >= 1:
-            break
-        time.sleep(0.5)
-    assert recorded["gpu_recovery"] >= 1 and recorded["nvlink"] >= 1, recorded
+    wait_for(lambda: all(sum(fleet.metric_values("FaultsMonitored", "Sum", Cluster="local", FaultClass=c)) >= 1
+                         for c in ("gpu_recovery", "nvlink")), "FaultsMonitored for gpu_recovery and nvlink", 20)
 
 
 def test_an_efa_link_drop_and_an_efa_error_storm_each_open_their_incident(fleet: LocalMode) -> None:

@@ -22,8 +22,7 @@ class PolledChecks:
         self.config = config
         self.gpus: list[GpuState] = []  # what the last GPU check read (the agent maps PCI ids from it)
         self._nvlink: dict[int, int] = {}
-        self._efa: dict[str, int] = {}
-        self._efa_seen: dict[str, tuple[float, dict[str, int]]] = {}  # device -> (monotonic, counters)
+        self._efa_seen: dict[str, tuple[float, dict[str, int]]] = {}  # device -> (monotonic, counters) last poll
         self._efa_streak: dict[str, int] = {}  # device -> polls in a row above a rate threshold
 
     def _found(self, check: str, code: str, summary: str, component: dict[str, object] | None = None,
@@ -97,8 +96,11 @@ class PolledChecks:
             found.append(self._found("efa", "EFA_COUNT_LOW", f"{len(devices)} of {expected} EFA devices",
                                  {"kind": "node"}, {"visible": len(devices), "expected": expected}))
         thr = self.config.thresholds.efa_errors_per_poll
+        now = time.monotonic()
         for i, dev in enumerate(devices):
             comp = {"kind": "nic", "index": i, "name": dev.name}
+            before = self._efa_seen.get(dev.name)
+            self._efa_seen[dev.name] = (now, dict(dev.counters))
             if dev.port_state != "ACTIVE":
                 found.append(self._found("efa", "EFA_DOWN", f"{dev.name} port 1 is {dev.port_state}", comp,
                                          {"port_state": dev.port_state}))
@@ -106,33 +108,31 @@ class PolledChecks:
                 found.append(self._found("efa", "EFA_DOWN", f"{dev.name} link is down ({dev.netdev} "
                                          f"{dev.operstate}, carrier {'on' if dev.carrier else 'off'})", comp,
                                          {"netdev": dev.netdev, "operstate": dev.operstate, "carrier": dev.carrier}))
-            if storm := self._efa_rate_storm(dev):
+            if storm := self._efa_rate_storm(dev, before, now):
                 found.append(self._found("efa", "EFA_ERROR_RATE", f"{dev.name}: " + ", ".join(
                     f"{k} {v['per_s']:.1f}/s > {v['threshold']:g}/s" for k, v in storm.items()), comp,
                     {"polls": self.config.thresholds.efa_debounce_polls,
                      **{f"{k}_per_s": v["per_s"] for k, v in storm.items()},
                      **{f"{k}_threshold": v["threshold"] for k, v in storm.items()}}))
-            total = sum(dev.counters.values())
-            before = self._efa.get(dev.name, total)
-            self._efa[dev.name] = total
-            if total - before >= thr:
-                found.append(self._found("efa", "EFA_HW_ERRORS", f"{dev.name}: {total - before} new hardware errors",
-                                         comp, {**dev.counters, "new_errors": total - before}))
+            jump = sum(dev.counters.values()) - sum(before[1].values()) if before else 0
+            if jump >= thr:
+                found.append(self._found("efa", "EFA_HW_ERRORS", f"{dev.name}: {jump} new hardware errors",
+                                         comp, {**dev.counters, "new_errors": jump}))
         return CheckResult("efa", f"{len(devices)}/{expected} EFA devices", found)
 
-    def _efa_rate_storm(self, dev: EfaDevice) -> dict[str, dict[str, float]]:
-        """The counters whose rate has been above its threshold for ``efa_debounce_polls`` polls in a
-        row (a counter that went down, e.g. after a driver reload, counts as no errors)."""
-        now = time.monotonic()
-        before = self._efa_seen.get(dev.name)
-        self._efa_seen[dev.name] = (now, dict(dev.counters))
+    def _efa_rate_storm(self, dev: EfaDevice, before: tuple[float, dict[str, int]] | None,
+                        now: float) -> dict[str, dict[str, float]]:
+        """The counters whose rate since the last poll (``before``) has been above its threshold for
+        ``efa_debounce_polls`` polls in a row (a counter that went down, e.g. after a driver reload,
+        counts as no errors)."""
         if before is None or now <= before[0]:
             return {}
         elapsed = now - before[0]
         rules = self.config.thresholds.efa_error_rates
-        over = {name: {"per_s": round(max(0, value - before[1].get(name, value)) / elapsed, 3), "threshold": limit}
-                for name, limit in rules.items() if (value := dev.counters.get(name)) is not None
-                and max(0, value - before[1].get(name, value)) / elapsed > limit}
+        rates = {name: max(0, value - before[1].get(name, value)) / elapsed
+                 for name, value in dev.counters.items() if name in rules}
+        over = {name: {"per_s": round(rate, 3), "threshold": rules[name]}
+                for name, rate in rates.items() if rate > rules[name]}
         streak = self._efa_streak[dev.name] = self._efa_streak.get(dev.name, 0) + 1 if over else 0
         return over if streak >= self.config.thresholds.efa_debounce_polls else {}
 

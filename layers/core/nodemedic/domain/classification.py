@@ -83,9 +83,8 @@ def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Cla
     overridden = bool(overrides) and fault_code in (overrides or {})
     if overridden:
         action = (overrides or {})[fault_code]
-    ladder = ladder_for("" if overridden else rule["fault_class"], action)
-    if rule.get("ladder") and not overridden and action != "monitor":
-        ladder = tuple(rule["ladder"])
+    own_ladder = rule.get("ladder") and not overridden and action != "monitor"
+    ladder = tuple(rule["ladder"]) if own_ladder else ladder_for("" if overridden else rule["fault_class"], action)
     return Classification(fault_code, rule["fault_class"], action, rule["note"], overridden,
                           cast(Confidence, rule.get("confidence", "high")), ladder)
 

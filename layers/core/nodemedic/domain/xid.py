@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import NamedTuple
 
 NVLINK5_XIDS = range(144, 151)
 RECOVERY_ACTION = re.compile(r"recovery action changed from .*? to (0x[0-9A-Fa-f]+) \(([^)]*)\)", re.I)
@@ -81,19 +82,22 @@ def catalog() -> dict[int, XidEntry]:
             for r in _rows("xid_catalog.csv")}
 
 
-def catalog_source() -> str:
-    text = resources.files("nodemedic.domain").joinpath("xid_catalog.csv").read_text()
-    return next(line[len("# source: "):] for line in text.splitlines() if line.startswith("# source: "))
+class DecodeRow(NamedTuple):
+    """One row of ``nvlink5_decode.csv``; None matches any value."""
+
+    xid: int
+    units: frozenset[str]
+    error_status: int | None
+    reason: int | None
+    bucket: str
 
 
 @lru_cache(maxsize=1)
-def _nvlink5_rows() -> list[tuple[int, frozenset[str], int | None, int | None, str]]:
-    rows = []
-    for r in _rows("nvlink5_decode.csv"):
-        rows.append((int(r["xid"]), frozenset(r["unit"].upper().split("/")),
-                     None if r["error_status"] == "*" else int(r["error_status"], 16),
-                     None if r["reason"] == "*" else int(r["reason"]), r["bucket"]))
-    return rows
+def _nvlink5_rows() -> list[DecodeRow]:
+    return [DecodeRow(int(r["xid"]), frozenset(r["unit"].upper().split("/")),
+                      None if r["error_status"] == "*" else int(r["error_status"], 16),
+                      None if r["reason"] == "*" else int(r["reason"]), r["bucket"])
+            for r in _rows("nvlink5_decode.csv")]
 
 
 def recovery_action_code(message: str) -> str | None:
@@ -106,18 +110,19 @@ def recovery_action_code(message: str) -> str | None:
 
 
 def _bucket(xid: int, unit: str, status: int, reason: int) -> str | None:
-    rows = [r for r in _nvlink5_rows() if r[0] == xid and unit in r[1]]
-    exact = [r for r in rows if r[2] == status and r[3] in (None, reason)]
+    rows = [r for r in _nvlink5_rows() if r.xid == xid and unit in r.units]
+    exact = [r for r in rows if r.error_status == status and r.reason in (None, reason)]
     if exact:
-        return exact[0][4]
-    by_reason = [r for r in rows if r[2] is None and r[3] == reason]
+        return exact[0].bucket
+    by_reason = [r for r in rows if r.error_status is None and r.reason == reason]
     if by_reason:
-        return by_reason[0][4]
-    wildcard = [r for r in rows if r[2] is None and r[3] is None]
+        return by_reason[0].bucket
+    wildcard = [r for r in rows if r.error_status is None and r.reason is None]
     if wildcard:
-        return wildcard[0][4]
+        return wildcard[0].bucket
     if status and rows:  # a status word of several bits: the most severe bit decides, if all are known
-        buckets = [next((r[4] for r in rows if r[2] == 1 << bit), None) for bit in range(32) if status >> bit & 1]
+        buckets = [next((r.bucket for r in rows if r.error_status == 1 << bit), None)
+                   for bit in range(32) if status >> bit & 1]
         if buckets and None not in buckets:
             return max(buckets, key=lambda b: _SEVERITY[b or "IGNORE"])
     return None
