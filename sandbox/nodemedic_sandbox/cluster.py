@@ -8,18 +8,17 @@ Run Command sends to an instance runs on this machine, against the local schedul
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.providers.ec2 import CLUSTER_TAG
 
+from nodemedic_sandbox import faults as faults_file
 from nodemedic_sandbox.embedded_aws import CommandOutcome, EmbeddedAWS
 from nodemedic_sandbox.scheduler import Scheduler
 
@@ -83,7 +82,9 @@ class SimCluster:
                                                            {"Key": CLUSTER_TAG, "Value": self.name}])
         members = dict(zip(instances, self.scheduler.nodes, strict=True))
         self._booted = {i: 0.0 for i in [*instances, self.controller_id]}  # up before the pipeline runs
-        self._write_faults({"broken": {}, "bad_replacements": [], "members": members})
+        with faults_file.change(self.state_dir) as faults:
+            faults.clear()
+            faults.update({"broken": {}, "bad_replacements": [], "members": members})
         if self.spares:
             self._reserve(self.spares)
 
@@ -138,46 +139,34 @@ class SimCluster:
         return groups["AutoScalingGroups"][0]["Instances"]
 
     # -- fault injection for the node-side health check -----------------------------------
-    def _faults_path(self) -> Path:
-        return self.state_dir / "faults.json"
-
-    def _read_faults(self) -> dict[str, Any]:
-        return dict(json.loads(self._faults_path().read_text()))
-
-    def _write_faults(self, faults: dict[str, object]) -> None:
-        self._faults_path().write_text(json.dumps(faults))
-
     def fail_replacement_of(self, node: str) -> None:
         """The next instance that joins as ``node`` is bad hardware: it fails its deep health check."""
-        faults = self._read_faults()
-        faults["bad_replacements"] = [*faults.get("bad_replacements", []), node]
-        self._write_faults(faults)
+        with faults_file.change(self.state_dir) as faults:
+            faults["bad_replacements"] = [*faults.get("bad_replacements", []), node]
 
     def break_node(self, node: str, fixed_by: str = "replace") -> str:
         """The hardware behind ``node`` fails its deep health check until ``fixed_by`` (a ladder
         rung: gpu_reset, reboot or replace) is applied to it. Returns the instance id."""
         instance = self.instance_of(node)
-        faults = self._read_faults()
-        faults["broken"] = {**faults.get("broken", {}), instance: fixed_by}
-        self._write_faults(faults)
+        with faults_file.change(self.state_dir) as faults:
+            faults["broken"] = {**faults.get("broken", {}), instance: fixed_by}
         return instance
 
     def hang(self, node: str) -> None:
         """The instance behind ``node`` hangs: SSM commands time out until EC2 reboots it."""
-        faults = self._read_faults()
-        faults["hung"] = [*faults.get("hung", []), self.instance_of(node)]
-        self._write_faults(faults)
+        instance = self.instance_of(node)
+        with faults_file.change(self.state_dir) as faults:
+            faults["hung"] = [*faults.get("hung", []), instance]
 
     def _hung(self) -> list[str]:
-        return list(self._read_faults().get("hung", []))
+        return list(faults_file.read(self.state_dir).get("hung", []))
 
     # -- CommandHost ------------------------------------------------------------------------
     def rebooted(self, instance_ids: list[str]) -> None:
-        faults = self._read_faults()
-        faults["hung"] = [i for i in faults.get("hung", []) if i not in instance_ids]
-        faults["broken"] = {i: rung for i, rung in faults.get("broken", {}).items()
-                            if i not in instance_ids or rung == "replace"}
-        self._write_faults(faults)
+        with faults_file.change(self.state_dir) as faults:
+            faults["hung"] = [i for i in faults.get("hung", []) if i not in instance_ids]
+            faults["broken"] = {i: rung for i, rung in faults.get("broken", {}).items()
+                                if i not in instance_ids or rung == "replace"}
         for instance in instance_ids:
             self._booted[instance] = time.time() + self.boot_seconds
 

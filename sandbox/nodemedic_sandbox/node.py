@@ -16,26 +16,20 @@ import sys
 import time
 from pathlib import Path
 
+from nodemedic_sandbox import faults as faults_file
 from nodemedic_sandbox import scheduler
 
 EXPECTED_GPUS = 8
 
 
-def _faults(state: Path) -> dict[str, object]:
-    return dict(json.loads((state / "faults.json").read_text()))
-
-
 def join(state: Path, node: str, instance_id: str) -> int:
-    faults = _faults(state)
-    bad: list[str] = list(faults.get("bad_replacements", []))  # type: ignore[call-overload]
-    if node in bad:  # injected: this replacement is bad hardware
-        bad.remove(node)
-        faults["bad_replacements"] = bad
-        faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}  # type: ignore[dict-item]
-    members = dict(faults.get("members", {}))  # type: ignore[call-overload]
-    members[instance_id] = node
-    faults["members"] = members
-    (state / "faults.json").write_text(json.dumps(faults))
+    with faults_file.change(state) as faults:
+        bad: list[str] = list(faults.get("bad_replacements", []))
+        if node in bad:  # injected: this replacement is bad hardware
+            bad.remove(node)
+            faults["bad_replacements"] = bad
+            faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}
+        faults["members"] = {**faults.get("members", {}), instance_id: node}
     sched = scheduler.load(state)
     sched.start_node(node)
     # as a booting node's slurmd does, wait until the controller has heard from it
@@ -47,18 +41,17 @@ def join(state: Path, node: str, instance_id: str) -> int:
 
 
 def gpu_reset(state: Path, instance_id: str) -> int:
-    faults = _faults(state)
-    broken = dict(faults.get("broken", {}))  # type: ignore[call-overload]
-    if broken.get(instance_id) == "gpu_reset":
-        del broken[instance_id]
-        faults["broken"] = broken
-        (state / "faults.json").write_text(json.dumps(faults))
+    with faults_file.change(state) as faults:
+        broken = dict(faults.get("broken", {}))
+        if broken.get(instance_id) == "gpu_reset":
+            del broken[instance_id]
+            faults["broken"] = broken
     print(f"GPUs of {instance_id} reset (simulated)")
     return 0
 
 
 def health_check(state: Path, instance_id: str, level: str) -> int:
-    faults = _faults(state)
+    faults = faults_file.read(state)
     broken = dict(faults.get("broken", {})).get(instance_id)  # type: ignore[call-overload]
     gpus = EXPECTED_GPUS - 1 if broken else EXPECTED_GPUS
     checks = [{"name": "gpu_count", "ok": gpus >= EXPECTED_GPUS,
