@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from nodemedic.contracts.incident import STAGES, Incident
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 STAGE_COLOURS = {"detect": "#6c757d", "gate": "#adb5bd", "verify": "#17a2b8", "drain": "#fd7e14",
                  "approval": "#ffc107", "spare": "#20c997", "jobs": "#28a745", "repair": "#dc3545",
@@ -38,12 +38,24 @@ class ClassReport(BaseModel):
     stages_s: dict[str, Stat]
 
 
+class Degraded(BaseModel):
+    """A node marked DEGRADED (slow, not dead) and what showed it."""
+
+    slurm_node: str
+    incident_id: str
+    fault_code: str
+    status: str
+    detected_at: datetime
+    evidence: str
+
+
 class Report(BaseModel):
     since: datetime | None
     incidents: int
     by_status: dict[str, int]
-    overall: ClassReport
+    overall: ClassReport = Field(description="failures only: a joined node's burn-in is no failure")
     by_fault_class: list[ClassReport]
+    degraded: list[Degraded] = Field(default_factory=list)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -94,9 +106,21 @@ def build(incidents: list[Incident], since: datetime | None = None) -> Report:
     statuses: dict[str, int] = defaultdict(int)
     for i in chosen:
         statuses[i.status] += 1
+    degraded = [Degraded(slurm_node=i.slurm_node, incident_id=i.incident_id, fault_code=i.fault_code, status=i.status,
+                         detected_at=i.detected_at, evidence=_evidence(i))
+                for i in chosen if i.action == "degrade"]
     return Report(since=since, incidents=len(chosen), by_status=dict(sorted(statuses.items())),
-                  overall=_class_report("all", chosen),
-                  by_fault_class=[_class_report(c, classes[c]) for c in sorted(classes)])
+                  overall=_class_report("all failures", [i for i in chosen if i.action != "burn_in"]),
+                  by_fault_class=[_class_report(c, classes[c]) for c in sorted(classes)], degraded=degraded)
+
+
+def _evidence(incident: Incident) -> str:
+    """What the detecting event said: its summary, else its raw facts."""
+    detect = incident.stages.get("detect")
+    facts = detect.result.get("evidence", {}) if detect else {}
+    if not isinstance(facts, dict):
+        return ""
+    return str(facts.get("summary") or ", ".join(f"{k}={v}" for k, v in facts.items()))
 
 
 # -- the HTML page -------------------------------------------------------------------------
@@ -187,6 +211,10 @@ def render_html(report: Report, incidents: list[Incident], title: str) -> str:
     stages = "".join(f"<tr><td>{s}</td><td>{v.n}</td><td>{_fmt(v.p50)}</td><td>{_fmt(v.p90)}</td></tr>"
                      for s, v in report.overall.stages_s.items())
     statuses = ", ".join(f"{k}: {v}" for k, v in report.by_status.items()) or "none"
+    degraded = ("<table><tr><th>node</th><th>incident</th><th>fault</th><th>status</th><th>evidence</th></tr>" + "".join(
+        f"<tr><td>{html.escape(d.slurm_node)}</td><td>{html.escape(d.incident_id)}</td><td>{html.escape(d.fault_code)}"
+        f"</td><td>{html.escape(d.status)}</td><td style='text-align:left'>{html.escape(d.evidence)}</td></tr>"
+        for d in report.degraded) + "</table>") if report.degraded else "<p>none</p>"
     period = f"since {report.since:%Y-%m-%d %H:%M} UTC" if report.since else "all incidents in the ledger"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -210,6 +238,8 @@ figure {{ display: inline-block; margin: 0 24px 0 0; }} figcaption {{ font-size:
 <h2>By fault class</h2>
 <table><tr><th>fault class</th><th>incidents</th><th>recovered</th><th>MTTD p50</th><th>MTTD p90</th>
 <th>MTTR p50</th><th>MTTR p90</th><th>job down p50</th><th>job down p90</th></tr>{rows}</table>
+<h2>Degraded nodes (slow, not dead: drained after their job)</h2>
+{degraded}
 <h2>Stage durations (all incidents)</h2>
 <table><tr><th>stage</th><th>n</th><th>p50</th><th>p90</th></tr>{stages}</table>
 </body></html>

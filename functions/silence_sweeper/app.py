@@ -22,7 +22,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         sqs=wiring.client("sqs"), events=wiring.client("events"),
         roster=RosterStore(wiring.client("dynamodb"), s.incidents_table, s.cluster_name),
         provider=wiring.provider(), queue_url=s.heartbeat_queue_url, bus=s.event_bus_name,
-        cluster=s.cluster_name, threshold_s=s.heartbeat_silence_seconds)
+        cluster=s.cluster_name, threshold_s=s.heartbeat_silence_seconds, slow_below=s.fail_slow_percent / 100,
+        slow_samples=s.fail_slow_samples)
     interval = 60.0 / s.silence_sweeps_per_invocation
     start = time.monotonic()
     summary: dict[str, Any] = {"sweeps": 0, "reported": [], "forgotten": []}
@@ -37,6 +38,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         summary["sweeps"] += 1
         summary["reported"] += result.reported
         summary["forgotten"] += result.forgotten
+        summary.setdefault("slow", []).extend(result.slow)
+        if result.slow:
+            logger.warning("slow nodes reported (FAIL_SLOW)", instances=result.slow)
         summary["watched"] = result.watched
         if result.reported:
             logger.warning("silent nodes reported", instances=result.reported, threshold_s=s.heartbeat_silence_seconds)

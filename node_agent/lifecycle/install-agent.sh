@@ -4,17 +4,18 @@
 #
 #   install-agent.sh --cluster NAME --bus BUS [--region R] [--wheel PATH_OR_S3_URL]
 #                    [--gpus 8] [--efa 32] [--shared-mount /fsx] [--slurm-node NAME] [--instance-id ID]
-#                    [--root DIR] [--no-systemd] [--python python3]
+#                    [--root DIR] [--no-systemd] [--no-burn-in] [--python python3]
 #
 # Installs into /opt/nodemedic/agent (a venv), writes /etc/nodemedic/agent.toml unless it exists,
 # links /opt/nodemedic/bin/deep-health-check (the pipeline's DeepHealthCheckCommand), installs
-# and starts the systemd unit, then prints a first health report.
+# and starts the systemd unit, holds each later slurmd start for its burn-in (a slurmd drop-in;
+# --no-burn-in: not), then prints a first health report.
 set -euo pipefail
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "install-agent: $*" >&2; exit 2; }
 
-CLUSTER="" BUS="" REGION="" WHEEL="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 PYTHON=python3
+CLUSTER="" BUS="" REGION="" WHEEL="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -29,6 +30,7 @@ while [[ $# -gt 0 ]]; do
     --instance-id) INSTANCE_ID="$2"; shift 2 ;;
     --root) ROOT="$2"; shift 2 ;;
     --no-systemd) SYSTEMD=0; shift ;;
+    --no-burn-in) BURN_IN=0; shift ;;
     --python) PYTHON="$2"; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "install-agent: unknown option $1" >&2; usage 2 ;;
@@ -91,6 +93,14 @@ if [[ "$SYSTEMD" == 1 ]]; then
   install -m 644 "$HERE/../systemd/nodemedic-agent.service" "$ROOT/etc/systemd/system/nodemedic-agent.service"
   systemctl daemon-reload
   systemctl enable --now nodemedic-agent.service
+  if [[ "$BURN_IN" == 1 ]] && systemctl cat slurmd.service >/dev/null 2>&1; then
+    # from the next slurmd start on (a boot, a replacement), the node joins drained until the
+    # pipeline's full deep health check passes; a running node is not touched now
+    echo "==> slurmd: each join is held for its burn-in (slurmd.service.d/nodemedic-burn-in.conf)"
+    install -D -m 644 "$HERE/../systemd/slurmd-burn-in.conf" \
+      "$ROOT/etc/systemd/system/slurmd.service.d/nodemedic-burn-in.conf"
+    systemctl daemon-reload
+  fi
 fi
 echo "==> first health report (nothing is sent)"
 "$PREFIX/agent/bin/nodemedic-agent" --config "$ETC/agent.toml" check --once --dry-run || true

@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TextIO
 
 import boto3
 from botocore.config import Config
-from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
+from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity, PerfSample
 
+from nodemedic_agent.burn_in import joined
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error
 from nodemedic_agent.checks.kernel_log import KernelLogFollower, bus_key, message_finding, xid_finding
 from nodemedic_agent.checks.polled import PolledChecks
@@ -128,7 +130,20 @@ class Agent:
         """PCI bus -> GPU index, so kernel-log lines (which name the bus) get the GPU's index."""
         self._gpu_by_bus = {bus_key(g.pci_bus_id): g.index for g in gpus if g.pci_bus_id}
 
+    def publish_join(self) -> bool:
+        """Publish ``NODE_JOINED`` for the burn-in hold this boot left (once: the marker goes once the
+        event is spooled). True when one was published."""
+        marker = Path(self.config.burn_in.marker)
+        finding = joined(marker)
+        if finding is None:
+            return False
+        published = self.emit(finding)
+        if not self.dry_run:
+            marker.unlink(missing_ok=True)
+        return published
+
     def poll_once(self) -> list[CheckResult]:
+        self.publish_join()
         results = self.checks.run_all()
         if self.checks.gpus:  # what the GPU check read (kept from its last success); no second NVML pass
             self._map_gpus(self.checks.gpus)
@@ -170,8 +185,20 @@ class Agent:
         self.poll_once()
         self.stop_event.wait(self.config.intervals.poll_seconds)
 
+    def perf(self) -> PerfSample | None:
+        """The node's speed from the last GPU poll: its slowest GPU's SM clock against that GPU's
+        maximum, and how busy the GPUs are (the sweeper compares it with the node's peers)."""
+        clocked = [(g.sm_clock_ratio, g.index) for g in self.checks.gpus if g.sm_clock_ratio is not None]
+        if not clocked:
+            return None
+        ratio, slowest = min(clocked)
+        busy = sum(g.utilization_pct for g in self.checks.gpus) / len(self.checks.gpus)
+        return PerfSample(sm_clock_ratio=round(min(ratio, 2.0), 4), utilization_pct=round(min(busy, 100.0), 1),
+                          slowest_gpu=slowest, instance_type=self.config.node.instance_type or "")
+
     def send_heartbeat(self, status: str = "running") -> bool:
-        beat = heartbeat(self.config.cluster, self.node, self.config.intervals.heartbeat_seconds, status)
+        beat = heartbeat(self.config.cluster, self.node, self.config.intervals.heartbeat_seconds, status,
+                         self.perf())
         if self.dry_run:
             return True
         ok = self.publisher.send_direct([entry(self.config.event_bus, beat)])

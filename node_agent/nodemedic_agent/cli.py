@@ -1,4 +1,5 @@
-"""``nodemedic-agent``: run the agent, check a node once, validate a config, simulate faults."""
+"""``nodemedic-agent``: run the agent, check a node once, hold a joining node for its burn-in, validate a
+config, simulate faults."""
 
 from __future__ import annotations
 
@@ -104,6 +105,26 @@ def cmd_health_check(args: argparse.Namespace) -> int:
     return 0 if report["healthy"] else 1
 
 
+def cmd_burn_in_hold(args: argparse.Namespace) -> int:
+    from nodemedic_agent.burn_in import HoldError, hold
+    from nodemedic_agent.identity import resolve_identity
+
+    config = _config(args)
+    node = resolve_identity(config)
+    if not node.slurm_node:
+        raise ValueError("burn-in-hold needs the node's Slurm name: set [node] slurm_node")
+    b = config.burn_in
+    try:
+        result = hold(node.slurm_node, node.instance_id, prefix=b.drain_prefix, marker=Path(b.marker),
+                      scontrol=b.scontrol,
+                      retry_s=b.retry_seconds if args.retry_seconds is None else args.retry_seconds)
+    except HoldError as exc:
+        print(f"nodemedic-agent: {exc}", file=sys.stderr)
+        return 1
+    print(result.message, flush=True)
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     config = _config(args)
     print(f"{args.config}: valid (cluster {config.cluster}, bus {config.event_bus}, hardware {config.hardware.backend})")
@@ -167,6 +188,16 @@ def parser() -> argparse.ArgumentParser:
     hc.add_argument("--require", action="append", default=[], choices=["dcgm_diag", "gpu_burn", "nccl_all_reduce"],
                     help="full: this check failing to run fails the node (repeatable)")
     hc.set_defaults(func=cmd_health_check)
+
+    hold = sub.add_parser(
+        "burn-in-hold", help="before slurmd starts: drain this node until the pipeline's full deep health check "
+                             "passes (a node drained already is left as it is); exit 1 when Slurm cannot be reached",
+        description="Run as slurmd's ExecStartPre (systemd/slurmd-burn-in.conf). Drains the node with the reason "
+                    "'<drain_prefix>:burn-in <instance> joined' and leaves a marker in /run; the running agent "
+                    "publishes NODE_JOINED for it, and the pipeline lifts the drain only once the full check passes.")
+    hold.add_argument("--retry-seconds", type=float, default=None,
+                      help="retry an unreachable controller this long (default: [burn_in] retry_seconds)")
+    hold.set_defaults(func=cmd_burn_in_hold)
 
     val = sub.add_parser("validate", help="validate the configuration file and exit")
     val.set_defaults(func=cmd_validate)

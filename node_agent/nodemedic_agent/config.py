@@ -34,6 +34,8 @@ class NodeSection(_Section):
     instance_id: str | None = Field(default=None, pattern=INSTANCE_ID)
     slurm_node: str | None = Field(default=None, pattern=NODE_NAME)
     hostname: str | None = Field(default=None, min_length=1, max_length=253)
+    instance_type: str | None = Field(default=None, max_length=32,
+                                      description="e.g. p5.48xlarge: fail-slow compares a node with peers of its type")
 
 
 class Intervals(_Section):
@@ -106,6 +108,18 @@ class Publish(_Section):
     endpoint_url: str | None = Field(default=None, description="EventBridge endpoint (VPC endpoint, tests)")
 
 
+class BurnIn(_Section):
+    """The burn-in hold (``nodemedic-agent burn-in-hold``, run before slurmd starts)."""
+
+    marker: str = Field(default="/run/nodemedic/burn-in-hold.json",
+                        description="left by the hold for the agent to publish NODE_JOINED; in /run, gone at boot")
+    drain_prefix: str = Field(default="nodemedic", pattern=r"^[A-Za-z0-9_-]{1,32}$",
+                              description="the stack's DrainReasonPrefix: the pipeline takes over only its own drains")
+    scontrol: str = Field(default="scontrol", min_length=1)
+    retry_seconds: float = Field(default=120, ge=0, le=3600,
+                                 description="retry an unreachable controller this long, then fail (slurmd waits)")
+
+
 class AgentConfig(_Section):
     cluster: str = Field(pattern=CLUSTER_NAME)
     event_bus: str = Field(min_length=1, max_length=256)
@@ -118,6 +132,7 @@ class AgentConfig(_Section):
     kernel_log: KernelLog = Field(default_factory=KernelLog)
     hardware: Hardware = Field(default_factory=Hardware)
     publish: Publish = Field(default_factory=Publish)
+    burn_in: BurnIn = Field(default_factory=BurnIn)
     fault_overrides: dict[str, str] = Field(
         default_factory=dict, description='Fault code -> action, e.g. {"XID 74" = "monitor"}; same as the stack\'s')
 

@@ -15,6 +15,7 @@ from nodemedic.contracts.events import (
     NodeHealthEvent,
     NodeHeartbeat,
     NodeIdentity,
+    PerfSample,
 )
 
 from nodemedic_agent import __version__
@@ -35,9 +36,11 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
     )
 
 
-def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str = "running") -> NodeHeartbeat:
+def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str = "running",
+              perf: PerfSample | None = None) -> NodeHeartbeat:
     return NodeHeartbeat(schema_version=SCHEMA_VERSION, cluster=cluster, node=node, sent_at=datetime.now(UTC),
-                         status=status, interval_seconds=interval_s, agent_version=__version__)  # type: ignore[arg-type]
+                         status=status, interval_seconds=interval_s, agent_version=__version__,  # type: ignore[arg-type]
+                         perf=perf)
 
 
 def entry(bus: str, model: NodeHealthEvent | NodeHeartbeat) -> dict[str, Any]:

@@ -3,14 +3,17 @@ publishing to the embedded bus exactly as they would to EventBridge."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from nodemedic.contracts.events import NodeIdentity
 from nodemedic_agent.agent import Agent, events_client
+from nodemedic_agent.burn_in import HoldResult, hold
 from nodemedic_agent.config import parse_config
 from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
 
 from nodemedic_sandbox.cluster import SimCluster
+from nodemedic_sandbox.node import burn_in_marker
 
 
 class NodeAgents:
@@ -41,10 +44,29 @@ class NodeAgents:
             "kernel_log": {"source": "file", "path": str(sim.kmsg_path)},
             "hardware": {"backend": "simulated", "simulated_dir": str(sim.dir)},
             "publish": {"spool_dir": str(root / "spool"), "max_backoff_seconds": 2},
+            "burn_in": {"marker": str(self.marker(node)), "drain_prefix": self.cluster.drain_prefix,
+                        "retry_seconds": 10},
         }, origin=f"agent config of {node}")
         identity = NodeIdentity(instance_id=instance_id, hostname=f"{node}.local", slurm_node=node)
         agent = self.agents[node] = Agent(config, SimulatedHardware(sim.dir), identity, events_client(config))
         return agent.start()
+
+    def marker(self, node: str) -> Path:
+        return burn_in_marker(self.cluster.state_dir, node)
+
+    def boot(self, node: str) -> HoldResult:
+        """The instance behind ``node`` boots again outside NodeMedic (an operator's reboot, a
+        repair by hand): as on a real node, the burn-in hold runs before slurmd starts (slurmd's
+        drop-in), then slurmd, then the agent, which publishes NODE_JOINED for the hold."""
+        if node in self.agents:
+            self.agents.pop(node).stop(graceful=False)
+        self.cluster.scheduler.stop_node(node)
+        self.marker(node).unlink(missing_ok=True)  # /run is empty after a boot
+        result = hold(node, self.cluster.instance_of(node), prefix=self.cluster.drain_prefix,
+                      marker=self.marker(node), env=self.cluster.scheduler.env, retry_s=10)
+        self.cluster.scheduler.start_node(node)
+        self.start_node(node)
+        return result
 
     def inject(self, node: str, fault: str, **kwargs: Any) -> None:
         self.sims[node].inject(fault, **kwargs)

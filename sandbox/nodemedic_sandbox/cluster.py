@@ -46,6 +46,7 @@ class SimCluster:
     controller_id: str = ""
     spares: list[str] = field(default_factory=list)  # nodes that start in the spare reservation
     spare_reservation: str = "nodemedic_spares"
+    drain_prefix: str = "nodemedic"  # the template's DrainReasonPrefix default
     boot_seconds: float = 0.0  # how long a new or rebooted instance takes before it answers SSM
     commands: list[CommandLog] = field(default_factory=list)
     _booted: dict[str, float] = field(default_factory=dict)  # instance -> time.time() it answers again

@@ -16,10 +16,17 @@ import sys
 import time
 from pathlib import Path
 
+from nodemedic_agent.burn_in import hold
+
 from nodemedic_sandbox import faults as faults_file
 from nodemedic_sandbox import scheduler
 
 EXPECTED_GPUS = 8
+
+
+def burn_in_marker(state: Path, node: str) -> Path:
+    """Where the node's burn-in hold leaves its marker (on a real node in /run, emptied at boot)."""
+    return state / "agents" / node / "run" / "burn-in-hold.json"
 
 
 def join(state: Path, node: str, instance_id: str) -> int:
@@ -31,6 +38,11 @@ def join(state: Path, node: str, instance_id: str) -> int:
             faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}
         faults["members"] = {**faults.get("members", {}), instance_id: node}
     sched = scheduler.load(state)
+    # as slurmd's drop-in does on a real node: the burn-in hold first (an incident's own
+    # replacement finds the node drained by that incident: kept, no marker)
+    result = hold(node, instance_id, prefix="nodemedic", marker=burn_in_marker(state, node), env=sched.env,
+                  retry_s=10)
+    print(result.message)
     sched.start_node(node)
     # as a booting node's slurmd does, wait until the controller has heard from it
     deadline = time.monotonic() + 30

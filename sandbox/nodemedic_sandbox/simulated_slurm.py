@@ -171,6 +171,10 @@ class SimulatedSlurm:
         with _state(self.state_file) as st:
             st["nodes"][node]["up"] = True
 
+    def stop_node(self, node: str) -> None:
+        with _state(self.state_file) as st:
+            st["nodes"][node]["up"] = False
+
     def submit(self, nodes: int, name: str = "train", seconds: int = 3600) -> str:
         return self._call("sbatch", "--parsable", f"--nodes={nodes}", f"--job-name={name}").strip()
 

@@ -63,9 +63,9 @@ def test_with_the_pool_empty_the_slow_path_replaces_then_resumes() -> None:
         [spared] = [i for i in incidents if i.stages["spare"].result["spare"]]
         [slow] = [i for i in incidents if not i.stages["spare"].result["spare"]]
         assert "no ready spare" in slow.stages["spare"].result["reason"]
-        # the slow path: replaced and checked (quick level) before the node went back to service
+        # the slow path: replaced and burned in (the full check) before the node went back to service
         [rung] = slow.stages["repair"].result["rungs"]
-        assert rung["rung"] == "replace" and rung["check"]["level"] == "quick" and rung["check"]["healthy"]
+        assert rung["rung"] == "replace" and rung["check"]["level"] == "full" and rung["check"]["healthy"]
         assert slow.status == "closed" and slow.stages["resume"].result["destination"] == "service"
         # both jobs run again; the one that waited had the replacement's boot in its downtime
         for job in (job_a, job_b):

@@ -44,7 +44,7 @@ def test_xid79_on_a_running_job_is_remediated_end_to_end(local: LocalMode) -> No
     assert recover and abs(recover[0] - expected) < 1.0
     [rung] = incident.stages["repair"].result["rungs"]
     assert (rung["rung"], rung["instance_id"], rung["check"]["healthy"]) == ("replace", new_instance, True)
-    assert rung["check"]["level"] == "quick"  # no spare: the node returns to service, checked on the critical path
+    assert rung["check"]["level"] == "full"  # a replacement joins: its burn-in is the full check
     jobs = incident.stages["jobs"].result
     assert list(jobs["running"]) == [job] and jobs["job_downtime_s"] > 0
     for name in ("TimeToDetect", "TimeToDrain", "TimeToRepair", "TimeToResume", "JobDowntime"):

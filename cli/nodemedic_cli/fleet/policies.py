@@ -41,8 +41,7 @@ class NodeMedicInputs:
 
     spares: int = 2
     replacement_boot_min: float = 15.0  # the published replace time, a new instance booting and joining
-    quick_check_min: float = 2.0  # GPU count, DCGM level 1, EFA count, single-node NCCL
-    full_check_min: float = 30.0  # DCGM level 3 + multi-node NCCL, off the critical path
+    full_check_min: float = 30.0  # the burn-in after every rung: DCGM level 3, GPU burn, NCCL
     job_restart_min: float = 10.0  # requeue -> training again: container start, checkpoint load, NCCL init
 
 
@@ -75,11 +74,11 @@ def nodemedic(inputs: NodeMedicInputs | None = None) -> Policy:
     boot = i.replacement_boot_min * MIN
     return Policy(
         "NodeMedic", detect=detect,
-        replace=Stage(boot + i.quick_check_min * MIN + o50, 1.1 * boot + i.quick_check_min * MIN + o90),
+        replace=Stage(boot + i.full_check_min * MIN + o50, 1.1 * boot + i.full_check_min * MIN + o90),
         resume=Stage(i.job_restart_min * MIN, 1.5 * i.job_restart_min * MIN),
         spares=i.spares, swap=orchestration,
         refill=Stage(boot + i.full_check_min * MIN, 1.1 * boot + 1.5 * i.full_check_min * MIN),
         source="; ".join(notes) + f"; configured: {i.spares} spares, replacement boot {i.replacement_boot_min:g} min, "
-               f"quick check {i.quick_check_min:g} min, full check {i.full_check_min:g} min, "
+               f"full check (burn-in) {i.full_check_min:g} min, "
                f"job restart {i.job_restart_min:g} min",
     )

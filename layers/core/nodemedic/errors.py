@@ -84,6 +84,11 @@ class NodeBusyError(RetryableError):
     then the incident ends escalated with the node as it is."""
 
 
+class NodeDrainingError(RetryableError):
+    """A DEGRADED node (slow, not dead) still runs the job it was drained after: its check waits
+    until the job ends, retried by the state machine for days, never killing the job."""
+
+
 RETRYABLE_ERRORS = tuple(cls.__name__ for cls in RetryableError.__subclasses__())
 
 

@@ -24,7 +24,8 @@ def seconds_since_fault(incident: IncidentRef) -> float:
 def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[str, float]) -> None:
     """Emit ``TimeTo*`` metrics (seconds from the fault) with dimensions Cluster and FaultClass,
     and each once more with Cluster alone (what the dashboard's stage view and the MTTR alarm read:
-    an alarm cannot aggregate across dimension values).
+    an alarm cannot aggregate across dimension values). A burn-in (a node that joined) is
+    recorded under FaultClass ``burn_in`` only: it is no failure, so not in the cluster's MTTR.
 
     Node and incident ids are metadata, never dimensions (keeps cardinality low).
     """
@@ -32,6 +33,8 @@ def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[st
     metrics.add_dimension(name="FaultClass", value=incident.fault_class)
     for name, seconds in durations.items():
         metrics.add_metric(name=name, unit=MetricUnit.Seconds, value=max(0.0, seconds))
+        if incident.action == "burn_in":  # a joined node's check is no failure: not in MTTR or its alarm
+            continue
         with single_metric(name=name, unit=MetricUnit.Seconds, value=max(0.0, seconds), namespace=NAMESPACE,
                            default_dimensions={"Cluster": incident.cluster}):
             pass

@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     heartbeat_queue_url: str = ""
     heartbeat_silence_seconds: float = Field(default=45, ge=1, le=3600)
     silence_sweeps_per_invocation: int = Field(default=6, ge=1, le=6)
+    fail_slow_percent: float = Field(default=10, gt=0, lt=100, description="this much under the peers' median: slow")
+    fail_slow_samples: int = Field(default=8, ge=2, le=10, description="for this many heartbeats in a row")
 
     @model_validator(mode="after")
     def _provider_named(self) -> Self:

@@ -1,6 +1,7 @@
 """One sweep: take the heartbeats queued since the last one, update the roster, and publish a
 ``HEARTBEAT_MISSING`` health event (source ``nodemedic.sweeper``) for each node gone silent,
-so silence starts the same state machine as any other fault."""
+so silence starts the same state machine as any other fault; and a ``FAIL_SLOW`` one for each
+node that became persistently slower than its peers (:mod:`nodemedic.domain.fail_slow`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, SWEEPER_SOURCE, NodeHeartbeat
-from nodemedic.domain.silence import missing_event, record, silent
+from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, SWEEPER_SOURCE, NodeHealthEvent, NodeHeartbeat
+from nodemedic.domain.fail_slow import slow_event, slow_nodes
+from nodemedic.domain.silence import Roster, missing_event, record, silent
 from nodemedic.providers.base import Provider
 from nodemedic.store.roster import RosterStore
 
@@ -33,11 +35,13 @@ class SweepResult:
     watched: int = 0
     reported: list[str] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
+    slow: list[str] = field(default_factory=list)
 
 
 class SilenceSweeper:
     def __init__(self, *, sqs: Any, events: Any, roster: RosterStore, provider: Provider,
-                 queue_url: str, bus: str, cluster: str, threshold_s: float) -> None:
+                 queue_url: str, bus: str, cluster: str, threshold_s: float, slow_below: float = 0.10,
+                 slow_samples: int = 8) -> None:
         self.sqs = sqs
         self.events = events
         self.roster = roster
@@ -46,6 +50,8 @@ class SilenceSweeper:
         self.bus = bus
         self.cluster = cluster
         self.threshold_s = threshold_s
+        self.slow_below = slow_below
+        self.slow_samples = slow_samples
 
     def _receive(self) -> list[dict[str, Any]]:
         deadline = time.monotonic() + RECEIVE_BUDGET_S
@@ -88,13 +94,27 @@ class SilenceSweeper:
                 roster.pop(instance)
                 result.forgotten.append(instance)
                 continue
-            event = missing_event(roster, instance, self.cluster, now)
-            self.events.put_events(Entries=[{
-                "Source": SWEEPER_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": self.bus,
-                "Detail": event.model_dump_json(exclude_none=True)}])
+            self._publish(missing_event(roster, instance, self.cluster, now))
             roster[instance]["reported_at"] = now.isoformat()
             result.reported.append(instance)
+        self._report_slow(roster, now, result)
         self.roster.save(roster, version)
         self._delete(messages)  # only once the roster holds them
         result.watched = len(roster)
         return result
+
+    def _publish(self, event: NodeHealthEvent) -> None:
+        self.events.put_events(Entries=[{
+            "Source": SWEEPER_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": self.bus,
+            "Detail": event.model_dump_json(exclude_none=True)}])
+
+    def _report_slow(self, roster: Roster, now: datetime, result: SweepResult) -> None:
+        """Report each node once per slow spell; one that is no longer slow is re-armed."""
+        slow = {s.instance_id: s for s in slow_nodes(roster, below=self.slow_below, samples=self.slow_samples)}
+        for instance, entry in roster.items():
+            if instance not in slow:
+                entry.pop("slow_reported_at", None)
+            elif not entry.get("slow_reported_at"):
+                self._publish(slow_event(roster, slow[instance], self.cluster, now))
+                entry["slow_reported_at"] = now.isoformat()
+                result.slow.append(instance)

@@ -23,12 +23,15 @@ class Finding:
     component: dict[str, Any] | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     observed_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    once: str = ""  # set: this finding is one occurrence (a join), never folded with another
 
     @property
     def key(self) -> str:
         """What dedupe folds: the same fault code on the same numbered GPU/NIC. The kernel log and
         NVML (or a polled check) seeing one fault give the same key even when only one of them
         knows the device's name, so the pair becomes one event."""
+        if self.once:
+            return f"{self.fault_code}|{self.once}"
         index = (self.component or {}).get("index")
         return f"{self.fault_code}|{index}|{self.evidence.get('check', '')}"  # check errors: one key per check
 

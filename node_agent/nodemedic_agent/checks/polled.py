@@ -67,6 +67,10 @@ class PolledChecks:
             if g.nvlink_links_down:
                 found.append(self._found("nvml", "NVLINK_DOWN", f"GPU {g.index}: {g.nvlink_links_down} NVLinks "
                                          "not active", comp, {"links_down": g.nvlink_links_down}))
+            if 0 < g.pcie_width < g.pcie_max_width:
+                found.append(self._found("nvml", "PCIE_DEGRADED", f"GPU {g.index}: PCIe link trained at x{g.pcie_width} "
+                                         f"of x{g.pcie_max_width}", comp,
+                                         {"pcie_width": g.pcie_width, "pcie_max_width": g.pcie_max_width}))
             if g.thermal_violation:
                 found.append(self._found("nvml", "THERMAL_VIOLATION", f"GPU {g.index}: thermal slowdown", comp))
             if g.power_violation:

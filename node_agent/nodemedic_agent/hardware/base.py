@@ -25,6 +25,16 @@ class GpuState:
     power_violation: bool = False
     nvlink_errors: int = 0  # cumulative replay + recovery + CRC counters over active links
     nvlink_links_down: int = 0  # links that exist on this GPU but are not active (they train after boot)
+    # speed (fail-slow): 0 = not known
+    sm_clock_mhz: int = 0
+    max_sm_clock_mhz: int = 0
+    utilization_pct: float = 0.0
+    pcie_width: int = 0  # lanes the link trained at
+    pcie_max_width: int = 0
+
+    @property
+    def sm_clock_ratio(self) -> float | None:
+        return self.sm_clock_mhz / self.max_sm_clock_mhz if self.sm_clock_mhz and self.max_sm_clock_mhz else None
 
 
 @dataclass(frozen=True)

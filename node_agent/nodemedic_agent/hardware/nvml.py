@@ -91,7 +91,14 @@ class NvmlHardware:
             for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
                             pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA):
                 nvlink += _supported(lambda lk=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, lk, c), 0)
+        util = _supported(lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, 0)
         return GpuState(
+            sm_clock_mhz=int(_supported(lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM), 0)),
+            max_sm_clock_mhz=int(_supported(lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM), 0)),
+            utilization_pct=float(util),
+            # the width, not the generation: an idle GPU drops its link to a lower generation to save power
+            pcie_width=int(_supported(lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h), 0)),
+            pcie_max_width=int(_supported(lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(h), 0)),
             index=index, uuid=str(uuid), pci_bus_id=pci, ecc_dbe_volatile=int(dbe),
             retired_pages_pending=bool(pending), remap_pending=bool(remap_pending),
             remap_failure=bool(remap_failure), thermal_violation=bool(reasons & thermal),

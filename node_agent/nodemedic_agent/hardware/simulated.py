@@ -32,6 +32,9 @@ FAULTS = {
     "nvlink": "NVLink error counters of GPU k jump",
     "nvlink-down": "2 NVLinks of GPU k are not active (as right after a boot, before they train)",
     "thermal": "GPU k throttles for temperature",
+    "busy": "every GPU at 95 % utilization (a training job runs)",
+    "slow": "GPU k runs at 80 % of its maximum SM clock (a hardware slowdown: the node is slow, not dead)",
+    "pcie-degraded": "GPU k's PCIe link trained at x8 instead of x16",
     "efa-down": "EFA device k's link drops (its interface loses carrier; the port still says ACTIVE, as on real EFA)",
     "efa-errors": "EFA device k's hardware error counters jump once",
     "efa-storm": "EFA device k's write-request errors and retransmit timeouts keep rising (an error storm)",
@@ -47,6 +50,10 @@ FAULTS = {
     "dcgm": "DCGM health watches report a failure",
     "clear": "undo every injected fault",
 }
+
+
+IDLE_GPU = {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "utilization_pct": 0.0, "pcie_width": 16,
+            "pcie_max_width": 16}  # an H100 SXM's maximum SM clock and PCIe Gen5 x16
 
 
 def _pci(index: int) -> str:
@@ -67,7 +74,8 @@ class SimulatedNode:
     def create(self, gpus: int = 8, efa: int = 0, shared_mounts: tuple[str, ...] = ()) -> SimulatedNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         state = {
-            "gpus": [dataclasses.asdict(GpuState(index=i, uuid=f"GPU-sim-{i}", pci_bus_id=_pci(i))) for i in range(gpus)],
+            "gpus": [dataclasses.asdict(GpuState(index=i, uuid=f"GPU-sim-{i}", pci_bus_id=_pci(i), **IDLE_GPU))
+                     for i in range(gpus)],
             "dcgm": [], "nvml_error": None, "disks": {},
             "mounts": {m: {"hung": False, "read_only": False} for m in ("/", *shared_mounts)},
         }
@@ -135,6 +143,15 @@ class SimulatedNode:
             self._update_gpu(gpu, nvlink_links_down=2)
         elif fault == "thermal":
             self._update_gpu(gpu, thermal_violation=True)
+        elif fault == "busy":
+            state = self.state()
+            for g in state["gpus"]:
+                g["utilization_pct"] = 95.0
+            self._write(state)
+        elif fault == "slow":
+            self._update_gpu(gpu, sm_clock_mhz=-round(0.2 * IDLE_GPU["sm_clock_mhz"]))
+        elif fault == "pcie-degraded":
+            self._update_gpu(gpu, pcie_width=-8)
         elif fault == "efa-down":
             self._set_link(efa, up=False)
         elif fault == "efa-storm":

@@ -64,7 +64,8 @@ def _plausible(value: datetime) -> datetime:
 
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_plausible)]
 
-Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual"]
+Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual", "burn_in",
+                "fail_slow"]
 Severity = Literal["info", "warning", "error", "critical"]
 EvidenceValue = str | int | float | bool | None
 
@@ -125,6 +126,16 @@ class NodeHealthEvent(_Strict):
         return self
 
 
+class PerfSample(_Strict):
+    """What a heartbeat says about the node's speed; the sweeper compares it with the node's peers
+    (fail-slow, :mod:`nodemedic.domain.fail_slow`)."""
+
+    sm_clock_ratio: StrictFloat | StrictInt = Field(ge=0, le=2, description="Slowest GPU: SM clock / its max SM clock")
+    utilization_pct: StrictFloat | StrictInt = Field(ge=0, le=100, description="Mean GPU utilization")
+    slowest_gpu: StrictInt | None = Field(default=None, ge=0, le=255)
+    instance_type: str = Field(default="", max_length=32, description="Peers are nodes of the same type")
+
+
 class NodeHeartbeat(_Strict):
     """Node Heartbeat v1 (``detail``): the agent is alive. The cloud side turns silence into a
     ``HEARTBEAT_MISSING`` health event (source ``nodemedic.sweeper``)."""
@@ -137,6 +148,7 @@ class NodeHeartbeat(_Strict):
         default="running", description="'stopping' on a clean shutdown: stop watching this node")
     interval_seconds: StrictFloat | StrictInt = Field(gt=0, le=3600, description="When the next heartbeat is due")
     agent_version: str = Field(default="", max_length=32)
+    perf: PerfSample | None = Field(default=None, description="The node's speed now (busy GPUs only count)")
 
 
 RunbookAction = Literal["replace", "reboot"]

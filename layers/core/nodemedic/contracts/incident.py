@@ -7,9 +7,14 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-Action = Literal["monitor", "replace", "reboot"]
-Rung = Literal["gpu_reset", "reboot", "replace"]
-RUNGS: tuple[Rung, ...] = ("gpu_reset", "reboot", "replace")
+# burn_in: a node that joined is checked before it takes work; degrade: a node that still works,
+# slower (fail-slow), is drained after its job, never requeued, then checked
+Action = Literal["monitor", "replace", "reboot", "burn_in", "degrade"]
+NON_DISRUPTIVE: frozenset[str] = frozenset({"burn_in", "degrade"})  # never requeue or kill a job
+# check: the node as it is, not repaired: the first rung of a burn-in (a node that joined)
+Rung = Literal["check", "gpu_reset", "reboot", "replace"]
+RUNGS: tuple[Rung, ...] = ("check", "gpu_reset", "reboot", "replace")
+BURN_IN_LADDER: tuple[Rung, ...] = ("check", "gpu_reset", "reboot", "replace")
 Confidence = Literal["high", "ambiguous"]
 IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "denied", "dry_run", "escalated"]
 ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run",
@@ -21,6 +26,8 @@ STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "s
 
 def default_ladder(action: Action) -> tuple[Rung, ...]:
     """The rungs tried in order until the node passes its deep health check."""
+    if action in NON_DISRUPTIVE:
+        return BURN_IN_LADDER
     return ("replace",) if action == "replace" else ("reboot", "replace")
 
 

@@ -89,7 +89,7 @@ class RepairOutput(_Model):
     rung: Rung
     attempt: int = Field(description="1-based index of the rung in the incident's ladder")
     instance_id: str = Field(description="the instance now backing the Slurm node")
-    level: CheckLevel = Field(description="full for a node bound for the spare pool, else quick")
+    level: CheckLevel = Field(description="always full: the burn-in every node passes before it takes work")
     last: bool = Field(description="no rung is left if this one's check fails")
     check_timeout_s: int = Field(description="how long the state machine waits for the check's answer")
 

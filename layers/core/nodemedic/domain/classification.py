@@ -52,7 +52,7 @@ def parse_overrides(raw: str) -> dict[str, Action]:
         raise ValueError(f"fault action overrides are not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError("fault action overrides must be a JSON object of code -> action")
-    allowed = get_args(Action)
+    allowed = tuple(a for a in get_args(Action) if a != "burn_in")  # burn_in: a joined node's, never a fault's
     for code, action in data.items():
         if action not in allowed:
             raise ValueError(f"override for {code!r}: action {action!r} is not one of {allowed}")

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from nodemedic.contracts.events import NodeHealthEvent, NodeHeartbeat, NodeIdentity
+from nodemedic.domain.fail_slow import observe
 
 Roster = dict[str, dict[str, Any]]
 
@@ -25,9 +26,11 @@ def record(roster: Roster, beat: NodeHeartbeat) -> None:
     known = roster.get(instance)
     if known and datetime.fromisoformat(known["last_seen"]) >= beat.sent_at:
         return  # an older heartbeat delivered late
-    roster[instance] = {"node": beat.node.model_dump(mode="json", exclude_none=True),
-                        "last_seen": beat.sent_at.isoformat(), "interval_s": beat.interval_seconds,
-                        "reported_at": None}
+    entry = roster[instance] = {"node": beat.node.model_dump(mode="json", exclude_none=True),
+                                "last_seen": beat.sent_at.isoformat(), "interval_s": beat.interval_seconds,
+                                "reported_at": None,
+                                **{k: known[k] for k in ("perf", "slow_reported_at") if known and k in known}}
+    observe(entry, beat.perf)
 
 
 def silent(roster: Roster, now: datetime, threshold_s: float) -> list[str]:

@@ -64,7 +64,8 @@ def lineage_keys(incident: IncidentRef, host_id: str = "") -> list[str]:
 
 def admission_of(incident: IncidentRef, member: Member, now: datetime) -> Admission:
     return Admission(slurm_node=incident.slurm_node, instance_id=incident.instance_id, at=now,
-                     fault_code=incident.fault_code, attributes=dict(member.topology))
+                     fault_code=incident.fault_code, attributes=dict(member.topology),
+                     burn_in=incident.action == "burn_in")
 
 
 def correlation(admissions: list[Admission]) -> list[str]:
@@ -104,6 +105,17 @@ def decide(f: Facts) -> Decision:
                                                f"({b.tripped.reason}); recorded, no action"))
     ok("breaker", "closed")
 
+    if f.incident.action == "burn_in":
+        # a joined node is not in service yet: checking it takes no capacity from anyone, so it
+        # neither counts toward nor waits for the breaker's limit or the concurrency cap; and it
+        # is no remediation of the slot (no cooldown, no lemon count): held, it would stay out
+        ok("cooldown", "burn-in: not a remediation")
+        ok("lemon", "burn-in: not a remediation")
+        ok("breaker_limit", "burn-in of a node not yet in service: not counted")
+        ok("concurrency", "burn-in: not counted")
+        ok("corroboration", "burn-in: the full deep health check decides")
+        return _dry(f, Decision("proceed", "burn-in: the node joined; the full check before it takes work", rules))
+
     slot = lineage_keys(f.incident)[0]
     cooldown = timedelta(minutes=p.node_cooldown_minutes)
     recent = [at for _, at in f.lineage.get(slot, []) if f.now - at < cooldown]
@@ -142,7 +154,8 @@ def decide(f: Facts) -> Decision:
         return _dry(f, stop("hold", "breaker_limit", detail, trips_breaker=True, notify=notify))
     ok("breaker_limit", f"{len(nodes)} of at most {limit} nodes within {p.breaker.window_minutes:g} min")
 
-    in_progress = len(f.active - {f.incident.incident_id})
+    in_progress = len({i for i in f.active - {f.incident.incident_id}
+                       if f.state.admissions.get(i) is None or not f.state.admissions[i].burn_in})
     if in_progress >= p.max_concurrent:
         return _dry(f, stop("throttled", "concurrency",
                             f"{in_progress} remediations in progress (max {p.max_concurrent})"))

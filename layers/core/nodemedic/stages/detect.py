@@ -40,6 +40,7 @@ class Fault:
     requested_reason: str = ""
     sent_at: datetime | None = None  # the node's clock, for an agent's event
     event_key: str | None = None  # what a redelivery of the same event repeats
+    evidence: dict[str, object] | None = None  # the health event's raw facts (flat values)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
         d = trigger.detail
         sent_at = None if trigger.source == "nodemedic.sweeper" else d.sent_at  # the sweeper's clock is ours
         return Fault(trigger.source, d.cluster, d.node.instance_id, d.node.slurm_node,
-                     d.fault_code, d.observed_at, sent_at=sent_at, event_key=f"{trigger.source}/{d.event_id}")
+                     d.fault_code, d.observed_at, sent_at=sent_at, event_key=f"{trigger.source}/{d.event_id}",
+                     evidence=dict(d.evidence))
     if isinstance(trigger, AlarmEnvelope):
         a = trigger.detail
         if a.state.value != "ALARM":
@@ -189,7 +191,8 @@ def detect(
         reason=reason,
         stages={"detect": StageRecord(started_at=now, completed_at=now, result={
             "reason": reason, "event": fault.event_key, "reported_observed_at": fault.observed_at.isoformat(),
-            "node_clock_skew_s": round(origin.clock_skew_s, 3), "origin_corrected": origin.corrected})},
+            "node_clock_skew_s": round(origin.clock_skew_s, 3), "origin_corrected": origin.corrected,
+            **({"evidence": fault.evidence} if fault.evidence else {})})},
     )
     existing = ledger.open_incident(incident)
     if existing is not None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import DrainOutput
-from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.orchestrators.base import EvacuationResult, Orchestrator
 from nodemedic.store.ledger import Ledger
 
 
 def drain_reason(prefix: str, incident: IncidentRef) -> str:
-    """The reason the pipeline writes; its prefix marks the drain as the pipeline's own."""
-    return f"{prefix}:{incident.incident_id} {incident.fault_code}"
+    """The reason the pipeline writes; its prefix marks the drain as the pipeline's own. A slow
+    node's says DEGRADED (Slurm shows it DRAINING while its job runs on)."""
+    marked = "DEGRADED " if incident.action == "degrade" else ""
+    return f"{prefix}:{incident.incident_id} {marked}{incident.fault_code}"
 
 
 def owner_tag(prefix: str, incident: IncidentRef) -> str:
@@ -35,7 +37,10 @@ def drain(
     ours = orchestrator.drain(incident.slurm_node, reason, takeover="-" if other_open else f"{prefix}:")
     if ours:
         ledger.hold_drain(incident, reason, clock())
-    evacuated = orchestrator.evacuate(incident.slurm_node)
+    # a burn-in never requeues (a joined node runs no work yet), nor does a slow node's drain: its
+    # job runs on to its end (Slurm: DRAINING) and the check rung waits for it
+    evacuated = EvacuationResult([], []) if incident.action in NON_DISRUPTIVE \
+        else orchestrator.evacuate(incident.slurm_node)
     # the job's other nodes: one of them failing too finds its job requeued already, and still
     # takes a spare for it (stages.spares)
     for job, nodes in evacuated.job_nodes.items():

@@ -78,7 +78,9 @@ def gate(
     _prune(state, active, now, policy)
     state.admissions[incident.incident_id] = admission_of(incident, member, now)
     # an unverified ambiguous fault is not yet a remediation of the slot: Verify records it
-    lineage = {} if d.verdict == "verify" else {k: (incident.incident_id, now) for k in keys}
+    # (nor is a burn-in: the node joined, nothing was remediated)
+    lineage = {} if d.verdict == "verify" or incident.action == "burn_in" else \
+        {k: (incident.incident_id, now) for k in keys}
     control.save(state, lineage)
     return _complete(incident, ledger, clock, out)
 

@@ -1,5 +1,6 @@
 """Repair: climb the incident's escalation ladder (GPU reset -> reboot -> replace), one rung per
-invocation. Each rung is followed by a deep health check (the state machine's callback task);
+invocation; a burn-in's ladder starts with ``check`` (nothing done, the node checked as it is).
+Each rung is followed by a deep health check (the state machine's callback task);
 a failed or unanswered check sends the state machine back here for the next rung.
 
 The rungs and their checks are recorded in the ``repair`` stage, step by step, so a retried
@@ -14,7 +15,7 @@ from typing import Any
 
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import Destination, RepairOutput
-from nodemedic.errors import IncidentStateError, NodeBusyError, ReplacementPendingError
+from nodemedic.errors import IncidentStateError, NodeBusyError, NodeDrainingError, ReplacementPendingError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider
 from nodemedic.providers.run_command import Documents, RunCommand
@@ -41,12 +42,11 @@ def repair(
     record = ledger.start_stage(incident, "repair", clock())
     rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
     ladder = incident.rungs
-    level = "full" if destination == "pool" else "quick"
     if rungs and rungs[-1].get("done_at"):
         last = rungs[-1]
         check = last.get("check")
         if check is None:  # a retried invocation: the rung is done, its check not started
-            return _output(incident, len(rungs), last, level, check_timeout_s)
+            return _output(incident, len(rungs), last, check_timeout_s)
         if check.get("healthy") is None:  # the check was started and never answered
             last["check"] = {**check, **NO_ANSWER, "ended_at": clock().isoformat()}
         elif check.get("healthy"):
@@ -65,12 +65,13 @@ def repair(
                                         incident, "repair", {"rungs": rungs}))
     current["done_at"] = clock().isoformat()
     ledger.record_progress(incident, "repair", {"rungs": rungs})
-    return _output(incident, len(rungs), current, level, check_timeout_s)
+    return _output(incident, len(rungs), current, check_timeout_s)
 
 
-def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], level: str,
-            check_timeout_s: int) -> RepairOutput:
-    return RepairOutput(rung=rung["rung"], attempt=attempt, instance_id=rung["instance_id"], level=level,
+def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], check_timeout_s: int) -> RepairOutput:
+    """Every node that comes back from a rung (reset, rebooted, a replacement, a joined node as it
+    is) is judged by the full check before it takes work: the burn-in gate."""
+    return RepairOutput(rung=rung["rung"], attempt=attempt, instance_id=rung["instance_id"], level="full",
                         last=attempt >= len(incident.rungs), check_timeout_s=check_timeout_s)
 
 
@@ -87,6 +88,14 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, o
            save: Callable[[], None]) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
     instance = str(rung["instance_id"])
+    if rung["rung"] == "check":  # the node as it is: only its check follows, which disturbs any job
+        if incident.action == "degrade":
+            jobs = orchestrator.jobs_on(incident.slurm_node)
+            if jobs:  # drained after its job: wait for the job to end, never cut it short
+                raise NodeDrainingError(f"{incident.slurm_node} is DEGRADED and drained after its job(s) "
+                                        f"{', '.join(jobs)}; its check waits for them to end")
+        _guard(incident, orchestrator)
+        return instance
     if rung["rung"] == "gpu_reset":
         if not rung.get("reset"):
             _guard(incident, orchestrator)

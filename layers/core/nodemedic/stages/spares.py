@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import SpareOutput
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.store.ledger import Ledger
@@ -36,7 +36,7 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger
     spare = record.result.get("spare")
     drained = ledger.get(incident.incident_id).stages.get("drain")
     interrupted = list(drained.result.get("requeued_jobs", [])) if drained else []  # type: ignore[call-overload]
-    if pool_size and not interrupted and not spare:
+    if pool_size and not interrupted and not spare and incident.action not in NON_DISRUPTIVE:  # nothing interrupted
         # a job that also ran here, requeued by another incident's drain, and still waiting for
         # nodes: this node's failure interrupted it too
         others = ledger.interrupted_on(incident.cluster, incident.slurm_node, clock())

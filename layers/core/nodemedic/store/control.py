@@ -34,6 +34,7 @@ class Admission(BaseModel):
     at: AwareDatetime
     fault_code: str
     attributes: dict[str, str] = Field(default_factory=dict, description="rack, placement group, ...")
+    burn_in: bool = Field(default=False, description="a joined node's check: not counted by the breaker")
 
 
 class Switch(BaseModel):
@@ -63,7 +64,7 @@ class ControlState(BaseModel):
         since = self.breaker.reset.at if self.breaker.reset else None
         return {
             iid: a for iid, a in self.admissions.items()
-            if (iid in active or now - a.at <= window) and (since is None or a.at >= since)
+            if not a.burn_in and (iid in active or now - a.at <= window) and (since is None or a.at >= since)
         }
 
 
