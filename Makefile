@@ -49,6 +49,7 @@ bench: venv  ## run the benchmarks (about 40 min); results in docs/benchmarks.{j
 	$(BIN)/python -m bench.pipeline burst --nodes 10 --events 1000
 	$(BIN)/python -m bench.pipeline burst --nodes 500 --events 1000 --wait
 	$(BIN)/python -m bench.recovery --faults 25
+	$(BIN)/python -m bench.health_check --runs 20
 	$(BIN)/python -m bench.fleet_report
 	$(BIN)/python -m bench.fleet_scale --nodes 10000 --minutes 4
 
