@@ -49,9 +49,9 @@ def _scontrol(scontrol: str, args: list[str], env: dict[str, str] | None) -> str
 
 
 def _node(scontrol: str, node: str, env: dict[str, str] | None) -> tuple[str, str]:
-    """(state, reason) of ``node`` from ``scontrol show node -o``."""
+    """(state, reason) of ``node`` from ``scontrol show node NODE -o``."""
     fields: dict[str, str] = {}
-    text = _scontrol(scontrol, ["show", "node", "-o", node], env)
+    text = _scontrol(scontrol, ["show", "node", node, "-o"], env)
     for part in text.split():
         key, sep, value = part.partition("=")
         if sep and key in ("NodeName", "State"):

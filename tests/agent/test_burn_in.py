@@ -17,7 +17,7 @@ from nodemedic_agent.config import parse_config
 from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
 
 SCONTROL = """#!/bin/sh
-# show node -o NODE: prints $STATE_FILE; update ...: appends its arguments to $LOG_FILE
+# show node NODE -o: prints $STATE_FILE; update ...: appends its arguments to $LOG_FILE
 echo "$@" >> "{log}"
 if [ -f "{fail}" ]; then echo "slurm_load_node error: Unable to contact slurm controller" >&2; exit 1; fi
 case "$1" in
