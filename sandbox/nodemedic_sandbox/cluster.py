@@ -196,7 +196,9 @@ class SimCluster:
         elif not self._wait_for_boot(instance_id, timeout_s):
             outcome = CommandOutcome("TimedOut", -1, "", f"instance {instance_id} still booting")
         else:
-            env = {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": instance_id}
+            # TMPDIR: the documents' lock files land in this cluster's state dir, gone with it
+            env = {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": instance_id,
+                   "TMPDIR": str(self.state_dir)}
             try:
                 done = subprocess.run(["bash", "-c", script], env=env, capture_output=True,
                                       text=True, timeout=timeout_s, check=False)
