@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from nodemedic.domain.scontrol import drain_reason, parse_scontrol_record
+
 from nodemedic_agent.checks.base import Finding
 
 
@@ -35,7 +37,6 @@ class HoldError(Exception):
 @dataclass(frozen=True)
 class HoldResult:
     held: bool  # True: this boot drained the node and left the marker
-    state: str
     reason: str  # the drain reason the node has now
     message: str
 
@@ -50,16 +51,11 @@ def _scontrol(scontrol: str, args: list[str], env: dict[str, str] | None) -> str
 
 def _node(scontrol: str, node: str, env: dict[str, str] | None) -> tuple[str, str]:
     """(state, reason) of ``node`` from ``scontrol show node NODE -o``."""
-    fields: dict[str, str] = {}
     text = _scontrol(scontrol, ["show", "node", node, "-o"], env)
-    for part in text.split():
-        key, sep, value = part.partition("=")
-        if sep and key in ("NodeName", "State"):
-            fields[key] = value
+    fields = parse_scontrol_record(text.strip().splitlines()[-1] if text.strip() else "")
     if fields.get("NodeName") != node:
         raise HoldError(f"scontrol does not know node {node}: {text.strip()[:200]}")
-    reason = text.split(" Reason=", 1)[1].split(" [", 1)[0].strip() if " Reason=" in text else ""
-    return fields.get("State", ""), reason
+    return fields.get("State", ""), drain_reason(fields)
 
 
 def hold(node: str, instance_id: str, *, prefix: str, marker: Path, scontrol: str = "scontrol",
@@ -71,8 +67,8 @@ def hold(node: str, instance_id: str, *, prefix: str, marker: Path, scontrol: st
         try:
             state, reason = _node(scontrol, node, env)
             if "DRAIN" in state:
-                return HoldResult(False, state, reason, f"{node} is drained already ({reason or 'no reason'}): "
-                                                        "left as it is, no burn-in hold")
+                return HoldResult(False, reason, f"{node} is drained already ({reason or 'no reason'}): "
+                                                 "left as it is, no burn-in hold")
             reason = f"{prefix}:burn-in {instance_id} joined"
             _scontrol(scontrol, ["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], env)
             break
@@ -86,8 +82,8 @@ def hold(node: str, instance_id: str, *, prefix: str, marker: Path, scontrol: st
     tmp.write_text(json.dumps({"slurm_node": node, "instance_id": instance_id, "reason": reason,
                                "held_at": held_at}))
     os.replace(tmp, marker)
-    return HoldResult(True, state, reason, f"{node} drained for its burn-in ({reason}); the pipeline lifts it "
-                                           "once the full deep health check passes")
+    return HoldResult(True, reason, f"{node} drained for its burn-in ({reason}); the pipeline lifts it "
+                                    "once the full deep health check passes")
 
 
 def joined(marker: Path) -> Finding | None:

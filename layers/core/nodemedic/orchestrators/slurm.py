@@ -10,29 +10,17 @@ from __future__ import annotations
 
 import re
 
+from nodemedic.domain.scontrol import drain_reason, parse_scontrol_record
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
 from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus
 from nodemedic.providers.run_command import Documents, RunCommand
 
-_FIELD_SPLIT = re.compile(r"\s+(?=[A-Za-z][\w/:]*=)")
-_REASON_SUFFIX = re.compile(r"\s*\[[^\]]*@[^\]]*\]$")
 _REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 :._#/@=+,()-]")  # what the drain document's allowedPattern refuses
-
-
-def parse_scontrol_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol show ... -o`` line into ``{key: value}`` (values may hold spaces)."""
-    fields: dict[str, str] = {}
-    for part in _FIELD_SPLIT.split(line.strip()):
-        key, sep, value = part.partition("=")
-        if sep:
-            fields[key] = value.strip()
-    return fields
 
 
 def _node_status(fields: dict[str, str]) -> NodeStatus:
     """A node's status from its ``scontrol show node -o`` record (the reason without its stamp)."""
-    reason = _REASON_SUFFIX.sub("", fields.get("Reason", "")).strip()
-    return NodeStatus(name=fields["NodeName"], state=fields.get("State", ""), reason=reason)
+    return NodeStatus(name=fields["NodeName"], state=fields.get("State", ""), reason=drain_reason(fields))
 
 
 class SlurmViaSSM:
