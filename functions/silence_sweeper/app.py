@@ -26,7 +26,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         slow_samples=s.fail_slow_samples)
     interval = 60.0 / s.silence_sweeps_per_invocation
     start = time.monotonic()
-    summary: dict[str, Any] = {"sweeps": 0, "reported": [], "forgotten": []}
+    summary: dict[str, Any] = {"sweeps": 0, "reported": [], "forgotten": [], "slow": []}
     for n in range(s.silence_sweeps_per_invocation):
         if n:
             time.sleep(max(0.0, start + n * interval - time.monotonic()))
@@ -38,7 +38,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         summary["sweeps"] += 1
         summary["reported"] += result.reported
         summary["forgotten"] += result.forgotten
-        summary.setdefault("slow", []).extend(result.slow)
+        summary["slow"] += result.slow
         if result.slow:
             logger.warning("slow nodes reported (FAIL_SLOW)", instances=result.slow)
         summary["watched"] = result.watched

@@ -13,8 +13,7 @@ Action = Literal["monitor", "replace", "reboot", "burn_in", "degrade"]
 NON_DISRUPTIVE: frozenset[str] = frozenset({"burn_in", "degrade"})  # never requeue or kill a job
 # check: the node as it is, not repaired: the first rung of a burn-in (a node that joined)
 Rung = Literal["check", "gpu_reset", "reboot", "replace"]
-RUNGS: tuple[Rung, ...] = ("check", "gpu_reset", "reboot", "replace")
-BURN_IN_LADDER: tuple[Rung, ...] = ("check", "gpu_reset", "reboot", "replace")
+RUNGS: tuple[Rung, ...] = ("check", "gpu_reset", "reboot", "replace")  # every rung, in escalation order
 Confidence = Literal["high", "ambiguous"]
 IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "denied", "dry_run", "escalated"]
 ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run",
@@ -26,8 +25,8 @@ STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "s
 
 def default_ladder(action: Action) -> tuple[Rung, ...]:
     """The rungs tried in order until the node passes its deep health check."""
-    if action in NON_DISRUPTIVE:
-        return BURN_IN_LADDER
+    if action in NON_DISRUPTIVE:  # checked as it is first, then the whole ladder
+        return RUNGS
     return ("replace",) if action == "replace" else ("reboot", "replace")
 
 

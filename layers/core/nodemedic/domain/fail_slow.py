@@ -18,7 +18,7 @@ import statistics
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity, PerfSample
 
@@ -26,13 +26,22 @@ BUSY_UTILIZATION = 50.0  # percent: below it, clocks say nothing about speed
 KEEP = 10  # samples kept per node
 
 
+class PerfRow(NamedTuple):
+    """One heartbeat's sample as the roster keeps it (a JSON list)."""
+
+    ratio: float
+    utilization: float
+    slowest_gpu: int | None
+    instance_type: str
+
+
 def observe(entry: dict[str, Any], sample: PerfSample | None) -> None:
     """Keep ``sample`` (compactly) in the node's roster entry, the newest last."""
     if sample is None:
         return
-    row = [round(sample.sm_clock_ratio, 4), round(sample.utilization_pct, 1), sample.slowest_gpu,
-           sample.instance_type]
-    entry["perf"] = [*entry.get("perf", []), row][-KEEP:]
+    row = PerfRow(round(sample.sm_clock_ratio, 4), round(sample.utilization_pct, 1), sample.slowest_gpu,
+                  sample.instance_type)
+    entry["perf"] = [*entry.get("perf", []), list(row)][-KEEP:]
 
 
 @dataclass(frozen=True)
@@ -49,27 +58,23 @@ class SlowNode:
         return round(100.0 * (1.0 - self.ratio / self.peer_median), 1)
 
 
-def _busy(rows: list[list[Any]]) -> list[list[Any]]:
-    return [r for r in rows if r[1] >= BUSY_UTILIZATION]
-
-
 def slow_nodes(roster: dict[str, dict[str, Any]], *, below: float, samples: int, min_peers: int = 3) -> list[SlowNode]:
     """Nodes whose last ``samples`` samples are all busy and more than ``below`` (a fraction) under
     the median of their busy peers (at least ``min_peers`` of the same instance type)."""
-    recent: dict[str, list[list[Any]]] = {i: e.get("perf", [])[-samples:] for i, e in roster.items()}
-    level = {i: statistics.median(r[0] for r in _busy(rows)) for i, rows in recent.items() if _busy(rows)}
+    busy = {i: [r for r in (PerfRow(*row) for row in e.get("perf", [])[-samples:]) if r.utilization >= BUSY_UTILIZATION]
+            for i, e in roster.items()}
+    level = {i: (statistics.median(r.ratio for r in rows), rows[-1].instance_type) for i, rows in busy.items() if rows}
     found = []
-    for instance, rows in recent.items():
-        if len(rows) < samples or len(_busy(rows)) < samples:
+    for instance, rows in busy.items():
+        if len(rows) < samples:  # too few samples, or some of them idle
             continue
-        kind = rows[-1][3]
-        peers = [level[p] for p in level if p != instance and recent[p][-1][3] == kind]
+        kind = rows[-1].instance_type
+        peers = [ratio for p, (ratio, k) in level.items() if p != instance and k == kind]
         if len(peers) < min_peers:
             continue
         median = statistics.median(peers)
-        if median > 0 and all(r[0] < (1.0 - below) * median for r in rows):
-            found.append(SlowNode(instance, statistics.median(r[0] for r in rows), median, len(peers),
-                                  rows[-1][2], kind))
+        if median > 0 and all(r.ratio < (1.0 - below) * median for r in rows):
+            found.append(SlowNode(instance, level[instance][0], median, len(peers), rows[-1].slowest_gpu, kind))
     return found
 
 

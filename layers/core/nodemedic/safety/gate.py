@@ -154,8 +154,8 @@ def decide(f: Facts) -> Decision:
         return _dry(f, stop("hold", "breaker_limit", detail, trips_breaker=True, notify=notify))
     ok("breaker_limit", f"{len(nodes)} of at most {limit} nodes within {p.breaker.window_minutes:g} min")
 
-    in_progress = len({i for i in f.active - {f.incident.incident_id}
-                       if f.state.admissions.get(i) is None or not f.state.admissions[i].burn_in})
+    burn_ins = {i for i, a in f.state.admissions.items() if a.burn_in}
+    in_progress = len(f.active - burn_ins - {f.incident.incident_id})
     if in_progress >= p.max_concurrent:
         return _dry(f, stop("throttled", "concurrency",
                             f"{in_progress} remediations in progress (max {p.max_concurrent})"))
