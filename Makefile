@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help venv slurm chromium demo test lint unit chaos bench agent-wheel clean
+.PHONY: help venv slurm kube chromium demo test lint unit chaos bench agent-wheel clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -20,6 +20,9 @@ venv: $(BIN)/.installed  ## build the environment in .venv/
 slurm:  ## install Debian's Slurm packages for the local cluster (as root)
 	@sandbox/install-slurm.sh
 
+kube:  ## build a real kube-apiserver for the Kubernetes tests, once per machine (as root; cached in ~/.cache/nodemedic)
+	@sandbox/install-kube-apiserver.sh
+
 chromium:  ## install Debian's Chromium, which renders the HTML report in a test (as root)
 	@sandbox/install-chromium.sh
 
@@ -31,7 +34,7 @@ lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in 
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: venv slurm chromium lint  ## run the whole test suite
+test: venv slurm kube chromium lint  ## run the whole test suite
 	$(BIN)/pytest
 
 unit: venv  ## fast tests only (no local stack): units and the stages on in-memory Slurm

@@ -60,7 +60,7 @@ class MemorySlurm:
         current.drained, current.reason = True, reason
         return True
 
-    def evacuate(self, node: str) -> EvacuationResult:
+    def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
         self._up(f"requeue {node}")
         jobs = list(self.n[node].jobs)
         job_nodes = {j: [name for name, n in self.n.items() if j in n.jobs] for j in jobs}

@@ -74,6 +74,11 @@ class CapacityError(NodeMedicError):
     The state machine retries the rung later, then escalates; the node stays drained."""
 
 
+class EvictionPendingError(RetryableError):
+    """Pods are still leaving the drained node (a PodDisruptionBudget blocks their eviction, or
+    their namespace lets them run to completion) within the drain policy's timeout."""
+
+
 class JobsPendingError(RetryableError):
     """Requeued jobs are not RUNNING yet."""
 

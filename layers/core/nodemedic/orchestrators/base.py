@@ -26,6 +26,7 @@ class EvacuationResult:
     requeued: list[str]
     not_requeued: list[str]
     job_nodes: dict[str, list[str]] = field(default_factory=dict)  # each requeued job's nodes then
+    pending: list[str] = field(default_factory=list)  # still leaving (Kubernetes: a budget, a wait): call again
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,10 @@ class Orchestrator(Protocol):
         node is drained with ``reason`` now."""
         ...
 
-    def evacuate(self, node: str) -> EvacuationResult:
-        """Requeue the jobs running on ``node`` and make them eligible to start at once."""
+    def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
+        """Requeue the jobs running on ``node`` and make them eligible to start at once. What
+        cannot leave yet is ``pending``: the caller calls again (``started_at``: the drain's start,
+        epoch seconds, from which a scheduler's eviction timeouts count)."""
         ...
 
     def busy(self, node: str) -> str | None:

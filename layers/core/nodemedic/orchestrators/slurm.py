@@ -69,9 +69,10 @@ class SlurmViaSSM:
             raise DrainFailedError(f"the drain of {node} did not say what it did: {out.strip()[:300]}")
         return last == "drained"
 
-    def evacuate(self, node: str) -> EvacuationResult:
+    def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
         """Requeue each job on the node, then release it at once (a requeued job is otherwise held
-        until requeue time + cred_expire, 120 s by default); see the slurm-requeue document."""
+        until requeue time + cred_expire, 120 s by default); see the slurm-requeue document. Slurm
+        requeues in one command: nothing is ever pending."""
         out = self._send(self._docs.slurm_requeue, f"requeue jobs on {node}", node=node)
         requeued, not_requeued, job_nodes = [], [], {}
         for line in out.splitlines():

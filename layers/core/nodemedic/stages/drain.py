@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime
 
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import DrainOutput
+from nodemedic.errors import EvictionPendingError
 from nodemedic.orchestrators.base import EvacuationResult, Orchestrator
 from nodemedic.store.ledger import Ledger
 
@@ -20,6 +22,24 @@ def drain_reason(prefix: str, incident: IncidentRef) -> str:
 
 def owner_tag(prefix: str, incident: IncidentRef) -> str:
     return f"{prefix}:{incident.incident_id}"
+
+
+def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger, started_at: float,
+              progress: dict[str, object]) -> EvacuationResult:
+    """Evacuate, adding up what earlier invocations moved; while pods are still leaving (a
+    Kubernetes PodDisruptionBudget, a namespace that waits for completion) record the progress
+    and raise :class:`EvictionPendingError`: the state machine calls again."""
+    this = orchestrator.evacuate(incident.slurm_node, started_at)
+    saved = progress.get("evacuated")
+    before = EvacuationResult(**saved) if isinstance(saved, dict) else EvacuationResult([], [])
+    total = EvacuationResult(
+        requeued=list(dict.fromkeys(before.requeued + this.requeued)),
+        not_requeued=list(dict.fromkeys(before.not_requeued + this.not_requeued)),
+        job_nodes={**before.job_nodes, **this.job_nodes}, pending=this.pending)
+    if total.pending:
+        ledger.record_progress(incident, "drain", {"evacuated": {**asdict(total), "pending": []}})
+        raise EvictionPendingError(f"{incident.slurm_node}: still leaving: {'; '.join(total.pending)[:800]}")
+    return total
 
 
 def drain(
@@ -40,7 +60,7 @@ def drain(
     # a burn-in never requeues (a joined node runs no work yet), nor does a slow node's drain: its
     # job runs on to its end (Slurm: DRAINING) and the check rung waits for it
     evacuated = EvacuationResult([], []) if incident.action in NON_DISRUPTIVE \
-        else orchestrator.evacuate(incident.slurm_node)
+        else _evacuate(incident, orchestrator, ledger, record.started_at.timestamp(), record.result)
     # the job's other nodes: one of them failing too finds its job requeued already, and still
     # takes a spare for it (stages.spares)
     for job, nodes in evacuated.job_nodes.items():

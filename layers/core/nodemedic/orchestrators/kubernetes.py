@@ -1,0 +1,460 @@
+"""Kubernetes (EKS, HyperPod-EKS, Karpenter) behind the same orchestrator interface as Slurm.
+
+What "drained" means here: the node is cordoned (``spec.unschedulable``) and carries NodeMedic's
+taint ``nodemedic.io/unhealthy`` (``NoSchedule``), its reason in the annotation
+``nodemedic.io/drain-reason`` (owner tag first, as on Slurm) and a ``NodeMedicUnhealthy`` node
+condition saying why. A cordon without that annotation is someone else's: it is never lifted, and
+a drain only takes it over when its reason starts with ``takeover``. Every change is one JSON
+patch whose first operation tests the ``resourceVersion`` read just before: when anything changed
+the node in between (an operator's ``kubectl cordon`` racing the incident), the apiserver refuses
+the patch and the decision is made again on what is there now. That is Slurm's check-and-act in
+one scheduler command, here.
+
+"Jobs" are the training workloads whose pods run on the node (:func:`workload_of`): a JobSet, a
+LeaderWorkerSet, a Kubeflow training job, a batch Job, or a pod labelled
+``nodemedic.io/training=true``; a job's id is ``namespace/Kind/name``. The safety rule (no
+destructive step on a node that runs a job) and the job-downtime metric read these.
+
+Evacuation goes through the Eviction API, so PodDisruptionBudgets hold; DaemonSet pods, mirror
+pods and finished pods are skipped, and each namespace has a mode (:class:`DrainRule`). The
+Eviction API's group version is negotiated by discovery: ``policy/v1`` (Kubernetes 1.22+, every
+EKS version) or ``policy/v1beta1`` (1.20/1.21).
+
+Spares are nodes that carry the taint ``nodemedic.io/spare`` (``NoSchedule``): idle, checked,
+and unusable by pods that do not tolerate it. Taking a spare removes the taint, so the training
+operator's replacement pods can land there.
+
+The node state uses the scheduler-neutral words the stages read (Slurm's): ``IDLE``,
+``ALLOCATED`` (training pods run there), ``+DRAIN`` (cordoned), ``+NOT_RESPONDING`` (the
+kubelet's ``Ready`` condition is not ``True``), ``+RESERVED`` (a spare).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from nodemedic.errors import CommandFailedError, DrainFailedError, PolicyError, ResumeFailedError
+from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus
+
+DRAIN_TAINT = "nodemedic.io/unhealthy"
+SPARE_TAINT = "nodemedic.io/spare"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"  # pods and volumes of a dead node move
+REASON = "nodemedic.io/drain-reason"
+OUT_OF_SERVICE_SET = "nodemedic.io/out-of-service"  # NodeMedic set the out-of-service taint
+CONDITION = "NodeMedicUnhealthy"
+TRAINING_LABEL = "nodemedic.io/training"
+MIRROR = "kubernetes.io/config.mirror"
+TRAINING_KINDS = frozenset({"Job", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob",
+                            "TrainJob", "JobSet", "LeaderWorkerSet"})
+WORKLOAD_LABELS = (("jobset.sigs.k8s.io/jobset-name", "JobSet"),
+                   ("leaderworkerset.sigs.k8s.io/name", "LeaderWorkerSet"))
+CONFLICT_RETRIES = 5
+_LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class DrainRule(BaseModel):
+    """How the pods of one namespace leave a drained node.
+
+    ``evict``: the Eviction API at once, with ``grace_seconds``; an eviction a PodDisruptionBudget
+    blocks is retried until ``timeout_seconds`` after the drain began, then left running and
+    reported (the job is not requeued). ``wait``: the pods run to completion; those still running
+    at ``timeout_seconds`` are evicted. ``delete``: evicted at once; one still blocked at
+    ``timeout_seconds`` is deleted (the budget is overridden: a dead GPU serves nobody)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mode: Literal["evict", "wait", "delete"] = "evict"
+    grace_seconds: int | None = Field(default=None, ge=0, le=3600, description="None: the pod's own")
+    timeout_seconds: int = Field(default=600, ge=0, le=3600)
+
+
+class DrainPolicy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    default: DrainRule = DrainRule()
+    namespaces: dict[str, DrainRule] = Field(default_factory=dict)
+
+    def rule(self, namespace: str) -> DrainRule:
+        return self.namespaces.get(namespace, self.default)
+
+
+def parse_drain_policy(text: str) -> DrainPolicy:
+    try:
+        return DrainPolicy.model_validate_json(text or "{}")
+    except ValidationError as exc:
+        raise PolicyError(f"invalid Kubernetes drain policy: {exc}") from exc
+
+
+def workload_of(pod: Any) -> str | None:
+    """The training workload ``namespace/Kind/name`` a pod belongs to, or None for other pods."""
+    meta = pod.metadata
+    labels = meta.labels or {}
+    for label, kind in WORKLOAD_LABELS:
+        if labels.get(label):
+            return f"{meta.namespace}/{kind}/{labels[label]}"
+    owner = next((o for o in meta.owner_references or [] if o.controller), None)
+    if owner is not None and owner.kind in TRAINING_KINDS:
+        return f"{meta.namespace}/{owner.kind}/{owner.name}"
+    if labels.get(TRAINING_LABEL) == "true":
+        return f"{meta.namespace}/Pod/{meta.name}"
+    return None
+
+
+def _evictable(pod: Any) -> bool:
+    """What a drain moves: not a DaemonSet's pod, not a mirror pod, not finished."""
+    if (pod.metadata.annotations or {}).get(MIRROR) or pod.status.phase in ("Succeeded", "Failed"):
+        return False
+    return not any(o.kind == "DaemonSet" and o.controller for o in pod.metadata.owner_references or [])
+
+
+def _live(pod: Any) -> bool:
+    return pod.status.phase not in ("Succeeded", "Failed") and pod.metadata.deletion_timestamp is None
+
+
+def _started(pod: Any) -> float | None:
+    """When the pod's containers last started (else the pod's own start), epoch seconds."""
+    starts = [c.state.running.started_at for c in pod.status.container_statuses or []
+              if c.state and c.state.running and c.state.running.started_at]
+    when = max(starts) if starts else pod.status.start_time
+    return when.timestamp() if when else None
+
+
+def _taint(key: str, value: str, effect: str = "NoSchedule") -> dict[str, str]:
+    return {"key": key, "value": _LABEL_VALUE_UNSAFE.sub("_", value)[:63].strip("_.-") or "true", "effect": effect}
+
+
+def _owned_by(annotations: dict[str, str], owner: str) -> bool:
+    """The drain reason is ``owner``'s (the tag alone, or the tag and a word after it)."""
+    ours = annotations.get(REASON, "")
+    return ours == owner or ours.startswith(f"{owner} ")
+
+
+class _Node:
+    """One read of a node: what the decisions look at, and the patch that changes only our keys."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.name: str = raw.metadata.name
+        self.version: str = raw.metadata.resource_version
+        self.annotations: dict[str, str] = dict(raw.metadata.annotations or {})
+        self.taints: list[dict[str, str]] = [
+            {k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v is not None}
+            for t in raw.spec.taints or []]
+        self.cordoned = bool(raw.spec.unschedulable)
+
+    def tainted(self, key: str) -> bool:
+        return any(t["key"] == key for t in self.taints)
+
+    @property
+    def ready(self) -> bool:
+        return any(c.type == "Ready" and c.status == "True" for c in self.raw.status.conditions or [])
+
+    @property
+    def reason(self) -> str:
+        """Ours (the annotation), or a word on someone else's cordon."""
+        if REASON in self.annotations:
+            return self.annotations[REASON]
+        return "cordoned (not by NodeMedic)" if self.cordoned else ""
+
+    def status(self, jobs: Iterable[str]) -> NodeStatus:
+        state = "ALLOCATED" if any(True for _ in jobs) else "IDLE"
+        flags = [("DRAIN", self.cordoned), ("NOT_RESPONDING", not self.ready), ("RESERVED", self.tainted(SPARE_TAINT))]
+        state += "".join(f"+{flag}" for flag, on in flags if on)
+        return NodeStatus(self.name, state, self.reason if self.cordoned else "")
+
+    def patch(self, *, cordoned: bool, taints: list[dict[str, str]], annotations: dict[str, str]) -> list[dict[str, Any]]:
+        """A JSON patch that applies only if nothing changed since this read."""
+        return [{"op": "test", "path": "/metadata/resourceVersion", "value": self.version},
+                {"op": "add", "path": "/spec/unschedulable", "value": cordoned},
+                {"op": "add", "path": "/spec/taints", "value": taints},
+                {"op": "add", "path": "/metadata/annotations", "value": annotations}]
+
+
+class KubernetesOrchestrator:
+    """:class:`~nodemedic.orchestrators.base.Orchestrator` for Kubernetes, through its API server."""
+
+    def __init__(self, api: Any, *, policy: DrainPolicy | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._core = k8s.CoreV1Api(api)
+        self._api = api
+        self._policy = policy or DrainPolicy()
+        self._clock = clock
+        self._eviction_version: str | None = None
+
+    # -- reads ------------------------------------------------------------------------------
+    def _read(self, node: str) -> _Node:
+        try:
+            return _Node(self._core.read_node(node))
+        except ApiException as exc:
+            raise CommandFailedError(f"the API server did not describe node {node}: {exc.status} {exc.reason}") from exc
+
+    def _pods_on(self, node: str) -> list[Any]:
+        try:
+            return list(self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items)
+        except ApiException as exc:
+            raise CommandFailedError(f"cannot list the pods on {node}: {exc.status} {exc.reason}") from exc
+
+    def _jobs(self, pods: Iterable[Any]) -> list[str]:
+        return sorted({w for p in pods if _live(p) and (w := workload_of(p))})
+
+    def node_status(self, node: str) -> NodeStatus:
+        return self._read(node).status(self._jobs(self._pods_on(node)))
+
+    def nodes(self) -> list[NodeStatus]:
+        try:
+            raw = self._core.list_node().items
+            pods = self._core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
+        except ApiException as exc:
+            raise CommandFailedError(f"cannot list the nodes: {exc.status} {exc.reason}") from exc
+        busy: dict[str, list[Any]] = {}
+        for pod in pods:
+            busy.setdefault(pod.spec.node_name or "", []).append(pod)
+        return [_Node(n).status(self._jobs(busy.get(n.metadata.name, []))) for n in raw]
+
+    def jobs_on(self, node: str) -> list[str]:
+        return self._jobs(self._pods_on(node))
+
+    def busy(self, node: str) -> str | None:
+        """Why no destructive step may touch ``node`` now: a training pod runs there, or it is no
+        longer cordoned (someone returned it to service). Read right before the step."""
+        current = self._read(node)
+        jobs = self.jobs_on(node)
+        if jobs:
+            return f"{node} runs job(s) {', '.join(jobs)}"
+        if not current.cordoned:
+            return f"{node} is no longer cordoned: someone returned it to service"
+        return None
+
+    # -- check-and-act writes ---------------------------------------------------------------
+    def _apply(self, node: str, decide: Callable[[_Node], list[dict[str, Any]] | None], what: str) -> _Node | None:
+        """Read, decide, patch on that read's resourceVersion; again while the node changes under us.
+        Returns the node as read for the patch that applied, None when ``decide`` changed nothing."""
+        for _ in range(CONFLICT_RETRIES):
+            current = self._read(node)
+            ops = decide(current)
+            if ops is None:
+                return None
+            try:
+                self._core.patch_node(node, ops)
+                return current
+            except ApiException as exc:
+                # a failed "test" of the resourceVersion is a 422 like any invalid patch: it is a
+                # conflict when the node changed since the read; decide again on what is there now
+                if exc.status == 409 or (exc.status == 422 and self._read(node).version != current.version):
+                    continue
+                raise CommandFailedError(f"{what} {node}: {exc.status} {exc.reason} {exc.body}") from exc
+        raise CommandFailedError(f"{what} {node}: the node kept changing ({CONFLICT_RETRIES} tries)")
+
+    def _condition(self, node: str, active: bool, reason: str, message: str) -> None:
+        now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"status": {"conditions": [{"type": CONDITION, "status": "True" if active else "False",
+                                           "reason": reason, "message": message[:1024],
+                                           "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
+        try:
+            self._core.patch_node_status(node, body)
+        except ApiException as exc:
+            raise CommandFailedError(f"condition on {node}: {exc.status} {exc.reason}") from exc
+
+    def drain(self, node: str, reason: str, takeover: str = "-") -> bool:
+        """Cordon and taint ``node`` with ``reason`` unless it is cordoned already by someone
+        whose reason does not start with ``takeover`` (``-``: nobody's is taken over). True when
+        the node is drained with ``reason`` now."""
+        fault = reason.split(" ", 1)[1] if " " in reason else reason
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            if current.cordoned and (takeover == "-" or REASON not in current.annotations
+                                     or not current.annotations[REASON].startswith(takeover)):
+                return None  # someone else's cordon (an operator's, or another open incident's)
+            taints = [t for t in current.taints if t["key"] != DRAIN_TAINT] + [_taint(DRAIN_TAINT, fault)]
+            return current.patch(cordoned=True, taints=taints, annotations={**current.annotations, REASON: reason})
+
+        try:
+            done = self._apply(node, decide, "drain")
+        except CommandFailedError as exc:
+            raise DrainFailedError(str(exc)) from exc
+        if done is None:
+            return False
+        self._condition(node, True, "NodeMedicDrained", reason)
+        return True
+
+    def resume(self, node: str, owner: str = "*") -> bool:
+        """Uncordon ``node`` and remove NodeMedic's taints if ``owner``'s drain holds it (``*``: any
+        cordon, an operator's own resume), checked and acted on in one patch. Others' taints stay."""
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            if not current.cordoned or (owner != "*" and not _owned_by(current.annotations, owner)):
+                return None
+            drop = {DRAIN_TAINT} | ({OUT_OF_SERVICE_TAINT} if OUT_OF_SERVICE_SET in current.annotations else set())
+            annotations = {k: v for k, v in current.annotations.items() if k not in (REASON, OUT_OF_SERVICE_SET)}
+            return current.patch(cordoned=False, taints=[t for t in current.taints if t["key"] not in drop],
+                                 annotations=annotations)
+
+        try:
+            done = self._apply(node, decide, "resume")
+        except CommandFailedError as exc:
+            raise ResumeFailedError(str(exc)) from exc
+        if done is None:
+            return False
+        self._condition(node, False, "NodeMedicResumed", f"returned to service by {owner}")
+        return True
+
+    # -- evacuation -------------------------------------------------------------------------
+    def eviction_version(self) -> str:
+        """``policy/v1`` where the API server serves it, else ``policy/v1beta1`` (discovery)."""
+        if self._eviction_version is None:
+            try:
+                group = k8s.PolicyApi(self._api).get_api_group()
+            except ApiException as exc:
+                raise CommandFailedError(f"cannot discover the policy API group: {exc.status} {exc.reason}") from exc
+            served = {v.group_version for v in group.versions}
+            self._eviction_version = "policy/v1" if "policy/v1" in served else "policy/v1beta1"
+        return self._eviction_version
+
+    def _evict(self, pod: Any, grace: int | None) -> bool:
+        """True when the API server accepted the eviction (or the pod is gone); False when a
+        PodDisruptionBudget blocks it now (429)."""
+        body = k8s.V1Eviction(api_version=self.eviction_version(), kind="Eviction",
+                              metadata=k8s.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace),
+                              delete_options=k8s.V1DeleteOptions(grace_period_seconds=grace))
+        try:
+            self._core.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, body)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            if exc.status == 429:
+                return False
+            raise CommandFailedError(f"evict {pod.metadata.namespace}/{pod.metadata.name}: "
+                                     f"{exc.status} {exc.reason} {exc.body}") from exc
+
+    def _delete(self, pod: Any, grace: int | None) -> None:
+        try:
+            self._core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=grace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise CommandFailedError(f"delete {pod.metadata.namespace}/{pod.metadata.name}: "
+                                         f"{exc.status} {exc.reason}") from exc
+
+    def _mark_out_of_service(self, node: str) -> None:
+        """A dead node's pods never confirm their deletion: the out-of-service taint lets Kubernetes
+        force-delete them and detach their volumes, so they can start elsewhere."""
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            if current.ready or current.tainted(OUT_OF_SERVICE_TAINT) or not current.cordoned:
+                return None
+            taints = current.taints + [_taint(OUT_OF_SERVICE_TAINT, "nodeshutdown", "NoExecute")]
+            return current.patch(cordoned=True, taints=taints, annotations={**current.annotations,
+                                                                             OUT_OF_SERVICE_SET: "true"})
+
+        self._apply(node, decide, "out-of-service taint on")
+
+    def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
+        """One pass over the node's pods: evict what may leave now (by each namespace's rule,
+        counted from ``started_at``, the drain's start), delete what the ``delete`` mode says.
+        Pods still held (a budget within its timeout, ``wait`` mode) are listed in ``pending``:
+        the Drain stage calls again. Evicted training pods' workloads are ``requeued`` (their
+        controller recreates the pods); each with the nodes its pods ran on."""
+        now = self._clock().timestamp()
+        elapsed = now - (started_at if started_at is not None else now)
+        current = self._read(node)
+        if not current.ready:
+            self._mark_out_of_service(node)
+        everywhere = self._running_pods()
+        requeued: set[str] = set()
+        not_requeued: list[str] = []
+        pending: list[str] = []
+        for pod in self._pods_on(node):
+            if not _evictable(pod) or pod.metadata.deletion_timestamp is not None:
+                continue
+            rule = self._policy.rule(pod.metadata.namespace)
+            name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            timed_out = elapsed >= rule.timeout_seconds
+            if rule.mode == "wait" and not timed_out:
+                pending.append(f"{name} (running to completion, up to {rule.timeout_seconds}s)")
+                continue
+            if self._evict(pod, rule.grace_seconds):
+                gone = True
+            elif rule.mode == "delete" and timed_out:
+                self._delete(pod, rule.grace_seconds)
+                gone = True
+            elif timed_out:
+                gone = False
+                not_requeued.append(f"{name}: eviction blocked by a PodDisruptionBudget for {rule.timeout_seconds}s")
+            else:
+                pending.append(f"{name} (eviction blocked by a PodDisruptionBudget)")
+                continue
+            workload = workload_of(pod)
+            if gone and workload:
+                requeued.add(workload)
+            elif workload and not gone:
+                not_requeued.append(workload)
+        job_nodes = {job: sorted({p.spec.node_name for p in everywhere if workload_of(p) == job} | {node})
+                     for job in requeued}
+        return EvacuationResult(requeued=sorted(requeued), not_requeued=not_requeued, job_nodes=job_nodes,
+                                pending=pending)
+
+    def _running_pods(self) -> list[Any]:
+        try:
+            return list(self._core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items)
+        except ApiException as exc:
+            raise CommandFailedError(f"cannot list pods: {exc.status} {exc.reason}") from exc
+
+    # -- jobs -------------------------------------------------------------------------------
+    def job_states(self, job_ids: list[str]) -> dict[str, JobState]:
+        """RUNNING when every live pod of the workload runs (its start: the last pod's), PENDING
+        while any waits, GONE when none is left (finished and collected, or deleted)."""
+        states: dict[str, JobState] = {}
+        by_namespace: dict[str, list[Any]] = {}
+        for job in job_ids:
+            namespace = job.split("/", 1)[0]
+            if namespace not in by_namespace:
+                try:
+                    by_namespace[namespace] = list(self._core.list_namespaced_pod(namespace).items)
+                except ApiException as exc:
+                    raise CommandFailedError(f"cannot list pods in {namespace}: {exc.status} {exc.reason}") from exc
+            pods = [p for p in by_namespace[namespace] if workload_of(p) == job and _live(p)]
+            if not pods:
+                states[job] = JobState(job, "GONE", None)
+            elif all(p.status.phase == "Running" for p in pods):
+                starts = [s for p in pods if (s := _started(p)) is not None]
+                states[job] = JobState(job, "RUNNING", max(starts) if starts else None)
+            else:
+                states[job] = JobState(job, "PENDING", None)
+        return states
+
+    # -- hot spares: nodes tainted nodemedic.io/spare ---------------------------------------
+    def spares(self) -> list[NodeStatus]:
+        return [n for n in self.nodes() if "RESERVED" in n.state.split("+")]
+
+    def take_spare(self, node: str) -> None:
+        """Remove the spare taint: the replacement pods can land on ``node`` at once."""
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            if not current.tainted(SPARE_TAINT):
+                return None
+            return current.patch(cordoned=current.cordoned, annotations=current.annotations,
+                                 taints=[t for t in current.taints if t["key"] != SPARE_TAINT])
+
+        self._apply(node, decide, "take spare")
+
+    def add_spare(self, node: str, owner: str) -> bool:
+        """Taint ``node`` as a spare, then lift ``owner``'s drain in the same patch (the node is
+        never schedulable without the spare taint). True when the drain was lifted."""
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            lift = current.cordoned and _owned_by(current.annotations, owner)
+            drop = {DRAIN_TAINT, SPARE_TAINT} if lift else {SPARE_TAINT}
+            taints = [t for t in current.taints if t["key"] not in drop] + [_taint(SPARE_TAINT, "true")]
+            annotations = {k: v for k, v in current.annotations.items() if not (lift and k == REASON)}
+            return current.patch(cordoned=current.cordoned and not lift, taints=taints, annotations=annotations)
+
+        before = self._apply(node, decide, "add spare")
+        lifted = before is not None and before.cordoned and _owned_by(before.annotations, owner)
+        if lifted:
+            self._condition(node, False, "NodeMedicSpare", f"checked and held as a hot spare by {owner}")
+        return lifted

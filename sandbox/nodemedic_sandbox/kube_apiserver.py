@@ -1,0 +1,189 @@
+"""A real Kubernetes API server on this machine: Debian's etcd and a kube-apiserver built from
+Debian's ``kubernetes`` source package (1.20.2, see ``sandbox/install-kube-apiserver.sh``), in a
+temporary directory, on loopback.
+
+No kubelet, scheduler or controllers run: a test plays their part (binds pods, sets phases and
+node conditions, deletes evicted pods, sets a PodDisruptionBudget's status as the disruption
+controller would) and says so. Authorization is RBAC. The harness itself is a static-token admin
+(``system:masters``); a token webhook can be given to authenticate other callers as EKS does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+
+VERSION = "v1.20.2"
+
+
+def cache_dir() -> Path:
+    """Where the built binary is kept, outside any checkout (one build per machine)."""
+    base = os.environ.get("NODEMEDIC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nodemedic")
+    return Path(base)
+
+
+def binary() -> Path:
+    return cache_dir() / f"kube-apiserver-{VERSION}"
+
+
+def unavailable_reason() -> str | None:
+    """Why a real API server cannot start here, or None when it can."""
+    if not binary().is_file():
+        return (f"no kube-apiserver at {binary()} (build it once per machine: `make kube`, as root on Debian; "
+                "about 10 minutes on 2 cores)")
+    missing = [b for b in ("etcd", "openssl") if shutil.which(b) is None]
+    if missing:
+        return f"missing {', '.join(missing)} (Debian: etcd-server, openssl)"
+    return None
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class KubeAPIServer:
+    """Start with ``with KubeAPIServer() as server:``; ``server.api_client()`` is an admin client."""
+
+    webhook_url: str = ""  # a token webhook (TokenReview) for callers other than the admin
+    root: Path = field(init=False)
+    port: int = field(init=False, default=0)
+    admin_token: str = field(init=False, default="")
+    _procs: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+
+    def __enter__(self) -> KubeAPIServer:
+        why = unavailable_reason()
+        if why:
+            raise RuntimeError(why)
+        self.root = Path(tempfile.mkdtemp(prefix="nodemedic-kube-"))
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in reversed(self._procs):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.root / "pki" / "ca.crt"
+
+    def _start(self) -> None:
+        pki = self.root / "pki"
+        pki.mkdir()
+        client_port, peer_port, self.port = _free_ports(3)
+        openssl = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]
+        subprocess.run([*openssl, "-keyout", pki / "ca.key", "-out", pki / "ca.crt", "-subj", "/CN=nodemedic-test-ca"],
+                       check=True, capture_output=True)
+        subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", pki / "server.key",
+                        "-out", pki / "server.csr", "-subj", "/CN=kube-apiserver"], check=True, capture_output=True)
+        (pki / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        subprocess.run(["openssl", "x509", "-req", "-in", pki / "server.csr", "-CA", pki / "ca.crt", "-CAkey",
+                        pki / "ca.key", "-CAcreateserial", "-out", pki / "server.crt", "-days", "2",
+                        "-extfile", pki / "san.ext"], check=True, capture_output=True)
+        subprocess.run(["openssl", "genrsa", "-out", pki / "sa.key", "2048"], check=True, capture_output=True)
+        self.admin_token = secrets.token_hex(16)
+        (pki / "tokens.csv").write_text(f'{self.admin_token},nodemedic-test-admin,1,"system:masters"\n')
+        log = (self.root / "etcd.log").open("wb")
+        self._procs.append(subprocess.Popen(
+            ["etcd", "--data-dir", str(self.root / "etcd"), "--listen-client-urls", f"http://127.0.0.1:{client_port}",
+             "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+             "--initial-cluster", f"default=http://127.0.0.1:{peer_port}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        args = [str(binary()), "--etcd-servers", f"http://127.0.0.1:{client_port}",
+                "--bind-address", "127.0.0.1", "--secure-port", str(self.port),
+                "--tls-cert-file", str(pki / "server.crt"), "--tls-private-key-file", str(pki / "server.key"),
+                "--client-ca-file", str(pki / "ca.crt"), "--token-auth-file", str(pki / "tokens.csv"),
+                "--authorization-mode", "RBAC", "--service-cluster-ip-range", "10.96.0.0/24",
+                "--service-account-issuer", "https://kubernetes.default.svc",
+                "--service-account-key-file", str(pki / "sa.key"),
+                "--service-account-signing-key-file", str(pki / "sa.key"),
+                # no token controller runs to create each namespace's default service account
+                "--disable-admission-plugins", "ServiceAccount"]
+        if self.webhook_url:
+            config = self.root / "webhook.kubeconfig"
+            config.write_text(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: webhook\n  cluster:\n"
+                f"    server: {self.webhook_url}\nusers:\n- name: apiserver\n  user: {{}}\ncontexts:\n"
+                "- name: webhook\n  context: {cluster: webhook, user: apiserver}\ncurrent-context: webhook\n")
+            args += ["--authentication-token-webhook-config-file", str(config),
+                     "--authentication-token-webhook-cache-ttl", "0s"]
+        log = (self.root / "apiserver.log").open("wb")
+        self._procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 60) -> None:
+        api = k8s.VersionApi(self.api_client())
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if any(p.poll() is not None for p in self._procs):
+                raise RuntimeError(f"the API server exited: {self.log_tail()}")
+            try:
+                api.get_code()
+                # RBAC's bootstrap roles land a moment after /version answers
+                k8s.RbacAuthorizationV1Api(self.api_client()).read_cluster_role("cluster-admin")
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the API server did not answer in {timeout_s:.0f}s: {self.log_tail()}") from None
+                time.sleep(0.5)
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = self.root / "apiserver.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def api_client(self, token: str = "") -> Any:
+        """An API client as the admin, or as whoever ``token`` authenticates as."""
+        config = k8s.Configuration()
+        config.host = self.url
+        config.ssl_ca_cert = str(self.ca_file)
+        config.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
+        return k8s.ApiClient(config)
+
+    def kubeconfig(self) -> Path:
+        """A kubeconfig for the admin (kubectl)."""
+        path = self.root / "admin.kubeconfig"
+        path.write_text(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n"
+            f"    server: {self.url}\n    certificate-authority: {self.ca_file}\nusers:\n- name: admin\n"
+            f"  user:\n    token: {self.admin_token}\ncontexts:\n- name: local\n"
+            "  context: {cluster: local, user: admin}\ncurrent-context: local\n")
+        return path

@@ -1,0 +1,174 @@
+"""The Kubernetes tier: the orchestrator adapter against a real kube-apiserver (1.20.2) and etcd.
+
+No kubelet, scheduler or controllers run. The helpers here play them, and each says which:
+binding a pod to a node and setting its phase (scheduler, kubelet), a node's Ready condition
+(kubelet), a PodDisruptionBudget's status (the disruption controller), deleting an evicted pod
+(kubelet confirming the deletion), a training operator recreating a job's pod.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+from nodemedic_sandbox import kube_apiserver
+from nodemedic_sandbox.kube_apiserver import KubeAPIServer
+
+_ids = itertools.count(1)
+
+
+def require_apiserver() -> None:
+    why = kube_apiserver.unavailable_reason()
+    if why is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI needs the real kube-apiserver: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def apiserver() -> Iterator[KubeAPIServer]:
+    require_apiserver()
+    with KubeAPIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def cluster(apiserver: KubeAPIServer) -> Iterator[Cluster]:
+    c = Cluster(apiserver.api_client(), f"t{next(_ids)}")
+    yield c
+    c.cleanup()
+
+
+class Cluster:
+    """One test's nodes and namespace on the shared API server, and the parts the test plays."""
+
+    def __init__(self, api: Any, tag: str) -> None:
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.tag = tag
+        self.namespace = f"ns-{tag}"
+        self.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=self.namespace)))
+        self._nodes: list[str] = []
+
+    def node(self, short: str, *, ready: bool = True, taints: list[dict[str, str]] | None = None,
+             cordoned: bool = False) -> str:
+        """A GPU node; the kubelet's part: its Ready condition."""
+        name = f"{self.tag}-{short}"
+        self.core.create_node(k8s.V1Node(
+            metadata=k8s.V1ObjectMeta(name=name, labels={"nvidia.com/gpu.present": "true"}),
+            spec=k8s.V1NodeSpec(unschedulable=cordoned or None, provider_id=f"aws:///us-east-1a/i-{name}",
+                                taints=[k8s.V1Taint(**t) for t in taints or []] or None)))
+        self._nodes.append(name)
+        self.set_ready(name, ready)
+        return name
+
+    def set_ready(self, node: str, ready: bool) -> None:
+        """The kubelet's Ready condition; and, as the node lifecycle controller does for a ready
+        node, the ``not-ready`` taint the API server puts on every new node removed."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if ready:
+            taints = [t for t in self.core.read_node(node).spec.taints or [] if t.key != "node.kubernetes.io/not-ready"]
+            self.core.patch_node(node, [{"op": "add", "path": "/spec/taints", "value":
+                                         [self.api.sanitize_for_serialization(t) for t in taints]}])
+        self.core.patch_node_status(node, {"status": {"conditions": [
+            {"type": "Ready", "status": "True" if ready else "Unknown", "reason": "KubeletReady" if ready
+             else "NodeStatusUnknown", "message": "test", "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+
+    def pod(self, name: str, node: str, *, owner: tuple[str, str] | None = ("Job", "train"),
+            labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+            phase: str = "Running", started: datetime | None = None) -> str:
+        """A pod bound to ``node`` (the scheduler's part) in ``phase`` (the kubelet's part)."""
+        refs = None
+        if owner:
+            kind, owner_name = owner
+            api_version = {"Job": "batch/v1", "DaemonSet": "apps/v1", "ReplicaSet": "apps/v1",
+                           "PyTorchJob": "kubeflow.org/v1"}.get(kind, "example.com/v1")
+            refs = [k8s.V1OwnerReference(api_version=api_version, kind=kind, name=owner_name, uid=f"uid-{owner_name}",
+                                         controller=True)]
+        self.core.create_namespaced_pod(self.namespace, k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=name, labels={"app": "train", **(labels or {})}, owner_references=refs,
+                                      annotations=annotations),
+            spec=k8s.V1PodSpec(node_name=node, containers=[k8s.V1Container(name="main", image="trainer:1")])))
+        self.set_phase(name, phase, started)
+        return name
+
+    def set_phase(self, name: str, phase: str, started: datetime | None = None) -> None:
+        at = (started or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status: dict[str, Any] = {"phase": phase, "startTime": at}
+        if phase == "Running":
+            status["containerStatuses"] = [{"name": "main", "image": "trainer:1", "imageID": "", "ready": True,
+                                            "restartCount": 0, "state": {"running": {"startedAt": at}}}]
+            # a pod that is not Ready does not count as healthy: a budget would not protect it
+            status["conditions"] = [{"type": "Ready", "status": "True", "lastTransitionTime": at}]
+        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+
+    def _raw(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        """The policy/v1beta1 budgets this 1.20 API server serves (the client only models policy/v1)."""
+        data, *_ = self.api.call_api(path, method, header_params={"Content-Type": content_type,
+                                                                  "Accept": "application/json"},
+                                     body=body, response_type="object", auth_settings=["BearerToken"],
+                                     _return_http_data_only=False)
+        return data
+
+    def pdb(self, name: str, *, allowed: int, labels: dict[str, str] | None = None) -> None:
+        """A budget over the job's pods, and its status as the disruption controller computes it."""
+        self._raw("POST", f"/apis/policy/v1beta1/namespaces/{self.namespace}/poddisruptionbudgets", {
+            "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": labels or {"app": "train"}}}})
+        self.allow(name, allowed)
+
+    def allow(self, name: str, allowed: int) -> None:
+        path = f"/apis/policy/v1beta1/namespaces/{self.namespace}/poddisruptionbudgets/{name}"
+        generation = self._raw("GET", path)["metadata"]["generation"]
+        self._raw("PATCH", f"{path}/status", {"status": {
+            "observedGeneration": generation, "disruptionsAllowed": allowed, "currentHealthy": 1,
+            "desiredHealthy": 1, "expectedPods": 1}}, "application/merge-patch+json")
+
+    def read_node(self, node: str) -> Any:
+        return self.core.read_node(node)
+
+    def taints(self, node: str) -> dict[str, str]:
+        return {t.key: f"{t.value}:{t.effect}" for t in self.read_node(node).spec.taints or []}
+
+    def condition(self, node: str, kind: str) -> Any:
+        return next((c for c in self.read_node(node).status.conditions or [] if c.type == kind), None)
+
+    def live_pods(self, node: str | None = None) -> dict[str, Any]:
+        """Pods not being deleted, by name (the kubelet has not confirmed an eviction yet)."""
+        pods = self.core.list_namespaced_pod(self.namespace).items
+        return {p.metadata.name: p for p in pods
+                if p.metadata.deletion_timestamp is None and (node is None or p.spec.node_name == node)}
+
+    def confirm_deletions(self) -> list[str]:
+        """The kubelet's part: evicted pods (deletionTimestamp set) go away."""
+        gone = []
+        for pod in self.core.list_namespaced_pod(self.namespace).items:
+            if pod.metadata.deletion_timestamp is not None:
+                self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
+                gone.append(pod.metadata.name)
+        return gone
+
+    def operator_cordon(self, node: str) -> None:
+        """What ``kubectl cordon`` does."""
+        self.core.patch_node(node, {"spec": {"unschedulable": True}})
+
+    def cleanup(self) -> None:
+        for node in self._nodes:
+            try:
+                self.core.delete_node(node)
+            except ApiException:
+                pass
+        try:
+            self.core.delete_namespace(self.namespace)
+        except ApiException:
+            pass
+
+
+from tests.stages.conftest import aws, ledger  # noqa: E402, F401 - the embedded DynamoDB ledger, for the stage tests

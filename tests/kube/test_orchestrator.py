@@ -1,0 +1,261 @@
+"""The Kubernetes orchestrator adapter against a real kube-apiserver: cordon, taint, condition,
+evictions under PodDisruptionBudgets, the out-of-service taint, spares, jobs, and never lifting
+a cordon or taint that is not NodeMedic's (also when it races the adapter's own write)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from nodemedic.orchestrators.kubernetes import (
+    CONDITION,
+    DRAIN_TAINT,
+    OUT_OF_SERVICE_TAINT,
+    SPARE_TAINT,
+    DrainPolicy,
+    DrainRule,
+    KubernetesOrchestrator,
+    parse_drain_policy,
+)
+from nodemedic.stages.spares import ready
+
+from tests.kube.conftest import Cluster
+
+REASON = "nodemedic:inc-1 XID 79"
+OWNER = "nodemedic:inc-1"
+
+
+def _adapter(cluster: Cluster, policy: DrainPolicy | None = None, **kw: Any) -> KubernetesOrchestrator:
+    return KubernetesOrchestrator(cluster.api, policy=policy, **kw)
+
+
+def test_drain_cordons_taints_and_says_why_and_resume_lifts_only_its_own(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1", taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    orch = _adapter(cluster)
+    assert orch.drain(node, REASON, takeover="nodemedic:")
+    status = orch.node_status(node)
+    assert status.drained and status.drained_by(OWNER) and status.reason == REASON
+    assert cluster.read_node(node).spec.unschedulable
+    assert cluster.taints(node) == {"nvidia.com/gpu": "present:NoSchedule", DRAIN_TAINT: "XID_79:NoSchedule"}
+    condition = cluster.condition(node, CONDITION)
+    assert (condition.status, condition.message) == ("True", REASON)
+
+    assert not orch.resume(node, "nodemedic:inc-2")  # another incident's tag: not its drain
+    assert cluster.read_node(node).spec.unschedulable
+    assert orch.resume(node, OWNER)
+    after = cluster.read_node(node)
+    assert not after.spec.unschedulable
+    assert cluster.taints(node) == {"nvidia.com/gpu": "present:NoSchedule"}  # the operator's taint stays
+    assert cluster.condition(node, CONDITION).status == "False"
+    assert orch.node_status(node).state == "IDLE"
+
+
+def test_an_operators_cordon_is_kept_and_never_lifted(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1", cordoned=True)
+    orch = _adapter(cluster)
+    assert not orch.drain(node, REASON, takeover="nodemedic:")
+    assert orch.node_status(node).reason == "cordoned (not by NodeMedic)"
+    assert DRAIN_TAINT not in cluster.taints(node)
+    assert not orch.resume(node, OWNER)
+    assert cluster.read_node(node).spec.unschedulable
+    assert orch.busy(node) is None  # drained (by the operator) and idle: a rung may act
+
+
+def test_an_operators_cordon_racing_the_drain_wins(cluster: Cluster) -> None:
+    """``kubectl cordon`` lands between the adapter's read and its patch: the patch is refused
+    (its resourceVersion test fails), the adapter reads again, and keeps the operator's cordon."""
+    node = cluster.node("gpu-1")
+    orch = _adapter(cluster)
+    real_patch, raced = orch._core.patch_node, []
+
+    def patch_after_operator(name: str, body: Any) -> Any:
+        if not raced:
+            raced.append(name)
+            cluster.operator_cordon(name)
+        return real_patch(name, body)
+
+    orch._core.patch_node = patch_after_operator
+    assert not orch.drain(node, REASON, takeover="nodemedic:")
+    assert raced == [node]
+    assert DRAIN_TAINT not in cluster.taints(node)
+    assert not orch.resume(node, OWNER)
+    assert cluster.read_node(node).spec.unschedulable
+
+
+def test_an_operators_taint_added_while_resuming_is_kept(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1")
+    orch = _adapter(cluster)
+    assert orch.drain(node, REASON)
+    real_patch, raced = orch._core.patch_node, []
+
+    def patch_after_operator(name: str, body: Any) -> Any:
+        if not raced:
+            raced.append(name)
+            cluster.core.patch_node(name, {"spec": {"taints": [
+                {"key": DRAIN_TAINT, "value": "XID_79", "effect": "NoSchedule"},
+                {"key": "maintenance", "value": "bios", "effect": "NoSchedule"}]}})
+        return real_patch(name, body)
+
+    orch._core.patch_node = patch_after_operator
+    assert orch.resume(node, OWNER)
+    assert raced and cluster.taints(node) == {"maintenance": "bios:NoSchedule"}
+
+
+def test_evacuate_evicts_workloads_and_skips_daemonsets_and_mirror_pods(cluster: Cluster) -> None:
+    node, other = cluster.node("gpu-1"), cluster.node("gpu-2")
+    cluster.pod("train-0", node, owner=("PyTorchJob", "llm"))
+    cluster.pod("train-1", other, owner=("PyTorchJob", "llm"))
+    cluster.pod("agent", node, owner=("DaemonSet", "nodemedic-agent"))
+    cluster.pod("static", node, owner=None, annotations={"kubernetes.io/config.mirror": "x"})
+    cluster.pod("web", node, owner=("ReplicaSet", "web-abc"))
+    cluster.pod("done", node, phase="Succeeded", owner=("Job", "old"))
+    orch = _adapter(cluster)
+    assert orch.jobs_on(node) == [f"{cluster.namespace}/PyTorchJob/llm"]
+    assert orch.busy(node) is not None and "PyTorchJob/llm" in orch.busy(node)
+    assert orch.drain(node, REASON)
+    result = orch.evacuate(node, started_at=datetime.now(UTC).timestamp())
+    job = f"{cluster.namespace}/PyTorchJob/llm"
+    assert result.requeued == [job] and result.pending == [] and result.not_requeued == []
+    assert result.job_nodes == {job: sorted([node, other])}
+    assert set(cluster.live_pods(node)) == {"agent", "static", "done"}  # evicted: train-0 and web
+    cluster.confirm_deletions()
+    assert orch.jobs_on(node) == [] and orch.busy(node) is None
+
+
+def test_a_budget_blocks_eviction_until_its_timeout_then_the_namespace_mode_applies(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1")
+    cluster.pod("train-0", node)
+    cluster.pdb("train", allowed=0)
+    job = f"{cluster.namespace}/Job/train"
+    start = datetime.now(UTC)
+    clock = [start]
+    evict = _adapter(cluster, DrainPolicy(default=DrainRule(mode="evict", timeout_seconds=300)), clock=lambda: clock[0])
+    assert evict.drain(node, REASON)
+    first = evict.evacuate(node, started_at=start.timestamp())
+    assert first.requeued == [] and len(first.pending) == 1 and "PodDisruptionBudget" in first.pending[0]
+    assert "train-0" in cluster.live_pods(node)  # the budget held: the API server answered 429
+    clock[0] = start + timedelta(seconds=301)
+    late = evict.evacuate(node, started_at=start.timestamp())
+    assert late.pending == [] and late.requeued == [] and job in late.not_requeued
+    assert "train-0" in cluster.live_pods(node)  # mode evict: left running, reported
+
+    delete = _adapter(cluster, parse_drain_policy(
+        f'{{"namespaces": {{"{cluster.namespace}": {{"mode": "delete", "timeout_seconds": 300}}}}}}'),
+        clock=lambda: clock[0])
+    forced = delete.evacuate(node, started_at=start.timestamp())
+    assert forced.requeued == [job] and forced.pending == []
+    assert "train-0" not in cluster.live_pods(node)
+
+
+def test_a_budget_that_allows_a_disruption_lets_the_eviction_through(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1")
+    cluster.pod("train-0", node)
+    cluster.pdb("train", allowed=0)
+    orch = _adapter(cluster)
+    assert orch.drain(node, REASON)
+    assert orch.evacuate(node, datetime.now(UTC).timestamp()).pending
+    cluster.allow("train", 1)  # the disruption controller: a replica is spare now
+    result = orch.evacuate(node, datetime.now(UTC).timestamp())
+    assert result.requeued == [f"{cluster.namespace}/Job/train"] and result.pending == []
+
+
+def test_wait_mode_lets_pods_finish_until_the_timeout(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1")
+    cluster.pod("train-0", node)
+    start = datetime.now(UTC)
+    clock = [start]
+    orch = _adapter(cluster, DrainPolicy(default=DrainRule(mode="wait", timeout_seconds=60)), clock=lambda: clock[0])
+    assert orch.drain(node, REASON)
+    assert "running to completion" in orch.evacuate(node, start.timestamp()).pending[0]
+    assert "train-0" in cluster.live_pods(node)
+    clock[0] = start + timedelta(seconds=61)
+    assert orch.evacuate(node, start.timestamp()).requeued == [f"{cluster.namespace}/Job/train"]
+
+
+def test_a_dead_node_gets_the_out_of_service_taint_and_resume_removes_it(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1", ready=False)
+    cluster.pod("train-0", node)
+    orch = _adapter(cluster)
+    assert "NOT_RESPONDING" in orch.node_status(node).state
+    assert orch.drain(node, REASON)
+    orch.evacuate(node, datetime.now(UTC).timestamp())
+    assert cluster.taints(node)[OUT_OF_SERVICE_TAINT] == "nodeshutdown:NoExecute"
+    cluster.set_ready(node, True)
+    assert orch.resume(node, OWNER)
+    assert cluster.taints(node) == {}
+
+
+def test_spares_are_the_tainted_nodes_and_move_in_and_out_of_the_pool(cluster: Cluster) -> None:
+    spare = cluster.node("spare-1", taints=[{"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"}])
+    node = cluster.node("gpu-1")
+    orch = _adapter(cluster)
+    pool = {s.name: s for s in orch.spares() if s.name.startswith(cluster.tag)}
+    assert list(pool) == [spare] and ready(pool[spare].state) and pool[spare].state == "IDLE+RESERVED"
+    orch.take_spare(spare)
+    assert SPARE_TAINT not in cluster.taints(spare)
+    assert spare not in {s.name for s in orch.spares()}
+
+    assert orch.drain(node, REASON)
+    assert orch.add_spare(node, OWNER)
+    after = cluster.read_node(node)
+    assert not after.spec.unschedulable and cluster.taints(node) == {SPARE_TAINT: "true:NoSchedule"}
+    assert node in {s.name for s in orch.spares()}
+
+
+def test_add_spare_never_lifts_an_operators_cordon(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1", cordoned=True)
+    orch = _adapter(cluster)
+    assert not orch.add_spare(node, OWNER)
+    assert cluster.read_node(node).spec.unschedulable
+
+
+def test_job_states_follow_the_workloads_pods(cluster: Cluster) -> None:
+    node, spare = cluster.node("gpu-1"), cluster.node("spare-1")
+    t0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+    cluster.pod("train-0", node, started=t0)
+    job = f"{cluster.namespace}/Job/train"
+    orch = _adapter(cluster)
+    assert orch.job_states([job])[job].state == "RUNNING"
+    orch.drain(node, REASON)
+    orch.evacuate(node, t0.timestamp())
+    cluster.confirm_deletions()
+    gone = f"{cluster.namespace}/Job/other"
+    states = orch.job_states([job, gone])
+    assert states[job].state == "GONE" and states[gone].state == "GONE"
+    cluster.pod("train-0-retry", spare, phase="Pending")  # the training operator's new pod
+    assert orch.job_states([job])[job].state == "PENDING"
+    t1 = t0 + timedelta(minutes=3)
+    cluster.set_phase("train-0-retry", "Running", started=t1)
+    assert orch.job_states([job])[job] == orch.job_states([job])[job].__class__(job, "RUNNING", t1.timestamp())
+
+
+def test_workloads_are_named_by_jobset_leaderworkerset_and_the_training_label(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1")
+    cluster.pod("js-0", node, owner=("Job", "js-worker-0"), labels={"jobset.sigs.k8s.io/jobset-name": "big"})
+    cluster.pod("lws-0", node, owner=("StatefulSet", "lws"), labels={"leaderworkerset.sigs.k8s.io/name": "serve"})
+    cluster.pod("adhoc", node, owner=None, labels={"nodemedic.io/training": "true"})
+    cluster.pod("web", node, owner=("ReplicaSet", "web-abc"))
+    ns = cluster.namespace
+    assert _adapter(cluster).jobs_on(node) == [f"{ns}/JobSet/big", f"{ns}/LeaderWorkerSet/serve", f"{ns}/Pod/adhoc"]
+
+
+def test_the_eviction_version_is_negotiated(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1.20 serves only policy/v1beta1 (this API server, for real); EKS's versions serve policy/v1:
+    there the body says policy/v1 (what the API server is sent is recorded, not served here)."""
+    orch = _adapter(cluster)
+    assert orch.eviction_version() == "policy/v1beta1"
+    newer = _adapter(cluster)
+    group = k8s.V1APIGroup(name="policy", versions=[
+        k8s.V1GroupVersionForDiscovery(group_version="policy/v1", version="v1"),
+        k8s.V1GroupVersionForDiscovery(group_version="policy/v1beta1", version="v1beta1")])
+    monkeypatch.setattr(k8s.PolicyApi, "get_api_group", lambda self: group)
+    sent: list[Any] = []
+    newer._core.create_namespaced_pod_eviction = lambda name, ns, body: sent.append(
+        newer._core.api_client.sanitize_for_serialization(body))
+    node = cluster.node("gpu-1")
+    cluster.pod("train-0", node)
+    newer.drain(node, REASON)
+    newer.evacuate(node, datetime.now(UTC).timestamp())
+    assert sent and sent[0]["apiVersion"] == "policy/v1" and sent[0]["kind"] == "Eviction"

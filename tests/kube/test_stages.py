@@ -1,0 +1,80 @@
+"""The pipeline's own stage code on Kubernetes: an XID 79 on a GPU node whose training pod has a
+PodDisruptionBudget. The stages are the ones the state machine runs (no Kubernetes branch in
+them); the ledger is in the embedded DynamoDB; the API server is real. The test plays the
+disruption controller, the kubelet and the training operator, as conftest says."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from nodemedic.errors import EvictionPendingError
+from nodemedic.orchestrators.kubernetes import CONDITION, DRAIN_TAINT, SPARE_TAINT, KubernetesOrchestrator
+from nodemedic.stages.drain import drain
+from nodemedic.stages.resume import resume
+from nodemedic.stages.spares import swap_in
+from nodemedic.store.ledger import Ledger
+
+from tests.kube.conftest import Cluster
+from tests.stages.conftest import PREFIX, clock, opened
+
+pytestmark = pytest.mark.usefixtures("aws")
+
+
+def test_xid79_cordons_evicts_within_the_budget_swaps_a_spare_and_returns_the_node_to_the_pool(
+        cluster: Cluster, ledger: Ledger) -> None:
+    node, peer = cluster.node("gpu-1"), cluster.node("gpu-2")
+    spare = cluster.node("spare-1", taints=[{"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"}])
+    cluster.pod("llm-worker-0", node, owner=("PyTorchJob", "llm"))
+    cluster.pod("llm-worker-1", peer, owner=("PyTorchJob", "llm"))
+    cluster.pdb("llm", allowed=0)
+    orch = KubernetesOrchestrator(cluster.api)
+    job = f"{cluster.namespace}/PyTorchJob/llm"
+    incident = opened(ledger, node)
+
+    # Drain: cordoned and tainted at once; the eviction waits while the budget allows none
+    with pytest.raises(EvictionPendingError, match="PodDisruptionBudget"):
+        drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert cluster.read_node(node).spec.unschedulable and DRAIN_TAINT in cluster.taints(node)
+    assert cluster.condition(node, CONDITION).status == "True"
+    assert "llm-worker-0" in cluster.live_pods(node)
+    cluster.allow("llm", 1)  # the disruption controller: the job tolerates one disruption now
+    out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)  # the state machine's retry
+    assert out.drained_by_pipeline and out.requeued_jobs == [job]
+    assert out.job_nodes == {job: sorted([node, peer])}
+    assert "llm-worker-0" not in cluster.live_pods(node)
+
+    # Spare: untainted for the job's replacement pod
+    spared = swap_in(incident, orchestrator=orch, ledger=ledger, pool_size=1, clock=clock)
+    assert spared.spare == spare and spared.destination == "pool"
+    assert SPARE_TAINT not in cluster.taints(spare)
+    cluster.confirm_deletions()  # the kubelet confirms the eviction
+    restarted = datetime.now(UTC)
+    cluster.pod("llm-worker-0-r1", spare, owner=("PyTorchJob", "llm"), started=restarted)  # the operator's new pod
+
+    # Repair's guard reads the node right before a destructive rung: drained and running nothing
+    assert orch.busy(node) is None
+
+    # Resume: the repaired node refills the spare pool; the job runs again on the spare
+    done = resume(incident, "pool", orchestrator=orch, ledger=ledger, prefix=PREFIX, job_wait_s=5,
+                  pool_size=1, clock=clock)
+    assert done.resumed and done.destination == "pool"
+    assert not cluster.read_node(node).spec.unschedulable
+    assert cluster.taints(node) == {SPARE_TAINT: "true:NoSchedule"}
+    assert done.jobs.running == {job: pytest.approx(restarted.replace(microsecond=0).timestamp()
+                                                    - incident.observed_at.timestamp(), abs=1)}
+    closed = ledger.get(incident.incident_id)
+    assert closed.status == "closed"
+    assert all(closed.stages[s].started_at and closed.stages[s].completed_at for s in ("drain", "spare", "resume", "jobs"))
+
+
+def test_an_operators_cordon_survives_the_whole_incident(cluster: Cluster, ledger: Ledger) -> None:
+    node = cluster.node("gpu-1", cordoned=True)
+    orch = KubernetesOrchestrator(cluster.api)
+    incident = opened(ledger, node)
+    out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert not out.drained_by_pipeline
+    done = resume(incident, "service", orchestrator=orch, ledger=ledger, prefix=PREFIX, job_wait_s=0,
+                  pool_size=0, clock=clock)
+    assert not done.resumed
+    assert cluster.read_node(node).spec.unschedulable and DRAIN_TAINT not in cluster.taints(node)
