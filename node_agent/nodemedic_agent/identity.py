@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import urllib.request
 
@@ -44,5 +45,7 @@ def resolve_identity(config: AgentConfig) -> NodeIdentity:
             instance_id = imds("instance-id")
         except OSError as exc:
             raise ValueError(f"node.instance_id is not set and EC2 instance metadata is unreachable: {exc}") from exc
-    slurm_node = config.node.slurm_node or hostname.split(".")[0]
+    # on Kubernetes the DaemonSet sets NODEMEDIC_NODE_NAME from spec.nodeName (EKS names nodes by
+    # their full private DNS name, which the short hostname is not)
+    slurm_node = config.node.slurm_node or os.environ.get("NODEMEDIC_NODE_NAME") or hostname.split(".")[0]
     return NodeIdentity(instance_id=instance_id, hostname=hostname, slurm_node=slurm_node)

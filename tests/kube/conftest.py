@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from nodemedic_sandbox import kube_apiserver
+from nodemedic_sandbox.eks_authenticator import EksAuthenticator
 from nodemedic_sandbox.kube_apiserver import KubeAPIServer
 
 _ids = itertools.count(1)
@@ -32,10 +33,20 @@ def require_apiserver() -> None:
     pytest.skip(why)
 
 
+EKS_CLUSTER = "nodemedic-test"
+
+
 @pytest.fixture(scope="session")
-def apiserver() -> Iterator[KubeAPIServer]:
+def authenticator() -> Iterator[EksAuthenticator]:
+    """EKS's IAM authentication for the API server (TokenReview webhook), for cluster EKS_CLUSTER."""
+    with EksAuthenticator(EKS_CLUSTER) as auth:
+        yield auth
+
+
+@pytest.fixture(scope="session")
+def apiserver(authenticator: EksAuthenticator) -> Iterator[KubeAPIServer]:
     require_apiserver()
-    with KubeAPIServer() as server:
+    with KubeAPIServer(webhook_url=authenticator.url) as server:
         yield server
 
 
