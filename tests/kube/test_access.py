@@ -131,3 +131,43 @@ def test_the_daemonsets_agent_configuration_is_valid_and_names_the_kubernetes_no
     assert env["NODEMEDIC_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert container["securityContext"]["privileged"] is False
     assert docs["ServiceAccount"]["automountServiceAccountToken"] is False
+
+
+def test_the_functions_build_the_kubernetes_adapter_from_their_settings(
+        apiserver: KubeAPIServer, cluster: Cluster, lambda_identity: EksAuthenticator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a stage function gets from ``wiring.orchestrator()`` with ORCHESTRATOR=kubernetes."""
+    from nodemedic import wiring
+
+    for name, value in {"CLUSTER_NAME": "prod-a", "INCIDENTS_TABLE": "t", "PROVIDER": "ec2",
+                        "ORCHESTRATOR": "kubernetes", "EKS_CLUSTER_NAME": EKS_CLUSTER,
+                        "KUBERNETES_DRAIN_POLICY": '{"default": {"mode": "delete", "timeout_seconds": 60}}'}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_CONTROLLER_INSTANCE_ID", raising=False)
+    clients = {"eks": _DescribeCluster(apiserver), "sts": _sts()}
+    monkeypatch.setattr(wiring, "client", lambda service: clients[service])
+    wiring.reset(keep_clients=True)
+    try:
+        orch = wiring.orchestrator()
+        assert isinstance(orch, KubernetesOrchestrator)
+        node = cluster.node("gpu-1")
+        assert node in {n.name for n in orch.nodes()}
+        assert orch._policy.default.mode == "delete"
+    finally:
+        wiring.reset(keep_clients=True)
+
+
+@pytest.mark.parametrize(("env", "why"), [
+    ({"ORCHESTRATOR": "kubernetes"}, "ORCHESTRATOR=kubernetes needs EKS_CLUSTER_NAME"),
+    ({"ORCHESTRATOR": "slurm"}, "ORCHESTRATOR=slurm needs SLURM_CONTROLLER_INSTANCE_ID"),
+])
+def test_settings_name_what_each_orchestrator_needs(env: dict[str, str], why: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodemedic.settings import Settings
+
+    for name, value in {"CLUSTER_NAME": "prod-a", "INCIDENTS_TABLE": "t", "PROVIDER": "ec2", **env}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("SLURM_CONTROLLER_INSTANCE_ID", "EKS_CLUSTER_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=why):
+        Settings()

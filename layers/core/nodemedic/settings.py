@@ -17,7 +17,10 @@ class Settings(BaseSettings):
     provider: Literal["autoscaling", "ec2", "hyperpod"] = "autoscaling"
     autoscaling_group_name: str = ""
     hyperpod_cluster_name: str = ""
-    slurm_controller_instance_id: str = Field(min_length=1)
+    orchestrator: Literal["slurm", "kubernetes"] = "slurm"
+    slurm_controller_instance_id: str = Field(default="", description="ORCHESTRATOR=slurm: runs slurmctld")
+    eks_cluster_name: str = Field(default="", description="ORCHESTRATOR=kubernetes: the EKS cluster")
+    kubernetes_drain_policy: str = Field(default="{}", description="JSON: how each namespace's pods leave a node")
     drain_reason_prefix: str = Field(default="nodemedic", pattern=r"^[A-Za-z0-9_.-]+$")
     spare_reservation: str = Field(default="nodemedic_spares", pattern=r"^[A-Za-z0-9_.-]+$")
     hot_spares: int = Field(default=0, ge=0, le=1000, description="target size of the hot-spare pool")
@@ -48,6 +51,10 @@ class Settings(BaseSettings):
             raise ValueError("PROVIDER=autoscaling needs AUTOSCALING_GROUP_NAME")
         if self.provider == "hyperpod" and not self.hyperpod_cluster_name:
             raise ValueError("PROVIDER=hyperpod needs HYPERPOD_CLUSTER_NAME")
+        if self.orchestrator == "slurm" and not self.slurm_controller_instance_id:
+            raise ValueError("ORCHESTRATOR=slurm needs SLURM_CONTROLLER_INSTANCE_ID")
+        if self.orchestrator == "kubernetes" and not self.eks_cluster_name:
+            raise ValueError("ORCHESTRATOR=kubernetes needs EKS_CLUSTER_NAME")
         return self
 
 

@@ -11,6 +11,9 @@ from botocore.exceptions import ClientError
 
 from nodemedic.aws_retries import CLIENT_CONFIG
 from nodemedic.errors import PolicyError
+from nodemedic.orchestrators import eks_auth
+from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator, parse_drain_policy
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.base import Provider
 from nodemedic.providers.kinds import provider_for
@@ -67,8 +70,12 @@ def documents() -> Documents:
 
 
 @lru_cache(maxsize=1)
-def orchestrator() -> SlurmViaSSM:
+def orchestrator() -> Orchestrator:
+    """Slurm through SSM, or an EKS cluster's API server (token from STS, endpoint from EKS)."""
     s = settings()
+    if s.orchestrator == "kubernetes":
+        api = eks_auth.api_client(client("eks"), client("sts"), s.eks_cluster_name)
+        return KubernetesOrchestrator(api, policy=parse_drain_policy(s.kubernetes_drain_policy))
     return SlurmViaSSM(run_command(), s.slurm_controller_instance_id, s.command_timeout_seconds, documents(),
                        spare_reservation=s.spare_reservation)
 
