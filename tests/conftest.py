@@ -11,13 +11,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EVENTS = ROOT / "events"
 
 
-def require_slurm() -> None:
-    why = slurm_cluster.unavailable_reason()
+def require(what: str, why: str | None) -> None:
+    """Skip a test whose real component (``why``: the reason it cannot run here) is missing;
+    under CI, where every tier must run, fail it instead."""
     if why is None:
         return
     if os.environ.get("CI"):
-        pytest.fail(f"CI needs a real local Slurm: {why}")
+        pytest.fail(f"CI needs {what}: {why}")
     pytest.skip(why)
+
+
+def require_slurm() -> None:
+    require("a real local Slurm", slurm_cluster.unavailable_reason())
 
 
 @pytest.fixture

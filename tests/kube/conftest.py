@@ -9,7 +9,6 @@ binding a pod to a node and setting its phase (scheduler, kubelet), a node's Rea
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -21,16 +20,9 @@ from nodemedic_sandbox import kube_apiserver
 from nodemedic_sandbox.eks_authenticator import EksAuthenticator
 from nodemedic_sandbox.kube_apiserver import KubeAPIServer
 
+from tests.conftest import require
+
 _ids = itertools.count(1)
-
-
-def require_apiserver() -> None:
-    why = kube_apiserver.unavailable_reason()
-    if why is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI needs the real kube-apiserver: {why}")
-    pytest.skip(why)
 
 
 EKS_CLUSTER = "nodemedic-test"
@@ -45,7 +37,7 @@ def authenticator() -> Iterator[EksAuthenticator]:
 
 @pytest.fixture(scope="session")
 def apiserver(authenticator: EksAuthenticator) -> Iterator[KubeAPIServer]:
-    require_apiserver()
+    require("the real kube-apiserver", kube_apiserver.unavailable_reason())
     with KubeAPIServer(webhook_url=authenticator.url) as server:
         yield server
 

@@ -40,7 +40,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from nodemedic.errors import CommandFailedError, DrainFailedError, PolicyError, ResumeFailedError
+from nodemedic.errors import CommandFailedError, DrainFailedError, NodeMedicError, PolicyError, ResumeFailedError
 from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus
 
 DRAIN_TAINT = "nodemedic.io/unhealthy"
@@ -231,24 +231,29 @@ class KubernetesOrchestrator:
         return None
 
     # -- check-and-act writes ---------------------------------------------------------------
-    def _apply(self, node: str, decide: Callable[[_Node], list[dict[str, Any]] | None], what: str) -> _Node | None:
+    def _apply(self, node: str, decide: Callable[[_Node], list[dict[str, Any]] | None], what: str,
+               failure: type[NodeMedicError] = CommandFailedError) -> _Node | None:
         """Read, decide, patch on that read's resourceVersion; again while the node changes under us.
-        Returns the node as read for the patch that applied, None when ``decide`` changed nothing."""
-        for _ in range(CONFLICT_RETRIES):
-            current = self._read(node)
-            ops = decide(current)
-            if ops is None:
-                return None
-            try:
-                self._core.patch_node(node, ops)
-                return current
-            except ApiException as exc:
-                # a failed "test" of the resourceVersion is a 422 like any invalid patch: it is a
-                # conflict when the node changed since the read; decide again on what is there now
-                if exc.status == 409 or (exc.status == 422 and self._read(node).version != current.version):
-                    continue
-                raise CommandFailedError(f"{what} {node}: {exc.status} {exc.reason} {exc.body}") from exc
-        raise CommandFailedError(f"{what} {node}: the node kept changing ({CONFLICT_RETRIES} tries)")
+        Returns the node as read for the patch that applied, None when ``decide`` changed nothing;
+        raises ``failure`` when the API server cannot be read or refuses the change."""
+        try:
+            for _ in range(CONFLICT_RETRIES):
+                current = self._read(node)
+                ops = decide(current)
+                if ops is None:
+                    return None
+                try:
+                    self._core.patch_node(node, ops)
+                    return current
+                except ApiException as exc:
+                    # a failed "test" of the resourceVersion is a 422 like any invalid patch: it is a
+                    # conflict when the node changed since the read; decide again on what is there now
+                    if exc.status == 409 or (exc.status == 422 and self._read(node).version != current.version):
+                        continue
+                    raise failure(f"{what} {node}: {exc.status} {exc.reason} {exc.body}") from exc
+        except CommandFailedError as exc:
+            raise failure(str(exc)) from exc
+        raise failure(f"{what} {node}: the node kept changing ({CONFLICT_RETRIES} tries)")
 
     def _condition(self, node: str, active: bool, reason: str, message: str) -> None:
         now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -273,11 +278,7 @@ class KubernetesOrchestrator:
             taints = [t for t in current.taints if t["key"] != DRAIN_TAINT] + [_taint(DRAIN_TAINT, fault)]
             return current.patch(cordoned=True, taints=taints, annotations={**current.annotations, REASON: reason})
 
-        try:
-            done = self._apply(node, decide, "drain")
-        except CommandFailedError as exc:
-            raise DrainFailedError(str(exc)) from exc
-        if done is None:
+        if self._apply(node, decide, "drain", DrainFailedError) is None:
             return False
         self._condition(node, True, "NodeMedicDrained", reason)
         return True
@@ -294,11 +295,7 @@ class KubernetesOrchestrator:
             return current.patch(cordoned=False, taints=[t for t in current.taints if t["key"] not in drop],
                                  annotations=annotations)
 
-        try:
-            done = self._apply(node, decide, "resume")
-        except CommandFailedError as exc:
-            raise ResumeFailedError(str(exc)) from exc
-        if done is None:
+        if self._apply(node, decide, "resume", ResumeFailedError) is None:
             return False
         self._condition(node, False, "NodeMedicResumed", f"returned to service by {owner}")
         return True
