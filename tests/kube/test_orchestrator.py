@@ -259,3 +259,16 @@ def test_the_eviction_version_is_negotiated(cluster: Cluster, monkeypatch: pytes
     newer.drain(node, REASON)
     newer.evacuate(node, datetime.now(UTC).timestamp())
     assert sent and sent[0]["apiVersion"] == "policy/v1" and sent[0]["kind"] == "Eviction"
+
+
+@pytest.mark.parametrize("health", ["UnschedulablePendingReplacement", "UnschedulablePendingReboot", "Unschedulable"])
+def test_a_node_hyperpod_is_recovering_is_left_to_hyperpod(cluster: Cluster, health: str) -> None:
+    """HyperPod-EKS labels a node it checks, reboots or replaces itself: NodeMedic neither drains
+    it, nor takes a destructive step on it, nor returns it to service."""
+    node = cluster.node("gpu-1", cordoned=True, labels={"sagemaker.amazonaws.com/node-health-status": health})
+    orch = _adapter(cluster)
+    assert orch.node_status(node).reason == f"HyperPod: {health}" and "DRAIN" in orch.node_status(node).state
+    assert not orch.drain(node, REASON, takeover="nodemedic:")
+    assert "HyperPod is checking or recovering" in (orch.busy(node) or "")
+    assert not orch.resume(node, "*") and not orch.add_spare(node, OWNER)
+    assert cluster.read_node(node).spec.unschedulable and cluster.taints(node) == {}

@@ -55,6 +55,10 @@ TRAINING_KINDS = frozenset({"Job", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob"
                             "TrainJob", "JobSet", "LeaderWorkerSet"})
 WORKLOAD_LABELS = (("jobset.sigs.k8s.io/jobset-name", "JobSet"),
                    ("leaderworkerset.sigs.k8s.io/name", "LeaderWorkerSet"))
+# SageMaker HyperPod (EKS) marks a node it is checking or recovering itself; NodeMedic leaves such a
+# node to it (https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-eks-resiliency-node-labels.html)
+HYPERPOD_HEALTH = "sagemaker.amazonaws.com/node-health-status"
+HYPERPOD_HOLDS = frozenset({"Unschedulable", "UnschedulablePendingReplacement", "UnschedulablePendingReboot"})
 CONFLICT_RETRIES = 5
 _LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -146,6 +150,8 @@ class _Node:
             {k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v is not None}
             for t in raw.spec.taints or []]
         self.cordoned = bool(raw.spec.unschedulable)
+        health = (raw.metadata.labels or {}).get(HYPERPOD_HEALTH, "")
+        self.hyperpod_hold = health if health in HYPERPOD_HOLDS else ""
 
     def tainted(self, key: str) -> bool:
         return any(t["key"] == key for t in self.taints)
@@ -157,15 +163,22 @@ class _Node:
     @property
     def reason(self) -> str:
         """Ours (the annotation), or a word on someone else's cordon."""
+        if self.hyperpod_hold:
+            return f"HyperPod: {self.hyperpod_hold}"
         if REASON in self.annotations:
             return self.annotations[REASON]
         return "cordoned (not by NodeMedic)" if self.cordoned else ""
 
+    @property
+    def held(self) -> bool:
+        """Out of scheduling: cordoned, or checked or recovered by HyperPod itself."""
+        return self.cordoned or bool(self.hyperpod_hold)
+
     def status(self, jobs: Iterable[str]) -> NodeStatus:
         state = "ALLOCATED" if any(True for _ in jobs) else "IDLE"
-        flags = [("DRAIN", self.cordoned), ("NOT_RESPONDING", not self.ready), ("RESERVED", self.tainted(SPARE_TAINT))]
+        flags = [("DRAIN", self.held), ("NOT_RESPONDING", not self.ready), ("RESERVED", self.tainted(SPARE_TAINT))]
         state += "".join(f"+{flag}" for flag, on in flags if on)
-        return NodeStatus(self.name, state, self.reason if self.cordoned else "")
+        return NodeStatus(self.name, state, self.reason if self.held else "")
 
     def patch(self, *, cordoned: bool, taints: list[dict[str, str]], annotations: dict[str, str]) -> list[dict[str, Any]]:
         """A JSON patch that applies only if nothing changed since this read."""
@@ -223,6 +236,8 @@ class KubernetesOrchestrator:
         """Why no destructive step may touch ``node`` now: a training pod runs there, or it is no
         longer cordoned (someone returned it to service). Read right before the step."""
         current = self._read(node)
+        if current.hyperpod_hold:
+            return f"HyperPod is checking or recovering {node} itself ({current.hyperpod_hold})"
         jobs = self.jobs_on(node)
         if jobs:
             return f"{node} runs job(s) {', '.join(jobs)}"
@@ -272,6 +287,8 @@ class KubernetesOrchestrator:
         fault = reason.split(" ", 1)[1] if " " in reason else reason
 
         def decide(current: _Node) -> list[dict[str, Any]] | None:
+            if current.hyperpod_hold:
+                return None  # HyperPod reboots or replaces it itself
             if current.cordoned and (takeover == "-" or REASON not in current.annotations
                                      or not current.annotations[REASON].startswith(takeover)):
                 return None  # someone else's cordon (an operator's, or another open incident's)
@@ -288,7 +305,8 @@ class KubernetesOrchestrator:
         cordon, an operator's own resume), checked and acted on in one patch. Others' taints stay."""
 
         def decide(current: _Node) -> list[dict[str, Any]] | None:
-            if not current.cordoned or (owner != "*" and not _owned_by(current.annotations, owner)):
+            if not current.cordoned or current.hyperpod_hold or (
+                    owner != "*" and not _owned_by(current.annotations, owner)):
                 return None
             drop = {DRAIN_TAINT} | ({OUT_OF_SERVICE_TAINT} if OUT_OF_SERVICE_SET in current.annotations else set())
             annotations = {k: v for k, v in current.annotations.items() if k not in (REASON, OUT_OF_SERVICE_SET)}
@@ -444,6 +462,8 @@ class KubernetesOrchestrator:
         never schedulable without the spare taint). True when the drain was lifted."""
 
         def decide(current: _Node) -> list[dict[str, Any]] | None:
+            if current.hyperpod_hold:
+                return None
             lift = current.cordoned and _owned_by(current.annotations, owner)
             drop = {DRAIN_TAINT, SPARE_TAINT} if lift else {SPARE_TAINT}
             taints = [t for t in current.taints if t["key"] not in drop] + [_taint(SPARE_TAINT, "true")]
