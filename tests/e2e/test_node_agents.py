@@ -38,7 +38,9 @@ def test_a_silent_node_is_detected_by_the_sweeper_and_remediated(fleet: LocalMod
     fleet.agents.stop_node("gpu-3")  # a clean shutdown says goodbye: not a fault
     killed_at = datetime.now(UTC)
     fleet.agents.kill("gpu-2")  # gpu-2 dies: its heartbeats stop
-    [execution] = fleet.wait_for_executions(1, timeout=60)
+    executions = fleet.wait_for_executions(1, timeout=60)
+    assert len(executions) == 1, [(i.slurm_node, i.fault_code, i.reason) for i in fleet.incidents()]
+    [execution] = executions
     [incident] = fleet.incidents()
     assert (incident.slurm_node, incident.fault_code, incident.source) == ("gpu-2", "HEARTBEAT_MISSING", "nodemedic.sweeper")
     latency = (incident.detected_at - killed_at).total_seconds()
