@@ -109,15 +109,15 @@ def workload_of(pod: Any) -> str | None:
     return None
 
 
-def _evictable(pod: Any) -> bool:
-    """What a drain moves: not a DaemonSet's pod, not a mirror pod, not finished."""
-    if (pod.metadata.annotations or {}).get(MIRROR) or pod.status.phase in ("Succeeded", "Failed"):
-        return False
-    return not any(o.kind == "DaemonSet" and o.controller for o in pod.metadata.owner_references or [])
-
-
 def _live(pod: Any) -> bool:
     return pod.status.phase not in ("Succeeded", "Failed") and pod.metadata.deletion_timestamp is None
+
+
+def _evictable(pod: Any) -> bool:
+    """What a drain moves: a live pod (not finished, not being deleted), not a DaemonSet's, not a mirror pod."""
+    if not _live(pod) or (pod.metadata.annotations or {}).get(MIRROR):
+        return False
+    return not any(o.kind == "DaemonSet" and o.controller for o in pod.metadata.owner_references or [])
 
 
 def _started(pod: Any) -> float | None:
@@ -174,8 +174,8 @@ class _Node:
         """Out of scheduling: cordoned, or checked or recovered by HyperPod itself."""
         return self.cordoned or bool(self.hyperpod_hold)
 
-    def status(self, jobs: Iterable[str]) -> NodeStatus:
-        state = "ALLOCATED" if any(True for _ in jobs) else "IDLE"
+    def status(self, jobs: list[str]) -> NodeStatus:
+        state = "ALLOCATED" if jobs else "IDLE"
         flags = [("DRAIN", self.held), ("NOT_RESPONDING", not self.ready), ("RESERVED", self.tainted(SPARE_TAINT))]
         state += "".join(f"+{flag}" for flag, on in flags if on)
         return NodeStatus(self.name, state, self.reason if self.held else "")
@@ -218,14 +218,19 @@ class KubernetesOrchestrator:
     def node_status(self, node: str) -> NodeStatus:
         return self._read(node).status(self._jobs(self._pods_on(node)))
 
+    def _running_pods(self) -> list[Any]:
+        try:
+            return list(self._core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items)
+        except ApiException as exc:
+            raise CommandFailedError(f"cannot list pods: {exc.status} {exc.reason}") from exc
+
     def nodes(self) -> list[NodeStatus]:
         try:
             raw = self._core.list_node().items
-            pods = self._core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
         except ApiException as exc:
             raise CommandFailedError(f"cannot list the nodes: {exc.status} {exc.reason}") from exc
         busy: dict[str, list[Any]] = {}
-        for pod in pods:
+        for pod in self._running_pods():
             busy.setdefault(pod.spec.node_name or "", []).append(pod)
         return [_Node(n).status(self._jobs(busy.get(n.metadata.name, []))) for n in raw]
 
@@ -289,8 +294,7 @@ class KubernetesOrchestrator:
         def decide(current: _Node) -> list[dict[str, Any]] | None:
             if current.hyperpod_hold:
                 return None  # HyperPod reboots or replaces it itself
-            if current.cordoned and (takeover == "-" or REASON not in current.annotations
-                                     or not current.annotations[REASON].startswith(takeover)):
+            if current.cordoned and (takeover == "-" or not current.annotations.get(REASON, "").startswith(takeover)):
                 return None  # someone else's cordon (an operator's, or another open incident's)
             taints = [t for t in current.taints if t["key"] != DRAIN_TAINT] + [_taint(DRAIN_TAINT, fault)]
             return current.patch(cordoned=True, taints=taints, annotations={**current.annotations, REASON: reason})
@@ -356,8 +360,8 @@ class KubernetesOrchestrator:
                                          f"{exc.status} {exc.reason}") from exc
 
     def _mark_out_of_service(self, node: str) -> None:
-        """A dead node's pods never confirm their deletion: the out-of-service taint lets Kubernetes
-        force-delete them and detach their volumes, so they can start elsewhere."""
+        """A dead (not Ready) node's pods never confirm their deletion: the out-of-service taint lets
+        Kubernetes force-delete them and detach their volumes, so they can start elsewhere."""
 
         def decide(current: _Node) -> list[dict[str, Any]] | None:
             if current.ready or current.tainted(OUT_OF_SERVICE_TAINT) or not current.cordoned:
@@ -374,50 +378,41 @@ class KubernetesOrchestrator:
         Pods still held (a budget within its timeout, ``wait`` mode) are listed in ``pending``:
         the Drain stage calls again. Evicted training pods' workloads are ``requeued`` (their
         controller recreates the pods); each with the nodes its pods ran on."""
-        now = self._clock().timestamp()
-        elapsed = now - (started_at if started_at is not None else now)
-        current = self._read(node)
-        if not current.ready:
-            self._mark_out_of_service(node)
-        everywhere = self._running_pods()
+        elapsed = 0.0 if started_at is None else self._clock().timestamp() - started_at
+        self._mark_out_of_service(node)  # only if the node is not Ready (decided on the read it patches)
         requeued: set[str] = set()
         not_requeued: list[str] = []
         pending: list[str] = []
-        for pod in self._pods_on(node):
-            if not _evictable(pod) or pod.metadata.deletion_timestamp is not None:
-                continue
+        for pod in filter(_evictable, self._pods_on(node)):
             rule = self._policy.rule(pod.metadata.namespace)
             name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            workload = workload_of(pod)
             timed_out = elapsed >= rule.timeout_seconds
             if rule.mode == "wait" and not timed_out:
                 pending.append(f"{name} (running to completion, up to {rule.timeout_seconds}s)")
-                continue
-            if self._evict(pod, rule.grace_seconds):
-                gone = True
-            elif rule.mode == "delete" and timed_out:
-                self._delete(pod, rule.grace_seconds)
-                gone = True
-            elif timed_out:
-                gone = False
-                not_requeued.append(f"{name}: eviction blocked by a PodDisruptionBudget for {rule.timeout_seconds}s")
-            else:
+            elif self._evict(pod, rule.grace_seconds):
+                requeued.update([workload] if workload else [])
+            elif not timed_out:
                 pending.append(f"{name} (eviction blocked by a PodDisruptionBudget)")
-                continue
-            workload = workload_of(pod)
-            if gone and workload:
-                requeued.add(workload)
-            elif workload and not gone:
-                not_requeued.append(workload)
-        job_nodes = {job: sorted({p.spec.node_name for p in everywhere if workload_of(p) == job} | {node})
-                     for job in requeued}
-        return EvacuationResult(requeued=sorted(requeued), not_requeued=not_requeued, job_nodes=job_nodes,
-                                pending=pending)
+            elif rule.mode == "delete":
+                self._delete(pod, rule.grace_seconds)
+                requeued.update([workload] if workload else [])
+            else:
+                not_requeued.append(f"{name}: eviction blocked by a PodDisruptionBudget for {rule.timeout_seconds}s")
+                not_requeued.extend([workload] if workload else [])
+        return EvacuationResult(requeued=sorted(requeued), not_requeued=not_requeued,
+                                job_nodes=self._job_nodes(requeued, node), pending=pending)
 
-    def _running_pods(self) -> list[Any]:
-        try:
-            return list(self._core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items)
-        except ApiException as exc:
-            raise CommandFailedError(f"cannot list pods: {exc.status} {exc.reason}") from exc
+    def _job_nodes(self, jobs: set[str], node: str) -> dict[str, list[str]]:
+        """The nodes each job's running pods are on (and ``node``, which it just left); the
+        cluster's pods are listed only when a job was requeued."""
+        if not jobs:
+            return {}
+        placed: dict[str, set[str]] = {job: {node} for job in jobs}
+        for pod in self._running_pods():
+            if (job := workload_of(pod)) in placed:
+                placed[job].add(pod.spec.node_name)
+        return {job: sorted(nodes) for job, nodes in placed.items()}
 
     # -- jobs -------------------------------------------------------------------------------
     def job_states(self, job_ids: list[str]) -> dict[str, JobState]:
