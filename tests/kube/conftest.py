@@ -61,12 +61,13 @@ class Cluster:
         self._nodes: list[str] = []
 
     def node(self, short: str, *, ready: bool = True, taints: list[dict[str, str]] | None = None,
-             cordoned: bool = False, labels: dict[str, str] | None = None) -> str:
-        """A GPU node; the kubelet's part: its Ready condition."""
+             cordoned: bool = False, labels: dict[str, str] | None = None, provider_id: str = "") -> str:
+        """A GPU node (``provider_id``: its instance, ``aws:///<az>/i-…``); the kubelet's part: its
+        Ready condition."""
         name = f"{self.tag}-{short}"
         self.core.create_node(k8s.V1Node(
             metadata=k8s.V1ObjectMeta(name=name, labels={"nvidia.com/gpu.present": "true", **(labels or {})}),
-            spec=k8s.V1NodeSpec(unschedulable=cordoned or None, provider_id=f"aws:///us-east-1a/i-{name}",
+            spec=k8s.V1NodeSpec(unschedulable=cordoned or None, provider_id=provider_id or None,
                                 taints=[k8s.V1Taint(**t) for t in taints or []] or None)))
         self._nodes.append(name)
         self.set_ready(name, ready)

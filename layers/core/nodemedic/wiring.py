@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from functools import cache, lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.exceptions import ClientError
@@ -15,11 +15,15 @@ from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.base import Provider
 from nodemedic.providers.kinds import provider_for
+from nodemedic.providers.node_names import NamedByOrchestrator
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.settings import settings
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
+
+if TYPE_CHECKING:
+    from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator
 
 POLICY_CACHE_SECONDS = 30.0
 
@@ -68,31 +72,40 @@ def documents() -> Documents:
 
 
 @lru_cache(maxsize=1)
+def kubernetes() -> KubernetesOrchestrator:
+    """The EKS cluster's API server (token from STS, endpoint and CA from EKS)."""
+    # imported here: the Kubernetes client adds about 0.3 s to the cold start of every function
+    from nodemedic.orchestrators import eks_auth
+    from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator, parse_drain_policy
+
+    s = settings()
+    api = eks_auth.api_client(client("eks"), client("sts"), s.eks_cluster_name)
+    return KubernetesOrchestrator(api, policy=parse_drain_policy(s.kubernetes_drain_policy))
+
+
+@lru_cache(maxsize=1)
 def orchestrator() -> Orchestrator:
-    """Slurm through SSM, or an EKS cluster's API server (token from STS, endpoint from EKS)."""
+    """Slurm through SSM, or Kubernetes (:func:`kubernetes`)."""
     s = settings()
     if s.orchestrator == "kubernetes":
-        # imported here: the Kubernetes client adds about 0.3 s to the cold start of every function
-        from nodemedic.orchestrators import eks_auth
-        from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator, parse_drain_policy
-
-        api = eks_auth.api_client(client("eks"), client("sts"), s.eks_cluster_name)
-        return KubernetesOrchestrator(api, policy=parse_drain_policy(s.kubernetes_drain_policy))
+        return kubernetes()
     return SlurmViaSSM(run_command(), s.slurm_controller_instance_id, s.command_timeout_seconds, documents(),
                        spare_reservation=s.spare_reservation)
 
 
 @lru_cache(maxsize=1)
 def provider() -> Provider:
+    """The capacity provider; on Kubernetes its members are named by their nodes' providerID."""
     s = settings()
-    return provider_for(s.provider, client, cluster=s.cluster_name, autoscaling_group=s.autoscaling_group_name,
-                        hyperpod_cluster=s.hyperpod_cluster_name)
+    capacity = provider_for(s.provider, client, cluster=s.cluster_name, autoscaling_group=s.autoscaling_group_name,
+                            hyperpod_cluster=s.hyperpod_cluster_name)
+    return NamedByOrchestrator(capacity, kubernetes()) if s.orchestrator == "kubernetes" else capacity
 
 
 def reset(*, keep_clients: bool = False) -> None:
     """Forget the settings and every adapter built from them, and the boto3 clients too unless
     ``keep_clients`` (the local mode runs each function in one process, each with its own settings)."""
-    for cached in (ledger, control, run_command, orchestrator, provider, settings):
+    for cached in (ledger, control, run_command, kubernetes, orchestrator, provider, settings):
         cached.cache_clear()
     _policy_cache.clear()
     if not keep_clients:

@@ -38,7 +38,7 @@ MAX_EVIDENCE_BYTES = 4096
 MAX_CLOCK_SKEW = timedelta(minutes=5)
 
 INSTANCE_ID = r"^i-[0-9a-f]{8,17}$"
-NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"  # a Kubernetes node name is a DNS subdomain (253)
 CLUSTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 FAULT_CODE = r"^[A-Z][A-Z0-9_]*( [0-9]{1,5})?$"  # "XID 79", "SXID 12028", "ECC_DBE"
 EVENT_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"  # a UUID, or another printable id
@@ -79,8 +79,10 @@ class NodeIdentity(_Strict):
 
     instance_id: str = Field(pattern=INSTANCE_ID, description="EC2 instance id")
     hostname: str = Field(min_length=1, max_length=253)
-    slurm_node: str | None = Field(default=None, pattern=NODE_NAME, description="Slurm NodeName")
-    k8s_node: str | None = Field(default=None, max_length=253, description="Kubernetes node name")
+    slurm_node: str | None = Field(default=None, pattern=NODE_NAME,
+                                   description="the node's name in its scheduler: Slurm NodeName, or Kubernetes node name")
+    k8s_node: str | None = Field(default=None, pattern=NODE_NAME,
+                                 description="Kubernetes node name (read where slurm_node is absent)")
     hyperpod_node_id: str | None = Field(default=None, max_length=256)
 
 

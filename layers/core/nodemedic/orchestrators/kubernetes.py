@@ -60,6 +60,10 @@ WORKLOAD_LABELS = (("jobset.sigs.k8s.io/jobset-name", "JobSet"),
 HYPERPOD_HEALTH = "sagemaker.amazonaws.com/node-health-status"
 HYPERPOD_HOLDS = frozenset({"Unschedulable", "UnschedulablePendingReplacement", "UnschedulablePendingReboot"})
 CONFLICT_RETRIES = 5
+# The EC2 instance behind a node, at the end of its spec.providerID: "aws:///us-east-1a/i-0abc…"
+# (managed node groups, self-managed, Karpenter) or ".../sagemaker/cluster/hyperpod-<id>-i-0abc…"
+# (HyperPod; https://github.com/kubernetes/autoscaler/pull/8195 describes the form).
+_PROVIDER_ID_INSTANCE = re.compile(r"^aws://.*[/-](i-[0-9a-f]{8,17})$")
 _LABEL_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -188,6 +192,13 @@ class _Node:
                 {"op": "add", "path": "/metadata/annotations", "value": annotations}]
 
 
+def instance_of_provider_id(provider_id: str) -> str | None:
+    """The EC2 instance id a node's ``spec.providerID`` names; None for anything else (Fargate,
+    hybrid nodes, another cloud)."""
+    match = _PROVIDER_ID_INSTANCE.match(provider_id or "")
+    return match.group(1) if match else None
+
+
 class KubernetesOrchestrator:
     """:class:`~nodemedic.orchestrators.base.Orchestrator` for Kubernetes, through its API server."""
 
@@ -236,6 +247,26 @@ class KubernetesOrchestrator:
 
     def jobs_on(self, node: str) -> list[str]:
         return self._jobs(self._pods_on(node))
+
+    # -- which instance backs which node: its spec.providerID ---------------------------------
+    def instance_of(self, node: str) -> str | None:
+        """The instance behind ``node``; None when the cluster has no such node (or it is not EC2)."""
+        try:
+            raw = self._core.read_node(node)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise CommandFailedError(f"the API server did not describe node {node}: {exc.status} {exc.reason}") from exc
+        return instance_of_provider_id(raw.spec.provider_id or "")
+
+    def node_of(self, instance_id: str) -> str | None:
+        """The node ``instance_id`` backs; None when no node names it (not joined yet, or gone)."""
+        try:
+            raw = self._core.list_node().items
+        except ApiException as exc:
+            raise CommandFailedError(f"cannot list the nodes: {exc.status} {exc.reason}") from exc
+        return next((n.metadata.name for n in raw if instance_of_provider_id(n.spec.provider_id or "") == instance_id),
+                    None)
 
     def busy(self, node: str) -> str | None:
         """Why no destructive step may touch ``node`` now: a training pod runs there, or it is no

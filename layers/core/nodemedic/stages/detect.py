@@ -62,7 +62,7 @@ def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
     if isinstance(trigger, HealthEventEnvelope):
         d = trigger.detail
         sent_at = None if trigger.source == "nodemedic.sweeper" else d.sent_at  # the sweeper's clock is ours
-        return Fault(trigger.source, d.cluster, d.node.instance_id, d.node.slurm_node,
+        return Fault(trigger.source, d.cluster, d.node.instance_id, d.node.slurm_node or d.node.k8s_node,
                      d.fault_code, d.observed_at, sent_at=sent_at, event_key=f"{trigger.source}/{d.event_id}",
                      evidence=dict(d.evidence))
     if isinstance(trigger, AlarmEnvelope):
@@ -91,10 +91,11 @@ def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
     if member is None:
         raise UnknownNodeError(f"{who} is not a member of cluster {cluster}; nothing was drained")
     if member.slurm_node is None:
-        raise UnknownNodeError(f"instance {member.instance_id} backs no Slurm node; nothing was drained")
+        raise UnknownNodeError(f"instance {member.instance_id} backs no node of the cluster's scheduler (not joined, "
+                               "or already gone); nothing was drained")
     if fault.slurm_node and fault.slurm_node != member.slurm_node:
         raise UnknownNodeError(
-            f"identity mismatch: the event names Slurm node {fault.slurm_node} but instance "
+            f"identity mismatch: the event names node {fault.slurm_node} but instance "
             f"{member.instance_id} backs {member.slurm_node}; nothing was drained"
         )
     return member

@@ -1,0 +1,54 @@
+"""Members named by the orchestrator instead of by the ``nodemedic:slurm-node`` tag.
+
+On Slurm an instance's node name is the tag NodeMedic's provisioning puts on it. On Kubernetes the
+kubelet names its node and the node's ``spec.providerID`` names the instance, so the orchestrator
+is the directory: :class:`NamedByOrchestrator` asks it, and leaves everything else (membership,
+size, reboot, replace) to the capacity provider it wraps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from nodemedic.providers.base import Member, Provider, ReplaceStep
+
+
+class NodeDirectory(Protocol):
+    def instance_of(self, node: str) -> str | None:
+        """The instance behind ``node``; None when there is no such node."""
+        ...
+
+    def node_of(self, instance_id: str) -> str | None:
+        """The node ``instance_id`` backs; None when none does."""
+        ...
+
+
+class NamedByOrchestrator:
+    """:class:`~nodemedic.providers.base.Provider` whose members carry the orchestrator's node name."""
+
+    def __init__(self, inner: Provider, directory: NodeDirectory) -> None:
+        self._inner = inner
+        self._directory = directory
+        self.kind = inner.kind
+
+    def member(self, instance_id: str) -> Member | None:
+        member = self._inner.member(instance_id)
+        if member is None:
+            return None
+        return dataclasses.replace(member, slurm_node=self._directory.node_of(instance_id))
+
+    def member_by_node(self, slurm_node: str) -> Member | None:
+        instance = self._directory.instance_of(slurm_node)
+        return self.member(instance) if instance else None
+
+    def size(self) -> int:
+        return self._inner.size()
+
+    def reboot(self, instance_ids: list[str]) -> None:
+        self._inner.reboot(instance_ids)
+
+    def replace(self, instance_id: str, slurm_node: str, progress: dict[str, Any],
+                claim: Callable[[str], bool]) -> ReplaceStep:
+        return self._inner.replace(instance_id, slurm_node, progress, claim)
