@@ -18,6 +18,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
+from nodemedic.errors import DrainFailedError
 from nodemedic.orchestrators import eks_auth
 from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator
 from nodemedic_agent.config import parse_config
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 ROLE_ARN = "arn:aws:sts::123456789012:assumed-role/nodemedic-prod-a-functions/nodemedic-drain"
 KEY, SECRET = "ASIATESTNODEMEDIC0001", "test-secret-for-the-local-authenticator"
+READER_ARN = "arn:aws:sts::123456789012:assumed-role/nodemedic-prod-a-detect/nodemedic-detect"
+READER_KEY = "ASIATESTNODEMEDIC0002"
 
 
 def _sts(key: str = KEY, secret: str = SECRET) -> Any:
@@ -99,6 +102,26 @@ def test_the_role_allows_nothing_beyond_remediation(
         with pytest.raises(ApiException) as denied:
             forbidden()
         assert denied.value.status == 403
+
+
+def test_the_reader_group_names_nodes_and_reads_jobs_but_changes_nothing(
+        apiserver: KubeAPIServer, cluster: Cluster, authenticator: EksAuthenticator, rbac: None) -> None:
+    """Detect, Gate and the sweeper (which node an instance backs) and Shadow (what it would do)."""
+    authenticator.credentials[READER_KEY] = (SECRET, READER_ARN)
+    authenticator.access_entries[READER_ARN] = AccessEntry("nodemedic-reader", ("nodemedic:reader",))
+    node = cluster.node("gpu-1", provider_id="aws:///us-east-1a/i-0a1b2c3d4e5f60789")
+    cluster.pod("train-0", node)
+    orch = KubernetesOrchestrator(_as_lambda(apiserver, sts=_sts(key=READER_KEY)))
+    assert orch.node_of("i-0a1b2c3d4e5f60789") == node and orch.instance_of(node) == "i-0a1b2c3d4e5f60789"
+    assert orch.node_status(node).state == "ALLOCATED"
+    assert orch.jobs_on(node) == [f"{cluster.namespace}/Job/train"]
+    with pytest.raises(DrainFailedError, match="403"):
+        orch.drain(node, "nodemedic:inc-9 XID 79")
+    with pytest.raises(ApiException) as denied:
+        k8s.CoreV1Api(orch._api).create_namespaced_pod_eviction(
+            "train-0", cluster.namespace, {"metadata": {"name": "train-0", "namespace": cluster.namespace}})
+    assert denied.value.status == 403
+    assert not cluster.read_node(node).spec.unschedulable and "train-0" in cluster.live_pods(node)
 
 
 def test_a_token_for_another_cluster_or_from_unknown_credentials_is_refused(

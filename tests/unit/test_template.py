@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from samtranslator.yaml_helper import yaml_parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,3 +86,37 @@ def test_every_document_the_code_sends_is_in_the_template() -> None:
     sent = {getattr(Documents("${ClusterName}"), attr) for attr in vars(Documents) if not attr.startswith("_")
             and isinstance(getattr(Documents("${ClusterName}"), attr), str) and attr != "cluster"}
     assert len(sent) == 9 and sent == names
+
+
+def _wiring_calls(function: str) -> set[str]:
+    code = (ROOT / FUNCTIONS[function]["Properties"]["CodeUri"] / "app.py").read_text()
+    return {call for call in ("orchestrator", "provider") if f"wiring.{call}()" in code}
+
+
+def test_on_kubernetes_every_function_that_reaches_the_cluster_has_an_access_entry_with_the_least_group() -> None:
+    """Orchestrator kubernetes: a function that changes the cluster (its code asks wiring for the
+    orchestrator; shadow mode only reads what it would do) is a remediator; one that only names
+    members (the provider, named by the nodes' providerID) is a reader; each may describe the EKS
+    cluster, and every group is bound in deploy/kubernetes/rbac.yaml (tests/kube/test_access.py
+    runs each group's calls against the real API server)."""
+    entries = {v["Properties"]["PrincipalArn"]["Fn::GetAtt"][0].removesuffix("Role"): v
+               for v in RESOURCES.values() if v["Type"] == "AWS::EKS::AccessEntry"}
+    reaching = {name: calls for name in FUNCTIONS if (calls := _wiring_calls(name))}
+    assert set(entries) == set(reaching)
+    for name, entry in entries.items():
+        assert entry["Condition"] == "OnKubernetes"
+        changes = "orchestrator" in reaching[name] and name != "ShadowFunction"
+        expected = "nodemedic:remediator" if changes else "nodemedic:reader"
+        assert entry["Properties"]["KubernetesGroups"] == [expected], name
+        assert entry["Properties"]["ClusterName"] == {"Ref": "EksClusterName"}
+    describe = RESOURCES["EksDescribeClusterPolicy"]
+    assert describe["Condition"] == "OnKubernetes"
+    assert {r["Ref"].removesuffix("Role") for r in describe["Properties"]["Roles"]} == set(entries)
+    [statement] = describe["Properties"]["PolicyDocument"]["Statement"]
+    assert statement["Action"] == "eks:DescribeCluster"
+    assert statement["Resource"]["Fn::Sub"].endswith(":cluster/${EksClusterName}")
+    rbac = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "rbac.yaml").read_text()))
+    bound = {s["name"] for d in rbac if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]}
+    assert {"nodemedic:remediator", "nodemedic:reader"} <= bound
+    env = TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
+    assert (env["ORCHESTRATOR"], env["EKS_CLUSTER_NAME"]) == ({"Ref": "Orchestrator"}, {"Ref": "EksClusterName"})
