@@ -99,8 +99,15 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
     def send(document: str, instance: str) -> Call:
         return "ssm", "SendCommand", {"DocumentName": document, "InstanceIds": [instance]}
 
+    describe_cluster: list[Call] = [("eks", "DescribeCluster", {"name": p.get("EksClusterName", "")})]
+
     def on_controller(*documents: str) -> list[Call]:
+        """The scheduler's part: SSM documents on the Slurm controller, or the EKS API server
+        (reached with DescribeCluster and a token presigned from STS, which needs no permission)."""
+        if target.on_kubernetes:
+            return describe_cluster
         return [*(send(d, p["SlurmControllerInstanceId"]) for d in documents), ("ssm", "GetCommandInvocation", {})]
+    names = describe_cluster if target.on_kubernetes else []  # a node's spec.providerID names its instance
     repair: list[Call] = {
         "autoscaling": [("autoscaling", "TerminateInstanceInAutoScalingGroup", {"InstanceId": member}),
                         ("ec2", "CreateTags", {"Resources": [member], "Tags": [{"Key": "nodemedic:slurm-node",
@@ -111,8 +118,8 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                      for op in ("BatchRebootClusterNodes", "BatchReplaceClusterNodes")],
     }[provider]
     return {
-        "DetectFunction": [*db, ("dynamodb", "TransactWriteItems", open_incident), *reads],
-        "GateFunction": [*db, ("dynamodb", "TransactWriteItems", end_incident), *reads,
+        "DetectFunction": [*db, ("dynamodb", "TransactWriteItems", open_incident), *reads, *names],
+        "GateFunction": [*db, ("dynamodb", "TransactWriteItems", end_incident), *reads, *names,
                          ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]})],
         "ShadowFunction": [("dynamodb", "GetItem", table), ("dynamodb", "UpdateItem", table),
                            *on_controller(docs.slurm_query)],
@@ -141,7 +148,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                    ("events", "PutEvents", {"Entries": [{"EventBusName": out["EventBusName"],
                                                                          "Source": "nodemedic.sweeper",
                                                                          "DetailType": "Node Health Event"}]}),
-                                   *reads],
+                                   *reads, *names],
     }
 
 
@@ -281,7 +288,7 @@ def check_alarm_actions(target: Target) -> Iterator[Row]:
 
 
 def _nodes(target: Target) -> tuple[dict[str, Member | None], Exception | None]:
-    """Each Slurm node and the cluster member backing it (read once for every check), or why the
+    """Each scheduler node and the cluster member backing it (read once for every check), or why the
     controller could not be read."""
     try:
         nodes = target.orchestrator.nodes()
@@ -290,18 +297,21 @@ def _nodes(target: Target) -> tuple[dict[str, Member | None], Exception | None]:
     return {n.name: target.provider.member_by_node(n.name) for n in nodes}, None
 
 
-def check_nodes(mapped: dict[str, Member | None], error: Exception | None) -> Iterator[Row]:
+def check_nodes(mapped: dict[str, Member | None], error: Exception | None, kubernetes: bool) -> Iterator[Row]:
+    scheduler = "Kubernetes" if kubernetes else "Slurm"
     if error is not None:
-        yield Row("scheduler", "fail", f"cannot read the Slurm nodes through the controller: {error}",
-                  "check the controller's SSM agent and SlurmControllerInstanceId")
+        yield Row("scheduler", "fail", f"cannot read the {scheduler} nodes: {error}",
+                  "check EksClusterName, the cluster's endpoint access and your principal's access entry"
+                  if kubernetes else "check the controller's SSM agent and SlurmControllerInstanceId")
         return
-    yield Row("scheduler", "pass", f"{len(mapped)} Slurm nodes")
+    yield Row("scheduler", "pass", f"{len(mapped)} {scheduler} nodes")
     unmapped = [name for name, member in mapped.items() if member is None]
     if unmapped:
         yield Row("nodes mapped", "fail", f"no running instance of the cluster backs {', '.join(unmapped)}",
+                  "check the nodes' spec.providerID and the provider's group/cluster name" if kubernetes else
                   "tag each node's instance with nodemedic:slurm-node (or fix the provider's group/cluster name)")
     else:
-        yield Row("nodes mapped", "pass", "every Slurm node maps to a running instance of the cluster")
+        yield Row("nodes mapped", "pass", f"every {scheduler} node maps to a running instance of the cluster")
 
 
 def check_heartbeats(target: Target, now: datetime) -> Iterator[Row]:
@@ -345,7 +355,7 @@ def run(target: Target, permissions: Permissions | None = None,
         ("documents", lambda: check_documents(target)),
         ("alarms", lambda: check_alarm_actions(target)),
         ("metrics", lambda: check_metrics(target)),
-        ("nodes", lambda: check_nodes(mapped, nodes_error)),
+        ("nodes", lambda: check_nodes(mapped, nodes_error, target.on_kubernetes)),
         ("heartbeats", lambda: check_heartbeats(target, now())),
         ("spares", lambda: check_spares(target)),
     ]

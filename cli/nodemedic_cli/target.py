@@ -12,17 +12,22 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 from nodemedic.errors import NodeMedicError
+from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.base import Provider
 from nodemedic.providers.kinds import provider_for
+from nodemedic.providers.node_names import NamedByOrchestrator
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
+
+if TYPE_CHECKING:
+    from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator
 
 
 class TargetError(NodeMedicError):
@@ -125,8 +130,26 @@ class Target:
     def control(self) -> ControlStore:
         return ControlStore(self.client("dynamodb"), self.output("IncidentsTableName"), self.cluster)
 
+    @property
+    def on_kubernetes(self) -> bool:
+        return self.parameters.get("Orchestrator") == "kubernetes"
+
     @cached_property
-    def orchestrator(self) -> SlurmViaSSM:
+    def kubernetes(self) -> KubernetesOrchestrator:
+        """The EKS cluster's API server, with the operator's own credentials (their IAM principal
+        needs an access entry in the cluster)."""
+        from nodemedic.orchestrators import eks_auth  # the Kubernetes client loads only when used
+        from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator, parse_drain_policy
+
+        p = self.parameters
+        api = eks_auth.api_client(self.client("eks"), self.client("sts"), p["EksClusterName"])
+        return KubernetesOrchestrator(api, policy=parse_drain_policy(p.get("KubernetesDrainPolicy", "")))
+
+    @cached_property
+    def orchestrator(self) -> Orchestrator:
+        """Slurm through the stack's SSM documents, or :attr:`kubernetes`."""
+        if self.on_kubernetes:
+            return self.kubernetes
         p = self.parameters
         return SlurmViaSSM(RunCommand(self.client("ssm"), poll_interval=0.5), p["SlurmControllerInstanceId"],
                            int(p.get("CommandTimeoutSeconds") or 120), Documents(self.cluster),
@@ -135,6 +158,9 @@ class Target:
     @cached_property
     def provider(self) -> Provider:
         p = self.parameters
-        return provider_for(p.get("Provider") or "autoscaling", self.client, cluster=self.cluster,
-                            autoscaling_group=p.get("AutoScalingGroupName", ""),
-                            hyperpod_cluster=p.get("HyperPodClusterName", ""))
+        capacity = provider_for(p.get("Provider") or "autoscaling", self.client, cluster=self.cluster,
+                                autoscaling_group=p.get("AutoScalingGroupName", ""),
+                                hyperpod_cluster=p.get("HyperPodClusterName", ""))
+        if self.on_kubernetes:  # a node's spec.providerID names its instance
+            return NamedByOrchestrator(capacity, self.kubernetes)
+        return capacity

@@ -303,6 +303,11 @@ class Authorizer:
         else:
             raise NotImplementedError(f"the local IAM has no model of {action}")
 
+    def _eks(self, action: str, operation: str, params: dict[str, Any]) -> Iterable[Request]:
+        if operation != "DescribeCluster":
+            raise NotImplementedError(f"the local IAM has no model of {action}")
+        yield Request(action, self.arn("eks", f"cluster/{params['name']}"))
+
     def _sagemaker(self, action: str, operation: str, params: dict[str, Any]) -> Iterable[Request]:
         yield Request(action, self.f.hyperpod_cluster_arn(params["ClusterName"]))
 

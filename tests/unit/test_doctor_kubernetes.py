@@ -1,0 +1,53 @@
+"""``nodemedic doctor`` on a stack deployed with Orchestrator=kubernetes: the functions reach the
+cluster through eks:DescribeCluster (and a presigned STS token), never through SSM on a Slurm
+controller the stack does not have, and the template's policy allows exactly that."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from nodemedic_cli.doctor import check_nodes, representative_calls
+from nodemedic_sandbox import iam
+
+from tests.unit.test_template import RESOURCES
+
+STACK = SimpleNamespace(
+    parameters={"Orchestrator": "kubernetes", "EksClusterName": "prod-gpu", "Provider": "autoscaling",
+                "AutoScalingGroupName": "eks-gpu-ng", "SlurmControllerInstanceId": ""},
+    outputs={"IncidentsTableName": "t", "StateMachineArn": "arn:aws:states:us-east-1:123456789012:stateMachine:sm",
+             "SafetyPolicyParameterName": "/nodemedic/p", "EscalationTopicArn": "arn:aws:sns:us-east-1:123456789012:e",
+             "HeartbeatQueueUrl": "https://sqs.us-east-1.amazonaws.com/123456789012/hb", "EventBusName": "bus"},
+    cluster="prod", on_kubernetes=True)
+
+
+def _authorizer() -> iam.Authorizer:
+    return iam.Authorizer(iam.Facts("aws", "us-east-1", "123456789012", instance_tags=lambda _: {},
+                                    group_of_instance=lambda _: None, topic_key=lambda _: None,
+                                    hyperpod_cluster_arn=lambda name: name))
+
+
+def test_every_function_that_reaches_the_cluster_describes_it_and_the_template_allows_it() -> None:
+    calls = representative_calls(STACK, "i-0a1b2c3d4e5f60789")  # type: ignore[arg-type]
+    describe = ("eks", "DescribeCluster", {"name": "prod-gpu"})
+    policy = RESOURCES["EksDescribeClusterPolicy"]["Properties"]
+    granted = {r["Ref"].removesuffix("Role") for r in policy["Roles"]}
+    [statement] = policy["PolicyDocument"]["Statement"]
+    rendered = {**statement, "Resource": statement["Resource"]["Fn::Sub"].replace("${AWS::Partition}", "aws")
+                .replace("${AWS::Region}", "us-east-1").replace("${AWS::AccountId}", "123456789012")
+                .replace("${EksClusterName}", "prod-gpu")}
+    reaching = {name for name, made in calls.items() if describe in made}
+    assert reaching == granted
+    [request] = _authorizer().requests(*describe)
+    assert iam.evaluate([{"Version": "2012-10-17", "Statement": [rendered]}], request).allowed
+    assert not iam.evaluate([{"Version": "2012-10-17", "Statement": [rendered]}],
+                            _authorizer().requests("eks", "DescribeCluster", {"name": "other"})[0]).allowed
+    sends = [params for made in calls.values() for service, op, params in made if op == "SendCommand"]
+    assert all(params["InstanceIds"] != [""] for params in sends)  # nothing to a Slurm controller
+
+
+def test_the_node_rows_speak_of_kubernetes_and_its_fixes() -> None:
+    rows = list(check_nodes({"ip-10-0-1-17.ec2.internal": None}, None, kubernetes=True))
+    assert rows[0].detail == "1 Kubernetes nodes"
+    assert rows[1].status == "fail" and "spec.providerID" in rows[1].fix
+    [failed] = check_nodes({}, RuntimeError("401 Unauthorized"), kubernetes=True)
+    assert "access entry" in failed.fix
