@@ -26,7 +26,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     out = repair(incident, request.destination, provider=wiring.provider(), orchestrator=wiring.orchestrator(),
                  runner=wiring.run_command(),
                  ledger=wiring.ledger(), documents=wiring.documents(), timeout_s=s.command_timeout_seconds,
-                 check_timeout_s=s.health_check_timeout_seconds, clock=utc_now)
+                 check_timeout_s=s.health_check_timeout_seconds, prefix=s.drain_reason_prefix, clock=utc_now)
     logger.info("rung done", rung=out.rung, attempt=out.attempt, instance=out.instance_id, level=out.level)
     record_durations(metrics, incident, {"TimeToRepair": seconds_since_fault(incident)})
     return out.model_dump(mode="json")

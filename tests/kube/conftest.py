@@ -9,6 +9,7 @@ binding a pod to a node and setting its phase (scheduler, kubelet), a node's Rea
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +19,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from nodemedic_sandbox import kube_apiserver
 from nodemedic_sandbox.eks_authenticator import EksAuthenticator
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 from nodemedic_sandbox.kube_apiserver import KubeAPIServer
 
 from tests.conftest import require
@@ -26,6 +28,7 @@ _ids = itertools.count(1)
 
 
 EKS_CLUSTER = "nodemedic-test"
+IMAGE = "ami-12c6146b"  # one of moto's stock images
 
 
 @pytest.fixture(scope="session")
@@ -176,3 +179,17 @@ class Cluster:
 
 
 from tests.stages.conftest import aws, ledger  # noqa: E402, F401 - the embedded DynamoDB ledger, for the stage tests
+
+
+@pytest.fixture
+def group(aws: EmbeddedAWS) -> Iterator[list[str]]:  # noqa: F811 - the fixture imported above
+    """A managed node group's Auto Scaling group of three GPU instances."""
+    ec2, asg = aws.client("ec2"), aws.client("autoscaling")
+    name = f"eks-gpu-{uuid.uuid4().hex[:8]}"
+    ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData={"ImageId": IMAGE})
+    asg.create_auto_scaling_group(AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": name}, MinSize=3,
+                                  MaxSize=3, DesiredCapacity=3, AvailabilityZones=["us-east-1a"])
+    instances = sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups(
+        AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["Instances"])
+    yield [name, *instances]
+    asg.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)

@@ -6,7 +6,6 @@ server; nothing is drained for an instance no node names, or a name that is not 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,21 +23,6 @@ from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 from tests.kube.conftest import Cluster
 
 CLUSTER = "c1"
-IMAGE = "ami-12c6146b"  # one of moto's stock images
-
-
-@pytest.fixture
-def group(aws: EmbeddedAWS) -> Iterator[list[str]]:
-    """A managed node group's Auto Scaling group of three GPU instances."""
-    ec2, asg = aws.client("ec2"), aws.client("autoscaling")
-    name = f"eks-gpu-{uuid.uuid4().hex[:8]}"
-    ec2.create_launch_template(LaunchTemplateName=name, LaunchTemplateData={"ImageId": IMAGE})
-    asg.create_auto_scaling_group(AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": name}, MinSize=3,
-                                  MaxSize=3, DesiredCapacity=3, AvailabilityZones=["us-east-1a"])
-    instances = sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups(
-        AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["Instances"])
-    yield [name, *instances]
-    asg.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
 
 
 def _event(node: dict[str, str]) -> dict[str, Any]:

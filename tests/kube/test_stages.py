@@ -6,14 +6,20 @@ disruption controller, the kubelet and the training operator, as conftest says."
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
-from nodemedic.errors import EvictionPendingError
+from nodemedic.errors import EvictionPendingError, ReplacementPendingError
 from nodemedic.orchestrators.kubernetes import CONDITION, DRAIN_TAINT, SPARE_TAINT, KubernetesOrchestrator
+from nodemedic.providers.autoscaling import AutoScalingProvider
+from nodemedic.providers.node_names import NamedByOrchestrator
+from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.stages.drain import drain
+from nodemedic.stages.repair import repair
 from nodemedic.stages.resume import resume
 from nodemedic.stages.spares import swap_in
 from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
 from tests.kube.conftest import Cluster
 from tests.stages.conftest import PREFIX, clock, opened
@@ -78,3 +84,40 @@ def test_an_operators_cordon_survives_the_whole_incident(cluster: Cluster, ledge
                   pool_size=0, clock=clock)
     assert not done.resumed
     assert cluster.read_node(node).spec.unschedulable and DRAIN_TAINT not in cluster.taints(node)
+
+
+def test_a_replacement_registers_under_a_name_of_its_own_and_that_node_is_held_then_resumed(
+        cluster: Cluster, aws: EmbeddedAWS, ledger: Ledger, group: list[str]) -> None:
+    """The replace rung on a managed node group: the group launches a new instance, which joins
+    under a new node name. A healthy peer's instance (in the same group, carrying no tag) is never
+    taken for the replacement; the new node is cordoned the moment it registers, and Resume acts
+    on it, not on the name of the node that is gone."""
+    name, sick_instance, peer_instance, idle_instance = group
+    sick = cluster.node("ip-10-0-1-17.ec2.internal", provider_id=f"aws:///us-east-1a/{sick_instance}")
+    peer = cluster.node("ip-10-0-1-18.ec2.internal", provider_id=f"aws:///us-east-1a/{peer_instance}")
+    idle = cluster.node("ip-10-0-1-19.ec2.internal", provider_id=f"aws:///us-east-1a/{idle_instance}")
+    cluster.pod("train-0", peer)
+    orch = KubernetesOrchestrator(cluster.api)
+    provider = NamedByOrchestrator(AutoScalingProvider(aws.client("autoscaling"), aws.client("ec2"), name), orch)
+    incident = opened(ledger, sick, instance=sick_instance, ladder=("replace",))
+    drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+
+    def climb() -> Any:
+        return repair(incident, "service", provider=provider, orchestrator=orch,
+                      runner=RunCommand(aws.client("ssm"), 0.1), ledger=ledger, documents=Documents("c1"),
+                      timeout_s=5, check_timeout_s=60, prefix=PREFIX, clock=clock)
+
+    with pytest.raises(ReplacementPendingError, match="has not joined"):
+        climb()  # terminated; the group's new instance is claimed, and has no node yet
+    [new_instance] = set(i["InstanceId"] for i in aws.client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["Instances"]) - {peer_instance, idle_instance}
+    assert not any(cluster.read_node(n).spec.unschedulable for n in (peer, idle))
+    new = cluster.node("ip-10-0-2-40.ec2.internal", provider_id=f"aws:///us-east-1a/{new_instance}")  # the kubelet
+    out = climb()
+    assert (out.rung, out.instance_id) == ("replace", new_instance)
+    assert cluster.read_node(new).spec.unschedulable and DRAIN_TAINT in cluster.taints(new)  # held until checked
+    done = resume(incident, "service", orchestrator=orch, ledger=ledger, prefix=PREFIX, job_wait_s=0,
+                  pool_size=0, clock=clock)
+    assert done.resumed and done.slurm_node == new
+    assert not cluster.read_node(new).spec.unschedulable and DRAIN_TAINT not in cluster.taints(new)
+    assert not any(cluster.read_node(n).spec.unschedulable for n in (peer, idle))

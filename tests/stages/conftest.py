@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from nodemedic.contracts.incident import Incident
+from nodemedic.contracts.incident import Incident, Rung
 from nodemedic.store.ledger import Ledger
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
@@ -38,12 +38,13 @@ def slurm() -> MemorySlurm:
     return MemorySlurm([f"gpu-{i}" for i in range(1, 5)] + ["spare-1"], spares=("spare-1",))
 
 
-def opened(ledger: Ledger, node: str = "gpu-1", *, instance: str = "", minutes_ago: float = 0) -> Incident:
+def opened(ledger: Ledger, node: str = "gpu-1", *, instance: str = "", minutes_ago: float = 0,
+           ladder: tuple[Rung, ...] = ()) -> Incident:
     """An incident opened for ``node`` (instance ``i-<node>`` unless given), with its lock."""
     at = datetime.now(UTC) - timedelta(minutes=minutes_ago)
     incident = Incident(incident_id=f"inc-{next(_ids)}", cluster="c1", instance_id=instance or f"i-{node}",
                         slurm_node=node, fault_code="XID 79", fault_class="gpu_lost", action="replace",
-                        source="test", observed_at=at, status="open", detected_at=at, reason="test")
+                        source="test", observed_at=at, status="open", detected_at=at, reason="test", ladder=ladder)
     assert ledger.open_incident(incident) is None
     return incident
 

@@ -104,6 +104,10 @@ class MemorySlurm:
         self._up(f"take spare {node}")
         self.n[node].reserved = False
 
+    def adopt(self, node: str, instance_id: str, reason: str) -> str | None:
+        self._up(f"join {instance_id} as {node}")
+        return node
+
     def add_spare(self, node: str, owner: str) -> bool:
         self._up(f"add spare {node}")
         self.n[node].reserved = True

@@ -76,4 +76,10 @@ class Orchestrator(Protocol):
 
     def take_spare(self, node: str) -> None: ...
 
+    def adopt(self, node: str, instance_id: str, reason: str) -> str | None:
+        """The node the replacement ``instance_id`` of ``node`` serves as, drained with ``reason``
+        (held out until its check passes); None while it has not joined yet. Slurm: it joins under
+        ``node``'s own name; Kubernetes: it registers under a name of its own (its providerID)."""
+        ...
+
     def add_spare(self, node: str, owner: str) -> bool: ...

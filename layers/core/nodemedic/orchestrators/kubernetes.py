@@ -248,6 +248,14 @@ class KubernetesOrchestrator:
     def jobs_on(self, node: str) -> list[str]:
         return self._jobs(self._pods_on(node))
 
+    def adopt(self, node: str, instance_id: str, reason: str) -> str | None:
+        """The node the replacement registered as (by its providerID), cordoned and tainted with
+        ``reason`` at once so no pod lands there before its check; None until it registers."""
+        new = self.node_of(instance_id)
+        if new is not None:
+            self.drain(new, reason)  # an operator's cordon already there is kept (drain says so)
+        return new
+
     # -- which instance backs which node: its spec.providerID ---------------------------------
     def instance_of(self, node: str) -> str | None:
         """The instance behind ``node``; None when the cluster has no such node (or it is not EC2)."""
@@ -259,14 +267,22 @@ class KubernetesOrchestrator:
             raise CommandFailedError(f"the API server did not describe node {node}: {exc.status} {exc.reason}") from exc
         return instance_of_provider_id(raw.spec.provider_id or "")
 
-    def node_of(self, instance_id: str) -> str | None:
-        """The node ``instance_id`` backs; None when no node names it (not joined yet, or gone)."""
+    def _node_backed_by(self, instance_id: str) -> Any | None:
         try:
             raw = self._core.list_node().items
         except ApiException as exc:
             raise CommandFailedError(f"cannot list the nodes: {exc.status} {exc.reason}") from exc
-        return next((n.metadata.name for n in raw if instance_of_provider_id(n.spec.provider_id or "") == instance_id),
-                    None)
+        return next((n for n in raw if instance_of_provider_id(n.spec.provider_id or "") == instance_id), None)
+
+    def node_of(self, instance_id: str) -> str | None:
+        """The node ``instance_id`` backs; None when no node names it (not joined yet, or gone)."""
+        found = self._node_backed_by(instance_id)
+        return str(found.metadata.name) if found is not None else None
+
+    def registered_at(self, instance_id: str) -> datetime | None:
+        """When the node ``instance_id`` backs was created (the kubelet registered it)."""
+        found = self._node_backed_by(instance_id)
+        return found.metadata.creation_timestamp if found is not None else None
 
     def busy(self, node: str) -> str | None:
         """Why no destructive step may touch ``node`` now: a training pod runs there, or it is no

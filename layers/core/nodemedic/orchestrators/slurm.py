@@ -47,6 +47,12 @@ class SlurmViaSSM:
             raise CommandFailedError(f"scontrol did not describe node {node}: {out.strip()[:300]}")
         return _node_status(fields)
 
+    def adopt(self, node: str, instance_id: str, reason: str) -> str | None:
+        """The replacement joins Slurm as ``node`` (the node-join document on the instance); the
+        controller keeps the node's drain across the new slurmd's registration."""
+        self._run.run_checked(instance_id, self._docs.node_join, {"slurmNode": node}, self._timeout, f"join {node}")
+        return node
+
     def nodes(self) -> list[NodeStatus]:
         """Every node the controller knows."""
         out = self._query("nodes", "show nodes")

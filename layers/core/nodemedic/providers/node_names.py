@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from nodemedic.providers.base import Member, Provider, ReplaceStep
@@ -22,6 +23,10 @@ class NodeDirectory(Protocol):
 
     def node_of(self, instance_id: str) -> str | None:
         """The node ``instance_id`` backs; None when none does."""
+        ...
+
+    def registered_at(self, instance_id: str) -> datetime | None:
+        """When the node ``instance_id`` backs registered; None when no node names it."""
         ...
 
 
@@ -51,4 +56,13 @@ class NamedByOrchestrator:
 
     def replace(self, instance_id: str, slurm_node: str, progress: dict[str, Any],
                 claim: Callable[[str], bool]) -> ReplaceStep:
-        return self._inner.replace(instance_id, slurm_node, progress, claim)
+        """The provider's replacement, except that an instance that already served as a node
+        before the replacement was asked for is never taken for it: on Slurm an instance backing a
+        node carries the node tag, here nothing marks it but its node, which a healthy peer has."""
+        since = datetime.fromisoformat(progress["requested_at"]) if progress.get("requested_at") else datetime.now(UTC)
+
+        def new_and_claimed(candidate: str) -> bool:
+            registered = self._directory.registered_at(candidate)
+            return (registered is None or registered >= since) and claim(candidate)
+
+        return self._inner.replace(instance_id, slurm_node, progress, new_and_claimed)

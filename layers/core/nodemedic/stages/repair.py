@@ -19,6 +19,7 @@ from nodemedic.errors import IncidentStateError, NodeBusyError, NodeDrainingErro
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.stages.drain import drain_reason
 from nodemedic.store.ledger import Ledger
 
 REPLACEMENT = "replacement"
@@ -37,10 +38,12 @@ def repair(
     documents: Documents,
     timeout_s: int,
     check_timeout_s: int,
+    prefix: str,
     clock: Callable[[], datetime],
 ) -> RepairOutput:
     record = ledger.start_stage(incident, "repair", clock())
     rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
+    incident = serving(incident, rungs)
     ladder = incident.rungs
     if rungs and rungs[-1].get("done_at"):
         last = rungs[-1]
@@ -60,12 +63,25 @@ def repair(
         ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
     current = rungs[-1]
     current["instance_id"] = _climb(incident, current, provider=provider, orchestrator=orchestrator,
-                                    runner=runner, ledger=ledger,
-                                    documents=documents, timeout_s=timeout_s, save=lambda: ledger.record_progress(
-                                        incident, "repair", {"rungs": rungs}))
+                                    runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
+                                    prefix=prefix, save=lambda: ledger.record_progress(incident, "repair",
+                                                                                       {"rungs": rungs}))
     current["done_at"] = clock().isoformat()
     ledger.record_progress(incident, "repair", {"rungs": rungs})
     return _output(incident, len(rungs), current, check_timeout_s)
+
+
+def serving(incident: IncidentRef, rungs: list[dict[str, Any]]) -> IncidentRef:
+    """The incident as its node is named now: a replacement that registered under a name of its
+    own (Kubernetes) is the node the later rungs, the check and Resume act on."""
+    named = next((r["node"] for r in reversed(rungs) if r.get("node")), incident.slurm_node)
+    return incident if named == incident.slurm_node else incident.model_copy(update={"slurm_node": named})
+
+
+def serving_now(incident: IncidentRef, ledger: Ledger) -> IncidentRef:
+    """:func:`serving`, from the repair rungs in the ledger."""
+    repaired = ledger.get(incident.incident_id).stages.get("repair")
+    return serving(incident, list(repaired.result.get("rungs", [])) if repaired else [])  # type: ignore[call-overload]
 
 
 def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], check_timeout_s: int) -> RepairOutput:
@@ -84,7 +100,7 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
 
 
 def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, orchestrator: Orchestrator,
-           runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int,
+           runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int, prefix: str,
            save: Callable[[], None]) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
     instance = str(rung["instance_id"])
@@ -120,8 +136,11 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, o
     if step.instance_id is None:
         raise ReplacementPendingError(f"the replacement for {instance} ({incident.slurm_node}) is not running yet")
     if not rung.get("joined"):
-        runner.run_checked(step.instance_id, documents.node_join, {"slurmNode": incident.slurm_node}, timeout_s,
-                           f"join {incident.slurm_node}")
+        node = orchestrator.adopt(incident.slurm_node, step.instance_id, drain_reason(prefix, incident))
+        if node is None:
+            raise ReplacementPendingError(f"the replacement {step.instance_id} for {incident.slurm_node} has not "
+                                          "joined the cluster yet")
+        rung["node"] = node
         rung["joined"] = True
         save()
     return step.instance_id

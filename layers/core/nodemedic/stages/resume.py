@@ -17,6 +17,7 @@ from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, Resum
 from nodemedic.errors import JobsPendingError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.drain import owner_tag
+from nodemedic.stages.repair import serving_now
 from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
@@ -65,6 +66,7 @@ def resume(
     record = ledger.start_stage(incident, "resume", clock())
     if record.completed_at:
         return ResumeOutput.model_validate(record.result)
+    incident = serving_now(incident, ledger)  # a replacement may serve under a name of its own
     status = orchestrator.node_status(incident.slurm_node)
     if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
         resumed = bool(record.result["resumed"])
