@@ -135,7 +135,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]}),
                                *on_controller(docs.slurm_query, docs.slurm_drain)],
         "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query), send(docs.gpu_reset, member),
-                           send(docs.node_join, member)],
+                           *([] if target.on_kubernetes else [send(docs.node_join, member)])],  # adopt, by scheduler
         "DeepHealthCheckFunction": [*db, send(docs.health_check, member)],
         "HealthCheckResultFunction": [*db, ("dynamodb", "DeleteItem", table), ("ssm", "GetCommandInvocation", {}),
                                       ("states", "SendTaskSuccess", {})],
