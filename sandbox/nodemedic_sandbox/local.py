@@ -111,6 +111,15 @@ class LocalMode:
             "Source": source, "DetailType": detail_type, "EventBusName": self.stack.bus_name,
             "Detail": json.dumps(detail)}])
 
+    def emit_aws_health(self, event: dict[str, Any]) -> dict[str, Any]:
+        """AWS Health's part: deliver an ``aws.health`` event (its documented shape, e.g. a sample
+        from events/aws-health/) to the account's default bus, as AWS Health does. (Real
+        EventBridge refuses PutEvents with an ``aws.*`` source from a caller; only this harness,
+        playing AWS, sends one.)"""
+        return self.aws.client("events").put_events(Entries=[{
+            "Source": event["source"], "DetailType": event["detail-type"], "Resources": event.get("resources", []),
+            "Detail": json.dumps(event["detail"])}])
+
     def _subscribe_queue(self, topic_arn: str) -> str:
         sqs = self.aws.client("sqs")
         url = sqs.create_queue(QueueName=f"{self.stack_name}-escalations")["QueueUrl"]

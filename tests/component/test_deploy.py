@@ -21,10 +21,11 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         states = json.loads(definition)["States"]
         assert states["Detect"]["Resource"].endswith(stack.resources["DetectFunction"])
         assert states["Failed"]["Resource"].endswith(stack.resources["ResumeFunction"])
-        # one Lambda per stage and the silence sweeper, each with its source registered for the local runtime
+        # one Lambda per stage, the silence sweeper, the reconciler and the planned-events intake, each with
+        # its source registered for the local runtime
         assert {Path(src.code_dir).name for src in aws.functions.values()} == {
             "detect", "gate", "shadow", "approval", "drain", "spares", "repair", "deep_health_check",
-            "health_check_result", "resume", "silence_sweeper", "reconciler"}
+            "health_check_result", "resume", "silence_sweeper", "reconciler", "planned_events"}
         # the dashboard, and the three alarms (to the escalation topic) that moto's CloudFormation skips
         cw = aws.client("cloudwatch")
         assert cw.list_dashboards()["DashboardEntries"][0]["DashboardName"] == stack.outputs["DashboardName"]
@@ -43,7 +44,7 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         patterns = {r["Name"]: json.loads(r["EventPattern"]) for r in rules}
         assert all(p["detail"]["cluster"] == ["c1"] for p in patterns.values())
         rules = [r for r in rules if patterns[r["Name"]]["detail-type"] == ["Node Health Event"]]
-        assert patterns[rules[0]["Name"]]["source"] == ["nodemedic.agent", "nodemedic.sweeper"]
+        assert patterns[rules[0]["Name"]]["source"] == ["nodemedic.agent", "nodemedic.sweeper", "nodemedic.planned"]
         targets = aws.client("events").list_targets_by_rule(Rule=rules[0]["Name"], EventBusName=stack.bus_name)
         assert targets["Targets"][0]["DeadLetterConfig"]["Arn"].startswith("arn:aws:sqs:")
 

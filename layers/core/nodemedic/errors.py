@@ -94,6 +94,10 @@ class NodeDrainingError(RetryableError):
     until the job ends, retried by the state machine for days, never killing the job."""
 
 
+class PublishFailedError(RetryableError):
+    """EventBridge did not take some entries of a PutEvents call; the caller's invocation is retried."""
+
+
 RETRYABLE_ERRORS = tuple(cls.__name__ for cls in RetryableError.__subclasses__())
 
 

@@ -26,6 +26,7 @@ from pydantic import (
 
 AGENT_SOURCE = "nodemedic.agent"
 SWEEPER_SOURCE = "nodemedic.sweeper"
+PLANNED_SOURCE = "nodemedic.planned"  # an AWS Health scheduled change, one event per affected node
 HEALTH_DETAIL_TYPE = "Node Health Event"
 HEARTBEAT_DETAIL_TYPE = "Node Heartbeat"
 OPERATOR_SOURCE = "nodemedic.operator"
@@ -65,7 +66,7 @@ def _plausible(value: datetime) -> datetime:
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_plausible)]
 
 Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual", "burn_in",
-                "fail_slow"]
+                "fail_slow", "aws_health"]
 Severity = Literal["info", "warning", "error", "critical"]
 EvidenceValue = str | int | float | bool | None
 
@@ -215,7 +216,7 @@ class _Envelope(BaseModel):
 
 
 class HealthEventEnvelope(_Envelope):
-    source: Literal["nodemedic.agent", "nodemedic.sweeper"]
+    source: Literal["nodemedic.agent", "nodemedic.sweeper", "nodemedic.planned"]
     detail_type: Literal["Node Health Event"] = Field(alias="detail-type")
     detail: NodeHealthEvent
 

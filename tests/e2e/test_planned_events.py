@@ -1,0 +1,44 @@
+"""An AWS Health scheduled change, delivered to the default bus as AWS Health does, is
+remediated by the deployed template before AWS acts: the retiring node is drained and replaced
+and the incident closes; a resource that is not a node of the cluster is ignored; the same Health
+event delivered again opens nothing."""
+
+import copy
+import json
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+from nodemedic_sandbox.local import LocalMode
+
+from tests.conftest import EVENTS
+from tests.e2e.support import wait_for
+
+
+def _retirement(instances: list[str], starts_in: timedelta) -> dict:
+    event = copy.deepcopy(json.loads((EVENTS / "aws-health" / "ec2-instance-retirement-scheduled.json").read_text()))
+    start = datetime.now(UTC) + starts_in
+    event["detail"]["startTime"] = format_datetime(start, usegmt=True)
+    event["detail"]["endTime"] = format_datetime(start + timedelta(hours=4), usegmt=True)
+    event["detail"]["affectedEntities"] = [{"entityValue": i, "statusCode": "PENDING"} for i in instances]
+    event["resources"] = instances
+    return event
+
+
+def test_a_scheduled_retirement_replaces_the_node_before_aws_acts(local: LocalMode) -> None:
+    retiring = local.cluster.instance_of("gpu-2")
+    event = _retirement([retiring, "i-0fedcba9876543210"], starts_in=timedelta(days=14))
+    local.emit_aws_health(event)
+    local.emit_aws_health(event)  # AWS Health delivers at least once: the same event twice
+    executions = local.wait_for_executions(2)
+    assert len(local.incidents()) == 1
+    [incident] = local.incidents()
+    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+    assert (incident.slurm_node, incident.fault_code, incident.source) == ("gpu-2", "PLANNED_RETIREMENT",
+                                                                          "nodemedic.planned")
+    assert incident.status == "closed"
+    evidence = incident.stages["detect"].result["evidence"]
+    assert evidence["aws_event_type"] == "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED"
+    assert evidence["deadline"] > datetime.now(UTC).isoformat()  # acted on before AWS's window
+    [rung] = incident.stages["repair"].result["rungs"]
+    assert rung["rung"] == "replace" and local.cluster.instance_of("gpu-2") != retiring
+    wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")

@@ -1,0 +1,111 @@
+"""AWS Health scheduled changes (events/aws-health/, in the shapes AWS documents) become one Node
+Health Event per affected node of this cluster, and nothing for anything else, with the reason."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nodemedic.domain.classification import classify
+from nodemedic.errors import InvalidEventError
+from nodemedic.planned_events import parse_health_event, plan
+from nodemedic.providers.base import Member
+from nodemedic.stages.detect import parse_trigger
+
+SAMPLES = Path(__file__).resolve().parents[2] / "events" / "aws-health"
+RETIREMENT = json.loads((SAMPLES / "ec2-instance-retirement-scheduled.json").read_text())
+REBOOT = json.loads((SAMPLES / "ec2-instance-reboot-maintenance-scheduled.json").read_text())
+NOW = datetime(2026, 11, 22, 3, 0, 5, tzinfo=UTC)
+OURS, THEIRS = "i-0a1b2c3d4e5f60789", "i-0fedcba9876543210"
+
+
+class _Cluster:
+    """The provider's view: one member, ours, backing gpu-2; one joining instance with no node."""
+
+    kind = "test"
+
+    def member(self, instance_id: str) -> Member | None:
+        if instance_id == OURS:
+            return Member(OURS, "gpu-2", "running")
+        return Member(instance_id, None, "running") if instance_id == "i-0123456789abcdef0" else None
+
+
+def _plan(event: dict[str, Any]) -> Any:
+    return plan(parse_health_event(event), cluster="local", provider=_Cluster(), now=NOW)  # type: ignore[arg-type]
+
+
+def test_the_documented_samples_parse_with_their_rfc1123_times() -> None:
+    parsed = parse_health_event(RETIREMENT)
+    assert parsed.detail.startTime == datetime(2026, 12, 6, tzinfo=UTC)
+    assert parsed.detail.endTime == datetime(2026, 12, 6, 4, tzinfo=UTC)
+    assert [e.entityValue for e in parse_health_event(REBOOT).detail.affectedEntities] == [OURS, THEIRS]
+
+
+def test_a_retirement_of_a_member_becomes_its_nodes_health_event_which_detect_replaces() -> None:
+    planned = _plan(RETIREMENT)
+    [event] = planned.events
+    assert (event.node.instance_id, event.node.slurm_node, event.fault_code) == (OURS, "gpu-2", "PLANNED_RETIREMENT")
+    assert event.evidence["deadline"] == "2026-12-06T00:00:00+00:00"
+    envelope = {"source": "nodemedic.planned", "detail-type": "Node Health Event",
+                "detail": json.loads(event.model_dump_json(exclude_none=True))}
+    assert parse_trigger(envelope).detail.fault_code == "PLANNED_RETIREMENT"  # type: ignore[union-attr]
+    assert classify("PLANNED_RETIREMENT", {}).action == "replace"
+    assert classify("PLANNED_REBOOT", {}).action == "reboot"
+    assert classify("PLANNED_NETWORK_MAINTENANCE", {}).action == "monitor"
+
+
+def test_the_same_health_event_again_gives_the_same_event_id_and_each_node_its_own() -> None:
+    first, again = _plan(RETIREMENT).events[0], _plan(copy.deepcopy(RETIREMENT)).events[0]
+    assert first.event_id == again.event_id  # a redelivery or update: Detect deduplicates it
+    other = copy.deepcopy(RETIREMENT)
+    other["detail"]["eventArn"] += "-2"
+    assert _plan(other).events[0].event_id != first.event_id
+
+
+def test_resources_that_are_not_nodes_of_this_cluster_are_ignored_with_the_reason() -> None:
+    event = copy.deepcopy(REBOOT)
+    event["detail"]["affectedEntities"] += [{"entityValue": "i-0123456789abcdef0"},
+                                            {"entityValue": "arn:aws:ec2:us-east-1:123456789012:volume/vol-1"},
+                                            {"entityValue": "i-0aaaaaaaaaaaaaaaa", "statusCode": "RESOLVED"}]
+    planned = _plan(event)
+    assert [e.node.slurm_node for e in planned.events] == ["gpu-2"]
+    assert dict(planned.ignored) == {
+        THEIRS: "not a member of cluster local",
+        "i-0123456789abcdef0": "backs no node of the cluster's scheduler",
+        "arn:aws:ec2:us-east-1:123456789012:volume/vol-1": "not an EC2 instance id",
+        "i-0aaaaaaaaaaaaaaaa": "AWS marks it resolved"}
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"statusCode": "closed"}, "is closed"),
+    ({"endTime": "Sun, 22 Nov 2026 02:00:00 GMT"}, "window ended"),
+    ({"eventTypeCode": "AWS_EC2_OPERATIONAL_ISSUE"}, "not a scheduled change"),
+])
+def test_a_closed_past_or_other_event_plans_nothing(change: dict[str, str], why: str) -> None:
+    event = copy.deepcopy(RETIREMENT)
+    event["detail"].update(change)
+    planned = _plan(event)
+    assert not planned.events and why in planned.ignored[0][1]
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("detail", "startTime"), "next Tuesday"),
+    (("detail", "startTime"), "Thu, 01 Jan 1970 00:00:00 GMT"),
+    (("detail", "startTime"), None),
+    (("detail", "eventArn"), "not-an-arn"),
+    (("detail", "eventTypeCode"), "x" * 200),
+    (("detail", "affectedEntities"), [{"entityValue": ""}]),
+    (("source",), "nodemedic.agent"),
+])
+def test_a_malformed_health_event_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
+    event = copy.deepcopy(RETIREMENT)
+    target = event
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(InvalidEventError, match=path[-1]):
+        parse_health_event(event)
