@@ -84,12 +84,11 @@ class KubeAPIServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in reversed(self._procs):
+        for proc in reversed(self._procs):  # the API server first, while its etcd still answers
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-        for proc in reversed(self._procs):
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
