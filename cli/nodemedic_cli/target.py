@@ -138,12 +138,10 @@ class Target:
     def kubernetes(self) -> KubernetesOrchestrator:
         """The EKS cluster's API server, with the operator's own credentials (their IAM principal
         needs an access entry in the cluster)."""
-        from nodemedic.orchestrators import eks_auth  # the Kubernetes client loads only when used
-        from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator, parse_drain_policy
+        from nodemedic.orchestrators.kubernetes import connect  # the Kubernetes client loads only when used
 
         p = self.parameters
-        api = eks_auth.api_client(self.client("eks"), self.client("sts"), p["EksClusterName"])
-        return KubernetesOrchestrator(api, policy=parse_drain_policy(p.get("KubernetesDrainPolicy", "")))
+        return connect(self.client("eks"), self.client("sts"), p["EksClusterName"], p.get("KubernetesDrainPolicy", ""))
 
     @cached_property
     def orchestrator(self) -> Orchestrator:

@@ -75,12 +75,10 @@ def documents() -> Documents:
 def kubernetes() -> KubernetesOrchestrator:
     """The EKS cluster's API server (token from STS, endpoint and CA from EKS)."""
     # imported here: the Kubernetes client adds about 0.3 s to the cold start of every function
-    from nodemedic.orchestrators import eks_auth
-    from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator, parse_drain_policy
+    from nodemedic.orchestrators.kubernetes import connect
 
     s = settings()
-    api = eks_auth.api_client(client("eks"), client("sts"), s.eks_cluster_name)
-    return KubernetesOrchestrator(api, policy=parse_drain_policy(s.kubernetes_drain_policy))
+    return connect(client("eks"), client("sts"), s.eks_cluster_name, s.kubernetes_drain_policy)
 
 
 @lru_cache(maxsize=1)

@@ -41,6 +41,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nodemedic.errors import CommandFailedError, DrainFailedError, NodeMedicError, PolicyError, ResumeFailedError
+from nodemedic.orchestrators import eks_auth
 from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus
 
 DRAIN_TAINT = "nodemedic.io/unhealthy"
@@ -192,6 +193,12 @@ class _Node:
                 {"op": "add", "path": "/metadata/annotations", "value": annotations}]
 
 
+def connect(eks: Any, sts: Any, cluster: str, drain_policy: str) -> KubernetesOrchestrator:
+    """The adapter for the EKS cluster ``cluster``, with the credentials of the ``sts`` client
+    (a function's role, or an operator's) and the drain policy's JSON text."""
+    return KubernetesOrchestrator(eks_auth.api_client(eks, sts, cluster), policy=parse_drain_policy(drain_policy))
+
+
 def instance_of_provider_id(provider_id: str) -> str | None:
     """The EC2 instance id a node's ``spec.providerID`` names; None for anything else (Fargate,
     hybrid nodes, another cloud)."""
@@ -235,15 +242,17 @@ class KubernetesOrchestrator:
         except ApiException as exc:
             raise CommandFailedError(f"cannot list pods: {exc.status} {exc.reason}") from exc
 
-    def nodes(self) -> list[NodeStatus]:
+    def _list_nodes(self) -> list[Any]:
         try:
-            raw = self._core.list_node().items
+            return list(self._core.list_node().items)
         except ApiException as exc:
             raise CommandFailedError(f"cannot list the nodes: {exc.status} {exc.reason}") from exc
+
+    def nodes(self) -> list[NodeStatus]:
         busy: dict[str, list[Any]] = {}
         for pod in self._running_pods():
             busy.setdefault(pod.spec.node_name or "", []).append(pod)
-        return [_Node(n).status(self._jobs(busy.get(n.metadata.name, []))) for n in raw]
+        return [_Node(n).status(self._jobs(busy.get(n.metadata.name, []))) for n in self._list_nodes()]
 
     def jobs_on(self, node: str) -> list[str]:
         return self._jobs(self._pods_on(node))
@@ -267,22 +276,16 @@ class KubernetesOrchestrator:
             raise CommandFailedError(f"the API server did not describe node {node}: {exc.status} {exc.reason}") from exc
         return instance_of_provider_id(raw.spec.provider_id or "")
 
-    def _node_backed_by(self, instance_id: str) -> Any | None:
-        try:
-            raw = self._core.list_node().items
-        except ApiException as exc:
-            raise CommandFailedError(f"cannot list the nodes: {exc.status} {exc.reason}") from exc
-        return next((n for n in raw if instance_of_provider_id(n.spec.provider_id or "") == instance_id), None)
-
     def node_of(self, instance_id: str) -> str | None:
         """The node ``instance_id`` backs; None when no node names it (not joined yet, or gone)."""
-        found = self._node_backed_by(instance_id)
-        return str(found.metadata.name) if found is not None else None
+        return next((str(n.metadata.name) for n in self._list_nodes()
+                     if instance_of_provider_id(n.spec.provider_id or "") == instance_id), None)
 
-    def registered_at(self, instance_id: str) -> datetime | None:
-        """When the node ``instance_id`` backs was created (the kubelet registered it)."""
-        found = self._node_backed_by(instance_id)
-        return found.metadata.creation_timestamp if found is not None else None
+    def registered_before(self, moment: datetime) -> set[str]:
+        """The instances whose nodes were created (the kubelet registered them) before ``moment``."""
+        return {instance for n in self._list_nodes()
+                if n.metadata.creation_timestamp < moment
+                and (instance := instance_of_provider_id(n.spec.provider_id or "")) is not None}
 
     def busy(self, node: str) -> str | None:
         """Why no destructive step may touch ``node`` now: a training pod runs there, or it is no

@@ -25,8 +25,8 @@ class NodeDirectory(Protocol):
         """The node ``instance_id`` backs; None when none does."""
         ...
 
-    def registered_at(self, instance_id: str) -> datetime | None:
-        """When the node ``instance_id`` backs registered; None when no node names it."""
+    def registered_before(self, moment: datetime) -> set[str]:
+        """The instances whose nodes registered before ``moment``."""
         ...
 
 
@@ -60,9 +60,9 @@ class NamedByOrchestrator:
         before the replacement was asked for is never taken for it: on Slurm an instance backing a
         node carries the node tag, here nothing marks it but its node, which a healthy peer has."""
         since = datetime.fromisoformat(progress["requested_at"]) if progress.get("requested_at") else datetime.now(UTC)
+        served = self._directory.registered_before(since)  # one read of the nodes per step
 
         def new_and_claimed(candidate: str) -> bool:
-            registered = self._directory.registered_at(candidate)
-            return (registered is None or registered >= since) and claim(candidate)
+            return candidate not in served and claim(candidate)
 
         return self._inner.replace(instance_id, slurm_node, progress, new_and_claimed)
