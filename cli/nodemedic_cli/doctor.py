@@ -124,7 +124,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "ShadowFunction": [("dynamodb", "GetItem", table), ("dynamodb", "UpdateItem", table),
                            *on_controller(docs.slurm_query)],
         "DrainFunction": [*db, ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {}}}),
-                          *on_controller(docs.slurm_query, docs.slurm_drain, docs.slurm_requeue)],
+                          *on_controller(docs.slurm_query, docs.slurm_drain, docs.slurm_requeue, docs.slurm_signal)],
         "SparesFunction": [*db, *on_controller(docs.slurm_query, docs.spare_take)],
         "ResumeFunction": [*db, ("dynamodb", "DeleteItem", table), ("dynamodb", "TransactWriteItems", fail_incident),
                            *on_controller(docs.slurm_query, docs.slurm_resume, docs.spare_add, docs.slurm_drain)],

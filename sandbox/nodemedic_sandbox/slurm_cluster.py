@@ -261,10 +261,11 @@ class LocalSlurm:
         raise RuntimeError(f"timed out waiting for {what}\n{log}")
 
     # -- jobs, for tests and the demo ---------------------------------------------------
-    def submit(self, nodes: int, name: str = "train", seconds: int = 3600, on: str = "") -> str:
-        """Submit a job of ``nodes`` nodes (``on``: onto this node list)."""
+    def submit(self, nodes: int, name: str = "train", seconds: int = 3600, on: str = "", body: str = "") -> str:
+        """Submit a job of ``nodes`` nodes (``on``: onto this node list) that sleeps ``seconds``, or
+        runs ``body`` (a bash script's lines)."""
         script = self.root / "jobs" / f"{name}.sh"
-        script.write_text(f"#!/bin/bash\nsleep {seconds}\n")
+        script.write_text(f"#!/bin/bash\n{body or f'sleep {seconds}'}\n")
         script.chmod(0o755)
         out = self._run(
             "sbatch", "--parsable", "--requeue", "--exclusive", f"--nodes={nodes}", "--ntasks-per-node=1",

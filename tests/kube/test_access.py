@@ -83,6 +83,8 @@ def test_the_lambda_authenticates_with_its_token_and_remediates_within_its_role(
     cluster.pod("train-0", node)
     orch = KubernetesOrchestrator(_as_lambda(apiserver))
     assert orch.drain(node, "nodemedic:inc-9 XID 79")
+    assert orch.request_checkpoint(node, [f"{cluster.namespace}/Job/train"], "USR1", "batch") == []
+    assert [j.job_id for j in orch.running_jobs(node)] == [f"{cluster.namespace}/Job/train"]
     assert orch.evacuate(node, datetime.now(UTC).timestamp()).requeued == [f"{cluster.namespace}/Job/train"]
     cluster.confirm_deletions()
     assert orch.busy(node) is None

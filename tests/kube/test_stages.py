@@ -5,12 +5,20 @@ disruption controller, the kubelet and the training operator, as conftest says."
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from nodemedic.errors import EvictionPendingError, ReplacementPendingError
-from nodemedic.orchestrators.kubernetes import CONDITION, DRAIN_TAINT, SPARE_TAINT, KubernetesOrchestrator
+from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
+from nodemedic.errors import CheckpointPendingError, EvictionPendingError, ReplacementPendingError
+from nodemedic.orchestrators.kubernetes import (
+    CHECKPOINT_REQUESTED,
+    CHECKPOINTED,
+    CONDITION,
+    DRAIN_TAINT,
+    SPARE_TAINT,
+    KubernetesOrchestrator,
+)
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.node_names import NamedByOrchestrator
 from nodemedic.providers.run_command import Documents, RunCommand
@@ -121,3 +129,33 @@ def test_a_replacement_registers_under_a_name_of_its_own_and_that_node_is_held_t
     assert done.resumed and done.slurm_node == new
     assert not cluster.read_node(new).spec.unschedulable and DRAIN_TAINT not in cluster.taints(new)
     assert not any(cluster.read_node(n).spec.unschedulable for n in (peer, idle))
+
+
+def test_a_planned_drain_asks_the_pods_to_checkpoint_and_evicts_them_once_they_report_it(
+        cluster: Cluster, ledger: Ledger) -> None:
+    """The annotation contract: NodeMedic annotates the job's pods on the node; the pod (here the
+    test plays its trainer) annotates itself once its checkpoint is durable; then it is evicted."""
+    node, peer = cluster.node("gpu-1"), cluster.node("gpu-2")
+    started = datetime.now(UTC) - timedelta(minutes=30)
+    cluster.pod("llm-worker-0", node, owner=("PyTorchJob", "llm"), started=started)
+    cluster.pod("llm-worker-1", peer, owner=("PyTorchJob", "llm"), started=started)
+    orch = KubernetesOrchestrator(cluster.api)
+    incident = opened(ledger, node).model_copy(update={"fault_code": "PLANNED_RETIREMENT", "fault_class": "planned"})
+    policy = CheckpointPolicy(default=CheckpointRule(grace_seconds=600))
+    with pytest.raises(CheckpointPendingError):
+        drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock, checkpoints=policy)
+    asked = cluster.core.read_namespaced_pod("llm-worker-0", cluster.namespace).metadata.annotations
+    assert CHECKPOINT_REQUESTED in asked  # asked, on the drained node only
+    assert CHECKPOINT_REQUESTED not in (cluster.core.read_namespaced_pod(
+        "llm-worker-1", cluster.namespace).metadata.annotations or {})
+    assert "llm-worker-0" in cluster.live_pods(node)  # not evicted before its checkpoint
+    with pytest.raises(CheckpointPendingError, match="waiting"):
+        drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock, checkpoints=policy)
+    saved_at = datetime.now(UTC).timestamp()
+    cluster.core.patch_namespaced_pod("llm-worker-0", cluster.namespace,
+                                      {"metadata": {"annotations": {CHECKPOINTED: f"{saved_at:.0f}"}}})
+    out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock, checkpoints=policy)
+    assert out.requeued_jobs == [f"{cluster.namespace}/PyTorchJob/llm"]
+    [job] = out.checkpoint.jobs
+    assert job.outcome == "checkpointed" and job.work_saved_s >= 29 * 60  # 30 minutes of training kept
+    assert "llm-worker-0" not in cluster.live_pods(node)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
-from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus
+from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus, RunningJob
 
 
 @dataclass
@@ -27,6 +27,12 @@ class MemorySlurm:
         self.n = {name: _Node(reserved=name in spares) for name in names}
         self.down = False
         self.calls: list[str] = []
+        self.now = 10_000.0  # the controller's clock (epoch seconds)
+        self.started = 4_000.0  # when every job started
+        self.markers: dict[str, float] = {}  # job -> its last checkpoint marker
+        self.partition: dict[str, str] = {}  # job -> partition (default "gpu")
+        self.signalled: list[tuple[str, str, str]] = []  # (job, signal, scope)
+        self.checkpoint_takes: float | None = None  # a signalled job writes its marker this much later
 
     def _up(self, what: str) -> None:
         self.calls.append(what)
@@ -78,6 +84,19 @@ class MemorySlurm:
     def jobs_on(self, node: str) -> list[str]:
         self._up(f"jobs on {node}")
         return list(self.n[node].jobs)
+
+    def running_jobs(self, node: str) -> list[RunningJob]:
+        self._up(f"running jobs on {node}")
+        return [RunningJob(j, self.partition.get(j, "gpu"), self.started, self.markers.get(j), self.now)
+                for j in self.n[node].jobs]
+
+    def request_checkpoint(self, node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
+        self._up(f"signal {' '.join(job_ids)}")
+        for job in job_ids:
+            self.signalled.append((job, signal, scope))
+            if self.checkpoint_takes is not None:
+                self.markers[job] = self.now + self.checkpoint_takes
+        return []
 
     def resume(self, node: str, owner: str = "*") -> bool:
         try:

@@ -85,7 +85,7 @@ def test_every_document_the_code_sends_is_in_the_template() -> None:
     names = {v["Properties"]["Name"]["Fn::Sub"] for v in RESOURCES.values() if v["Type"] == "AWS::SSM::Document"}
     sent = {getattr(Documents("${ClusterName}"), attr) for attr in vars(Documents) if not attr.startswith("_")
             and isinstance(getattr(Documents("${ClusterName}"), attr), str) and attr != "cluster"}
-    assert len(sent) == 9 and sent == names
+    assert len(sent) == 10 and sent == names
 
 
 def _wiring_calls(function: str) -> set[str]:

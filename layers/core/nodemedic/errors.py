@@ -79,6 +79,11 @@ class EvictionPendingError(RetryableError):
     their namespace lets them run to completion) within the drain policy's timeout."""
 
 
+class CheckpointPendingError(RetryableError):
+    """The drain asked the node's jobs to checkpoint and waits for their markers, within the
+    checkpoint policy's grace; the state machine calls the Drain stage again."""
+
+
 class JobsPendingError(RetryableError):
     """Requeued jobs are not RUNNING yet."""
 

@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     slurm_controller_instance_id: str = Field(default="", description="ORCHESTRATOR=slurm: runs slurmctld")
     eks_cluster_name: str = Field(default="", description="ORCHESTRATOR=kubernetes: the EKS cluster")
     kubernetes_drain_policy: str = Field(default="{}", description="JSON: how each namespace's pods leave a node")
+    checkpoint_policy: str = Field(default="{}", description="JSON: which drains checkpoint the jobs first")
     drain_reason_prefix: str = Field(default="nodemedic", pattern=r"^[A-Za-z0-9_.-]+$")
     spare_reservation: str = Field(default="nodemedic_spares", pattern=r"^[A-Za-z0-9_.-]+$")
     hot_spares: int = Field(default=0, ge=0, le=1000, description="target size of the hot-spare pool")

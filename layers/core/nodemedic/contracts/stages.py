@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from nodemedic.contracts.events import TriggerEvent
 from nodemedic.contracts.incident import IncidentRef, IncidentStatus, Rung
@@ -55,12 +55,36 @@ class GateOutput(_Model):
     would: str = Field(default="", description="dry run: the verdict automation would have reached")
 
 
+class JobCheckpoint(_Model):
+    """What became of one job's checkpoint before it was requeued."""
+
+    job_id: str
+    outcome: Literal["checkpointed", "grace_expired", "ended"] = Field(
+        description="its marker came; none came within the grace; it ended while the drain waited")
+    work_saved_s: float = Field(ge=0, description="work the new checkpoint kept (since the one before, or the start)")
+    work_lost_s: float = Field(ge=0, description="work since its last checkpoint when it was requeued")
+
+
+class CheckpointRecord(_Model):
+    """How the drain treated the node's jobs before requeueing them (docs/checkpoints.md)."""
+
+    policy: str = Field(description="what was done: the signal, scope and grace, or why the jobs were requeued at once")
+    requested_at: AwareDatetime | None = Field(default=None, description="when the jobs were signalled")
+    waited_s: float = Field(default=0, ge=0, description="from the signal to the requeue")
+    jobs: list[JobCheckpoint] = Field(default_factory=list)
+
+    @property
+    def work_saved_s(self) -> float:
+        return sum(j.work_saved_s for j in self.jobs)
+
+
 class DrainOutput(_Model):
     slurm_node: str
     drained_by_pipeline: bool = Field(description="False when an operator had drained it first")
     requeued_jobs: list[str]
     jobs_not_requeued: list[str]
     job_nodes: dict[str, list[str]] = Field(default_factory=dict, description="each requeued job's nodes")
+    checkpoint: CheckpointRecord | None = Field(default=None, description="None: no checkpoint policy applied")
 
 
 Destination = Literal["service", "pool"]

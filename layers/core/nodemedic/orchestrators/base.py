@@ -36,6 +36,17 @@ class JobState:
     started_at: float | None  # epoch seconds of the current run's start, when it has one
 
 
+@dataclass(frozen=True)
+class RunningJob:
+    """A job running on a node, and its checkpoint marker."""
+
+    job_id: str
+    group: str  # Slurm: its partition(s); Kubernetes: its namespace (the checkpoint policy's key)
+    started_at: float | None  # epoch seconds of its current run's start
+    marker: float | None  # epoch of the last checkpoint it reported (its own clock), None if never
+    now: float  # the cluster's clock when this was read: work since the marker is measured on it
+
+
 class Orchestrator(Protocol):
     def node_status(self, node: str) -> NodeStatus: ...
 
@@ -62,6 +73,15 @@ class Orchestrator(Protocol):
 
     def jobs_on(self, node: str) -> list[str]:
         """Ids of the jobs running (or completing) on ``node``; reads only."""
+        ...
+
+    def running_jobs(self, node: str) -> list[RunningJob]:
+        """The jobs running on ``node``, each with its last checkpoint marker; reads only."""
+        ...
+
+    def request_checkpoint(self, node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
+        """Ask each job to checkpoint (Slurm: ``signal`` to its ``scope`` step(s); Kubernetes: the
+        annotation on its pods on ``node``). The ids of the jobs that could not be asked."""
         ...
 
     def resume(self, node: str, owner: str = "*") -> bool:

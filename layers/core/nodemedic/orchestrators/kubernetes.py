@@ -20,6 +20,12 @@ pods and finished pods are skipped, and each namespace has a mode (:class:`Drain
 Eviction API's group version is negotiated by discovery: ``policy/v1`` (Kubernetes 1.22+, every
 EKS version) or ``policy/v1beta1`` (1.20/1.21).
 
+Checkpoints (the checkpoint policy, docs/checkpoints.md): NodeMedic asks a job's pods on the node
+to checkpoint by annotating them ``nodemedic.io/checkpoint-requested=<epoch>`` (a pod sees its
+annotations in a downward-API volume, refreshed by the kubelet); a pod reports a durable
+checkpoint by annotating itself ``nodemedic.io/checkpointed=<epoch>``. The eviction after that
+gives the pod its termination grace period.
+
 Spares are nodes that carry the taint ``nodemedic.io/spare`` (``NoSchedule``): idle, checked,
 and unusable by pods that do not tolerate it. Taking a spare removes the taint, so the training
 operator's replacement pods can land there.
@@ -42,13 +48,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nodemedic.errors import CommandFailedError, DrainFailedError, NodeMedicError, PolicyError, ResumeFailedError
 from nodemedic.orchestrators import eks_auth
-from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus
+from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus, RunningJob
 
 DRAIN_TAINT = "nodemedic.io/unhealthy"
 SPARE_TAINT = "nodemedic.io/spare"
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"  # pods and volumes of a dead node move
 REASON = "nodemedic.io/drain-reason"
 OUT_OF_SERVICE_SET = "nodemedic.io/out-of-service"  # NodeMedic set the out-of-service taint
+CHECKPOINT_REQUESTED = "nodemedic.io/checkpoint-requested"  # NodeMedic asks the pod to checkpoint (epoch)
+CHECKPOINTED = "nodemedic.io/checkpointed"  # the pod's own report: its checkpoint is durable (epoch)
 CONDITION = "NodeMedicUnhealthy"
 TRAINING_LABEL = "nodemedic.io/training"
 MIRROR = "kubernetes.io/config.mirror"
@@ -131,6 +139,15 @@ def _started(pod: Any) -> float | None:
               if c.state and c.state.running and c.state.running.started_at]
     when = max(starts) if starts else pod.status.start_time
     return when.timestamp() if when else None
+
+
+def _marker(pod: Any) -> float | None:
+    """The pod's checkpoint marker, or None (absent or not an epoch)."""
+    value = (pod.metadata.annotations or {}).get(CHECKPOINTED, "")
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def _taint(key: str, value: str, effect: str = "NoSchedule") -> dict[str, str]:
@@ -486,6 +503,41 @@ class KubernetesOrchestrator:
             else:
                 states[job] = JobState(job, "PENDING", None)
         return states
+
+    # -- checkpoints: the annotation contract ------------------------------------------------
+    def running_jobs(self, node: str) -> list[RunningJob]:
+        """The workloads with running pods on ``node``: its namespace, its pods' first start and
+        their latest checkpoint marker."""
+        pods: dict[str, list[Any]] = {}
+        for pod in self._pods_on(node):
+            if pod.status.phase == "Running" and _live(pod) and (job := workload_of(pod)):
+                pods.setdefault(job, []).append(pod)
+        now = self._clock().timestamp()
+        jobs = []
+        for job, members in sorted(pods.items()):
+            starts = [s for p in members if (s := _started(p)) is not None]
+            markers = [m for p in members if (m := _marker(p)) is not None]
+            jobs.append(RunningJob(job, members[0].metadata.namespace, min(starts) if starts else None,
+                                   max(markers) if markers else None, now))
+        return jobs
+
+    def request_checkpoint(self, node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
+        """Annotate each job's running pods on ``node`` (the annotation is the signal; ``signal``
+        and ``scope`` are Slurm's); the jobs one of whose pods could not be annotated."""
+        wanted = set(job_ids)
+        requested = f"{self._clock().timestamp():.0f}"
+        failed: set[str] = set()
+        for pod in self._pods_on(node):
+            job = workload_of(pod)
+            if job not in wanted or not _live(pod):
+                continue
+            try:
+                self._core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                                                {"metadata": {"annotations": {CHECKPOINT_REQUESTED: requested}}})
+            except ApiException as exc:
+                if exc.status != 404:  # a pod gone meanwhile needs no checkpoint
+                    failed.add(job)
+        return sorted(failed)
 
     # -- hot spares: nodes tainted nodemedic.io/spare ---------------------------------------
     def spares(self) -> list[NodeStatus]:

@@ -12,7 +12,7 @@ import re
 
 from nodemedic.domain.scontrol import drain_reason, parse_scontrol_record
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
-from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus
+from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus, RunningJob
 from nodemedic.providers.run_command import Documents, RunCommand
 
 _REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 :._#/@=+,()-]")  # what the drain document's allowedPattern refuses
@@ -110,6 +110,29 @@ class SlurmViaSSM:
     def jobs_on(self, node: str) -> list[str]:
         out = self._query("jobs-on", f"jobs on {node}", node=node)
         return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def running_jobs(self, node: str) -> list[RunningJob]:
+        """The jobs running on ``node`` with their partition, start and checkpoint marker (the last
+        ``nodemedic-checkpoint=<epoch>`` in the job's comment), and the controller's clock."""
+        out = self._query("running-jobs", f"running jobs on {node}", node=node)
+        lines = out.strip().splitlines()
+        if not lines or not lines[0].startswith("now "):
+            raise CommandFailedError(f"the running jobs on {node} were not listed: {out.strip()[:300]}")
+        now = float(lines[0].split()[1])
+        jobs = []
+        for line in lines[1:]:
+            word, job, group, start, marker = (line.split() + ["-"] * 5)[:5]
+            if word == "job":
+                jobs.append(RunningJob(job, group, float(start) if start != "-" else None,
+                                       float(marker) if marker != "-" else None, now))
+        return jobs
+
+    def request_checkpoint(self, node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
+        """``scancel --signal`` to each job's ``scope`` step(s); the jobs that could not be signalled."""
+        out = self._send(self._docs.slurm_signal, f"checkpoint jobs on {node}", jobs=" ".join(job_ids),
+                         signal=signal, scope=scope)
+        signalled = {line.split()[1] for line in out.splitlines() if line.startswith("signalled ")}
+        return [j for j in job_ids if j not in signalled]
 
     def resume(self, node: str, owner: str = "*") -> bool:
         """Resume ``node`` if its drain reason is ``owner``'s (``*``: any drain, an operator's own

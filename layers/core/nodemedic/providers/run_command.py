@@ -35,6 +35,7 @@ class Documents:
     slurm_query = _Document()
     slurm_drain = _Document()
     slurm_requeue = _Document()
+    slurm_signal = _Document()
     slurm_resume = _Document()
     spare_take = _Document()
     spare_add = _Document()

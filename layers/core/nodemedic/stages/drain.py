@@ -1,4 +1,5 @@
-"""Drain: stop new work on the node and requeue its jobs so they restart elsewhere at once."""
+"""Drain: stop new work on the node, let the jobs that can still run checkpoint (when the
+checkpoint policy says so, stages.checkpoint), and requeue them so they restart elsewhere."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from dataclasses import asdict
 from datetime import datetime
 
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
-from nodemedic.contracts.stages import DrainOutput
+from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
+from nodemedic.domain.checkpoint import CheckpointPolicy
 from nodemedic.errors import EvictionPendingError
 from nodemedic.orchestrators.base import EvacuationResult, Orchestrator
+from nodemedic.stages.checkpoint import checkpoint_jobs
 from nodemedic.store.ledger import Ledger
 
 
@@ -42,12 +45,12 @@ def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger,
     return total
 
 
-def drain(
-    incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str, clock: Callable[[], datetime]
-) -> DrainOutput:
-    record = ledger.start_stage(incident, "drain", clock())
-    if record.completed_at:  # a retried invocation: the work is done
-        return DrainOutput.model_validate(record.result)
+def _drain_node(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger, prefix: str,
+                clock: Callable[[], datetime], progress: dict[str, object]) -> bool:
+    """Drain the node (once: a retried invocation reads what the first one did). True when the
+    drain is the pipeline's own."""
+    if isinstance(done := progress.get("drained_by_pipeline"), bool):
+        return done
     reason = drain_reason(prefix, incident)
     # an operator's drain stays theirs; a drain an ended NodeMedic incident holds is taken over
     # (checked and acted on in one scheduler command), that of another incident still open is not
@@ -57,10 +60,46 @@ def drain(
     ours = orchestrator.drain(incident.slurm_node, reason, takeover="-" if other_open else f"{prefix}:")
     if ours:
         ledger.hold_drain(incident, reason, clock())
-    # a burn-in never requeues (a joined node runs no work yet), nor does a slow node's drain: its
-    # job runs on to its end (Slurm: DRAINING) and the check rung waits for it
-    evacuated = EvacuationResult([], []) if incident.action in NON_DISRUPTIVE \
-        else _evacuate(incident, orchestrator, ledger, record.started_at.timestamp(), record.result)
+    ledger.record_progress(incident, "drain", {"drained_by_pipeline": ours})
+    return ours
+
+
+def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger, policy: CheckpointPolicy,
+                    clock: Callable[[], datetime], progress: dict[str, object]) -> tuple[CheckpointRecord | None, bool]:
+    """What the checkpoint policy does before the requeue, and whether the jobs are requeued.
+
+    A burn-in never requeues (a joined node runs no work yet). A slow node's job is requeued only
+    once it has checkpointed; without a rule, or when no marker came in time, it runs on to its
+    end (Slurm: DRAINING) and the check rung waits for it: it is never killed mid-step. A hard
+    fault is requeued at once."""
+    disruptive = incident.action not in NON_DISRUPTIVE
+    if incident.action == "burn_in" or not policy.enabled:
+        return None, disruptive
+    if incident.fault_class not in policy.fault_classes:
+        if not disruptive:
+            return None, False
+        return CheckpointRecord(policy=f"requeued at once: {incident.fault_code} ({incident.fault_class}) "
+                                       "is a hard fault"), True
+    record = checkpoint_jobs(incident, orchestrator=orchestrator, ledger=ledger, policy=policy, clock=clock,
+                             progress=progress)
+    if disruptive:
+        return record, True
+    return record, bool(record.jobs) and all(j.outcome != "grace_expired" for j in record.jobs)
+
+
+def drain(
+    incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str, clock: Callable[[], datetime],
+    checkpoints: CheckpointPolicy | None = None,
+) -> DrainOutput:
+    record = ledger.start_stage(incident, "drain", clock())
+    if record.completed_at:  # a retried invocation: the work is done
+        return DrainOutput.model_validate(record.result)
+    progress = record.result
+    ours = _drain_node(incident, orchestrator, ledger, prefix, clock, progress)
+    checkpoint, requeue = _before_requeue(incident, orchestrator, ledger, checkpoints or CheckpointPolicy(), clock,
+                                          progress)
+    evacuated = _evacuate(incident, orchestrator, ledger, record.started_at.timestamp(), progress) if requeue \
+        else EvacuationResult([], [])
     # the job's other nodes: one of them failing too finds its job requeued already, and still
     # takes a spare for it (stages.spares)
     for job, nodes in evacuated.job_nodes.items():
@@ -73,6 +112,7 @@ def drain(
         requeued_jobs=evacuated.requeued,
         jobs_not_requeued=evacuated.not_requeued,
         job_nodes=evacuated.job_nodes,
+        checkpoint=checkpoint,
     )
     ledger.complete_stage(incident, "drain", clock(), out.model_dump(mode="json"))
     return out

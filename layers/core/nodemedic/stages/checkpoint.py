@@ -1,0 +1,99 @@
+"""Checkpoint-aware drain: before a drained node's jobs are requeued, ask those that can still
+run to checkpoint, and wait for their markers within the policy's grace (domain.checkpoint).
+
+The wait spans invocations of the Drain stage: the first asks and raises
+:class:`CheckpointPendingError`, the state machine calls again, each later one reads the markers.
+What was asked is saved in the stage's progress, so a retried invocation never signals twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+
+from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.stages import CheckpointRecord, JobCheckpoint
+from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, work_saved, work_since
+from nodemedic.errors import CheckpointPendingError
+from nodemedic.orchestrators.base import Orchestrator, RunningJob
+from nodemedic.store.ledger import Ledger
+
+
+class _Asked(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rule: CheckpointRule
+    before: float | None  # its marker when it was asked
+    started_at: float | None
+
+
+class CheckpointProgress(BaseModel):
+    """What the first invocation asked (the stage's progress, key ``checkpoint``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    requested_at: AwareDatetime
+    asked: dict[str, _Asked]
+    not_asked: list[str]  # could not be signalled: requeued without waiting
+
+
+def _ask(incident: IncidentRef, orchestrator: Orchestrator, policy: CheckpointPolicy,
+         now: datetime) -> CheckpointProgress:
+    rules: dict[str, tuple[RunningJob, CheckpointRule]] = {}
+    for job in orchestrator.running_jobs(incident.slurm_node):
+        rule = policy.rule(job.group)
+        if rule is not None:
+            rules[job.job_id] = (job, rule)
+    by_signal: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for job_id, (_, rule) in rules.items():
+        by_signal[(rule.signal, rule.scope)].append(job_id)
+    failed: list[str] = []
+    for (signal, scope), ids in sorted(by_signal.items()):
+        failed += orchestrator.request_checkpoint(incident.slurm_node, ids, signal, scope)
+    return CheckpointProgress(
+        requested_at=now, not_asked=failed,
+        asked={j: _Asked(rule=r, before=job.marker, started_at=job.started_at)
+               for j, (job, r) in rules.items() if j not in failed})
+
+
+def _outcome(job_id: str, asked: _Asked, now_job: RunningJob | None) -> JobCheckpoint:
+    if now_job is None:  # it ended (or left the node) while the drain waited: nothing to lose
+        return JobCheckpoint(job_id=job_id, outcome="ended", work_saved_s=0, work_lost_s=0)
+    if now_job.marker is not None and now_job.marker != asked.before:
+        return JobCheckpoint(job_id=job_id, outcome="checkpointed",
+                             work_saved_s=work_saved(asked.before, now_job.marker, asked.started_at),
+                             work_lost_s=work_since(now_job.marker, now_job.started_at, now_job.now))
+    return JobCheckpoint(job_id=job_id, outcome="grace_expired", work_saved_s=0,
+                         work_lost_s=work_since(now_job.marker, now_job.started_at, now_job.now))
+
+
+def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, policy: CheckpointPolicy,
+                    clock: Callable[[], datetime], progress: dict[str, Any]) -> CheckpointRecord:
+    """Ask the node's jobs to checkpoint (first call), then read their markers; raise
+    :class:`CheckpointPendingError` while one is missing within its grace. The record says what
+    became of each job."""
+    now = clock()
+    saved = progress.get("checkpoint")
+    if saved is None:
+        state = _ask(incident, orchestrator, policy, now)
+        ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
+        if any(a.rule.grace_seconds > 0 for a in state.asked.values()):
+            raise CheckpointPendingError(f"{incident.slurm_node}: asked job(s) {', '.join(state.asked)} to checkpoint")
+    else:
+        state = CheckpointProgress.model_validate(saved)
+    waited = max(0.0, (now - state.requested_at).total_seconds())
+    running = {job.job_id: job for job in orchestrator.running_jobs(incident.slurm_node)} if state.asked else {}
+    jobs = [_outcome(j, a, running.get(j)) for j, a in state.asked.items()]
+    waiting = [j.job_id for j in jobs
+               if j.outcome == "grace_expired" and waited < state.asked[j.job_id].rule.grace_seconds]
+    if waiting:
+        raise CheckpointPendingError(f"{incident.slurm_node}: waiting {waited:.0f}s for the checkpoint of "
+                                     f"{', '.join(waiting)}")
+    rules = sorted({a.rule.describe() for a in state.asked.values()})
+    described = "; ".join(rules) if rules else "no job on the node has a checkpoint rule"
+    if state.not_asked:
+        described += f"; could not signal {', '.join(state.not_asked)}"
+    return CheckpointRecord(policy=described, requested_at=state.requested_at if state.asked else None,
+                            waited_s=waited if state.asked else 0, jobs=jobs)

@@ -1,0 +1,95 @@
+"""Checkpoint-aware drain on a real Slurm, through the deployed template: the job traps the
+signal the CheckpointPolicy names, writes its checkpoint and reports it (``scontrol update
+comment=nodemedic-checkpoint=<epoch>``, the documented contract); only then is it requeued. A
+hard fault is requeued at once."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from nodemedic.contracts.incident import ENDED_STATUSES
+from nodemedic_sandbox.local import LocalMode
+
+from tests.e2e.support import OPEN, job_running, stack, wait_for
+from tests.e2e.test_planned_events import _retirement
+
+POLICY = json.dumps({"default": {"signal": "USR1", "scope": "batch", "grace_seconds": 30}})
+
+# A training job as the contract asks: on SIGUSR1 it writes its checkpoint (here: a line in its
+# output), then reports the marker; it counts its steps so the test sees where it resumed.
+CHECKPOINTING_JOB = """
+step=0
+[ -f "$HOME_DIR/ckpt-$SLURM_JOB_ID" ] && step=$(cat "$HOME_DIR/ckpt-$SLURM_JOB_ID")
+checkpoint() {
+  echo "$step" > "$HOME_DIR/ckpt-$SLURM_JOB_ID"
+  echo "checkpoint at step $step"
+  scontrol update jobid="$SLURM_JOB_ID" comment="nodemedic-checkpoint=$(date +%s)"
+}
+trap checkpoint USR1
+echo "start at step $step on $SLURMD_NODENAME restart ${SLURM_RESTART_COUNT:-0}"
+while true; do step=$((step + 1)); sleep 0.2 & wait $!; done
+"""
+
+
+def _incident_ended(local: LocalMode, node: str, timeout: float = 90):
+    return wait_for(lambda: next((i for i in local.incidents() if i.slurm_node == node
+                                  and i.status in ENDED_STATUSES), None), f"the incident of {node} to end", timeout)
+
+
+def _submit(local: LocalMode, nodes: int = 1) -> tuple[str, list[str]]:
+    """A checkpointing job (not pinned: a requeued job must be free to move), and its nodes."""
+    home = local.scheduler.root / "jobs"
+    job = local.scheduler.submit(nodes, name="ckpt", body=f"HOME_DIR={home}\n{CHECKPOINTING_JOB}")
+    wait_for(lambda: "start at step 0" in _output(local, job), f"job {job} to start")
+    return job, local.scheduler.hostnames(job_running(local, job)["NodeList"])
+
+
+def _output(local: LocalMode, job: str) -> str:
+    path = Path(local.scheduler.root / "jobs" / f"ckpt-{job}.out")
+    return path.read_text() if path.exists() else ""
+
+
+def test_a_scheduled_retirement_checkpoints_the_job_moves_it_to_a_spare_and_replaces_the_node() -> None:
+    with stack(nodes=4, spares=1, CheckpointPolicy=POLICY) as local:
+        job, nodes = _submit(local, nodes=4)  # every node but the spare: only the spare is free
+        node = nodes[-1]
+        time.sleep(3)  # it trains a while: work a requeue without a checkpoint would lose
+        retiring = local.cluster.instance_of(node)
+        local.emit_aws_health(_retirement([retiring], starts_in=timedelta(days=14)))
+        incident = _incident_ended(local, node)
+        assert incident.status == "closed", incident.outcome
+        drained = incident.stages["drain"].result
+        [outcome] = drained["checkpoint"]["jobs"]
+        assert outcome["job_id"] == job and outcome["outcome"] == "checkpointed"
+        assert outcome["work_saved_s"] >= 3  # all of it since its start: the job had no checkpoint before
+        assert "SIGUSR1" in drained["checkpoint"]["policy"] and drained["requeued_jobs"] == [job]
+        # the job checkpointed on its node, then restarted from that checkpoint on the spare
+        info = job_running(local, job)
+        moved = local.scheduler.hostnames(info["NodeList"])
+        assert info["Restarts"] == "1" and node not in moved
+        assert incident.stages["spare"].result["spare"] in moved  # the hot spare took the node's place
+        saved = int((local.scheduler.root / "jobs" / f"ckpt-{job}").read_text())
+        assert saved > 0 and f"start at step {saved} on" in _output(local, job)  # from its checkpoint, not 0
+        assert local.cluster.instance_of(node) != retiring  # replaced before AWS's window
+
+
+def test_a_degraded_node_is_drained_after_its_job_checkpointed_and_a_hard_fault_requeues_at_once() -> None:
+    with stack(nodes=4, CheckpointPolicy=POLICY, **OPEN) as local:
+        (slow, [slow_node]), (dead, [dead_node]) = _submit(local), _submit(local)
+        local.put_event(local.health_event(slow_node, "FAIL_SLOW", check="fail_slow", component=None,
+                                           severity="warning", evidence={"percent_below": 20}))
+        degraded = wait_for(lambda: next((i for i in local.incidents() if i.slurm_node == slow_node
+                                          and "drain" in i.stages and i.stages["drain"].completed_at), None),
+                            f"{slow_node} drained", 60)
+        assert degraded.action == "degrade"
+        assert degraded.stages["drain"].result["checkpoint"]["jobs"][0]["outcome"] == "checkpointed"
+        assert (local.scheduler.root / "jobs" / f"ckpt-{slow}").exists()  # not killed mid-step: it saved first
+        assert degraded.stages["drain"].result["requeued_jobs"] == [slow]
+        local.put_event(local.health_event(dead_node, "XID 79"))
+        lost = _incident_ended(local, dead_node)
+        assert "hard fault" in lost.stages["drain"].result["checkpoint"]["policy"]
+        assert lost.stages["drain"].result["requeued_jobs"] == [dead]
+        assert not (local.scheduler.root / "jobs" / f"ckpt-{dead}").exists()  # never asked: the GPU is gone

@@ -1,0 +1,152 @@
+"""Checkpoint-aware drain: the jobs that can still run checkpoint before they are requeued.
+
+Fast tier: the real Drain stage, the ledger in DynamoDB (embedded), Slurm in memory. The real
+documents on a real Slurm: tests/e2e/test_checkpoint_drain.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from nodemedic.contracts.incident import Incident
+from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, parse_checkpoint_policy
+from nodemedic.errors import CheckpointPendingError, PolicyError
+from nodemedic.stages.drain import drain
+from nodemedic.store.ledger import Ledger
+
+from tests.stages.conftest import PREFIX, opened
+from tests.stages.memory_slurm import MemorySlurm
+
+POLICY = CheckpointPolicy(default=CheckpointRule(signal="USR1", scope="batch", grace_seconds=300))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def _incident(ledger: Ledger, fault_code: str, fault_class: str, action: str) -> Incident:
+    incident = opened(ledger)
+    return incident.model_copy(update={"fault_code": fault_code, "fault_class": fault_class, "action": action})
+
+
+def _drain(incident: Incident, slurm: MemorySlurm, ledger: Ledger, clock: Clock, policy: CheckpointPolicy = POLICY):
+    return drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock, checkpoints=policy)
+
+
+def _until_done(incident: Incident, slurm: MemorySlurm, ledger: Ledger, clock: Clock, step: float = 10,
+                policy: CheckpointPolicy = POLICY):
+    """Call the stage as the state machine does: again after each CheckpointPendingError."""
+    for _ in range(100):
+        try:
+            return _drain(incident, slurm, ledger, clock, policy)
+        except CheckpointPendingError:
+            clock.advance(step)
+    raise AssertionError("the drain never finished")
+
+
+def test_a_planned_drain_signals_the_job_once_waits_for_its_marker_then_requeues(slurm: MemorySlurm,
+                                                                                  ledger: Ledger) -> None:
+    incident = _incident(ledger, "PLANNED_RETIREMENT", "planned", "replace")
+    slurm.n["gpu-1"].jobs = ["42"]
+    slurm.markers["42"] = 9_000.0  # its last checkpoint before the request
+    clock = Clock()
+    with pytest.raises(CheckpointPendingError, match="asked job"):
+        _drain(incident, slurm, ledger, clock)
+    assert slurm.n["gpu-1"].drained and slurm.n["gpu-1"].jobs == ["42"]  # drained, not requeued yet
+    clock.advance(10)
+    with pytest.raises(CheckpointPendingError, match="waiting 10s"):  # no marker yet: still waiting
+        _drain(incident, slurm, ledger, clock)
+    slurm.markers["42"] = 9_950.0  # the job wrote its checkpoint
+    out = _drain(incident, slurm, ledger, clock)
+    assert slurm.signalled == [("42", "USR1", "batch")]  # once, across three invocations
+    assert out.requeued_jobs == ["42"] and slurm.n["gpu-1"].jobs == []
+    assert out.checkpoint is not None
+    job = out.checkpoint.jobs[0]
+    assert (job.outcome, job.work_saved_s, job.work_lost_s) == ("checkpointed", 950.0, 50.0)
+    assert out.checkpoint.waited_s == 10 and "SIGUSR1" in out.checkpoint.policy
+    stored = ledger.get(incident.incident_id).stages["drain"].result
+    assert stored["checkpoint"]["jobs"][0]["outcome"] == "checkpointed"  # the ledger says what was done
+    assert slurm.calls.count("drain gpu-1") == 1  # the node was drained once, not on every retry
+
+
+def test_no_marker_within_the_grace_requeues_with_the_work_since_the_last_checkpoint_lost(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = _incident(ledger, "PLANNED_STOP", "planned", "replace")
+    slurm.n["gpu-1"].jobs = ["42"]
+    clock = Clock()
+    out = _until_done(incident, slurm, ledger, clock, step=60)
+    assert out.requeued_jobs == ["42"]
+    job = out.checkpoint.jobs[0]
+    assert (job.outcome, job.work_saved_s, job.work_lost_s) == ("grace_expired", 0, 6_000.0)
+    assert 300 <= out.checkpoint.waited_s < 360  # it waited the grace, no longer
+
+
+def test_a_hard_fault_requeues_at_once_without_signalling(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = _incident(ledger, "XID 79", "gpu_lost", "replace")
+    slurm.n["gpu-1"].jobs = ["42"]
+    out = _drain(incident, slurm, ledger, Clock())
+    assert out.requeued_jobs == ["42"] and slurm.signalled == []
+    assert "hard fault" in out.checkpoint.policy and out.checkpoint.jobs == []
+
+
+def test_without_a_policy_the_drain_requeues_at_once_and_records_nothing(slurm: MemorySlurm,
+                                                                          ledger: Ledger) -> None:
+    incident = _incident(ledger, "PLANNED_RETIREMENT", "planned", "replace")
+    slurm.n["gpu-1"].jobs = ["42"]
+    out = _drain(incident, slurm, ledger, Clock(), CheckpointPolicy())
+    assert out.requeued_jobs == ["42"] and out.checkpoint is None and slurm.signalled == []
+
+
+def test_a_degraded_node_is_requeued_only_after_its_job_checkpointed(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = _incident(ledger, "FAIL_SLOW", "fail_slow", "degrade")
+    slurm.n["gpu-1"].jobs = ["42"]
+    slurm.checkpoint_takes = -5  # the job checkpoints as soon as it is asked
+    out = _until_done(incident, slurm, ledger, Clock())
+    assert out.requeued_jobs == ["42"] and out.checkpoint.jobs[0].outcome == "checkpointed"
+
+
+def test_a_degraded_node_whose_job_never_checkpoints_keeps_running_it(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = _incident(ledger, "FAIL_SLOW", "fail_slow", "degrade")
+    slurm.n["gpu-1"].jobs = ["42"]
+    out = _until_done(incident, slurm, ledger, Clock(), step=100)
+    assert out.requeued_jobs == [] and slurm.n["gpu-1"].jobs == ["42"]  # never killed mid-step
+    assert out.checkpoint.jobs[0].outcome == "grace_expired"
+    assert slurm.n["gpu-1"].drained  # drained: it runs to its end and takes no new work
+
+
+def test_each_partition_has_its_rule_and_a_job_that_ends_while_waiting_loses_nothing(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    policy = parse_checkpoint_policy('{"default": {"grace_seconds": 120}, "partitions": {"debug": null, '
+                                     '"long": {"signal": "USR2", "scope": "full", "grace_seconds": 600}}}')
+    incident = _incident(ledger, "PLANNED_RETIREMENT", "planned", "replace")
+    slurm.n["gpu-1"].jobs = ["1", "2", "3"]
+    slurm.partition.update({"1": "debug", "2": "long"})
+    clock = Clock()
+    with pytest.raises(CheckpointPendingError):
+        _drain(incident, slurm, ledger, clock, policy)
+    assert sorted(slurm.signalled) == [("2", "USR2", "full"), ("3", "USR1", "batch")]  # debug: not asked
+    slurm.n["gpu-1"].jobs = ["1", "2"]  # job 3 ended
+    slurm.markers["2"] = 9_990.0
+    out = _drain(incident, slurm, ledger, clock, policy)
+    assert {j.job_id: j.outcome for j in out.checkpoint.jobs} == {"2": "checkpointed", "3": "ended"}
+    assert out.requeued_jobs == ["1", "2"]
+
+
+@pytest.mark.parametrize("text, field", [
+    ('{"default": {"signal": "KILL"}}', "default.signal"),
+    ('{"default": {"grace_seconds": 7200}}', "default.grace_seconds"),
+    ('{"partitions": {"gpu": {"scope": "node"}}}', "partitions.gpu.scope"),
+    ('{"defualt": {}}', "defualt"),
+    ("[", "policy"),
+])
+def test_a_bad_checkpoint_policy_names_the_field(text: str, field: str) -> None:
+    with pytest.raises(PolicyError, match=field.replace(".", r"\.")):
+        parse_checkpoint_policy(text)
