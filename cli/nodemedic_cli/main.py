@@ -339,7 +339,8 @@ def report_command(
     html_file: Annotated[Path | None, typer.Option("--html", help="Also write a self-contained HTML report here.")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """MTTD/MTTR, job downtime and per-stage p50/p90 by fault class, from the ledger."""
+    """MTTD/MTTR, job downtime and per-stage p50/p90 by fault class, and the training time the
+    incidents cost (planned and unplanned: job downtime, work saved by checkpoints, work lost), from the ledger."""
     def work(t: Target) -> dict[str, Any]:
         incidents_ = t.ledger.list_incidents()
         built = report.build(incidents_, _since(since))
@@ -362,6 +363,13 @@ def report_command(
         for s, v in r["overall"]["stages_s"].items():
             stages.add_row(s, str(v["n"]), _n(v["p50"]), _n(v["p90"]))
         console.print(stages)
+        training = Table(title="training time (s): planned and unplanned incidents")
+        for col in ("incidents", "n", "jobs requeued", "job downtime", "checkpointed first", "work saved", "work lost"):
+            training.add_column(col, justify="right")
+        for t in r["training_time"]:
+            training.add_row(t["kind"], str(t["incidents"]), str(t["jobs_requeued"]), _n(t["job_downtime_s"]),
+                             str(t["jobs_checkpointed"]), _n(t["work_saved_s"]), _n(t["work_lost_s"]))
+        console.print(training)
         if r["html"]:
             console.print(f"wrote {r['html']}")
     _run(ctx, as_json, work, show)

@@ -15,7 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from nodemedic.contracts.incident import STAGES, Incident
-from pydantic import BaseModel, Field
+from nodemedic.contracts.stages import DrainOutput
+from pydantic import BaseModel, Field, ValidationError
 
 STAGE_COLOURS = {"detect": "#6c757d", "gate": "#adb5bd", "verify": "#17a2b8", "drain": "#fd7e14",
                  "approval": "#ffc107", "spare": "#20c997", "jobs": "#28a745", "repair": "#dc3545",
@@ -49,6 +50,19 @@ class Degraded(BaseModel):
     evidence: str
 
 
+class TrainingTime(BaseModel):
+    """What the incidents cost training, measured from the ledger (the ETTR-relevant figures):
+    planned (announced ahead) and unplanned apart."""
+
+    kind: str  # "planned" or "unplanned"
+    incidents: int
+    jobs_requeued: int
+    job_downtime_s: float = Field(description="sum over incidents of the requeued jobs' longest downtime")
+    jobs_checkpointed: int = Field(description="jobs that reported their checkpoint before the requeue")
+    work_saved_s: float = Field(description="work the checkpoints before the requeues kept")
+    work_lost_s: float = Field(description="work since the last checkpoint at the requeues (where measured)")
+
+
 class Report(BaseModel):
     since: datetime | None
     incidents: int
@@ -56,6 +70,7 @@ class Report(BaseModel):
     overall: ClassReport = Field(description="failures only: a joined node's burn-in is no failure")
     by_fault_class: list[ClassReport]
     degraded: list[Degraded] = Field(default_factory=list)
+    training_time: list[TrainingTime] = Field(default_factory=list)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -98,6 +113,28 @@ def _class_report(name: str, incidents: list[Incident]) -> ClassReport:
                        stages_s={s: stat(stages[s]) for s in STAGES if stages.get(s)})
 
 
+def _training_time(kind: str, incidents: list[Incident]) -> TrainingTime:
+    requeued = downtime = checkpointed = 0
+    saved = lost = 0.0
+    for i in incidents:
+        drain = i.stages.get("drain")
+        if drain and drain.completed_at:
+            try:
+                out = DrainOutput.model_validate(drain.result)
+            except ValidationError:  # a record written by another version: counted as far as it goes
+                continue
+            requeued += len(out.requeued_jobs)
+            for job in out.checkpoint.jobs if out.checkpoint else []:
+                checkpointed += job.outcome == "checkpointed"
+                saved += job.work_saved_s
+                lost += job.work_lost_s
+        jobs = i.stages.get("jobs")
+        if jobs and isinstance(d := jobs.result.get("job_downtime_s"), int | float):
+            downtime += float(d)
+    return TrainingTime(kind=kind, incidents=len(incidents), jobs_requeued=requeued, job_downtime_s=round(downtime, 1),
+                        jobs_checkpointed=checkpointed, work_saved_s=round(saved, 1), work_lost_s=round(lost, 1))
+
+
 def build(incidents: list[Incident], since: datetime | None = None) -> Report:
     chosen = in_period(incidents, since)
     classes: dict[str, list[Incident]] = defaultdict(list)
@@ -111,7 +148,10 @@ def build(incidents: list[Incident], since: datetime | None = None) -> Report:
                 for i in chosen if i.action == "degrade"]
     return Report(since=since, incidents=len(chosen), by_status=dict(sorted(statuses.items())),
                   overall=_class_report("all failures", [i for i in chosen if i.action != "burn_in"]),
-                  by_fault_class=[_class_report(c, classes[c]) for c in sorted(classes)], degraded=degraded)
+                  by_fault_class=[_class_report(c, classes[c]) for c in sorted(classes)], degraded=degraded,
+                  training_time=[_training_time("planned", [i for i in chosen if i.fault_class == "planned"]),
+                                 _training_time("unplanned", [i for i in chosen if i.fault_class != "planned"
+                                                              and i.action != "burn_in"])])
 
 
 def _evidence(incident: Incident) -> str:
@@ -215,6 +255,10 @@ def render_html(report: Report, incidents: list[Incident], title: str) -> str:
         f"<tr><td>{html.escape(d.slurm_node)}</td><td>{html.escape(d.incident_id)}</td><td>{html.escape(d.fault_code)}"
         f"</td><td>{html.escape(d.status)}</td><td style='text-align:left'>{html.escape(d.evidence)}</td></tr>"
         for d in report.degraded) + "</table>") if report.degraded else "<p>none</p>"
+    training = "".join(
+        f"<tr><td>{t.kind}</td><td>{t.incidents}</td><td>{t.jobs_requeued}</td><td>{t.job_downtime_s:.0f}</td>"
+        f"<td>{t.jobs_checkpointed}</td><td>{t.work_saved_s:.0f}</td><td>{t.work_lost_s:.0f}</td></tr>"
+        for t in report.training_time)
     period = f"since {report.since:%Y-%m-%d %H:%M} UTC" if report.since else "all incidents in the ledger"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -238,6 +282,9 @@ figure {{ display: inline-block; margin: 0 24px 0 0; }} figcaption {{ font-size:
 <h2>By fault class</h2>
 <table><tr><th>fault class</th><th>incidents</th><th>recovered</th><th>MTTD p50</th><th>MTTD p90</th>
 <th>MTTR p50</th><th>MTTR p90</th><th>job down p50</th><th>job down p90</th></tr>{rows}</table>
+<h2>Training time (seconds): planned and unplanned incidents</h2>
+<table><tr><th>incidents</th><th>n</th><th>jobs requeued</th><th>job downtime</th><th>jobs checkpointed first</th>
+<th>work saved</th><th>work lost</th></tr>{training}</table>
 <h2>Degraded nodes (slow, not dead: drained after their job)</h2>
 {degraded}
 <h2>Stage durations (all incidents)</h2>

@@ -93,3 +93,36 @@ def test_spare_pool_sizing_follows_the_poisson_occupancy_of_repairs() -> None:
     assert n == 2 and math.isclose(empty, 1 - math.exp(-mean) * (1 + mean))
     assert spares_needed(256, 0.0005, 25 / 60, risk=0.10)[0] == 1  # 5.2 % empty with one spare
     assert spares_needed(4096, 0.0005, 25 / 60, risk=0.01)[0] > n  # a bigger fleet needs more
+
+
+def test_ettr_is_the_failure_free_time_over_the_wall_time():
+    mc = simulate(hyperpod(), 256, 0.0005, 10_000_000, 8, runs=50, effects=Effects())
+    assert mc.ettr_pct == pytest.approx(100 * mc.failure_free_days / mc.mean_total_days, rel=0.01)
+    assert 0 < mc.ettr_pct < 100
+    gpus = 256 * 8
+    assert mc.gpu_hours_lost_per_day == pytest.approx((1 - mc.ettr_pct / 100) * gpus * 24, rel=0.01)
+
+
+def test_announced_node_losses_cost_nodemedic_no_work_and_the_baselines_all_of_it():
+    base = dict(instances=256, rate=0.0005, gpu_hours=10_000_000, gpus_per_instance=8, runs=100)
+    crash_only, planned = Effects(), Effects(planned_share=0.5)
+    nm, nm_planned = simulate(nodemedic(), effects=crash_only, **base), simulate(nodemedic(), effects=planned, **base)
+    assert nm_planned.mean_planned == pytest.approx(0.5 * nm_planned.mean_failures, rel=0.1)
+    assert nm_planned.mean_lost_work_days == pytest.approx(0.5 * nm.mean_lost_work_days, rel=0.1)
+    assert nm_planned.ettr_pct > nm.ettr_pct
+    hp, hp_planned = simulate(hyperpod(), effects=crash_only, **base), simulate(hyperpod(), effects=planned, **base)
+    assert hp_planned.mean_planned == 0 and hp_planned.ettr_pct == hp.ettr_pct  # met at the deadline like a crash
+    short = simulate(nodemedic(), effects=Effects(planned_share=0.5, lead_time_h=0.25), **base)
+    assert short.ettr_pct < nm_planned.ettr_pct  # under one checkpoint interval ahead: an extra checkpoint write
+
+
+def test_simulate_prints_ettr_and_takes_the_planned_share():
+    result = runner.invoke(app, ["fleet", "simulate", "--sizes", "16", "--runs", "3", "--planned-share", "0.2",
+                                 "--lead-time", "14d", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["effects"]["planned_share"] == 0.2 and out["effects"]["lead_time_h"] == 336
+    by_policy = {r["policy"]: r for r in out["results"]}
+    assert 0 < by_policy["manual"]["ettr_pct"] < by_policy["NodeMedic"]["ettr_pct"] <= 100
+    bad = runner.invoke(app, ["fleet", "simulate", "--sizes", "16", "--planned-share", "1.5"])
+    assert bad.exit_code != 0 and "planned-share" in bad.output

@@ -34,3 +34,26 @@ def test_since_filters_on_the_servers_detection_time() -> None:
     old_clock = incident(1, datetime(1970, 1, 1, tzinfo=UTC), NOW, NOW + timedelta(seconds=9))
     long_ago = incident(2, NOW - timedelta(days=40), NOW - timedelta(days=40), NOW - timedelta(days=40))
     assert [i.incident_id for i in report.in_period([old_clock, long_ago], NOW - timedelta(days=7))] == ["inc-1"]
+
+
+def test_the_training_time_the_incidents_cost_is_added_up_planned_and_unplanned_apart() -> None:
+    def drained(n: int, fault_class: str, checkpoint: dict | None, downtime: float) -> Incident:
+        i = incident(n, NOW - timedelta(minutes=5), NOW - timedelta(minutes=5), NOW)
+        result = {"slurm_node": "gpu-1", "drained_by_pipeline": True, "requeued_jobs": ["7"], "jobs_not_requeued": [],
+                  "checkpoint": checkpoint}
+        return i.model_copy(update={"fault_class": fault_class, "stages": {
+            **i.stages, "drain": StageRecord(started_at=NOW, completed_at=NOW, result=result),
+            "jobs": StageRecord(started_at=NOW, completed_at=NOW, result={"job_downtime_s": downtime})}})
+
+    saved = {"policy": "SIGUSR1", "jobs": [{"job_id": "7", "outcome": "checkpointed", "work_saved_s": 1800,
+                                            "work_lost_s": 2}]}
+    hard = {"policy": "requeued at once: XID 79 (gpu_lost) is a hard fault", "jobs": []}
+    built = report.build([drained(1, "planned", saved, 40), drained(2, "planned", saved, 50),
+                          drained(3, "gpu_lost", hard, 600), drained(4, "gpu_lost", None, 300)])
+    by_kind = {t.kind: t for t in built.training_time}
+    planned, unplanned = by_kind["planned"], by_kind["unplanned"]
+    assert (planned.incidents, planned.jobs_requeued, planned.jobs_checkpointed) == (2, 2, 2)
+    assert (planned.work_saved_s, planned.work_lost_s, planned.job_downtime_s) == (3600, 4, 90)
+    assert (unplanned.incidents, unplanned.jobs_checkpointed, unplanned.job_downtime_s) == (2, 0, 900)
+    page = report.render_html(built, [], "t")
+    assert "Training time" in page and "<td>planned</td><td>2</td>" in page

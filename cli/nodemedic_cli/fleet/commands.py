@@ -111,6 +111,10 @@ def simulate_cmd(
     checkpoint_interval: Annotated[str, typer.Option(
         help="A failure loses the work since the last checkpoint; 0s = none.")] = "1h",
     failed_replacement_rate: Annotated[float, typer.Option(min=0, max=0.9, help="Chance a replacement fails its check.")] = 0.05,
+    planned_share: Annotated[float, typer.Option(
+        min=0, max=1, help="Share of node losses announced ahead (retirement, maintenance, Capacity Block end); "
+                           "NodeMedic checkpoints and moves the job before the deadline.")] = 0.0,
+    lead_time: Annotated[str, typer.Option(help="How far ahead they are announced.")] = "14d",
     extras: Annotated[bool, typer.Option(help="--no-extras: fixed durations, no failures during repair, no pool "
                                                "exhaustion, no failed replacements, no lost work (= analytic model).")] = True,
     png: Annotated[Path | None, typer.Option(help="Write the overhead-vs-size plot here.")] = None,
@@ -127,7 +131,9 @@ def simulate_cmd(
                              full_check_min=60 * _hours(full_check, "--full-check"),
                              job_restart_min=60 * _hours(job_restart, "--job-restart"))
     effects = Effects(failed_replacement_rate=failed_replacement_rate,
-                      checkpoint_interval_h=_hours(checkpoint_interval, "--checkpoint-interval")) if extras else Effects.none()
+                      checkpoint_interval_h=_hours(checkpoint_interval, "--checkpoint-interval"),
+                      planned_share=planned_share, lead_time_h=_hours(lead_time, "--lead-time")) \
+        if extras else Effects.none()
     policies = [manual(), hyperpod(), nodemedic(inputs)]
     summaries = []
     with console.status("simulating...") as status:
@@ -147,12 +153,13 @@ def simulate_cmd(
     table = Table(title=f"Monte Carlo: {gpu_hours:,.0f} GPU-hours at {rate:.3%} failures per instance-hour, "
                         f"{runs} runs per row")
     for col in ("instances", "policy", "failures", "min down / failure", "days lost", "p10-p90 total days",
-                "overhead", "lost work (days)", "pool empty"):
+                "overhead", "lost work (days)", "pool empty", "ETTR", "GPU-h lost / day"):
         table.add_column(col, justify="right")
     for s in summaries:
         table.add_row(str(s.instances), s.policy, f"{s.mean_failures:.0f}", f"{s.downtime_per_failure_min:.1f}",
                       f"{s.mean_days_lost:.1f}", f"{s.p10_total_days:.1f}-{s.p90_total_days:.1f}",
-                      f"{s.overhead_pct:.1f}%", f"{s.mean_lost_work_days:.1f}", f"{s.mean_pool_empty_failures:.1f}")
+                      f"{s.overhead_pct:.1f}%", f"{s.mean_lost_work_days:.1f}", f"{s.mean_pool_empty_failures:.1f}",
+                      f"{s.ettr_pct:.2f}%", f"{s.gpu_hours_lost_per_day:,.0f}")
     console.print(table)
     for p in policies:
         console.print(f"[bold]{p.name}[/]: {p.source}")

@@ -76,9 +76,10 @@ def nodemedic(inputs: NodeMedicInputs | None = None) -> Policy:
         "NodeMedic", detect=detect,
         replace=Stage(boot + i.full_check_min * MIN + o50, 1.1 * boot + i.full_check_min * MIN + o90),
         resume=Stage(i.job_restart_min * MIN, 1.5 * i.job_restart_min * MIN),
-        spares=i.spares, swap=orchestration,
+        spares=i.spares, swap=orchestration, plans_ahead=True,
         refill=Stage(boot + i.full_check_min * MIN, 1.1 * boot + 1.5 * i.full_check_min * MIN),
         source="; ".join(notes) + f"; configured: {i.spares} spares, replacement boot {i.replacement_boot_min:g} min, "
                f"full check (burn-in) {i.full_check_min:g} min, "
-               f"job restart {i.job_restart_min:g} min",
+               f"job restart {i.job_restart_min:g} min; announced node losses: checkpointed and moved before "
+               "the deadline (no work lost, no detection)",
     )
