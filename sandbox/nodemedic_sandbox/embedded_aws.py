@@ -43,7 +43,7 @@ from moto.core.utils import get_service_model
 from moto.dynamodb.models import DynamoDBBackend
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models.instances import InstanceBackend
-from moto.events.models import Rule, events_backends
+from moto.events.models import EventsBackend, Rule, events_backends
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
@@ -286,6 +286,36 @@ def _scaled_delay(original: Callable[..., float], scale: float) -> Callable[...,
     return delay_amount
 
 
+_AWS_SERVICE = threading.local()  # set while the embedded AWS emits an event as an AWS service would
+
+
+@contextlib.contextmanager
+def as_aws_service() -> Iterator[None]:
+    """Emit events as AWS itself does (the SSM and CloudWatch emitters, the AWS Health harness):
+    only then may a PutEvents entry carry an ``aws.*`` source."""
+    previous = getattr(_AWS_SERVICE, "on", False)
+    _AWS_SERVICE.on = True
+    try:
+        yield
+    finally:
+        _AWS_SERVICE.on = previous
+
+
+def _refuse_aws_sources(original: Callable[..., list[dict[str, Any]]]) -> Callable[..., list[dict[str, Any]]]:
+    """EventBridge refuses a PutEvents entry whose source starts with ``aws.`` from any caller
+    (that entry fails with NotAuthorizedForSourceException; the others go through): only AWS
+    services emit those. moto accepts them. (EventBridge API reference, PutEvents; the entry
+    error seen on AWS: "NotAuthorizedForSourceException: Not authorized for the source.")"""
+    def put_events(backend: Any, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if getattr(_AWS_SERVICE, "on", False) or not any(str(e.get("Source", "")).startswith("aws.") for e in events):
+            return original(backend, events)
+        refused = {"ErrorCode": "NotAuthorizedForSourceException", "ErrorMessage": "Not authorized for the source."}
+        allowed = [e for e in events if not str(e.get("Source", "")).startswith("aws.")]
+        done = iter(original(backend, allowed) if allowed else [])
+        return [refused if str(e.get("Source", "")).startswith("aws.") else next(done) for e in events]
+    return put_events
+
+
 class EmbeddedAWS:
     """Start moto in this process with the local mode's hooks; use as a context manager."""
 
@@ -446,6 +476,7 @@ class EmbeddedAWS:
             (SimpleSystemManagerBackend, "send_command", send_command),
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
+            (EventsBackend, "put_events", _refuse_aws_sources(EventsBackend.put_events)),
             (CloudWatchBackend, "get_metric_statistics", get_metric_statistics),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
             # the SDK's own backoff (standard mode, what the functions use) is scaled alike
@@ -815,10 +846,11 @@ class EmbeddedAWS:
                   "instance-id": instance_id, "requested-date-time": command.requested_date_time.isoformat(),
                   "status": run.outcome.status, "status-details": run.outcome.status}
         try:
-            self.client("events").put_events(Entries=[{
-                "Source": "aws.ssm", "DetailType": "EC2 Command Invocation Status-change Notification",
-                "Resources": [f"arn:aws:ec2:{self.region}:{ACCOUNT_ID}:instance/{instance_id}"],
-                "Detail": json.dumps(detail)}])
+            with as_aws_service():
+                self.client("events").put_events(Entries=[{
+                    "Source": "aws.ssm", "DetailType": "EC2 Command Invocation Status-change Notification",
+                    "Resources": [f"arn:aws:ec2:{self.region}:{ACCOUNT_ID}:instance/{instance_id}"],
+                    "Detail": json.dumps(detail)}])
         except Exception:  # noqa: BLE001 - the embedded AWS may have stopped meanwhile
             traceback.print_exc()
 
@@ -854,9 +886,10 @@ class EmbeddedAWS:
         detail = {"alarmName": name, "state": {"value": new, "reason": reason, "timestamp": now},
                   "previousState": {"value": old or "INSUFFICIENT_DATA"},
                   "configuration": {"metrics": [metric]}}
-        self.client("events").put_events(Entries=[{
-            "Source": "aws.cloudwatch", "DetailType": "CloudWatch Alarm State Change",
-            "Resources": [alarm.alarm_arn], "Detail": json.dumps(detail)}])
+        with as_aws_service():
+            self.client("events").put_events(Entries=[{
+                "Source": "aws.cloudwatch", "DetailType": "CloudWatch Alarm State Change",
+                "Resources": [alarm.alarm_arn], "Detail": json.dumps(detail)}])
 
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z0-9_]+)\s*\}\}")

@@ -19,7 +19,7 @@ from nodemedic_sandbox import scheduler as scheduler_mod
 from nodemedic_sandbox.agents import NodeAgents
 from nodemedic_sandbox.cluster import SimCluster
 from nodemedic_sandbox.deploy import Stack, deploy
-from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS, as_aws_service
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -114,11 +114,12 @@ class LocalMode:
     def emit_aws_health(self, event: dict[str, Any]) -> dict[str, Any]:
         """AWS Health's part: deliver an ``aws.health`` event (its documented shape, e.g. a sample
         from events/aws-health/) to the account's default bus, as AWS Health does. (Real
-        EventBridge refuses PutEvents with an ``aws.*`` source from a caller; only this harness,
-        playing AWS, sends one.)"""
-        return self.aws.client("events").put_events(Entries=[{
-            "Source": event["source"], "DetailType": event["detail-type"], "Resources": event.get("resources", []),
-            "Detail": json.dumps(event["detail"])}])
+        EventBridge refuses PutEvents with an ``aws.*`` source from a caller, and so does the
+        embedded one; only this harness, playing AWS, sends one.)"""
+        with as_aws_service():
+            return self.aws.client("events").put_events(Entries=[{
+                "Source": event["source"], "DetailType": event["detail-type"], "Resources": event.get("resources", []),
+                "Detail": json.dumps(event["detail"])}])
 
     def _subscribe_queue(self, topic_arn: str) -> str:
         sqs = self.aws.client("sqs")

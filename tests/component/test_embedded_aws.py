@@ -106,7 +106,7 @@ def test_a_scheduled_rule_is_not_fired_by_events(aws: EmbeddedAWS) -> None:
     arn = events.put_rule(Name="every-minute", ScheduleExpression="rate(1 minute)")["RuleArn"]
     fn_arn = aws.client("lambda").get_function(FunctionName="fn")["Configuration"]["FunctionArn"]
     events.put_targets(Rule="every-minute", Targets=[{"Id": "fn", "Arn": fn_arn}])
-    events.put_events(Entries=[{"Source": "aws.ssm", "DetailType": "anything", "Detail": "{}"}])
+    events.put_events(Entries=[{"Source": "t", "DetailType": "anything", "Detail": "{}"}])
     assert aws.invocations == []
     aws._fire(next(r for r in aws._scheduled_rules() if r.arn == arn))
     assert [i.function for i in aws.invocations] == ["fn"]
@@ -332,3 +332,22 @@ def test_a_functions_worker_threads_are_authorized_as_the_function(aws: Embedded
     assert resp["FunctionError"] == "Unhandled"
     assert [(d.function, d.action) for d in aws.denials] == [("poolfn", "ec2:DescribeInstances")]
     aws.denials.clear()
+
+
+def test_an_aws_source_is_refused_to_callers_as_eventbridge_refuses_it(aws: EmbeddedAWS) -> None:
+    """Only AWS services emit ``aws.*`` events: a caller's entry fails, the others of the call go
+    through; the embedded AWS's own emitters (SSM, CloudWatch, the AWS Health harness) may."""
+    from nodemedic_sandbox.embedded_aws import as_aws_service
+
+    events = aws.client("events")
+    out = events.put_events(Entries=[
+        {"Source": "aws.health", "DetailType": "AWS Health Event", "Detail": "{}"},
+        {"Source": "t", "DetailType": "d", "Detail": "{}"},
+        {"Source": "aws.ec2", "DetailType": "Capacity Block Expiration Warning", "Detail": "{}"}])
+    assert out["FailedEntryCount"] == 2
+    codes = [e.get("ErrorCode") for e in out["Entries"]]
+    assert codes == ["NotAuthorizedForSourceException", None, "NotAuthorizedForSourceException"]
+    assert "EventId" in out["Entries"][1]
+    with as_aws_service():
+        played = events.put_events(Entries=[{"Source": "aws.health", "DetailType": "AWS Health Event", "Detail": "{}"}])
+    assert played["FailedEntryCount"] == 0
