@@ -124,10 +124,10 @@ def _training_time(kind: str, incidents: list[Incident]) -> TrainingTime:
             except ValidationError:  # a record written by another version: counted as far as it goes
                 continue
             requeued += len(out.requeued_jobs)
-            for job in out.checkpoint.jobs if out.checkpoint else []:
-                checkpointed += job.outcome == "checkpointed"
-                saved += job.work_saved_s
-                lost += job.work_lost_s
+            if out.checkpoint:
+                checkpointed += sum(job.outcome == "checkpointed" for job in out.checkpoint.jobs)
+                saved += out.checkpoint.work_saved_s
+                lost += out.checkpoint.work_lost_s
         jobs = i.stages.get("jobs")
         if jobs and isinstance(d := jobs.result.get("job_downtime_s"), int | float):
             downtime += float(d)

@@ -32,6 +32,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     record_durations(metrics, incident, {"TimeToDrain": seconds_since_fault(incident)})
     if out.checkpoint and out.checkpoint.jobs:
         metrics.add_metric(name="WorkSavedSeconds", unit=MetricUnit.Seconds, value=out.checkpoint.work_saved_s)
-        metrics.add_metric(name="WorkLostSeconds", unit=MetricUnit.Seconds,
-                           value=sum(j.work_lost_s for j in out.checkpoint.jobs))
+        metrics.add_metric(name="WorkLostSeconds", unit=MetricUnit.Seconds, value=out.checkpoint.work_lost_s)
     return out.model_dump(mode="json")

@@ -306,13 +306,16 @@ def _refuse_aws_sources(original: Callable[..., list[dict[str, Any]]]) -> Callab
     (that entry fails with NotAuthorizedForSourceException; the others go through): only AWS
     services emit those. moto accepts them. (EventBridge API reference, PutEvents; the entry
     error seen on AWS: "NotAuthorizedForSourceException: Not authorized for the source.")"""
+    def aws_source(entry: dict[str, Any]) -> bool:
+        return str(entry.get("Source", "")).startswith("aws.")
+
     def put_events(backend: Any, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if getattr(_AWS_SERVICE, "on", False) or not any(str(e.get("Source", "")).startswith("aws.") for e in events):
+        if getattr(_AWS_SERVICE, "on", False) or not any(map(aws_source, events)):
             return original(backend, events)
         refused = {"ErrorCode": "NotAuthorizedForSourceException", "ErrorMessage": "Not authorized for the source."}
-        allowed = [e for e in events if not str(e.get("Source", "")).startswith("aws.")]
+        allowed = [e for e in events if not aws_source(e)]
         done = iter(original(backend, allowed) if allowed else [])
-        return [refused if str(e.get("Source", "")).startswith("aws.") else next(done) for e in events]
+        return [refused if aws_source(e) else next(done) for e in events]
     return put_events
 
 

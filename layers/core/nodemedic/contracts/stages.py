@@ -77,6 +77,10 @@ class CheckpointRecord(_Model):
     def work_saved_s(self) -> float:
         return sum(j.work_saved_s for j in self.jobs)
 
+    @property
+    def work_lost_s(self) -> float:
+        return sum(j.work_lost_s for j in self.jobs)
+
 
 class DrainOutput(_Model):
     slurm_node: str

@@ -66,19 +66,10 @@ def parse_checkpoint_policy(text: str) -> CheckpointPolicy:
         raise PolicyError(f"invalid checkpoint policy (CHECKPOINT_POLICY): {describe(exc, 'policy')}") from exc
 
 
-def work_since(marker: float | None, started_at: float | None, now: float) -> float:
-    """Seconds of the job's work since its last checkpoint (since its start when it has none),
-    on one clock: the cluster's. Never negative."""
+def work_since(marker: float | None, started_at: float | None, until: float) -> float:
+    """Seconds of the job's work from its last checkpoint ``marker`` (from its start when it has
+    none) to ``until``; never negative. The work a new checkpoint saved is the work from the
+    previous marker to the new one: both are the job's own clock, so a skewed node clock does
+    not change that figure."""
     origin = marker if marker is not None else started_at
-    return 0.0 if origin is None else max(0.0, now - origin)
-
-
-def work_saved(before: float | None, after: float, started_at: float | None) -> float:
-    """Seconds of work the new checkpoint (marker ``after``) keeps that a requeue without it
-    would have lost: since the previous marker ``before``, or since the job's start. Both markers
-    are the job's own clock, so a skewed node clock does not change the figure."""
-    origin = before if before is not None else started_at
-    return 0.0 if origin is None else max(0.0, after - origin)
-
-
-Outcome = Literal["checkpointed", "grace_expired", "ended"]
+    return 0.0 if origin is None else max(0.0, until - origin)

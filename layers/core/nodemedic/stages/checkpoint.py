@@ -17,7 +17,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import CheckpointRecord, JobCheckpoint
-from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, work_saved, work_since
+from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, work_since
 from nodemedic.errors import CheckpointPendingError
 from nodemedic.orchestrators.base import Orchestrator, RunningJob
 from nodemedic.store.ledger import Ledger
@@ -61,12 +61,11 @@ def _ask(incident: IncidentRef, orchestrator: Orchestrator, policy: CheckpointPo
 def _outcome(job_id: str, asked: _Asked, now_job: RunningJob | None) -> JobCheckpoint:
     if now_job is None:  # it ended (or left the node) while the drain waited: nothing to lose
         return JobCheckpoint(job_id=job_id, outcome="ended", work_saved_s=0, work_lost_s=0)
+    lost = work_since(now_job.marker, now_job.started_at, now_job.now)
     if now_job.marker is not None and now_job.marker != asked.before:
-        return JobCheckpoint(job_id=job_id, outcome="checkpointed",
-                             work_saved_s=work_saved(asked.before, now_job.marker, asked.started_at),
-                             work_lost_s=work_since(now_job.marker, now_job.started_at, now_job.now))
-    return JobCheckpoint(job_id=job_id, outcome="grace_expired", work_saved_s=0,
-                         work_lost_s=work_since(now_job.marker, now_job.started_at, now_job.now))
+        return JobCheckpoint(job_id=job_id, outcome="checkpointed", work_lost_s=lost,
+                             work_saved_s=work_since(asked.before, asked.started_at, now_job.marker))
+    return JobCheckpoint(job_id=job_id, outcome="grace_expired", work_saved_s=0, work_lost_s=lost)
 
 
 def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, policy: CheckpointPolicy,
