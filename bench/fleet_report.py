@@ -46,7 +46,7 @@ def ettr_section() -> list[str]:
                 entries.append(summarize(
                     f"fleet model: ETTR, {r.policy}, {gpus:,} GPUs, checkpoint every {every}", "%", r.ettr_pct_runs,
                     f"nodemedic fleet simulate --sizes {instances} --runs {ETTR_RUNS} --checkpoint-interval "
-                    f"{60 * interval:.0f}m --planned-share {PLANNED_SHARE} --lead-time 14d",
+                    f"{60 * interval:.0f}m --planned-share {PLANNED_SHARE} --lead-time 14d --spares {pool}",
                     assumptions=f"{RATE:.2%} failures per instance-hour, {PLANNED_SHARE:.0%} of them announced "
                                 f"{LEAD_TIME_H / 24:.0f} days ahead; {policy.source}"))
     record(entries)
