@@ -373,6 +373,11 @@ class EmbeddedAWS:
             "AWS_REGION": self.region,
             "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
             "MOTO_ACCOUNT_ID": ACCOUNT_ID,
+            # typer (>= 0.29) sets this around building a command's parameters and deletes it
+            # afterwards unless it existed: a CLI call in the test thread would then make the key
+            # vanish under moto's worker threads iterating os.environ (KeyError). Present and empty
+            # it is restored instead of deleted, and pydantic reads "" as unset (no plugin disabled).
+            "PYDANTIC_DISABLE_PLUGINS": os.environ.get("PYDANTIC_DISABLE_PLUGINS", ""),
         }
         self._stack.enter_context(mock.patch.dict(os.environ, env))
         self._stack.enter_context(

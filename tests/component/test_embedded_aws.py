@@ -4,8 +4,11 @@ If a moto upgrade moves a hooked internal or fixes/changes the behaviour, these 
 """
 
 import json
+import os
 import time
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import moto
 import pytest
@@ -351,3 +354,23 @@ def test_an_aws_source_is_refused_to_callers_as_eventbridge_refuses_it(aws: Embe
     with as_aws_service():
         played = events.put_events(Entries=[{"Source": "aws.health", "DetailType": "AWS Health Event", "Detail": "{}"}])
     assert played["FailedEntryCount"] == 0
+
+
+def test_a_cli_call_removes_no_environment_key_under_moto_s_worker_threads(aws: EmbeddedAWS) -> None:
+    """moto's execution workers iterate os.environ (boto3's proxy settings): a key that vanishes
+    meanwhile fails the state machine's task with a KeyError. typer adds and deletes
+    PYDANTIC_DISABLE_PLUGINS around each command; the embedded AWS seeds it so it is restored."""
+    from nodemedic_cli.main import app
+    from typer.testing import CliRunner
+
+    deleted: list[str] = []
+    delete = type(os.environ).__delitem__
+
+    def spy(environ: Any, key: str) -> None:
+        deleted.append(key)
+        delete(environ, key)
+
+    with mock.patch.object(type(os.environ), "__delitem__", spy):
+        result = CliRunner().invoke(app, ["fleet", "mtbf", "--instances", "8", "--failure-rate", "0.05%"])
+    assert result.exit_code == 0, result.output
+    assert deleted == []
