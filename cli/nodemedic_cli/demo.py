@@ -61,7 +61,7 @@ def incident_table(incidents: list[Incident]) -> Table:
         status = {"closed": "[green]recovered[/]", "failed": "[red]failed, escalated[/]",
                   "held": "[yellow]held[/]", "quarantined": "[red]quarantined, escalated[/]",
                   "escalated": "[red]escalated[/]", "denied": "[yellow]denied[/]",
-                  "dry_run": "[cyan]dry run[/]"}.get(inc.status, "[yellow]open[/]")
+                  "dry_run": "[cyan]dry run[/]", "retired": "[cyan]retired[/]"}.get(inc.status, "[yellow]open[/]")
         if inc.status == "closed" and inc.outcome.startswith("not corroborated"):
             status = "[cyan]not corroborated[/]"
         spare = stages["spare"].result.get("spare") if "spare" in stages else None

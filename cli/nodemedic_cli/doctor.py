@@ -95,6 +95,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "hyperpod": [("sagemaker", "ListClusterNodes", {"ClusterName": p.get("HyperPodClusterName", "")})],
     }[provider]
     docs = Documents(target.cluster)
+    block_instances: list[Call] = [("ec2", "DescribeInstances", {})]
 
     def send(document: str, instance: str) -> Call:
         return "ssm", "SendCommand", {"DocumentName": document, "InstanceIds": [instance]}
@@ -125,7 +126,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                            *on_controller(docs.slurm_query)],
         "DrainFunction": [*db, ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {}}}),
                           *on_controller(docs.slurm_query, docs.slurm_drain, docs.slurm_requeue, docs.slurm_signal)],
-        "SparesFunction": [*db, *on_controller(docs.slurm_query, docs.spare_take)],
+        "SparesFunction": [*db, *reads, *names, *on_controller(docs.slurm_query, docs.spare_take)],
         "ResumeFunction": [*db, ("dynamodb", "DeleteItem", table), ("dynamodb", "TransactWriteItems", fail_incident),
                            *on_controller(docs.slurm_query, docs.slurm_resume, docs.spare_add, docs.slurm_drain)],
         "ReconcilerFunction": [*db, ("dynamodb", "Scan", table), ("dynamodb", "DeleteItem", table),
@@ -142,9 +143,11 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "ApprovalFunction": [("dynamodb", "UpdateItem", table),
                              ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]})],
         "PlannedEventsFunction": [*reads, *names,
+                                  *[c for c in block_instances if c not in reads],  # a Capacity Block's instances
                                   ("events", "PutEvents", {"Entries": [{"EventBusName": out["EventBusName"],
                                                                         "Source": "nodemedic.planned",
-                                                                        "DetailType": "Node Health Event"}]})],
+                                                                        "DetailType": "Node Health Event"}]}),
+                                  ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]})],
         "SilenceSweeperFunction": [("sqs", "ReceiveMessage", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("sqs", "DeleteMessageBatch", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("dynamodb", "GetItem", table), ("dynamodb", "PutItem", table),

@@ -1,6 +1,8 @@
 """Planned events: an AWS Health scheduled change (instance retirement, stop, reboot maintenance)
-becomes one Node Health Event per affected node of this cluster on NodeMedic's bus, so each is
-remediated before AWS acts; everything else it names is ignored and counted with the reason."""
+or EC2's warning that a Capacity Block ends becomes one Node Health Event per affected node of
+this cluster on NodeMedic's bus, so each is handled before AWS acts; everything else it names is
+ignored and counted with the reason. A Capacity Block's end is also said on the escalation topic,
+once for the whole block."""
 
 from datetime import UTC, datetime
 from typing import Any
@@ -10,14 +12,27 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
 from nodemedic.aws_retries import throttling_is_retryable
+from nodemedic.contracts.aws_health import AwsHealthEnvelope
+from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, PLANNED_SOURCE
 from nodemedic.errors import InvalidEventError, PublishFailedError
-from nodemedic.planned_events import parse_health_event, plan
+from nodemedic.planned_events import Plan, parse_planned_event, plan, plan_capacity_end, reservation_instances
 from nodemedic.settings import settings
 
 logger = Logger(service="planned_events")
 metrics = Metrics()
 PUT_EVENTS_BATCH = 10  # PutEvents takes at most 10 entries per call
+
+
+def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, topic_arn: str) -> None:
+    d = envelope.detail
+    nodes = sorted(str(e.node.slurm_node) for e in planned.events)
+    message = (f"Capacity Block {d.capacity_reservation_id} ends at {d.end_date:%Y-%m-%d %H:%M}Z; EC2 begins to "
+               f"terminate its instances at {d.termination_starts:%H:%M}Z. NodeMedic drains its {len(nodes)} "
+               f"node(s) of cluster {settings().cluster_name} ({', '.join(nodes)}): each job is checkpointed (per "
+               f"the CheckpointPolicy) and moved to a spare outside the block; nothing is repaired or replaced "
+               f"into the block. The nodes stay drained: add capacity (a new block) for the jobs that need it.")
+    wiring.client("sns").publish(TopicArn=topic_arn, Subject="NodeMedic: Capacity Block ending", Message=message)
 
 
 @logger.inject_lambda_context
@@ -27,12 +42,22 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
     metrics.add_dimension(name="Cluster", value=s.cluster_name)
     try:
-        envelope = parse_health_event(event)
+        envelope = parse_planned_event(event)
     except InvalidEventError as exc:
-        logger.warning("AWS Health event rejected; no node touched", reason=str(exc))
+        logger.warning("planned event rejected; no node touched", reason=str(exc))
         metrics.add_metric(name="PlannedEventsRejected", unit=MetricUnit.Count, value=1)
         return {"rejected": str(exc)}
-    planned = plan(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=datetime.now(UTC))
+    now = datetime.now(UTC)
+    if isinstance(envelope, AwsHealthEnvelope):
+        planned = plan(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
+        what = {"event": envelope.detail.eventArn, "type": envelope.detail.eventTypeCode,
+                "deadline": envelope.detail.startTime.isoformat()}
+    else:
+        ec2 = wiring.client("ec2")
+        planned = plan_capacity_end(envelope, cluster=s.cluster_name, provider=wiring.provider(),
+                                    instances=lambda block: reservation_instances(ec2, block), now=now)
+        what = {"capacity_block": envelope.detail.capacity_reservation_id,
+                "deadline": envelope.detail.termination_starts.isoformat()}
     entries = [{"Source": PLANNED_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": s.event_bus_name,
                 "Detail": e.model_dump_json(exclude_none=True)} for e in planned.events]
     for start in range(0, len(entries), PUT_EVENTS_BATCH):
@@ -42,8 +67,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             raise PublishFailedError(f"{failed} of {len(batch)} planned-event entries were not put on the bus")
     if planned.ignored:
         logger.info("affected resources ignored", ignored=[f"{entity}: {why}" for entity, why in planned.ignored])
-    logger.info("planned events published", event=envelope.detail.eventArn, type=envelope.detail.eventTypeCode,
-                deadline=envelope.detail.startTime.isoformat(), nodes=[e.node.slurm_node for e in planned.events])
+    if isinstance(envelope, CapacityBlockEnvelope) and planned.events:
+        _announce_capacity_end(envelope, planned, s.escalation_topic_arn)
+    logger.info("planned events published", extra={**what, "nodes": [e.node.slurm_node for e in planned.events]})
     metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(planned.events))
     metrics.add_metric(name="PlannedIgnored", unit=MetricUnit.Count, value=len(planned.ignored))
     return {"nodes": [e.node.slurm_node for e in planned.events], "ignored": planned.ignored}

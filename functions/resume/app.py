@@ -1,5 +1,5 @@
 """Resume stage: return the node (to service or the spare pool), see the jobs RUNNING, close;
-or await the requeued jobs only; or end the incident quarantined / escalated / failed."""
+or await the requeued jobs only; or end the incident quarantined / escalated / failed / retired."""
 
 from typing import Any
 
@@ -11,7 +11,7 @@ from nodemedic.contracts.stages import JobsOutput, ResumeInput
 from nodemedic.observability import record_durations, utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.failure import fail
-from nodemedic.stages.resume import await_jobs, end_unrecovered, resume
+from nodemedic.stages.resume import await_jobs, end_unrecovered, resume, retire
 
 logger = Logger(service="resume")
 metrics = Metrics()
@@ -39,6 +39,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         ended = end_unrecovered(incident, "quarantined" if request.step == "quarantine" else "escalated",
                                 ledger=wiring.ledger(), clock=utc_now, error=request.error, reason=request.reason)
         logger.warning("incident not recovered", status=ended.status, page=ended.message)
+        return ended.model_dump(mode="json")
+    if request.step == "retire":
+        ended = retire(incident, ledger=wiring.ledger(), clock=utc_now)
+        logger.info("incident retired", status=ended.status, outcome=ended.message)
         return ended.model_dump(mode="json")
     if request.step == "jobs":
         jobs = await_jobs(incident, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),

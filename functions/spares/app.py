@@ -22,7 +22,7 @@ metrics = Metrics()
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     incident = StageInput.model_validate(event).incident
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
-    out = swap_in(incident, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
+    out = swap_in(incident, orchestrator=wiring.orchestrator(), provider=wiring.provider(), ledger=wiring.ledger(),
                   pool_size=settings().hot_spares, clock=utc_now)
     logger.info("spare", spare=out.spare, pool=out.pool, reason=out.reason)
     metrics.add_dimension(name="Cluster", value=incident.cluster)

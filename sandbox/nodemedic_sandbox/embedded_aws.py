@@ -42,7 +42,9 @@ from moto.core.routing import get_service_router
 from moto.core.utils import get_service_model
 from moto.dynamodb.models import DynamoDBBackend
 from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import InstanceBackend
+from moto.ec2.utils import filter_dict_attribute_mapping
 from moto.events.models import EventsBackend, Rule, events_backends
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
@@ -503,6 +505,17 @@ class EmbeddedAWS:
             # create: the HyperPod batch actions are added; every other hook replaces an attribute
             # that tests/component/test_embedded_aws.py checks still exists
             self._stack.enter_context(mock.patch.object(target, attr, new, create=True))
+        # moto 5.2.5 has no Capacity Reservations on instances: place_in_capacity_reservation()
+        # records one, DescribeInstances returns it (CapacityReservationId) and filters on it
+        self._stack.enter_context(mock.patch.dict(filter_dict_attribute_mapping,
+                                                  {"capacity-reservation-id": "capacity_reservation_id"}))
+
+    def place_in_capacity_reservation(self, instance_ids: list[str], reservation_id: str) -> None:
+        """These instances run in Capacity Reservation ``reservation_id`` (e.g. a Capacity Block),
+        as if launched into it."""
+        backend = ec2_backends[ACCOUNT_ID][self.region]
+        for instance_id in instance_ids:
+            backend.get_instance(instance_id).capacity_reservation_id = reservation_id
 
     def _rebooted(self, instance_ids: list[str]) -> None:
         if self.command_host is not None:

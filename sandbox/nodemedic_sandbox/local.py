@@ -111,11 +111,11 @@ class LocalMode:
             "Source": source, "DetailType": detail_type, "EventBusName": self.stack.bus_name,
             "Detail": json.dumps(detail)}])
 
-    def emit_aws_health(self, event: dict[str, Any]) -> dict[str, Any]:
-        """AWS Health's part: deliver an ``aws.health`` event (its documented shape, e.g. a sample
-        from events/aws-health/) to the account's default bus, as AWS Health does. (Real
-        EventBridge refuses PutEvents with an ``aws.*`` source from a caller, and so does the
-        embedded one; only this harness, playing AWS, sends one.)"""
+    def emit_as_aws(self, event: dict[str, Any]) -> dict[str, Any]:
+        """An AWS service's part: deliver an ``aws.*`` event (its documented shape, e.g. a sample
+        from events/aws-health/ or events/aws-ec2/) to the account's default bus, as AWS Health or
+        EC2 does. (Real EventBridge refuses PutEvents with an ``aws.*`` source from a caller, and
+        so does the embedded one; only this harness, playing AWS, sends one.)"""
         with as_aws_service():
             return self.aws.client("events").put_events(Entries=[{
                 "Source": event["source"], "DetailType": event["detail-type"], "Resources": event.get("resources", []),

@@ -196,6 +196,23 @@ def test_ec2_can_run_out_of_capacity(aws: EmbeddedAWS) -> None:
         ec2.start_instances(InstanceIds=[instance])
 
 
+def test_instances_in_a_capacity_reservation_are_described_and_found_by_it(aws: EmbeddedAWS) -> None:
+    from nodemedic.planned_events import reservation_instances
+
+    ec2 = aws.client("ec2")
+    ids = sorted(i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=3,
+                                                            MaxCount=3)["Instances"])
+    block = "cr-0a1b2c3d4e5f60718"
+    aws.place_in_capacity_reservation(ids[:2], block)
+    described = {i["InstanceId"]: i.get("CapacityReservationId")
+                 for r in ec2.describe_instances(InstanceIds=ids)["Reservations"] for i in r["Instances"]}
+    assert described == {ids[0]: block, ids[1]: block, ids[2]: None}
+    assert reservation_instances(ec2, block) == ids[:2]
+    ec2.terminate_instances(InstanceIds=[ids[0]])
+    assert reservation_instances(ec2, block) == ids[1:2], "only pending or running instances"
+    assert reservation_instances(ec2, "cr-0ffffffffffffffff") == []
+
+
 def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) -> None:
     ec2 = aws.client("ec2")
     ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=3, MaxCount=3)["Instances"]]

@@ -58,7 +58,7 @@ def test_a_scheduled_retirement_checkpoints_the_job_moves_it_to_a_spare_and_repl
         node = nodes[-1]
         time.sleep(3)  # it trains a while: work a requeue without a checkpoint would lose
         retiring = local.cluster.instance_of(node)
-        local.emit_aws_health(_retirement([retiring], starts_in=timedelta(days=14)))
+        local.emit_as_aws(_retirement([retiring], starts_in=timedelta(days=14)))
         incident = _incident_ended(local, node)
         assert incident.status == "closed", incident.outcome
         drained = incident.stages["drain"].result

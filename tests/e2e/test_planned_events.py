@@ -27,8 +27,8 @@ def _retirement(instances: list[str], starts_in: timedelta) -> dict:
 def test_a_scheduled_retirement_replaces_the_node_before_aws_acts(local: LocalMode) -> None:
     retiring = local.cluster.instance_of("gpu-2")
     event = _retirement([retiring, "i-0fedcba9876543210"], starts_in=timedelta(days=14))
-    local.emit_aws_health(event)
-    local.emit_aws_health(event)  # AWS Health delivers at least once: the same event twice
+    local.emit_as_aws(event)
+    local.emit_as_aws(event)  # AWS Health delivers at least once: the same event twice
     executions = local.wait_for_executions(2)
     assert len(local.incidents()) == 1
     [incident] = local.incidents()

@@ -31,6 +31,7 @@ from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
 from tests.kube.conftest import Cluster
 from tests.stages.conftest import PREFIX, clock, opened
+from tests.stages.memory_provider import MemoryProvider
 
 pytestmark = pytest.mark.usefixtures("aws")
 
@@ -59,7 +60,7 @@ def test_xid79_cordons_evicts_within_the_budget_swaps_a_spare_and_returns_the_no
     assert "llm-worker-0" not in cluster.live_pods(node)
 
     # Spare: untainted for the job's replacement pod
-    spared = swap_in(incident, orchestrator=orch, ledger=ledger, pool_size=1, clock=clock)
+    spared = swap_in(incident, orchestrator=orch, provider=MemoryProvider(), ledger=ledger, pool_size=1, clock=clock)
     assert spared.spare == spare and spared.destination == "pool"
     assert SPARE_TAINT not in cluster.taints(spare)
     cluster.confirm_deletions()  # the kubelet confirms the eviction

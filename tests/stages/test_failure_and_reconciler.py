@@ -17,6 +17,7 @@ from nodemedic.stages.spares import SPARE, swap_in
 from nodemedic.store.ledger import Ledger
 
 from tests.stages.conftest import PREFIX, clock, opened
+from tests.stages.memory_provider import MemoryProvider
 from tests.stages.memory_slurm import MemorySlurm
 
 ERROR = {"Error": "DrainFailedError", "Cause": '{"errorMessage": "the controller did not answer"}'}
@@ -122,7 +123,7 @@ def test_a_spare_claimed_but_not_taken_goes_back_to_the_pool(slurm: MemorySlurm,
     drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
     slurm.take_spare = lambda node: (_ for _ in ()).throw(DrainFailedError("spare-take failed"))  # type: ignore[method-assign]
     with pytest.raises(DrainFailedError):
-        swap_in(incident, orchestrator=slurm, ledger=ledger, pool_size=1, clock=clock)
+        swap_in(incident, orchestrator=slurm, provider=MemoryProvider(), ledger=ledger, pool_size=1, clock=clock)
     _fail(incident, slurm, ledger)
     other = opened(ledger, "gpu-2")
     assert ledger.claim(SPARE, "spare-1", other.incident_id), "the pool is not empty from then on"
@@ -201,7 +202,8 @@ def test_two_failed_nodes_of_one_job_each_take_a_spare(slurm: MemorySlurm, ledge
     drained = drain(first, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
     assert drained.job_nodes == {"77": ["gpu-1", "gpu-2"]}
     assert drain(second, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock).requeued_jobs == []
-    taken = [swap_in(i, orchestrator=slurm, ledger=ledger, pool_size=2, clock=clock) for i in (first, second)]
+    taken = [swap_in(i, orchestrator=slurm, provider=MemoryProvider(), ledger=ledger, pool_size=2, clock=clock)
+             for i in (first, second)]
     assert sorted(t.spare for t in taken) == ["spare-1", "spare-2"]
     assert "(77)" in taken[1].reason
     # a node whose job was requeued elsewhere and already runs again takes none
@@ -209,7 +211,8 @@ def test_two_failed_nodes_of_one_job_each_take_a_spare(slurm: MemorySlurm, ledge
     slurm.n["gpu-4"].jobs = ["88"]
     ledger.mark_interrupted("c1", "gpu-3", "88", "inc-x", clock())
     drain(third, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
-    assert swap_in(third, orchestrator=slurm, ledger=ledger, pool_size=2, clock=clock).spare is None
+    assert swap_in(third, orchestrator=slurm, provider=MemoryProvider(), ledger=ledger, pool_size=2,
+                   clock=clock).spare is None
 
 
 def test_a_failure_after_the_gate_said_proceed_drains_the_node_even_if_drain_never_started(

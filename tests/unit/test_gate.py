@@ -15,10 +15,9 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
 def incident(node: str = "gpu-1", code: str = "XID 79", iid: str = "inc-1", **kw: Any) -> IncidentRef:
-    fields: dict[str, Any] = {"source": "nodemedic.agent", **kw}
+    fields: dict[str, Any] = {"source": "nodemedic.agent", "fault_class": "gpu_lost", "action": "replace", **kw}
     return IncidentRef(incident_id=iid, cluster="c", instance_id="i-0000000000000000" + node[-1],
-                       slurm_node=node, fault_code=code, fault_class="gpu_lost", action="replace",
-                       observed_at=NOW, **fields)
+                       slurm_node=node, fault_code=code, observed_at=NOW, **fields)
 
 
 def facts(inc: IncidentRef | None = None, *, policy: dict[str, Any] | None = None,
@@ -169,3 +168,39 @@ def test_a_bad_policy_is_an_error_that_names_the_field(text: str, named: str) ->
     with pytest.raises(PolicyError, match="safety policy") as err:
         parse_policy(text)
     assert named in str(err.value)
+
+
+def _retiring(node: str, iid: str) -> IncidentRef:
+    return incident(node, code="PLANNED_CAPACITY_END", iid=iid, fault_class="planned", action="retire")
+
+
+def test_a_whole_capacity_block_ending_is_drained_without_tripping_or_filling_the_breaker() -> None:
+    policy = {"breaker": {"max_percent": 20, "max_nodes": 8}, "max_concurrent": 2, "mode": "approval"}  # limit 3
+    state, active = ControlState(), set()
+    for n in range(1, 9):  # 8 of 16 nodes: the block
+        inc = _retiring(f"gpu-{n}", f"inc-r{n}")
+        d = decide(facts(inc, policy=policy, state=state, active=active))
+        assert d.verdict == "proceed" and not d.trips_breaker and not d.needs_approval, d.reason
+        state.admissions[inc.incident_id] = admission_of(inc, Member(inc.instance_id, inc.slurm_node, "running"), NOW)
+        active.add(inc.incident_id)
+    # a fault meanwhile is judged on the remediations only: none, so it goes through
+    d = decide(facts(incident("gpu-9", iid="inc-9"), policy=policy, state=state, active=active))
+    assert d.verdict == "proceed" and "1 of at most 3" in d.rules[5]["detail"], d.rules
+
+
+@pytest.mark.parametrize("why", ["paused", "breaker", "excluded"])
+def test_an_operators_pause_an_open_breaker_or_an_exclusion_still_holds_a_retire(why: str) -> None:
+    state = ControlState()
+    if why == "paused":
+        state.paused = Switch(by="alice", reason="block migration by hand", at=NOW)
+    if why == "breaker":
+        state.breaker.state = "open"
+        state.breaker.tripped = Switch(by="nodemedic", reason="4 nodes", at=NOW)
+    policy = {"exclusions": {"nodes": ["gpu-1"]}} if why == "excluded" else {}
+    d = decide(facts(_retiring("gpu-1", "inc-r1"), policy=policy, state=state))
+    assert d.verdict == "hold" and d.reason.startswith(why)
+
+
+def test_a_dry_run_only_says_it_would_retire() -> None:
+    d = decide(facts(_retiring("gpu-1", "inc-r1"), policy={"mode": "dry_run"}))
+    assert d.verdict == "dry_run" and d.would == "proceed"

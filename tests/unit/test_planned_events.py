@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nodemedic.domain.classification import classify
+from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError
-from nodemedic.planned_events import parse_health_event, plan
+from nodemedic.planned_events import parse_planned_event, plan, plan_capacity_end
 from nodemedic.providers.base import Member
 from nodemedic.stages.detect import parse_trigger
 
@@ -35,14 +35,14 @@ class _Cluster:
 
 
 def _plan(event: dict[str, Any]) -> Any:
-    return plan(parse_health_event(event), cluster="local", provider=_Cluster(), now=NOW)  # type: ignore[arg-type]
+    return plan(parse_planned_event(event), cluster="local", provider=_Cluster(), now=NOW)  # type: ignore[arg-type]
 
 
 def test_the_documented_samples_parse_with_their_rfc1123_times() -> None:
-    parsed = parse_health_event(RETIREMENT)
+    parsed = parse_planned_event(RETIREMENT)
     assert parsed.detail.startTime == datetime(2026, 12, 6, tzinfo=UTC)
     assert parsed.detail.endTime == datetime(2026, 12, 6, 4, tzinfo=UTC)
-    assert [e.entityValue for e in parse_health_event(REBOOT).detail.affectedEntities] == [OURS, THEIRS]
+    assert [e.entityValue for e in parse_planned_event(REBOOT).detail.affectedEntities] == [OURS, THEIRS]
 
 
 def test_a_retirement_of_a_member_becomes_its_nodes_health_event_which_detect_replaces() -> None:
@@ -102,10 +102,78 @@ def test_a_closed_past_or_other_event_plans_nothing(change: dict[str, str], why:
     (("source",), "nodemedic.agent"),
 ])
 def test_a_malformed_health_event_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
-    event = copy.deepcopy(RETIREMENT)
-    target = event
+    with pytest.raises(InvalidEventError, match=path[-1]):
+        parse_planned_event(_with(RETIREMENT, path, value))
+
+
+# -- a Capacity Block's end (events/aws-ec2/, the shape in EC2's "Monitor Capacity Blocks") -------
+BLOCK_END = json.loads((SAMPLES.parent / "aws-ec2" / "capacity-block-expiration-warning.json").read_text())
+BLOCK = "cr-0a1b2c3d4e5f60718"
+WARNED = datetime(2026, 11, 22, 10, 20, 5, tzinfo=UTC)
+
+
+def _plan_block(event: dict[str, Any], running: dict[str, list[str]], now: datetime = WARNED) -> Any:
+    return plan_capacity_end(parse_planned_event(event), cluster="local", provider=_Cluster(),  # type: ignore[arg-type]
+                             instances=lambda block: running.get(block, []), now=now)
+
+
+@pytest.mark.parametrize("detail_type", ["Capacity Block Expiration Warning",
+                                         "Capacity Block Reservation Expiration Warning"])
+def test_a_capacity_block_warning_in_either_documented_spelling_retires_the_blocks_nodes(detail_type: str) -> None:
+    event = {**copy.deepcopy(BLOCK_END), "detail-type": detail_type}
+    planned = _plan_block(event, {BLOCK: [OURS, THEIRS, "i-0123456789abcdef0"]})
+    [retire] = planned.events
+    assert (retire.node.instance_id, retire.node.slurm_node, retire.fault_code) == (OURS, "gpu-2",
+                                                                                   "PLANNED_CAPACITY_END")
+    # EC2 starts terminating 10 min after the warning, 30 min before the block's end
+    assert retire.evidence == {"capacity_reservation_id": BLOCK, "deadline": "2026-11-22T10:30:00+00:00",
+                               "block_end": "2026-11-22T11:00:00+00:00"}
+    assert dict(planned.ignored) == {THEIRS: "not a member of cluster local",
+                                     "i-0123456789abcdef0": "backs no node of the cluster's scheduler"}
+    envelope = {"source": "nodemedic.planned", "detail-type": "Node Health Event",
+                "detail": json.loads(retire.model_dump_json(exclude_none=True))}
+    assert parse_trigger(envelope).detail.fault_code == "PLANNED_CAPACITY_END"  # type: ignore[union-attr]
+    c = classify("PLANNED_CAPACITY_END", {})
+    assert (c.fault_class, c.action, c.ladder) == ("planned", "retire", ())
+
+
+def test_the_guides_detail_type_key_is_read_too_and_a_redelivery_keeps_the_event_id() -> None:
+    event = copy.deepcopy(BLOCK_END)
+    event["detail_type"] = event.pop("detail-type")
+    first = _plan_block(BLOCK_END, {BLOCK: [OURS]}).events[0]
+    assert _plan_block(event, {BLOCK: [OURS]}).events[0].event_id == first.event_id
+
+
+def test_an_ended_or_empty_block_plans_nothing_with_the_reason() -> None:
+    assert _plan_block(BLOCK_END, {BLOCK: [OURS]}, now=datetime(2026, 11, 22, 11, tzinfo=UTC)).ignored == [
+        (BLOCK, "the Capacity Block ended at 2026-11-22T11:00:00+00:00")]
+    assert _plan_block(BLOCK_END, {}).ignored == [(BLOCK, "no running instance of this account is in the Capacity "
+                                                          "Block")]
+
+
+def test_an_operator_cannot_make_a_fault_a_retire() -> None:
+    with pytest.raises(ValueError, match="retire"):
+        parse_overrides('{"XID 79": "retire"}')
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("detail", "capacity-reservation-id"), "cr-; rm -rf /"),
+    (("detail", "capacity-reservation-id"), None),
+    (("detail", "end-date"), "soon"),
+    (("detail", "end-date"), "2026-11-22T11:00:00"),
+    (("detail-type",), "Capacity Block Delivered"),
+    (("source",), "aws.health"),
+])
+def test_a_malformed_capacity_block_warning_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
+    with pytest.raises(InvalidEventError, match="AWS Health event" if value == "aws.health" else path[-1]):
+        parse_planned_event(_with(BLOCK_END, path, value))
+
+
+def _with(event: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A copy of ``event`` with the field at ``path`` set to ``value``."""
+    changed = copy.deepcopy(event)
+    target = changed
     for key in path[:-1]:
         target = target[key]
     target[path[-1]] = value
-    with pytest.raises(InvalidEventError, match=path[-1]):
-        parse_health_event(event)
+    return changed

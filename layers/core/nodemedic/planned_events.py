@@ -1,9 +1,12 @@
 """AWS Health scheduled changes for the cluster's instances (an instance retirement, a stop, a
-reboot maintenance...), turned into one Node Health Event per affected node of this cluster, from
-source ``nodemedic.planned``, on NodeMedic's own bus. The state machine then handles each like a
-fault: drain, spare, the rung the event needs (fault_table.json: a retirement or stop is a
-replace, which on the ec2 provider is the stop/start AWS recommends; an instance-reboot
-maintenance is a reboot, which applies it), check, resume, all before AWS acts.
+reboot maintenance...), and EC2's warning that a Capacity Block ends, turned into one Node Health
+Event per affected node of this cluster, from source ``nodemedic.planned``, on NodeMedic's own
+bus. The state machine then handles each like a fault: drain, spare, the rung the event needs
+(fault_table.json: a retirement or stop is a replace, which on the ec2 provider is the stop/start
+AWS recommends; an instance-reboot maintenance is a reboot, which applies it), check, resume, all
+before AWS acts. A Capacity Block's end is a retire: every node in the block is drained (its job
+checkpointed and moved to a spare outside the block) and left drained; nothing is repaired or
+replaced into capacity that is going away.
 
 Every affected entity that is not a node of this cluster is ignored with its reason. The event id
 is derived from the Health event's ARN and the instance, so a redelivery, a later page or an
@@ -14,13 +17,16 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from pydantic import ValidationError
 
-from nodemedic.contracts.aws_health import AwsHealthEnvelope
-from nodemedic.contracts.events import INSTANCE_ID, NodeHealthEvent, NodeIdentity
+from nodemedic.contracts.aws_health import HEALTH_SOURCE, AwsHealthEnvelope
+from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
+from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.problems import describe
 from nodemedic.errors import InvalidEventError
 from nodemedic.providers.base import Provider
@@ -52,12 +58,41 @@ class Plan:
     events: list[NodeHealthEvent] = field(default_factory=list)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (entity, why)
 
+    def add(self, provider: Provider, cluster: str, instance: str, key: str, now: datetime, *, check: Check,
+            fault_code: str, evidence: dict[str, EvidenceValue]) -> None:
+        """The event of the node ``instance`` backs (its id derived from ``key``: the same for a
+        redelivery), or the reason it is ignored."""
+        member = provider.member(instance)
+        if member is None or member.slurm_node is None:
+            self.ignored.append((instance, f"not a member of cluster {cluster}" if member is None
+                                 else "backs no node of the cluster's scheduler"))
+            return
+        self.events.append(NodeHealthEvent(
+            schema_version="1", event_id=str(uuid.uuid5(_EVENT_IDS, key)), cluster=cluster,
+            node=NodeIdentity(instance_id=instance, hostname=instance, slurm_node=member.slurm_node),
+            check=check, fault_code=fault_code, severity="warning", observed_at=now, sent_at=now, evidence=evidence))
 
-def parse_health_event(event: dict[str, object]) -> AwsHealthEnvelope:
+
+CAPACITY_END = "PLANNED_CAPACITY_END"
+
+
+def parse_planned_event(event: dict[str, object]) -> AwsHealthEnvelope | CapacityBlockEnvelope:
+    """An AWS Health event, or else a Capacity Block expiry warning; anything else is rejected."""
+    health = event.get("source") == HEALTH_SOURCE
     try:
-        return AwsHealthEnvelope.model_validate(event)
+        return AwsHealthEnvelope.model_validate(event) if health else CapacityBlockEnvelope.model_validate(event)
     except ValidationError as exc:
-        raise InvalidEventError(f"rejected AWS Health event: {describe(exc, 'event')}") from exc
+        kind = "AWS Health event" if health else "Capacity Block expiry warning"
+        raise InvalidEventError(f"rejected {kind}: {describe(exc, 'event')}") from exc
+
+
+def reservation_instances(ec2: Any, capacity_reservation_id: str) -> list[str]:
+    """The pending or running instances of this account in a Capacity Reservation (EC2
+    ``DescribeInstances``, filter ``capacity-reservation-id``)."""
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+        {"Name": "capacity-reservation-id", "Values": [capacity_reservation_id]},
+        {"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    return sorted(i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"])
 
 
 def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: datetime) -> Plan:
@@ -79,18 +114,27 @@ def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: 
         if entity.statusCode == "RESOLVED":
             result.ignored.append((instance, "AWS marks it resolved"))
             continue
-        member = provider.member(instance)
-        if member is None:
-            result.ignored.append((instance, f"not a member of cluster {cluster}"))
-            continue
-        if member.slurm_node is None:
-            result.ignored.append((instance, "backs no node of the cluster's scheduler"))
-            continue
-        result.events.append(NodeHealthEvent(
-            schema_version="1", event_id=str(uuid.uuid5(_EVENT_IDS, f"{d.eventArn}/{instance}")), cluster=cluster,
-            node=NodeIdentity(instance_id=instance, hostname=instance, slurm_node=member.slurm_node),
-            check="aws_health", fault_code=code, severity="warning", observed_at=now, sent_at=now,
-            evidence={"aws_event_type": d.eventTypeCode, "aws_event_arn": d.eventArn[:1024],
-                      "deadline": d.startTime.isoformat(),
-                      "window_end": d.endTime.isoformat() if d.endTime else None}))
+        result.add(provider, cluster, instance, f"{d.eventArn}/{instance}", now, check="aws_health", fault_code=code,
+                   evidence={"aws_event_type": d.eventTypeCode, "aws_event_arn": d.eventArn[:1024],
+                             "deadline": d.startTime.isoformat(),
+                             "window_end": d.endTime.isoformat() if d.endTime else None})
+    return result
+
+
+def plan_capacity_end(envelope: CapacityBlockEnvelope, *, cluster: str, provider: Provider,
+                      instances: Callable[[str], Iterable[str]], now: datetime) -> Plan:
+    """A Capacity Block ends: one retire event per node of this cluster running in it.
+    ``instances`` lists the instances in a reservation (:func:`reservation_instances`)."""
+    d = envelope.detail
+    block = d.capacity_reservation_id
+    if d.end_date <= now:
+        return Plan(ignored=[(block, f"the Capacity Block ended at {d.end_date.isoformat()}")])
+    result = Plan()
+    for instance in instances(block):
+        result.add(provider, cluster, instance, f"{block}/{d.end_date.isoformat()}/{instance}", now,
+                   check="capacity_block", fault_code=CAPACITY_END,
+                   evidence={"capacity_reservation_id": block, "deadline": d.termination_starts.isoformat(),
+                             "block_end": d.end_date.isoformat()})
+    if not result.events and not result.ignored:
+        result.ignored.append((block, "no running instance of this account is in the Capacity Block"))
     return result

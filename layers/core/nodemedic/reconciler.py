@@ -27,7 +27,7 @@ from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.failure import fail
 from nodemedic.store.ledger import Ledger
 
-KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated"})  # see the runbooks: on purpose
+KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated", "retired"})  # see the runbooks: on purpose
 GRACE = timedelta(minutes=2)  # an incident whose execution is not found yet (read after write) is left alone
 
 

@@ -26,7 +26,8 @@ from pydantic import (
 
 AGENT_SOURCE = "nodemedic.agent"
 SWEEPER_SOURCE = "nodemedic.sweeper"
-PLANNED_SOURCE = "nodemedic.planned"  # an AWS Health scheduled change, one event per affected node
+# an AWS Health scheduled change or a Capacity Block's end, one event per affected node
+PLANNED_SOURCE = "nodemedic.planned"
 HEALTH_DETAIL_TYPE = "Node Health Event"
 HEARTBEAT_DETAIL_TYPE = "Node Heartbeat"
 OPERATOR_SOURCE = "nodemedic.operator"
@@ -66,7 +67,7 @@ def _plausible(value: datetime) -> datetime:
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_plausible)]
 
 Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual", "burn_in",
-                "fail_slow", "aws_health"]
+                "fail_slow", "aws_health", "capacity_block"]
 Severity = Literal["info", "warning", "error", "critical"]
 EvidenceValue = str | int | float | bool | None
 

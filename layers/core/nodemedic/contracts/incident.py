@@ -8,16 +8,19 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 # burn_in: a node that joined is checked before it takes work; degrade: a node that still works,
-# slower (fail-slow), is drained after its job, never requeued, then checked
-Action = Literal["monitor", "replace", "reboot", "burn_in", "degrade"]
+# slower (fail-slow), is drained after its job, never requeued, then checked; retire: capacity AWS
+# takes back at a known time (a Capacity Block's end): drained, its job moved, nothing repaired
+Action = Literal["monitor", "replace", "reboot", "burn_in", "degrade", "retire"]
 NON_DISRUPTIVE: frozenset[str] = frozenset({"burn_in", "degrade"})  # never requeue or kill a job
 # check: the node as it is, not repaired: the first rung of a burn-in (a node that joined)
 Rung = Literal["check", "gpu_reset", "reboot", "replace"]
 RUNGS: tuple[Rung, ...] = ("check", "gpu_reset", "reboot", "replace")  # every rung, in escalation order
 Confidence = Literal["high", "ambiguous"]
-IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "denied", "dry_run", "escalated"]
+# retired: the node's capacity ends (it stays drained until AWS takes it back)
+IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "denied", "dry_run", "escalated",
+                         "retired"]
 ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run",
-                                            "escalated"})
+                                            "escalated", "retired"})
 Stage = Literal["detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair", "resume", "shadow"]
 STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair",
                              "resume", "shadow")
@@ -27,6 +30,8 @@ def default_ladder(action: Action) -> tuple[Rung, ...]:
     """The rungs tried in order until the node passes its deep health check."""
     if action in NON_DISRUPTIVE:  # checked as it is first, then the whole ladder
         return RUNGS
+    if action == "retire":  # the capacity goes away: nothing to repair
+        return ()
     return ("replace",) if action == "replace" else ("reboot", "replace")
 
 

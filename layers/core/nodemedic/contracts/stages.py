@@ -164,9 +164,10 @@ class HealthCheckOutput(_Model):
 
 class ResumeInput(_Model):
     incident: IncidentRef
-    step: Literal["return", "jobs", "quarantine", "escalate", "fail"] = Field(
+    step: Literal["return", "jobs", "quarantine", "escalate", "fail", "retire"] = Field(
         default="return", description="return the node (pool or service) and close; or only await the "
-                                      "requeued jobs; or end the incident quarantined / escalated / failed")
+                                      "requeued jobs; or end the incident quarantined / escalated / failed; "
+                                      "or retired (the node's capacity ends)")
     destination: Destination = "service"
     error: dict[str, str | None] | None = Field(default=None, description="escalate, fail: the Catch's error")
     reason: str = Field(default="", max_length=2000,

@@ -52,7 +52,9 @@ def parse_overrides(raw: str) -> dict[str, Action]:
         raise ValueError(f"fault action overrides are not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError("fault action overrides must be a JSON object of code -> action")
-    allowed = tuple(a for a in get_args(Action) if a != "burn_in")  # burn_in: a joined node's, never a fault's
+    # burn_in: a joined node's, never a fault's; retire: capacity AWS ends (exempt from the
+    # breaker), never a fault's
+    allowed = tuple(a for a in get_args(Action) if a not in ("burn_in", "retire"))
     for code, action in data.items():
         if action not in allowed:
             raise ValueError(f"override for {code!r}: action {action!r} is not one of {allowed}")
@@ -83,7 +85,7 @@ def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Cla
     overridden = bool(overrides) and fault_code in (overrides or {})
     if overridden:
         action = (overrides or {})[fault_code]
-    own_ladder = rule.get("ladder") and not overridden and action != "monitor"
+    own_ladder = rule.get("ladder") and not overridden and action not in ("monitor", "retire")
     ladder = tuple(rule["ladder"]) if own_ladder else ladder_for("" if overridden else rule["fault_class"], action)
     return Classification(fault_code, rule["fault_class"], action, rule["note"], overridden,
                           cast(Confidence, rule.get("confidence", "high")), ladder)
@@ -92,7 +94,7 @@ def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Cla
 def ladder_for(fault_class: str, action: Action) -> tuple[Rung, ...]:
     """The escalation ladder of a fault: per class if the table has one, else per action (an
     operator's override of the action picks the action's ladder: pass no class)."""
-    if action == "monitor":
+    if action in ("monitor", "retire"):  # nothing is repaired
         return ()
     ladders = fault_table()["ladders"]
     rungs = ladders["by_class"].get(fault_class) or ladders["by_action"].get(action)

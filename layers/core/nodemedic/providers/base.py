@@ -28,8 +28,8 @@ class Member:
     tags: dict[str, str] = field(default_factory=dict, compare=False)
     topology: dict[str, str] = field(
         default_factory=dict, compare=False,
-        metadata={"doc": "where the instance sits: availability_zone, placement_group, host_id, rack, "
-                         "switch; what correlated failures share"})
+        metadata={"doc": "where the instance sits: availability_zone, placement_group, host_id, "
+                         "capacity_reservation, rack, switch; what correlated failures share"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ def ec2_member(instance: dict[str, Any]) -> Member:
         "availability_zone": placement.get("AvailabilityZone", ""),
         "placement_group": placement.get("GroupName", ""),
         "host_id": placement.get("HostId", ""),
+        "capacity_reservation": instance.get("CapacityReservationId", ""),  # e.g. a Capacity Block
         **{name: tags.get(tag, "") for tag, name in TOPOLOGY_TAGS.items()},
     }
     return Member(instance["InstanceId"], tags.get(SLURM_NODE_TAG), instance["State"]["Name"],

@@ -65,7 +65,7 @@ def lineage_keys(incident: IncidentRef, host_id: str = "") -> list[str]:
 def admission_of(incident: IncidentRef, member: Member, now: datetime) -> Admission:
     return Admission(slurm_node=incident.slurm_node, instance_id=incident.instance_id, at=now,
                      fault_code=incident.fault_code, attributes=dict(member.topology),
-                     burn_in=incident.action == "burn_in")
+                     burn_in=incident.action == "burn_in", retire=incident.action == "retire")
 
 
 def correlation(admissions: list[Admission]) -> list[str]:
@@ -116,6 +116,20 @@ def decide(f: Facts) -> Decision:
         ok("corroboration", "burn-in: the full deep health check decides")
         return _dry(f, Decision("proceed", "burn-in: the node joined; the full check before it takes work", rules))
 
+    if f.incident.action == "retire":
+        # AWS takes the capacity back at a known time whatever NodeMedic does: draining the node
+        # first (its job checkpointed and moved) removes nothing AWS is not removing, so a whole
+        # Capacity Block ending neither trips nor waits for the breaker's limit or the cap; and
+        # nothing is repaired, so neither cooldown nor lemon applies. A pause or an open breaker
+        # (above) still holds it: then the job meets the end unprepared, as without NodeMedic.
+        ok("cooldown", "retire: nothing is repaired")
+        ok("lemon", "retire: nothing is repaired")
+        ok("breaker_limit", "retire: capacity AWS takes back; not counted")
+        ok("concurrency", "retire: not counted")
+        ok("corroboration", "retire: EC2 announced the end of the capacity")
+        return _dry(f, Decision("proceed", "retire: the node's capacity ends; drain it before AWS takes it back",
+                                rules))
+
     slot = lineage_keys(f.incident)[0]
     cooldown = timedelta(minutes=p.node_cooldown_minutes)
     recent = [at for _, at in f.lineage.get(slot, []) if f.now - at < cooldown]
@@ -154,8 +168,8 @@ def decide(f: Facts) -> Decision:
         return _dry(f, stop("hold", "breaker_limit", detail, trips_breaker=True, notify=notify))
     ok("breaker_limit", f"{len(nodes)} of at most {limit} nodes within {p.breaker.window_minutes:g} min")
 
-    burn_ins = {i for i, a in f.state.admissions.items() if a.burn_in}
-    in_progress = len(f.active - burn_ins - {f.incident.incident_id})
+    uncounted = {i for i, a in f.state.admissions.items() if not a.counted}
+    in_progress = len(f.active - uncounted - {f.incident.incident_id})
     if in_progress >= p.max_concurrent:
         return _dry(f, stop("throttled", "concurrency",
                             f"{in_progress} remediations in progress (max {p.max_concurrent})"))

@@ -78,8 +78,8 @@ def gate(
     _prune(state, active, now, policy)
     state.admissions[incident.incident_id] = admission_of(incident, member, now)
     # an unverified ambiguous fault is not yet a remediation of the slot: Verify records it
-    # (nor is a burn-in: the node joined, nothing was remediated)
-    lineage = {} if d.verdict == "verify" or incident.action == "burn_in" else \
+    # (nor is a burn-in: the node joined, nothing was remediated; nor a retire: nothing is repaired)
+    lineage = {} if d.verdict == "verify" or incident.action in ("burn_in", "retire") else \
         {k: (incident.incident_id, now) for k in keys}
     control.save(state, lineage)
     return _complete(incident, ledger, clock, out)

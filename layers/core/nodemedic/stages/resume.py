@@ -108,6 +108,20 @@ def lambda_error_message(cause: str) -> str:
         return cause
 
 
+def retire(incident: IncidentRef, *, ledger: Ledger, clock: Callable[[], datetime]) -> EndOutput:
+    """The node's capacity ends (its Capacity Block): it stays drained, and its lock held, so what
+    its agent or the silence sweeper says while AWS takes it back folds into this incident."""
+    current = ledger.get(incident.incident_id)
+    spare = current.stages.get("spare")
+    moved = spare.result.get("spare") if spare else None
+    message = (f"{incident.slurm_node} ({incident.instance_id}) retired: its capacity ends "
+               f"({incident.fault_code}); it stays drained until AWS takes it back"
+               + (f"; its jobs moved to {moved}" if moved else "") + ". Nothing was repaired or replaced into it.")
+    if current.status == "open":
+        ledger.end(incident, "retired", clock(), message, release_node=False)
+    return EndOutput(status="retired", message=message)
+
+
 def end_unrecovered(
     incident: IncidentRef, status: str, *, ledger: Ledger, clock: Callable[[], datetime],
     error: dict[str, str | None] | None = None, reason: str = "",

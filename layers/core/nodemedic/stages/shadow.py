@@ -33,6 +33,8 @@ def plan(incident: IncidentRef, gate: GateOutput, orchestrator: Orchestrator, pr
     steps.append(f"requeue: jobs {', '.join(jobs)} and release them at once" if jobs else "requeue: no jobs on the node")
     if gate.would == "quarantine":
         return [*steps, f"quarantine: keep {node} drained, page an operator; no replace"]
+    if incident.action == "retire":
+        return [*steps, f"retire: keep {node} drained until its capacity ends; nothing repaired or replaced"]
     steps.append(f"repair: {' -> '.join(incident.rungs)} on {instance}, each rung followed by the deep health "
                  f"check ({health_check_command}); the next rung only if the check fails")
     if status.drained and not status.drained_by(owner_tag(prefix, incident)):

@@ -6,7 +6,8 @@ Taking a spare removes it from the reservation, so the requeued job (the oldest 
 starts on it at once. The failed node is repaired off the critical path, passes the *full* deep
 health check and joins the reservation in the spare's place (see :mod:`nodemedic.stages.resume`).
 A node that ran no job leaves the pool alone (the spares wait for a failure that interrupts a
-job): it is repaired, then resumed.
+job): it is repaired, then resumed. A node whose capacity ends (a retire: its Capacity Block
+ends) takes no spare that runs in the same block: that one goes away at the same time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import datetime
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import SpareOutput
 from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.providers.base import Provider
 from nodemedic.store.ledger import Ledger
 
 SPARE = "spare"
@@ -28,8 +30,22 @@ def ready(state: str) -> bool:
     return "IDLE" in flags and not flags & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "NOT_RESPONDING", "FAIL"}
 
 
-def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, pool_size: int,
-            clock: Callable[[], datetime]) -> SpareOutput:
+def _ending_with(incident: IncidentRef, provider: Provider) -> Callable[[str], bool]:
+    """Whether a spare (by node name) runs in the capacity that ends with a retiring node."""
+    member = provider.member(incident.instance_id) if incident.action == "retire" else None
+    block = member.topology.get("capacity_reservation") if member else None
+    if not block:
+        return lambda name: False
+
+    def ending(name: str) -> bool:
+        spare = provider.member_by_node(name)
+        return spare is not None and spare.topology.get("capacity_reservation") == block
+
+    return ending
+
+
+def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Provider, ledger: Ledger,
+            pool_size: int, clock: Callable[[], datetime]) -> SpareOutput:
     record = ledger.start_stage(incident, "spare", clock())
     if record.completed_at:
         return SpareOutput.model_validate(record.result)
@@ -50,9 +66,11 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger
                                  "spares stay for a failure that interrupts one; repair, then resume")
     else:
         pool = orchestrator.spares()
+        ending = _ending_with(incident, provider)
         if not spare:
             candidates = sorted(s.name for s in pool if ready(s.state) and s.name != incident.slurm_node)
-            spare = next((name for name in candidates if ledger.claim(SPARE, name, incident.incident_id)), None)
+            spare = next((name for name in candidates
+                          if not ending(name) and ledger.claim(SPARE, name, incident.incident_id)), None)
             ledger.record_progress(incident, "spare", {"spare": spare})
         if spare:
             orchestrator.take_spare(str(spare))
@@ -62,7 +80,8 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger
                                      f"({', '.join(str(j) for j in interrupted)}); "
                                      f"{incident.slurm_node} joins the pool once repaired and fully checked")
         else:
-            unready = ", ".join(f"{s.name} ({s.state})" for s in pool) or "none"
+            unready = ", ".join(f"{s.name} ({'its capacity ends too' if ending(s.name) else s.state})"
+                                for s in pool) or "none"
             out = SpareOutput(spare=None, destination="service", pool=sorted(s.name for s in pool),
                               reason=f"no ready spare (pool: {unready}): replace, then resume")
     ledger.complete_stage(incident, "spare", clock(), out.model_dump(mode="json"))

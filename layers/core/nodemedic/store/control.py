@@ -35,6 +35,12 @@ class Admission(BaseModel):
     fault_code: str
     attributes: dict[str, str] = Field(default_factory=dict, description="rack, placement group, ...")
     burn_in: bool = Field(default=False, description="a joined node's check: not counted by the breaker")
+    retire: bool = Field(default=False, description="capacity AWS takes back: not counted by the breaker")
+
+    @property
+    def counted(self) -> bool:
+        """Whether the breaker and the concurrency cap count it (a remediation of a node in service)."""
+        return not (self.burn_in or self.retire)
 
 
 class Switch(BaseModel):
@@ -64,7 +70,7 @@ class ControlState(BaseModel):
         since = self.breaker.reset.at if self.breaker.reset else None
         return {
             iid: a for iid, a in self.admissions.items()
-            if not a.burn_in and (iid in active or now - a.at <= window) and (since is None or a.at >= since)
+            if a.counted and (iid in active or now - a.at <= window) and (since is None or a.at >= since)
         }
 
 

@@ -1,0 +1,72 @@
+"""EC2's warning that a Capacity Block ends, delivered to the default bus as EC2 does, through the
+deployed template on a real Slurm: every node of the cluster in the block is drained before EC2
+terminates it, the job on it checkpoints and moves to a spare outside the block, and nothing is
+repaired or replaced into the block; the incidents end retired and the on-call is told once."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+from nodemedic.contracts.capacity_block import TERMINATION_LEAD
+
+from tests.conftest import EVENTS
+from tests.e2e.support import job_running, stack, wait_for
+from tests.e2e.test_checkpoint_drain import POLICY, _output, _submit
+
+BLOCK = "cr-0a1b2c3d4e5f60718"
+
+
+def _expiry_warning(end_in: timedelta) -> dict:
+    event = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "capacity-block-expiration-warning.json").read_text()))
+    now = datetime.now(UTC)
+    event["time"] = now.isoformat()
+    event["detail"]["end-date"] = (now + end_in).isoformat()
+    return event
+
+
+def _group(local) -> list[tuple[str, str]]:
+    return sorted((i["InstanceId"], i["LifecycleState"]) for i in local.cluster.group_instances())
+
+
+def test_a_capacity_block_ending_drains_its_nodes_with_the_job_checkpointed_and_replaces_nothing() -> None:
+    with stack(nodes=3, spares=2, CheckpointPolicy=POLICY) as local:  # gpu-4 and gpu-5 are the spares
+        job, nodes = _submit(local, nodes=3)
+        assert nodes == ["gpu-1", "gpu-2", "gpu-3"]
+        time.sleep(3)  # it trains a while: work a requeue without a checkpoint would lose
+        in_block = {n: local.cluster.instance_of(n) for n in ("gpu-2", "gpu-4")}  # a worker and a spare
+        local.aws.place_in_capacity_reservation(list(in_block.values()), BLOCK)
+        group = _group(local)
+        event = _expiry_warning(end_in=timedelta(minutes=40))
+        local.emit_as_aws(event)
+        local.emit_as_aws(event)  # delivered at least once: the same warning twice
+
+        def both_retired() -> list | None:
+            done = sorted((i for i in local.incidents() if i.status == "retired"), key=lambda i: i.slurm_node)
+            return done if len(done) == 2 else None
+
+        retired = wait_for(both_retired, "both block nodes retired", 120)
+        assert [i.slurm_node for i in retired] == ["gpu-2", "gpu-4"]
+        assert len(local.incidents()) == 2, "the second delivery opened nothing"
+        deadline = datetime.fromisoformat(event["detail"]["end-date"]) - TERMINATION_LEAD
+        worker, spare = retired
+        assert all(i.fault_code == "PLANNED_CAPACITY_END" and i.closed_at and i.closed_at < deadline for i in retired)
+        # the job checkpointed on gpu-2, then moved to the spare outside the block and resumed from it
+        [outcome] = worker.stages["drain"].result["checkpoint"]["jobs"]
+        assert outcome["job_id"] == job and outcome["outcome"] == "checkpointed"
+        assert worker.stages["spare"].result["spare"] == "gpu-5"
+        info = job_running(local, job)
+        assert local.scheduler.hostnames(info["NodeList"]) == ["gpu-1", "gpu-3", "gpu-5"]
+        saved = int((local.scheduler.root / "jobs" / f"ckpt-{job}").read_text())
+        assert saved > 0 and f"start at step {saved} on" in _output(local, job)
+        # nothing repaired, nothing replaced into the block; both stay drained until EC2 takes them
+        assert "repair" not in worker.stages and "repair" not in spare.stages
+        assert {n: local.cluster.instance_of(n) for n in in_block} == in_block
+        assert _group(local) == group, "no instance launched or terminated"
+        assert all("DRAIN" in local.scheduler.node(n)["State"] for n in in_block)
+        # said once per delivery of the warning (EventBridge delivers at least once)
+        told = {m["Message"] for m in local.escalations() if m.get("Subject") == "NodeMedic: Capacity Block ending"}
+        assert len(told) == 1, told
+        assert BLOCK in next(iter(told)) and "(gpu-2, gpu-4)" in next(iter(told))
