@@ -76,6 +76,27 @@ def test_a_scheduled_retirement_checkpoints_the_job_moves_it_to_a_spare_and_repl
         assert local.cluster.instance_of(node) != retiring  # replaced before AWS's window
 
 
+def test_with_no_spare_a_retirement_still_waits_for_the_checkpoint_and_the_job_resumes_from_it() -> None:
+    with stack(nodes=2, CheckpointPolicy=POLICY) as local:
+        job, nodes = _submit(local, nodes=2)  # the whole cluster: nowhere else to go
+        node = nodes[-1]
+        time.sleep(3)
+        retiring = local.cluster.instance_of(node)
+        local.emit_as_aws(_retirement([retiring], starts_in=timedelta(days=14)))
+        incident = _incident_ended(local, node)
+        assert incident.status == "closed", incident.outcome
+        assert incident.stages["spare"].result["spare"] is None
+        drained = incident.stages["drain"].result
+        [outcome] = drained["checkpoint"]["jobs"]
+        assert outcome["outcome"] == "checkpointed" and drained["requeued_jobs"] == [job]
+        # it waited for the replaced node, then went on from its checkpoint, not from step 0
+        info = job_running(local, job)
+        assert local.scheduler.hostnames(info["NodeList"]) == nodes and info["Restarts"] == "1"
+        saved = int((local.scheduler.root / "jobs" / f"ckpt-{job}").read_text())
+        assert saved > 0 and f"start at step {saved} on" in _output(local, job)
+        assert local.cluster.instance_of(node) != retiring
+
+
 def test_a_degraded_node_is_drained_after_its_job_checkpointed_and_a_hard_fault_requeues_at_once() -> None:
     with stack(nodes=4, CheckpointPolicy=POLICY, **OPEN) as local:
         (slow, [slow_node]), (dead, [dead_node]) = _submit(local), _submit(local)
