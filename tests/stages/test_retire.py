@@ -63,6 +63,7 @@ def test_with_only_spares_in_the_block_the_job_waits_and_says_why(ledger: Ledger
     drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
     spared = swap_in(incident, orchestrator=slurm, provider=provider, ledger=ledger, pool_size=1, clock=clock)
     assert spared.spare is None and "spare-1 (its capacity ends too)" in spared.reason
+    assert spared.reason.endswith("the node stays drained (its capacity ends)")
     assert slurm.n["spare-1"].reserved
 
 

@@ -22,6 +22,7 @@ from nodemedic.providers.base import Provider
 from nodemedic.store.ledger import Ledger
 
 SPARE = "spare"
+RETIRED_STAYS = "the node stays drained (its capacity ends)"
 
 
 def ready(state: str) -> bool:
@@ -49,6 +50,8 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
     record = ledger.start_stage(incident, "spare", clock())
     if record.completed_at:
         return SpareOutput.model_validate(record.result)
+    retiring = incident.action == "retire"
+    then = RETIRED_STAYS if retiring else "replace, then resume"
     spare = record.result.get("spare")
     drained = ledger.get(incident.incident_id).stages.get("drain")
     interrupted = list(drained.result.get("requeued_jobs", [])) if drained else []  # type: ignore[call-overload]
@@ -59,11 +62,12 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
         interrupted = [j for j, s in orchestrator.job_states(others).items() if s.state == "PENDING"] if others else []
     if pool_size == 0:
         out = SpareOutput(spare=None, destination="service", pool=[],
-                          reason="no hot-spare pool configured (HotSpares=0): replace, then resume")
+                          reason=f"no hot-spare pool configured (HotSpares=0): {then}")
     elif not interrupted and not spare:
         out = SpareOutput(spare=None, destination="service", pool=[],
                           reason=f"no job was interrupted on {incident.slurm_node} (Drain requeued none): the "
-                                 "spares stay for a failure that interrupts one; repair, then resume")
+                                 "spares stay for a failure that interrupts one; "
+                                 + (RETIRED_STAYS if retiring else "repair, then resume"))
     else:
         pool = orchestrator.spares()
         ending = _ending_with(incident, provider)
@@ -83,6 +87,6 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
             unready = ", ".join(f"{s.name} ({'its capacity ends too' if ending(s.name) else s.state})"
                                 for s in pool) or "none"
             out = SpareOutput(spare=None, destination="service", pool=sorted(s.name for s in pool),
-                              reason=f"no ready spare (pool: {unready}): replace, then resume")
+                              reason=f"no ready spare (pool: {unready}): {then}")
     ledger.complete_stage(incident, "spare", clock(), out.model_dump(mode="json"))
     return out
