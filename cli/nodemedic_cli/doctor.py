@@ -95,7 +95,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "hyperpod": [("sagemaker", "ListClusterNodes", {"ClusterName": p.get("HyperPodClusterName", "")})],
     }[provider]
     docs = Documents(target.cluster)
-    block_instances: list[Call] = [("ec2", "DescribeInstances", {})]
+    describe_instances: Call = ("ec2", "DescribeInstances", {})
 
     def send(document: str, instance: str) -> Call:
         return "ssm", "SendCommand", {"DocumentName": document, "InstanceIds": [instance]}
@@ -143,7 +143,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "ApprovalFunction": [("dynamodb", "UpdateItem", table),
                              ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]})],
         "PlannedEventsFunction": [*reads, *names,
-                                  *[c for c in block_instances if c not in reads],  # a Capacity Block's instances
+                                  *([] if describe_instances in reads else [describe_instances]),  # a block's instances
                                   ("events", "PutEvents", {"Entries": [{"EventBusName": out["EventBusName"],
                                                                         "Source": "nodemedic.planned",
                                                                         "DetailType": "Node Health Event"}]}),

@@ -24,12 +24,12 @@ metrics = Metrics()
 PUT_EVENTS_BATCH = 10  # PutEvents takes at most 10 entries per call
 
 
-def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, topic_arn: str) -> None:
+def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, cluster: str, topic_arn: str) -> None:
     d = envelope.detail
     nodes = sorted(str(e.node.slurm_node) for e in planned.events)
     message = (f"Capacity Block {d.capacity_reservation_id} ends at {d.end_date:%Y-%m-%d %H:%M}Z; EC2 begins to "
                f"terminate its instances at {d.termination_starts:%H:%M}Z. NodeMedic drains its {len(nodes)} "
-               f"node(s) of cluster {settings().cluster_name} ({', '.join(nodes)}): each job is checkpointed (per "
+               f"node(s) of cluster {cluster} ({', '.join(nodes)}): each job is checkpointed (per "
                f"the CheckpointPolicy) and moved to a spare outside the block; nothing is repaired or replaced "
                f"into the block. The nodes stay drained: add capacity (a new block) for the jobs that need it.")
     wiring.client("sns").publish(TopicArn=topic_arn, Subject="NodeMedic: Capacity Block ending", Message=message)
@@ -68,7 +68,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if planned.ignored:
         logger.info("affected resources ignored", ignored=[f"{entity}: {why}" for entity, why in planned.ignored])
     if isinstance(envelope, CapacityBlockEnvelope) and planned.events:
-        _announce_capacity_end(envelope, planned, s.escalation_topic_arn)
+        _announce_capacity_end(envelope, planned, s.cluster_name, s.escalation_topic_arn)
     logger.info("planned events published", extra={**what, "nodes": [e.node.slurm_node for e in planned.events]})
     metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(planned.events))
     metrics.add_metric(name="PlannedIgnored", unit=MetricUnit.Count, value=len(planned.ignored))

@@ -44,6 +44,9 @@ def fault_table() -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(text))
 
 
+UNREPAIRED: frozenset[str] = frozenset({"monitor", "retire"})  # no ladder: nothing is repaired
+
+
 def parse_overrides(raw: str) -> dict[str, Action]:
     """Parse an operator's override JSON; a bad one is an error, never silently ignored."""
     try:
@@ -85,7 +88,7 @@ def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Cla
     overridden = bool(overrides) and fault_code in (overrides or {})
     if overridden:
         action = (overrides or {})[fault_code]
-    own_ladder = rule.get("ladder") and not overridden and action not in ("monitor", "retire")
+    own_ladder = rule.get("ladder") and not overridden and action not in UNREPAIRED
     ladder = tuple(rule["ladder"]) if own_ladder else ladder_for("" if overridden else rule["fault_class"], action)
     return Classification(fault_code, rule["fault_class"], action, rule["note"], overridden,
                           cast(Confidence, rule.get("confidence", "high")), ladder)
@@ -94,7 +97,7 @@ def classify(fault_code: str, overrides: dict[str, Action] | None = None) -> Cla
 def ladder_for(fault_class: str, action: Action) -> tuple[Rung, ...]:
     """The escalation ladder of a fault: per class if the table has one, else per action (an
     operator's override of the action picks the action's ladder: pass no class)."""
-    if action in ("monitor", "retire"):  # nothing is repaired
+    if action in UNREPAIRED:
         return ()
     ladders = fault_table()["ladders"]
     rungs = ladders["by_class"].get(fault_class) or ladders["by_action"].get(action)

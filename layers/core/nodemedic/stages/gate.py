@@ -76,10 +76,10 @@ def gate(
                      needs_approval=d.needs_approval, notify=d.notify)
     ledger.record_progress(incident, "gate", out.model_dump(mode="json"))
     _prune(state, active, now, policy)
-    state.admissions[incident.incident_id] = admission_of(incident, member, now)
+    admission = state.admissions[incident.incident_id] = admission_of(incident, member, now)
     # an unverified ambiguous fault is not yet a remediation of the slot: Verify records it
-    # (nor is a burn-in: the node joined, nothing was remediated; nor a retire: nothing is repaired)
-    lineage = {} if d.verdict == "verify" or incident.action in ("burn_in", "retire") else \
+    # (nor is what the breaker does not count: a burn-in, nothing remediated; a retire, nothing repaired)
+    lineage = {} if d.verdict == "verify" or not admission.counted else \
         {k: (incident.incident_id, now) for k in keys}
     control.save(state, lineage)
     return _complete(incident, ledger, clock, out)

@@ -31,18 +31,14 @@ def ready(state: str) -> bool:
     return "IDLE" in flags and not flags & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "NOT_RESPONDING", "FAIL"}
 
 
-def _ending_with(incident: IncidentRef, provider: Provider) -> Callable[[str], bool]:
-    """Whether a spare (by node name) runs in the capacity that ends with a retiring node."""
+def _ending_with(incident: IncidentRef, provider: Provider, names: list[str]) -> set[str]:
+    """The spares (by node name) that run in the capacity that ends with a retiring node."""
     member = provider.member(incident.instance_id) if incident.action == "retire" else None
     block = member.topology.get("capacity_reservation") if member else None
     if not block:
-        return lambda name: False
-
-    def ending(name: str) -> bool:
-        spare = provider.member_by_node(name)
-        return spare is not None and spare.topology.get("capacity_reservation") == block
-
-    return ending
+        return set()
+    return {name for name in names
+            if (spare := provider.member_by_node(name)) and spare.topology.get("capacity_reservation") == block}
 
 
 def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Provider, ledger: Ledger,
@@ -70,11 +66,11 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
                                  + (RETIRED_STAYS if retiring else "repair, then resume"))
     else:
         pool = orchestrator.spares()
-        ending = _ending_with(incident, provider)
+        ending = _ending_with(incident, provider, [s.name for s in pool]) if not spare else set()
         if not spare:
             candidates = sorted(s.name for s in pool if ready(s.state) and s.name != incident.slurm_node)
             spare = next((name for name in candidates
-                          if not ending(name) and ledger.claim(SPARE, name, incident.incident_id)), None)
+                          if name not in ending and ledger.claim(SPARE, name, incident.incident_id)), None)
             ledger.record_progress(incident, "spare", {"spare": spare})
         if spare:
             orchestrator.take_spare(str(spare))
@@ -84,7 +80,7 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
                                      f"({', '.join(str(j) for j in interrupted)}); "
                                      f"{incident.slurm_node} joins the pool once repaired and fully checked")
         else:
-            unready = ", ".join(f"{s.name} ({'its capacity ends too' if ending(s.name) else s.state})"
+            unready = ", ".join(f"{s.name} ({'its capacity ends too' if s.name in ending else s.state})"
                                 for s in pool) or "none"
             out = SpareOutput(spare=None, destination="service", pool=sorted(s.name for s in pool),
                               reason=f"no ready spare (pool: {unready}): {then}")
