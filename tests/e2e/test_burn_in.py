@@ -9,11 +9,12 @@ import subprocess
 import time
 
 import pytest
+from nodemedic import operations
 from nodemedic.contracts.incident import ENDED_STATUSES, Incident
 from nodemedic_sandbox.local import LocalMode
 
 from tests.conftest import require_slurm
-from tests.e2e.support import wait_for
+from tests.e2e.support import OPERATOR, wait_for
 
 
 @pytest.fixture
@@ -74,3 +75,43 @@ def test_a_joined_node_that_fails_its_burn_in_climbs_the_ladder_and_an_operator_
     assert [i.slurm_node for i in fleet.incidents()] == ["gpu-3"]
     node = fleet.scheduler.node("gpu-1")
     assert "DRAIN" in node["State"] and node["Reason"].startswith("rma ticket 42")
+
+
+def test_in_approval_mode_a_failed_burn_in_waits_for_an_operator_before_any_rung_changes_the_node() -> None:
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
+                   extra_parameters={"RemediationMode": "approval"}) as local:
+        local.start_agents(heartbeat_s=0.5, poll_s=0.5)
+        sfn = local.aws.client("stepfunctions")
+        local.cluster.break_node("gpu-2", fixed_by="replace")
+        local.cluster.break_node("gpu-3", fixed_by="gpu_reset")
+        before = {n: local.cluster.instance_of(n) for n in ("gpu-2", "gpu-3")}
+        assert local.agents.boot("gpu-2").held and local.agents.boot("gpu-3").held
+
+        def asking() -> dict[str, Incident] | None:
+            waiting = {i.slurm_node: i for i in local.incidents()
+                       if "approval" in i.stages and i.stages["approval"].result.get("task_token")}
+            return waiting if len(waiting) == 2 else None
+        waiting = wait_for(asking, "both failed burn-ins to ask for approval", 90)
+        for node, incident in waiting.items():
+            # the check of the node as it is ran (and failed); no rung has touched it
+            assert [(r["rung"], r["check"]["healthy"]) for r in incident.stages["repair"].result["rungs"]] == [
+                ("check", False)]
+            assert incident.status == "open" and local.cluster.instance_of(node) == before[node]
+            assert "DRAIN" in local.scheduler.node(node)["State"]
+        asked = sorted(m["Subject"] for m in local.escalations())
+        assert asked == ["NodeMedic: approve repair of gpu-2?", "NodeMedic: approve repair of gpu-3?"]
+        assert all("(gpu_reset -> reboot -> replace) waits for you" in m["Message"] for m in local.escalations())
+
+        operations.answer_approval(local.ledger, sfn, waiting["gpu-3"].incident_id, approve=True, by=OPERATOR,
+                                   reason="reset it")
+        operations.answer_approval(local.ledger, sfn, waiting["gpu-2"].incident_id, approve=False, by=OPERATOR,
+                                   reason="keep it for the vendor")
+        fixed, kept = ended(local, "gpu-3"), ended(local, "gpu-2")
+        assert fixed.status == "closed" and "DRAIN" not in local.scheduler.node("gpu-3")["State"]
+        rungs = fixed.stages["repair"].result["rungs"]
+        assert [(r["rung"], r["check"]["healthy"]) for r in rungs] == [("check", False), ("gpu_reset", True)]
+        assert kept.status == "denied" and "keep it for the vendor" in kept.outcome
+        assert local.cluster.instance_of("gpu-2") == before["gpu-2"]  # not replaced
+        node = local.scheduler.node("gpu-2")
+        assert "DRAIN" in node["State"] and node["Reason"].startswith(f"nodemedic:{kept.incident_id}")

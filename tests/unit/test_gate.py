@@ -142,6 +142,21 @@ def test_approval_mode_proceeds_with_approval_required() -> None:
     assert d.verdict == "verify" and d.needs_approval
 
 
+def test_a_burn_in_is_not_counted_but_asks_before_its_repairs_in_approval_mode() -> None:
+    joined = incident("gpu-5", code="NODE_JOINED", fault_class="burn_in", action="burn_in")
+    full = admitted(ControlState(), "gpu-2", "gpu-3", "gpu-4")  # the breaker's limit of 16 is reached
+    d = decide(facts(joined, policy={"breaker": {"max_percent": 20}}, state=full))
+    assert (d.verdict, d.needs_approval, d.approve_repairs, d.trips_breaker) == ("proceed", False, False, False)
+    assert decide(facts(incident("gpu-5"), policy={"breaker": {"max_percent": 20}}, state=full)).verdict == "hold"
+    # approval mode: the check of the node as it is needs no one; the rungs that change it do
+    d = decide(facts(joined, policy={"mode": "approval"}))
+    assert (d.verdict, d.needs_approval, d.approve_repairs) == ("proceed", False, True)
+    assert "approval required before a rung changes it" in d.reason
+    assert not decide(facts(policy={"mode": "approval"})).approve_repairs  # a fault asks after its drain
+    d = decide(facts(joined, policy={"mode": "dry_run"}))
+    assert (d.verdict, d.would) == ("dry_run", "proceed")
+
+
 def test_dry_run_keeps_the_reasoning_and_acts_on_nothing() -> None:
     d = decide(facts(policy={"mode": "dry_run"}))
     assert (d.verdict, d.would, d.notify, d.trips_breaker) == ("dry_run", "proceed", "", False)

@@ -51,6 +51,8 @@ class GateOutput(_Model):
     reason: str
     rules: list[dict[str, str]] = Field(description="[{rule, result, detail}] in evaluation order")
     needs_approval: bool = Field(default=False, description="an operator approves before replace/reboot")
+    approve_repairs: bool = Field(default=False, description="burn-in in approval mode: an operator approves "
+                                                             "before the first rung that changes the node")
     notify: str = Field(default="", description="a notification the state machine publishes, if any")
     would: str = Field(default="", description="dry run: the verdict automation would have reached")
 

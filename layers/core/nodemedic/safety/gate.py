@@ -12,6 +12,9 @@ Rules, in order; the first that decides wins, and every rule evaluated is record
 8. corroboration   -> verify     (an ambiguous fault without an independent second signal)
 9. otherwise       -> proceed    (or approval first, in approval mode)
 
+A burn-in (a node that joined) and a retirement (capacity AWS ends) skip rules 4-8; a burn-in in
+approval mode asks before the first rung that changes the node, once its check failed.
+
 In dry-run mode the same rules run, nothing is admitted, and the verdict is ``dry_run`` with
 what automation would have done.
 """
@@ -52,6 +55,7 @@ class Decision:
     reason: str
     rules: list[dict[str, str]] = field(default_factory=list)
     needs_approval: bool = False
+    approve_repairs: bool = False  # burn-in in approval mode: ask before the first rung that changes the node
     trips_breaker: bool = False
     notify: str = ""
     would: str = ""  # dry-run: the verdict automation would have reached
@@ -114,7 +118,12 @@ def decide(f: Facts) -> Decision:
         ok("breaker_limit", "burn-in of a node not yet in service: not counted")
         ok("concurrency", "burn-in: not counted")
         ok("corroboration", "burn-in: the full deep health check decides")
-        return _dry(f, Decision("proceed", "burn-in: the node joined; the full check before it takes work", rules))
+        # checking the node as it is changes nothing; if it fails, the ladder's rungs do (reset,
+        # reboot, replace): in approval mode an operator approves those, as for any fault
+        approval = p.mode == "approval"
+        reason = "burn-in: the node joined; the full check before it takes work"
+        return _dry(f, Decision("proceed", reason + ("; approval required before a rung changes it" if approval else ""),
+                                rules, approve_repairs=approval))
 
     if f.incident.action == "retire":
         # AWS takes the capacity back at a known time whatever NodeMedic does: draining the node

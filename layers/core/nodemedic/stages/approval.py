@@ -31,10 +31,18 @@ def request_approval(incident: IncidentRef, task_token: str, *, ledger: Ledger, 
     if record.result.get("task_token") == task_token:
         return  # a retried invocation: already asked
     ledger.record_progress(incident, "approval", {"task_token": task_token, "requested_at": clock().isoformat()})
+    if incident.action == "burn_in":
+        what = "repair"
+        rest = " -> ".join(r for r in incident.rungs if r != "check")
+        state = ("The node joined and failed its full health check; it is drained and runs no job. Its repair "
+                 f"({rest}) waits for you.")
+    else:
+        what = incident.action
+        state = f"The node is drained and its jobs requeued; the {incident.action} waits for you."
     notifier.publish(
-        f"NodeMedic: approve {incident.action} of {incident.slurm_node}?",
+        f"NodeMedic: approve {what} of {incident.slurm_node}?",
         f"Incident {incident.incident_id}: {incident.fault_code} ({incident.fault_class}) on {incident.slurm_node} "
-        f"({incident.instance_id}). The node is drained and its jobs requeued; the {incident.action} waits for you.\n"
+        f"({incident.instance_id}). {state}\n"
         f"Approve: nodemedic approve {incident.incident_id} --reason TEXT\n"
         f"Deny (the node stays drained): nodemedic deny {incident.incident_id} --reason TEXT",
     )

@@ -73,7 +73,7 @@ def gate(
     if d.verdict in ("hold", "dry_run"):
         return _hold(incident, ledger, clock, d)
     out = GateOutput(verdict=d.verdict, reason=d.reason, rules=d.rules,
-                     needs_approval=d.needs_approval, notify=d.notify)
+                     needs_approval=d.needs_approval, approve_repairs=d.approve_repairs, notify=d.notify)
     ledger.record_progress(incident, "gate", out.model_dump(mode="json"))
     _prune(state, active, now, policy)
     admission = state.admissions[incident.incident_id] = admission_of(incident, member, now)
