@@ -53,6 +53,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     out = resume(incident, request.destination, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
                  prefix=s.drain_reason_prefix, job_wait_s=s.job_start_wait_seconds, pool_size=s.hot_spares,
                  clock=utc_now)
+    if out.retired:  # its capacity ends: kept drained, so not recovered (no TimeToRecover)
+        logger.info("incident retired", node_state=out.node_state)
+        return out.model_dump(mode="json")
     logger.info("incident closed", resumed=out.resumed, destination=out.destination, node_state=out.node_state)
     record_durations(metrics, incident, {"TimeToResume": out.time_to_recover_s,
                                          "TimeToRecover": out.time_to_recover_s})

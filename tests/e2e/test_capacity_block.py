@@ -10,10 +10,11 @@ import json
 import time
 from datetime import UTC, datetime, timedelta
 
+from nodemedic import operations
 from nodemedic.contracts.capacity_block import TERMINATION_LEAD
 
 from tests.conftest import EVENTS
-from tests.e2e.support import job_running, stack, wait_for
+from tests.e2e.support import OPERATOR, job_running, stack, wait_for
 from tests.e2e.test_checkpoint_drain import POLICY, _output, _submit
 
 BLOCK = "cr-0a1b2c3d4e5f60718"
@@ -70,3 +71,28 @@ def test_a_capacity_block_ending_drains_its_nodes_with_the_job_checkpointed_and_
         told = {m["Message"] for m in local.escalations() if m.get("Subject") == "NodeMedic: Capacity Block ending"}
         assert len(told) == 1, told
         assert BLOCK in next(iter(told)) and "(gpu-2, gpu-4)" in next(iter(told))
+
+
+def test_a_block_ending_while_a_fault_is_repaired_retires_the_node_instead_of_replacing_it() -> None:
+    # approval mode holds the fault's incident after its drain: the warning arrives mid-incident
+    with stack(nodes=3, RemediationMode="approval", BreakerMaxPercent="100") as local:
+        old = local.cluster.instance_of("gpu-2")
+        local.aws.place_in_capacity_reservation([old], BLOCK)
+        local.put_event(local.health_event("gpu-2", "XID 79"))
+        fault = wait_for(lambda: next((i for i in local.incidents() if "approval" in i.stages
+                                       and i.stages["approval"].result.get("task_token")), None),
+                         "the fault's incident to wait for approval", 60)
+        group = _group(local)
+        local.emit_as_aws(_expiry_warning(end_in=timedelta(minutes=40)))
+        wait_for(lambda: "capacity_end" in local.incident(fault.incident_id).stages,
+                 "the block's end noted on the open incident", 60)
+        assert len(local.incidents()) == 1, "folded into the fault's incident, not a second one"
+
+        operations.answer_approval(local.ledger, local.aws.client("stepfunctions"), fault.incident_id, approve=True,
+                                   by=OPERATOR, reason="XID 79 confirmed")
+        ended = wait_for(lambda: (i := local.incident(fault.incident_id)).status != "open" and i, "the incident to end", 60)
+        assert ended.status == "retired", ended.outcome
+        assert "its capacity ends (PLANNED_CAPACITY_END)" in ended.outcome
+        assert local.cluster.instance_of("gpu-2") == old and _group(local) == group, "nothing replaced into the block"
+        node = local.scheduler.node("gpu-2")
+        assert "DRAIN" in node["State"] and node["Reason"].startswith(f"nodemedic:{fault.incident_id}")

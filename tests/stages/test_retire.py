@@ -9,11 +9,11 @@ from nodemedic.contracts.incident import Incident
 from nodemedic.providers.base import Member
 from nodemedic.reconciler import reconcile
 from nodemedic.stages.drain import drain
-from nodemedic.stages.resume import retire
+from nodemedic.stages.resume import resume, retire
 from nodemedic.stages.spares import swap_in
 from nodemedic.store.ledger import Ledger
 
-from tests.stages.conftest import PREFIX, clock
+from tests.stages.conftest import PREFIX, clock, opened
 from tests.stages.memory_provider import MemoryProvider
 from tests.stages.memory_slurm import MemorySlurm
 
@@ -83,3 +83,45 @@ def test_a_fault_elsewhere_may_take_a_spare_in_a_block(ledger: Ledger) -> None:
 
 def _later_event(incident: Incident) -> Incident:
     return incident.model_copy(update={"incident_id": "inc-later", "fault_code": "NODE_SILENT"})
+
+
+def _capacity_ends(ledger: Ledger, incident: Incident, instance: str) -> None:
+    """What Detect notes when a Capacity Block's end for ``instance`` folds into the open incident."""
+    ledger.start_stage(incident, "capacity_end", clock())
+    ledger.complete_stage(incident, "capacity_end", clock(), {"fault_code": "PLANNED_CAPACITY_END",
+                                                              "instance_id": instance})
+
+
+def _repaired(ledger: Ledger, incident: Incident, rung: str, instance: str) -> None:
+    ledger.start_stage(incident, "repair", clock())
+    ledger.record_progress(incident, "repair", {"rungs": [
+        {"rung": rung, "instance_id": instance, "done_at": clock().isoformat(), "check": {"healthy": True}}]})
+
+
+def test_a_node_repaired_while_its_block_ends_is_retired_not_returned(slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger, ladder=("gpu_reset",))
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    _repaired(ledger, incident, "gpu_reset", "i-gpu-1")
+    _capacity_ends(ledger, incident, "i-gpu-1")  # noted while its check ran
+    out = resume(incident, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0,
+                 clock=clock)
+    assert out.retired and not out.resumed
+    stored = ledger.get(incident.incident_id)
+    assert stored.status == "retired" and "repaired but not returned: its capacity ends" in stored.outcome
+    assert slurm.n["gpu-1"].drained and ledger.hold_of("c1", "gpu-1") is not None
+    assert ledger.active_incident_id("c1", "i-gpu-1") == incident.incident_id, "the lock is kept"
+    report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "SUCCEEDED",
+                       prefix=PREFIX, now=clock())
+    assert not report.locks_released and not report.drains_reasserted
+
+
+def test_a_replacement_is_returned_when_the_end_named_the_instance_it_replaced(slurm: MemorySlurm,
+                                                                               ledger: Ledger) -> None:
+    incident = opened(ledger, ladder=("replace",))
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    _capacity_ends(ledger, incident, "i-gpu-1")
+    _repaired(ledger, incident, "replace", "i-new")  # a new instance backs gpu-1 now
+    out = resume(incident, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0,
+                 clock=clock)
+    assert out.resumed and not out.retired and not slurm.n["gpu-1"].drained
+    assert ledger.get(incident.incident_id).status == "closed"

@@ -74,6 +74,11 @@ class CapacityError(NodeMedicError):
     The state machine retries the rung later, then escalates; the node stays drained."""
 
 
+class CapacityEndsError(NodeMedicError):
+    """The node's capacity ends (a Capacity Block's end, noted while its incident was open): no
+    further rung; the state machine retires the node (it stays drained)."""
+
+
 class EvictionPendingError(RetryableError):
     """Pods are still leaving the drained node (a PodDisruptionBudget blocks their eviction, or
     their namespace lets them run to completion) within the drain policy's timeout."""

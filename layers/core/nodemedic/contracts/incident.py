@@ -21,9 +21,12 @@ IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "den
                          "retired"]
 ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run",
                                             "escalated", "retired"})
-Stage = Literal["detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair", "resume", "shadow"]
+# capacity_end: no stage but a note: the node's capacity ends while this incident repairs it (it
+# is retired instead of resumed)
+Stage = Literal["detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair", "resume", "shadow",
+                "capacity_end"]
 STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair",
-                             "resume", "shadow")
+                             "resume", "shadow")  # the stages that run, in order
 
 
 def default_ladder(action: Action) -> tuple[Rung, ...]:

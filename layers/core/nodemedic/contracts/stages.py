@@ -183,6 +183,7 @@ class ResumeOutput(_Model):
     node_state: str
     time_to_recover_s: float
     jobs: JobsOutput | None = None
+    retired: bool = Field(default=False, description="its capacity ends: kept drained (retired), not returned")
 
 
 class EndOutput(_Model):

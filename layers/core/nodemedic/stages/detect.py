@@ -18,7 +18,7 @@ from nodemedic.contracts.problems import describe
 from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, parse_overrides
 from nodemedic.domain.freshness import fault_origin, staleness
-from nodemedic.errors import InvalidEventError, UnknownNodeError, UnknownNodeQuietError
+from nodemedic.errors import IncidentStateError, InvalidEventError, UnknownNodeError, UnknownNodeQuietError
 from nodemedic.providers.base import Member, Provider
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -102,15 +102,33 @@ def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
     return member
 
 
+def _note_capacity_end(existing_id: str, fault: Fault, reason: str, ledger: Ledger, now: datetime) -> bool:
+    """The node's capacity ends (a Capacity Block) while an incident of its own is open: that
+    incident retires the node (keeps it drained) instead of returning it. False when the incident
+    is no longer open (it may have returned the node: the end then opens an incident of its own)."""
+    try:
+        current = ledger.get(existing_id)
+        record = ledger.start_stage(current, "capacity_end", now)
+    except IncidentStateError:
+        return False
+    if not record.completed_at:
+        ledger.complete_stage(current, "capacity_end", now, {"fault_code": fault.fault_code, "event": fault.event_key,
+                                                             "instance_id": fault.instance_id, "reason": reason})
+    return True
+
+
 def _fold_into_active(fault: Fault, incident_id: str, cluster: str, ledger: Ledger,
-                      control: ControlStore, now: datetime) -> DetectOutput | None:
+                      control: ControlStore, now: datetime, action: Action, reason: str) -> DetectOutput | None:
     """Fast path under a storm: an event for an instance that already has an active incident (and
     names the same Slurm node) is folded into it without asking EC2 and Auto Scaling again; the
-    lock exists only for a resolved member, so the event's node is known."""
+    lock exists only for a resolved member, so the event's node is known. A capacity end is
+    noted on that incident, unless it ended meanwhile (then it is not folded)."""
     lock = ledger.node_lock(cluster, fault.instance_id) if fault.instance_id else None
     if lock is None or lock[0] == incident_id or (fault.slurm_node and fault.slurm_node != lock[1]):
         return None
     assert fault.instance_id
+    if action == "retire" and not _note_capacity_end(lock[0], fault, reason, ledger, now):
+        return None
     control.record_signal(fault.instance_id, fault.source, fault.fault_code, now)
     ledger.count_duplicate(lock[0], incident_id)
     return DetectOutput(decision="deduplicated", reason=f"incident {lock[0]} is already active for {lock[1]}",
@@ -159,7 +177,7 @@ def detect(
         fault_class, action, reason, confidence, ladder = c.fault_class, c.action, c.reason, c.confidence, c.ladder
     if action == "monitor":
         return DetectOutput(decision="monitor", reason=reason, fault_class=fault_class)
-    folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control, now)
+    folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control, now, action, reason)
     if folded:
         return folded
 
@@ -198,6 +216,8 @@ def detect(
     )
     existing = ledger.open_incident(incident)
     if existing is not None:
+        if action == "retire":
+            _note_capacity_end(existing, fault, reason, ledger, now)
         return DetectOutput(
             decision="deduplicated",
             reason=f"incident {existing} is already active for {member.slurm_node}",

@@ -15,7 +15,13 @@ from typing import Any
 
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import Destination, RepairOutput
-from nodemedic.errors import IncidentStateError, NodeBusyError, NodeDrainingError, ReplacementPendingError
+from nodemedic.errors import (
+    CapacityEndsError,
+    IncidentStateError,
+    NodeBusyError,
+    NodeDrainingError,
+    ReplacementPendingError,
+)
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider
 from nodemedic.providers.run_command import Documents, RunCommand
@@ -59,6 +65,9 @@ def repair(
             raise IncidentStateError(f"incident {incident.incident_id}: the ladder {list(ladder)} is exhausted")
     if not rungs or rungs[-1].get("done_at"):
         instance = rungs[-1]["instance_id"] if rungs else incident.instance_id
+        ending = capacity_ends(incident, ledger, instance)
+        if ending:
+            raise CapacityEndsError(f"{incident.slurm_node} ({instance}): {ending}; no further rung, the node is retired")
         rungs.append({"rung": ladder[len(rungs)], "instance_id": instance, "started_at": clock().isoformat()})
         ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
     current = rungs[-1]
@@ -69,6 +78,15 @@ def repair(
     current["done_at"] = clock().isoformat()
     ledger.record_progress(incident, "repair", {"rungs": rungs})
     return _output(incident, len(rungs), current, check_timeout_s)
+
+
+def capacity_ends(incident: IncidentRef, ledger: Ledger, instance: str) -> str:
+    """Why ``instance``'s capacity ends, if an end was noted on the incident for that instance
+    (a replacement is another instance: the end named the one before); else ''."""
+    note = ledger.get(incident.incident_id).stages.get("capacity_end")
+    if note is None or note.result.get("instance_id") != instance:
+        return ""
+    return f"its capacity ends ({note.result.get('fault_code')})"
 
 
 def serving(incident: IncidentRef, rungs: list[dict[str, Any]]) -> IncidentRef:

@@ -17,7 +17,7 @@ from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, Resum
 from nodemedic.errors import JobsPendingError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.drain import owner_tag
-from nodemedic.stages.repair import serving_now
+from nodemedic.stages.repair import capacity_ends, serving_now
 from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
@@ -71,6 +71,8 @@ def resume(
     if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
         resumed = bool(record.result["resumed"])
         destination = record.result.get("destination", destination)  # type: ignore[assignment]
+    elif capacity_ends(incident, ledger, _serving_instance(incident, ledger)):
+        return _retire_repaired(incident, destination, status.state, ledger=ledger, clock=clock)
     else:
         # NodeMedic stops holding the node first, whoever's drain it carries: the reconciler never
         # drains again a node being returned (a failure from here on holds it again)
@@ -100,6 +102,29 @@ def resume(
     return out
 
 
+def _serving_instance(incident: IncidentRef, ledger: Ledger) -> str:
+    """The instance behind the node now: the last rung's (a replacement), else the incident's."""
+    repaired = ledger.get(incident.incident_id).stages.get("repair")
+    rungs = list(repaired.result.get("rungs", [])) if repaired else []  # type: ignore[call-overload]
+    return str(rungs[-1]["instance_id"]) if rungs else incident.instance_id
+
+
+def _retire_repaired(incident: IncidentRef, destination: Destination, node_state: str, *, ledger: Ledger,
+                     clock: Callable[[], datetime]) -> ResumeOutput:
+    """The node's capacity ends (noted while it was repaired): it is not returned to service or to
+    the pool but stays drained, NodeMedic's drain and lock kept, as a retirement would leave it."""
+    ending = ledger.get(incident.incident_id).stages["capacity_end"].result
+    done = clock()
+    out = ResumeOutput(slurm_node=incident.slurm_node, resumed=False, destination=destination, node_state=node_state,
+                       time_to_recover_s=(done - incident.observed_at).total_seconds(), retired=True)
+    ledger.complete_stage(incident, "resume", done, out.model_dump(mode="json"))
+    ledger.end(incident, "retired", done,
+               f"{incident.slurm_node} ({incident.instance_id}) repaired but not returned: its capacity ends "
+               f"({ending.get('fault_code')}, noted during the repair); it stays drained until AWS takes it back",
+               release_node=False)
+    return out
+
+
 def lambda_error_message(cause: str) -> str:
     """A Lambda error's message from the state machine's Cause (a JSON document), or the cause."""
     try:
@@ -112,11 +137,16 @@ def retire(incident: IncidentRef, *, ledger: Ledger, clock: Callable[[], datetim
     """The node's capacity ends (its Capacity Block): it stays drained, and its lock held, so what
     its agent or the silence sweeper says while AWS takes it back folds into this incident."""
     current = ledger.get(incident.incident_id)
-    spare = current.stages.get("spare")
+    spare, repair = current.stages.get("spare"), current.stages.get("repair")
     moved = spare.result.get("spare") if spare else None
+    rungs = [str(r["rung"]) for r in repair.result.get("rungs", [])] if repair else []  # type: ignore[attr-defined]
+    note = current.stages.get("capacity_end")
+    code = note.result.get("fault_code") if note else incident.fault_code
     message = (f"{incident.slurm_node} ({incident.instance_id}) retired: its capacity ends "
-               f"({incident.fault_code}); it stays drained until AWS takes it back"
-               + (f"; its jobs moved to {moved}" if moved else "") + ". Nothing was repaired or replaced into it.")
+               f"({code}); it stays drained until AWS takes it back"
+               + (f"; its jobs moved to {moved}" if moved else "")
+               + (f". Its repair stopped after {', '.join(rungs)}; nothing more was done to it." if rungs
+                  else ". Nothing was repaired or replaced into it."))
     if current.status == "open":
         ledger.end(incident, "retired", clock(), message, release_node=False)
     return EndOutput(status="retired", message=message)
