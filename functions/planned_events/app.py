@@ -2,7 +2,7 @@
 or EC2's warning that a Capacity Block ends becomes one Node Health Event per affected node of
 this cluster on NodeMedic's bus, so each is handled before AWS acts; everything else it names is
 ignored and counted with the reason. A Capacity Block's end is also said on the escalation topic,
-once for the whole block."""
+once for the whole block, however often the warning is delivered."""
 
 from datetime import UTC, datetime
 from typing import Any
@@ -67,7 +67,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             raise PublishFailedError(f"{failed} of {len(batch)} planned-event entries were not put on the bus")
     if planned.ignored:
         logger.info("affected resources ignored", ignored=[f"{entity}: {why}" for entity, why in planned.ignored])
-    if isinstance(envelope, CapacityBlockEnvelope) and planned.events:
+    if isinstance(envelope, CapacityBlockEnvelope) and planned.events and wiring.ledger().first_announcement(
+            f"capacity-block/{envelope.detail.capacity_reservation_id}/{envelope.detail.end_date:%Y%m%dT%H%M%SZ}", now):
         _announce_capacity_end(envelope, planned, s.cluster_name, s.escalation_topic_arn)
     logger.info("planned events published", extra={**what, "nodes": [e.node.slurm_node for e in planned.events]})
     metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(planned.events))

@@ -17,13 +17,15 @@ enforcement ignores resources and conditions. This module is the strict part:
   one action per item of a DynamoDB transaction), the resource ARN each action names (``*`` for
   actions without a resource type, such as ``states:SendTaskSuccess``) and the condition keys it
   carries (``aws:ResourceTag/*`` of the EC2 instance, ``autoscaling:ResourceTag/*`` of the
-  *group*, ``ssm:resourceTag/*``, ``aws:RequestTag/*``, ``aws:TagKeys``, ``events:source``...).
+  *group*, ``ssm:resourceTag/*``, ``aws:RequestTag/*``, ``aws:TagKeys``, ``events:source``,
+  ``dynamodb:LeadingKeys`` of a single-item write or read...).
   A call it has no model for is refused loudly: add its model, do not let it through.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -170,6 +172,18 @@ class Facts:
     group_of_instance: Callable[[str], tuple[str, dict[str, str]] | None]  # (group ARN, group tags)
     topic_key: Callable[[str], str | None]  # the KMS key ARN a topic is encrypted with (customer managed)
     hyperpod_cluster_arn: Callable[[str], str]
+    table_hash_key: Callable[[str], str] = lambda _table: "pk"  # a table's partition key attribute
+
+
+def _leading_keys(hash_key_of: Callable[[str], str], body: dict[str, Any]) -> Context:
+    """``dynamodb:LeadingKeys``: the partition key value of the item a single-item action names
+    (DynamoDB Developer Guide, "Using IAM policy conditions for fine-grained access control")."""
+    item = body.get("Key") or body.get("Item") or {}
+    value = item.get(hash_key_of(body["TableName"])) if item else None
+    if not value:
+        return {}
+    [(_type, raw)] = value.items()
+    return {"dynamodb:leadingkeys": [str(raw)]}
 
 
 def facts_from(client: Callable[[str], Any], *, partition: str, region: str, account: str) -> Facts:
@@ -203,7 +217,13 @@ def facts_from(client: Callable[[str], Any], *, partition: str, region: str, acc
             return name
         return str(client("sagemaker").describe_cluster(ClusterName=name)["ClusterArn"])
 
-    return Facts(partition, region, account, instance_tags, group_of_instance, topic_key, hyperpod_cluster_arn)
+    @functools.cache  # a table's key schema never changes
+    def table_hash_key(name: str) -> str:
+        schema = client("dynamodb").describe_table(TableName=name)["Table"]["KeySchema"]
+        return str(next(k["AttributeName"] for k in schema if k["KeyType"] == "HASH"))
+
+    return Facts(partition, region, account, instance_tags, group_of_instance, topic_key, hyperpod_cluster_arn,
+                 table_hash_key)
 
 
 # Actions whose IAM name differs from the operation's (Service Authorization Reference)
@@ -252,12 +272,15 @@ class Authorizer:
                      "ConditionCheck": "ConditionCheckItem"}
             for item in params["TransactItems"]:
                 [(kind, body)] = item.items()
-                yield Request(f"dynamodb:{kinds[kind]}", table(body["TableName"]))
-        elif operation in ("BatchGetItem", "BatchWriteItem"):
+                yield Request(f"dynamodb:{kinds[kind]}", table(body["TableName"]),
+                              _leading_keys(self.f.table_hash_key, body))
+        elif operation in ("BatchGetItem", "BatchWriteItem"):  # no LeadingKeys: no policy here conditions these
             for name in params["RequestItems"]:
                 yield Request(action, table(name))
         elif "TableName" in params:
-            yield Request(action, table(params["TableName"]))
+            single = operation in ("GetItem", "PutItem", "UpdateItem", "DeleteItem")
+            yield Request(action, table(params["TableName"]),
+                          _leading_keys(self.f.table_hash_key, params) if single else {})
         else:
             raise NotImplementedError(f"the local IAM has no model of {action}")
 

@@ -137,6 +137,15 @@ def test_a_transaction_needs_each_items_action_and_a_batch_delete_needs_delete()
                      "Resource": "arn:aws:sqs:us-east-1:123456789012:q"}], "sqs", "DeleteMessageBatch", batch)
 
 
+def test_leading_keys_limit_a_role_to_items_whose_partition_key_it_owns() -> None:
+    own = {"Effect": "Allow", "Action": "dynamodb:PutItem", "Resource": "arn:aws:dynamodb:us-east-1:123456789012:table/t",
+           "Condition": {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["ANNOUNCED#*"]}}}
+    put = lambda pk: {"TableName": "t", "Item": {"pk": {"S": pk}, "at": {"S": "now"}}}  # noqa: E731
+    assert allowed([own], "dynamodb", "PutItem", put("ANNOUNCED#capacity-block/cr-1"))
+    assert not allowed([own], "dynamodb", "PutItem", put("INCIDENT#inc-1")), "another item of the table"
+    assert not allowed([own], "dynamodb", "TransactWriteItems", {"TransactItems": [{"Put": put("NODE#c1#i-1")}]})
+
+
 def test_send_command_is_authorized_on_the_document_and_each_tagged_instance() -> None:
     send = {"DocumentName": "nodemedic-drain", "InstanceIds": ["i-0abc"], "Parameters": {}}
     document = {"Effect": "Allow", "Action": "ssm:SendCommand",

@@ -404,6 +404,15 @@ class Ledger:
             "pk": {"S": f"EVENT#{event_key}"}, "incident_id": {"S": incident_id},
             "expires_at": {"N": str(int((now + EVENT_MEMORY).timestamp()))}})  # the table's TTL attribute
 
+    def first_announcement(self, key: str, now: datetime) -> bool:
+        """True the first time ``key`` is announced within ``EVENT_MEMORY``: a redelivered event
+        (EventBridge delivers at least once) says nothing twice. One conditional write, so two
+        deliveries at the same moment announce once."""
+        return self._conditional("put_item", Item={
+            "pk": {"S": f"ANNOUNCED#{key}"}, "at": {"S": now.isoformat()},
+            "expires_at": {"N": str(int((now + EVENT_MEMORY).timestamp()))}},
+            ConditionExpression="attribute_not_exists(pk)")
+
     def repaired_at(self, cluster: str, slurm_node: str) -> datetime | None:
         """When the node's last incident closed (it was back in service or in the spare pool)."""
         item = self._db.get_item(TableName=self._table, Key=_repaired_key(cluster, slurm_node),
