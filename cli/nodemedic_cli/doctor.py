@@ -148,7 +148,8 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                                                         "Source": "nodemedic.planned",
                                                                         "DetailType": "Node Health Event"}]}),
                                   ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]}),
-                                  ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "ANNOUNCED#doctor"}}})],
+                                  ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "ANNOUNCED#doctor"}}}),
+                                  ("ec2", "DescribeInstanceStatus", {})],  # the sweep of scheduled events
         "SilenceSweeperFunction": [("sqs", "ReceiveMessage", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("sqs", "DeleteMessageBatch", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("dynamodb", "GetItem", table), ("dynamodb", "PutItem", table),

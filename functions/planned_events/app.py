@@ -1,5 +1,6 @@
-"""Planned events: an AWS Health scheduled change (instance retirement, stop, reboot maintenance)
-or EC2's warning that a Capacity Block ends becomes one Node Health Event per affected node of
+"""Planned events: an AWS Health scheduled change (instance retirement, stop, reboot maintenance),
+the same found by the function's periodic sweep of EC2's scheduled events (what AWS Health did
+not deliver), or EC2's warning that a Capacity Block ends becomes one Node Health Event per affected node of
 this cluster on NodeMedic's bus, so each is handled before AWS acts; everything else it names is
 ignored and counted with the reason. A Capacity Block's end is also said on the escalation topic,
 once for the whole block, however often the warning is delivered."""
@@ -16,12 +17,28 @@ from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, PLANNED_SOURCE
 from nodemedic.errors import InvalidEventError, PublishFailedError
-from nodemedic.planned_events import Plan, parse_planned_event, plan, plan_capacity_end, reservation_instances
+from nodemedic.planned_events import (
+    Plan,
+    parse_planned_event,
+    plan,
+    plan_capacity_end,
+    plan_scheduled,
+    reservation_instances,
+    scheduled_events,
+)
 from nodemedic.settings import settings
 
 logger = Logger(service="planned_events")
 metrics = Metrics()
 PUT_EVENTS_BATCH = 10  # PutEvents takes at most 10 entries per call
+
+
+class ScheduledSweep:
+    """The function's own schedule fired: sweep EC2's scheduled events."""
+
+
+def _is_schedule(event: dict[str, Any]) -> bool:
+    return event.get("source") == "aws.events" and event.get("detail-type") == "Scheduled Event"
 
 
 def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, cluster: str, topic_arn: str) -> None:
@@ -42,13 +59,20 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
     metrics.add_dimension(name="Cluster", value=s.cluster_name)
     try:
-        envelope = parse_planned_event(event)
+        envelope = ScheduledSweep() if _is_schedule(event) else parse_planned_event(event)
     except InvalidEventError as exc:
         logger.warning("planned event rejected; no node touched", reason=str(exc))
         metrics.add_metric(name="PlannedEventsRejected", unit=MetricUnit.Count, value=1)
         return {"rejected": str(exc)}
     now = datetime.now(UTC)
-    if isinstance(envelope, AwsHealthEnvelope):
+    if isinstance(envelope, ScheduledSweep):
+        if s.provider == "hyperpod":  # its instances are in the service's account, not this one
+            logger.info("EC2 scheduled events not swept: HyperPod instances are not in this account's EC2")
+            return {"nodes": [], "ignored": []}
+        planned = plan_scheduled(scheduled_events(wiring.client("ec2")), cluster=s.cluster_name,
+                                 provider=wiring.provider(), now=now)
+        what = {"sweep": "EC2 scheduled events"}
+    elif isinstance(envelope, AwsHealthEnvelope):
         planned = plan(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
         what = {"event": envelope.detail.eventArn, "type": envelope.detail.eventTypeCode,
                 "deadline": envelope.detail.startTime.isoformat()}

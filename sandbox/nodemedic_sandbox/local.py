@@ -191,6 +191,13 @@ class LocalMode:
             raise RuntimeError(f"the reconciler failed: {body}")
         return body
 
+    def fire_schedule(self, function: str) -> None:
+        """Fire the scheduled rule(s) of the template's ``function`` (logical id) now, as EventBridge
+        would on its schedule."""
+        arn = self.aws.client("lambda").get_function(FunctionName=self.stack.resources[function])
+        if not self.aws.fire_schedules(arn["Configuration"]["FunctionArn"]):
+            raise ValueError(f"{function} has no scheduled rule")
+
     def drains(self) -> list[str]:
         """The node of each drain the pipeline sent to the controller (its slurm-drain commands)."""
         return [m.group(1) for script in self.scontrol_commands("state=drain")

@@ -6,6 +6,7 @@ If a moto upgrade moves a hooked internal or fixes/changes the behaviour, these 
 import json
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -211,6 +212,21 @@ def test_instances_in_a_capacity_reservation_are_described_and_found_by_it(aws: 
     ec2.terminate_instances(InstanceIds=[ids[0]])
     assert reservation_instances(ec2, block) == ids[1:2], "only pending or running instances"
     assert reservation_instances(ec2, "cr-0ffffffffffffffff") == []
+
+
+def test_scheduled_events_are_described_and_the_event_code_filter_applies(aws: EmbeddedAWS) -> None:
+    from nodemedic.planned_events import scheduled_events
+
+    ec2 = aws.client("ec2")
+    ids = sorted(i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=3,
+                                                            MaxCount=3)["Instances"])
+    when = datetime(2026, 12, 6, tzinfo=UTC)
+    event_id = aws.schedule_instance_event(ids[1], "instance-retirement", when)
+    [(instance, event)] = scheduled_events(ec2)  # moto alone returns every instance for the filter
+    assert (instance, event["Code"], event["InstanceEventId"], event["NotBefore"]) == (
+        ids[1], "instance-retirement", event_id, when)
+    everyone = ec2.describe_instance_status(InstanceIds=ids)["InstanceStatuses"]
+    assert len(everyone) == 3, "without the filter every running instance is described"
 
 
 def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) -> None:

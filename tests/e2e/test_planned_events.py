@@ -42,3 +42,28 @@ def test_a_scheduled_retirement_replaces_the_node_before_aws_acts(local: LocalMo
     [rung] = incident.stages["repair"].result["rungs"]
     assert rung["rung"] == "replace" and local.cluster.instance_of("gpu-2") != retiring
     wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
+
+
+def test_the_sweep_of_ec2_scheduled_events_finds_what_aws_health_did_not_deliver(local: LocalMode) -> None:
+    retiring = local.cluster.instance_of("gpu-3")
+    local.aws.schedule_instance_event(retiring, "instance-retirement", datetime.now(UTC) + timedelta(days=10))
+    done = local.aws.schedule_instance_event(local.cluster.instance_of("gpu-1"), "instance-reboot",
+                                             datetime.now(UTC) - timedelta(days=1),
+                                             description="[Completed] Scheduled reboot")
+    assert done
+    local.fire_schedule("PlannedEventsFunction")  # its hourly sweep
+    [execution] = local.wait_for_executions(1)
+    [incident] = local.incidents()
+    assert (incident.slurm_node, incident.fault_code, incident.status) == ("gpu-3", "PLANNED_RETIREMENT", "closed")
+    evidence = incident.stages["detect"].result["evidence"]
+    assert evidence["ec2_event_code"] == "instance-retirement" and evidence["deadline"] > datetime.now(UTC).isoformat()
+    assert local.cluster.instance_of("gpu-3") != retiring  # replaced before EC2 retires it
+
+    local.fire_schedule("PlannedEventsFunction")  # the next sweep: the old instance is gone, nothing new
+    local.aws.schedule_instance_event(local.cluster.instance_of("gpu-3"), "system-maintenance",
+                                      datetime.now(UTC) + timedelta(days=3), description="Scheduled network maintenance")
+    local.fire_schedule("PlannedEventsFunction")
+    local.fire_schedule("PlannedEventsFunction")  # seen by two sweeps: one event id, recorded once
+    executions = local.wait_for_executions(3)
+    assert len(local.incidents()) == 1, "network maintenance is recorded (monitor), no incident"
+    assert sorted(local.detect_decision(e) or "" for e in executions) == ["monitor", "monitor", "remediate"]

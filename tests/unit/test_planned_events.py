@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError
-from nodemedic.planned_events import parse_planned_event, plan, plan_capacity_end
+from nodemedic.planned_events import parse_planned_event, plan, plan_capacity_end, plan_scheduled
 from nodemedic.providers.base import Member
 from nodemedic.stages.detect import parse_trigger
 
@@ -177,3 +177,54 @@ def _with(event: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str,
         target = target[key]
     target[path[-1]] = value
     return changed
+
+
+def _scheduled(code: str, instance: str = OURS, description: str = "", event_id: str = "instance-event-0a1b2c3d4e5f6a7b8",
+               not_after: datetime | None = None) -> tuple[str, dict[str, Any]]:
+    """(instance, event) as DescribeInstanceStatus returns a scheduled event (boto3's datetimes)."""
+    event: dict[str, Any] = {"InstanceEventId": event_id, "Code": code, "NotBefore": datetime(2026, 12, 6, tzinfo=UTC),
+                             "Description": description or f"The instance is scheduled for {code}"}
+    if not_after:
+        event["NotAfter"] = not_after
+    return instance, event
+
+
+@pytest.mark.parametrize(("code", "description", "fault"), [
+    ("instance-retirement", "", "PLANNED_RETIREMENT"),
+    ("instance-stop", "", "PLANNED_STOP"),
+    ("instance-reboot", "", "PLANNED_REBOOT"),
+    ("system-reboot", "", "PLANNED_SYSTEM_REBOOT"),
+    ("system-maintenance", "Scheduled network maintenance", "PLANNED_NETWORK_MAINTENANCE"),
+    ("system-maintenance", "Scheduled power maintenance", "PLANNED_POWER_MAINTENANCE"),
+])
+def test_each_ec2_scheduled_event_of_a_member_becomes_its_planned_fault(code: str, description: str,
+                                                                        fault: str) -> None:
+    [event] = plan_scheduled([_scheduled(code, description=description)], cluster="local", provider=_Cluster(),
+                             now=NOW).events  # type: ignore[arg-type]
+    assert (event.node.slurm_node, event.fault_code, event.check) == ("gpu-2", fault, "ec2_scheduled_event")
+    assert event.evidence["deadline"] == "2026-12-06T00:00:00+00:00" and event.evidence["ec2_event_code"] == code
+
+
+def test_a_later_sweep_of_the_same_scheduled_event_repeats_its_event_id_and_another_event_does_not() -> None:
+    sweep = lambda *events: plan_scheduled(list(events), cluster="local", provider=_Cluster(), now=NOW)  # noqa: E731
+    first, again = sweep(_scheduled("instance-retirement")), sweep(_scheduled("instance-retirement"))
+    assert first.events[0].event_id == again.events[0].event_id  # Detect deduplicates it: one incident
+    other = sweep(_scheduled("instance-retirement", event_id="instance-event-0fffffffffffffff0"))
+    assert other.events[0].event_id != first.events[0].event_id
+
+
+def test_a_sweep_ignores_what_is_over_or_not_ours_with_the_reason() -> None:
+    planned = plan_scheduled([
+        _scheduled("instance-reboot", description="[Completed] The instance is running on new hardware."),
+        _scheduled("system-reboot", description="[Canceled] Scheduled reboot"),
+        _scheduled("instance-stop", not_after=datetime(2026, 11, 22, tzinfo=UTC)),
+        _scheduled("instance-retirement", instance=THEIRS),
+        _scheduled("host-error"),
+    ], cluster="local", provider=_Cluster(), now=NOW)  # type: ignore[arg-type]
+    assert planned.events == []
+    reasons = [why for _, why in planned.ignored]
+    assert reasons[0].startswith("instance-reboot is over: [Completed]")
+    assert reasons[1].startswith("system-reboot is over: [Canceled]")
+    assert reasons[2] == "instance-stop: its window ended at 2026-11-22T00:00:00+00:00"
+    assert reasons[3] == "not a member of cluster local"
+    assert reasons[4] == "host-error is not one NodeMedic acts on"

@@ -1,5 +1,7 @@
 """AWS Health scheduled changes for the cluster's instances (an instance retirement, a stop, a
-reboot maintenance...), and EC2's warning that a Capacity Block ends, turned into one Node Health
+reboot maintenance...), the same changes found by a periodic sweep of EC2's scheduled events
+(``DescribeInstanceStatus``: what AWS Health did not deliver), and EC2's warning that a Capacity
+Block ends, turned into one Node Health
 Event per affected node of this cluster, from source ``nodemedic.planned``, on NodeMedic's own
 bus. The state machine then handles each like a fault: drain, spare, the rung the event needs
 (fault_table.json: a retirement or stop is a replace, which on the ec2 provider is the stop/start
@@ -47,6 +49,18 @@ PLANNED: dict[str, str] = {
     "AWS_EC2_INSTANCE_POWER_MAINTENANCE_SCHEDULED": "PLANNED_POWER_MAINTENANCE",
     "AWS_EC2_PERSISTENT_INSTANCE_POWER_MAINTENANCE_SCHEDULED": "PLANNED_POWER_MAINTENANCE",
 }
+# EC2 scheduled event code (DescribeInstanceStatus) -> the same fault codes: the sweep finds an
+# event AWS Health did not deliver (a rule created after it, a delivery lost). system-maintenance
+# is network or power maintenance; its description says which.
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_InstanceStatusEvent.html
+SCHEDULED: dict[str, str] = {
+    "instance-retirement": "PLANNED_RETIREMENT",
+    "instance-stop": "PLANNED_STOP",
+    "instance-reboot": "PLANNED_REBOOT",
+    "system-reboot": "PLANNED_SYSTEM_REBOOT",
+    "system-maintenance": "PLANNED_POWER_MAINTENANCE",
+}
+ENDED_EVENT = ("[Completed]", "[Canceled]")  # how EC2 marks a scheduled event that is over
 _INSTANCE = re.compile(INSTANCE_ID)
 _EVENT_IDS = uuid.UUID("5b0f3c1e-8a64-4f5e-9a59-0d7c4c1f2a10")  # namespace of the derived event ids
 
@@ -137,4 +151,43 @@ def plan_capacity_end(envelope: CapacityBlockEnvelope, *, cluster: str, provider
                              "block_end": d.end_date.isoformat()})
     if not result.events and not result.ignored:
         result.ignored.append((block, "no running instance of this account is in the Capacity Block"))
+    return result
+
+
+def scheduled_events(ec2: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(instance, event) for each scheduled event of a running instance of this account that
+    NodeMedic acts on (EC2 ``DescribeInstanceStatus``, filter ``event.code``)."""
+    pages = ec2.get_paginator("describe_instance_status").paginate(
+        Filters=[{"Name": "event.code", "Values": sorted(SCHEDULED)}])
+    return [(status["InstanceId"], event) for page in pages for status in page["InstanceStatuses"]
+            for event in status.get("Events", [])]
+
+
+def plan_scheduled(events: Iterable[tuple[str, dict[str, Any]]], *, cluster: str, provider: Provider,
+                   now: datetime) -> Plan:
+    """One event per node of this cluster with an EC2 scheduled event still to come. The event id
+    is derived from EC2's event id, so every later sweep that sees the same scheduled event is a
+    redelivery Detect deduplicates: one incident per scheduled event."""
+    result = Plan()
+    for instance, event in events:
+        code, description = str(event.get("Code", "")), str(event.get("Description", ""))
+        fault = SCHEDULED.get(code)
+        not_before, not_after = event.get("NotBefore"), event.get("NotAfter")
+        if fault is None:
+            result.ignored.append((instance, f"{code or 'an event without a code'} is not one NodeMedic acts on"))
+        elif description.startswith(ENDED_EVENT):
+            result.ignored.append((instance, f"{code} is over: {description[:120]}"))
+        elif isinstance(not_after, datetime) and not_after <= now:
+            result.ignored.append((instance, f"{code}: its window ended at {not_after.isoformat()}"))
+        elif not event.get("InstanceEventId"):
+            result.ignored.append((instance, f"{code} has no event id"))
+        else:
+            if code == "system-maintenance" and "network" in description.lower():
+                fault = "PLANNED_NETWORK_MAINTENANCE"
+            result.add(provider, cluster, instance, f"ec2-scheduled/{event['InstanceEventId']}/{instance}", now,
+                       check="ec2_scheduled_event", fault_code=fault,
+                       evidence={"ec2_event_code": code, "ec2_event_id": str(event["InstanceEventId"])[:64],
+                                 "deadline": not_before.isoformat() if isinstance(not_before, datetime) else None,
+                                 "window_end": not_after.isoformat() if isinstance(not_after, datetime) else None,
+                                 "description": description[:256]})
     return result

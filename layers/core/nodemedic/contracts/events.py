@@ -67,7 +67,7 @@ def _plausible(value: datetime) -> datetime:
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_plausible)]
 
 Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual", "burn_in",
-                "fail_slow", "aws_health", "capacity_block"]
+                "fail_slow", "aws_health", "capacity_block", "ec2_scheduled_event"]
 Severity = Literal["info", "warning", "error", "critical"]
 EvidenceValue = str | int | float | bool | None
 
