@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.incident import Incident, IncidentRef
 from nodemedic.contracts.stages import Destination, RepairOutput
 from nodemedic.errors import (
     CapacityEndsError,
@@ -65,7 +65,7 @@ def repair(
             raise IncidentStateError(f"incident {incident.incident_id}: the ladder {list(ladder)} is exhausted")
     if not rungs or rungs[-1].get("done_at"):
         instance = rungs[-1]["instance_id"] if rungs else incident.instance_id
-        ending = capacity_ends(incident, ledger, instance)
+        ending = capacity_ends(ledger.get(incident.incident_id), instance)
         if ending:
             raise CapacityEndsError(f"{incident.slurm_node} ({instance}): {ending}; no further rung, the node is retired")
         rungs.append({"rung": ladder[len(rungs)], "instance_id": instance, "started_at": clock().isoformat()})
@@ -80,10 +80,10 @@ def repair(
     return _output(incident, len(rungs), current, check_timeout_s)
 
 
-def capacity_ends(incident: IncidentRef, ledger: Ledger, instance: str) -> str:
+def capacity_ends(current: Incident, instance: str) -> str:
     """Why ``instance``'s capacity ends, if an end was noted on the incident for that instance
     (a replacement is another instance: the end named the one before); else ''."""
-    note = ledger.get(incident.incident_id).stages.get("capacity_end")
+    note = current.stages.get("capacity_end")
     if note is None or note.result.get("instance_id") != instance:
         return ""
     return f"its capacity ends ({note.result.get('fault_code')})"
@@ -96,10 +96,10 @@ def serving(incident: IncidentRef, rungs: list[dict[str, Any]]) -> IncidentRef:
     return incident if named == incident.slurm_node else incident.model_copy(update={"slurm_node": named})
 
 
-def serving_now(incident: IncidentRef, ledger: Ledger) -> IncidentRef:
-    """:func:`serving`, from the repair rungs in the ledger."""
-    repaired = ledger.get(incident.incident_id).stages.get("repair")
-    return serving(incident, list(repaired.result.get("rungs", [])) if repaired else [])  # type: ignore[call-overload]
+def rungs_of(current: Incident) -> list[dict[str, Any]]:
+    """The repair rungs recorded on the incident, first first."""
+    repaired = current.stages.get("repair")
+    return list(repaired.result.get("rungs", [])) if repaired else []  # type: ignore[call-overload]
 
 
 def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], check_timeout_s: int) -> RepairOutput:

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.incident import Incident, IncidentRef
 from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, ResumeOutput
 from nodemedic.errors import JobsPendingError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.drain import owner_tag
-from nodemedic.stages.repair import capacity_ends, serving_now
+from nodemedic.stages.repair import capacity_ends, rungs_of, serving
 from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
@@ -66,13 +66,15 @@ def resume(
     record = ledger.start_stage(incident, "resume", clock())
     if record.completed_at:
         return ResumeOutput.model_validate(record.result)
-    incident = serving_now(incident, ledger)  # a replacement may serve under a name of its own
+    current = ledger.get(incident.incident_id)
+    rungs = rungs_of(current)
+    incident = serving(incident, rungs)  # a replacement may serve under a name of its own
     status = orchestrator.node_status(incident.slurm_node)
     if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
         resumed = bool(record.result["resumed"])
         destination = record.result.get("destination", destination)  # type: ignore[assignment]
-    elif capacity_ends(incident, ledger, _serving_instance(incident, ledger)):
-        return _retire_repaired(incident, destination, status.state, ledger=ledger, clock=clock)
+    elif capacity_ends(current, str(rungs[-1]["instance_id"]) if rungs else incident.instance_id):
+        return _retire_repaired(incident, current, destination, status.state, ledger=ledger, clock=clock)
     else:
         # NodeMedic stops holding the node first, whoever's drain it carries: the reconciler never
         # drains again a node being returned (a failure from here on holds it again)
@@ -102,18 +104,11 @@ def resume(
     return out
 
 
-def _serving_instance(incident: IncidentRef, ledger: Ledger) -> str:
-    """The instance behind the node now: the last rung's (a replacement), else the incident's."""
-    repaired = ledger.get(incident.incident_id).stages.get("repair")
-    rungs = list(repaired.result.get("rungs", [])) if repaired else []  # type: ignore[call-overload]
-    return str(rungs[-1]["instance_id"]) if rungs else incident.instance_id
-
-
-def _retire_repaired(incident: IncidentRef, destination: Destination, node_state: str, *, ledger: Ledger,
-                     clock: Callable[[], datetime]) -> ResumeOutput:
+def _retire_repaired(incident: IncidentRef, current: Incident, destination: Destination, node_state: str, *,
+                     ledger: Ledger, clock: Callable[[], datetime]) -> ResumeOutput:
     """The node's capacity ends (noted while it was repaired): it is not returned to service or to
     the pool but stays drained, NodeMedic's drain and lock kept, as a retirement would leave it."""
-    ending = ledger.get(incident.incident_id).stages["capacity_end"].result
+    ending = current.stages["capacity_end"].result
     done = clock()
     out = ResumeOutput(slurm_node=incident.slurm_node, resumed=False, destination=destination, node_state=node_state,
                        time_to_recover_s=(done - incident.observed_at).total_seconds(), retired=True)
@@ -137,9 +132,9 @@ def retire(incident: IncidentRef, *, ledger: Ledger, clock: Callable[[], datetim
     """The node's capacity ends (its Capacity Block): it stays drained, and its lock held, so what
     its agent or the silence sweeper says while AWS takes it back folds into this incident."""
     current = ledger.get(incident.incident_id)
-    spare, repair = current.stages.get("spare"), current.stages.get("repair")
+    spare = current.stages.get("spare")
     moved = spare.result.get("spare") if spare else None
-    rungs = [str(r["rung"]) for r in repair.result.get("rungs", [])] if repair else []  # type: ignore[attr-defined]
+    rungs = [str(r["rung"]) for r in rungs_of(current)]
     note = current.stages.get("capacity_end")
     code = note.result.get("fault_code") if note else incident.fault_code
     message = (f"{incident.slurm_node} ({incident.instance_id}) retired: its capacity ends "
@@ -165,7 +160,7 @@ def end_unrecovered(
             ledger.end(incident, "quarantined", clock(), reason, release_node=False)
         return EndOutput(status="quarantined", message=reason)
     repair = current.stages.get("repair")
-    rungs = list(repair.result.get("rungs", [])) if repair else []  # type: ignore[call-overload]
+    rungs = rungs_of(current)
     tried = ", ".join(f"{r['rung']} ({r['instance_id']}: "
                       f"{'healthy' if r.get('check', {}).get('healthy') else 'unhealthy'})" for r in rungs) or "none"
     if status == "quarantined":

@@ -58,6 +58,11 @@ def _interrupted_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"INTERRUPTED#{cluster}#{slurm_node}"}}
 
 
+def _ttl(at: datetime) -> dict[str, str]:
+    """``expires_at``, the table's TTL attribute: DynamoDB deletes the item some time after ``at``."""
+    return {"N": str(int(at.timestamp()))}
+
+
 def _hold_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"DRAINHOLD#{cluster}#{slurm_node}"}}
 
@@ -402,7 +407,7 @@ class Ledger:
     def mark_event_handled(self, event_key: str, incident_id: str, now: datetime) -> None:
         self._db.put_item(TableName=self._table, Item={
             "pk": {"S": f"EVENT#{event_key}"}, "incident_id": {"S": incident_id},
-            "expires_at": {"N": str(int((now + EVENT_MEMORY).timestamp()))}})  # the table's TTL attribute
+            "expires_at": _ttl(now + EVENT_MEMORY)})
 
     def first_announcement(self, key: str, now: datetime) -> bool:
         """True the first time ``key`` is announced within ``EVENT_MEMORY``: a redelivered event
@@ -410,7 +415,7 @@ class Ledger:
         deliveries at the same moment announce once."""
         return self._conditional("put_item", Item={
             "pk": {"S": f"ANNOUNCED#{key}"}, "at": {"S": now.isoformat()},
-            "expires_at": {"N": str(int((now + EVENT_MEMORY).timestamp()))}},
+            "expires_at": _ttl(now + EVENT_MEMORY)},
             ConditionExpression="attribute_not_exists(pk)")
 
     def repaired_at(self, cluster: str, slurm_node: str) -> datetime | None:
@@ -426,7 +431,7 @@ class Ledger:
             TableName=self._table, Key=_interrupted_key(cluster, slurm_node),
             UpdateExpression="ADD jobs :job SET incident_id = :id, expires_at = :exp",
             ExpressionAttributeValues={":job": {"SS": [job_id]}, ":id": {"S": incident_id},
-                                       ":exp": {"N": str(int((now + INTERRUPTION_MEMORY).timestamp()))}})
+                                       ":exp": _ttl(now + INTERRUPTION_MEMORY)})
 
     def interrupted_on(self, cluster: str, slurm_node: str, now: datetime) -> list[str]:
         """Jobs that ran on ``slurm_node`` and another incident's drain requeued, within the hour."""
