@@ -224,8 +224,8 @@ def _status_line(r: dict[str, Any]) -> None:
     console.print(f"automation: {'[yellow]PAUSED[/] by ' + paused['by'] + ': ' + paused['reason'] if paused else '[green]on[/]'}")
     b = r["breaker"]
     console.print(f"breaker: {'[red]OPEN[/]' if b['state'] == 'open' else '[green]closed[/]'} (trips: {b['trips']}); "
-                  f"remediations in progress: {len(r['in_progress'])}; admitted within the breaker's window: "
-                  f"{len(r['admitted_in_window'])}")
+                  f"remediations in progress: {len(r['in_progress'])}; waiting for a slot: {len(r['waiting_for_a_slot'])}; "
+                  f"admitted within the breaker's window: {len(r['admitted_in_window'])}")
 
 
 @app.command()

@@ -173,11 +173,13 @@ def show(target: Target, incident_id: str) -> dict[str, Any]:
 def control_status(target: Target) -> dict[str, Any]:
     state = target.control.read()
     admitted = sorted(state.admissions)
-    statuses = target.ledger.statuses(admitted)
+    statuses = target.ledger.statuses([*admitted, *state.waiting])
+    open_ids = {i for i in [*admitted, *state.waiting] if statuses.get(i, "open") not in ENDED_STATUSES}
     return {"paused": state.paused.model_dump(mode="json") if state.paused else None,
             "breaker": state.breaker.model_dump(mode="json"),
             "admitted_in_window": admitted,  # what the breaker counts (closed ones too, until the window ends)
-            "in_progress": [i for i in admitted if statuses.get(i, "open") not in ENDED_STATUSES]}
+            "in_progress": [i for i in admitted if i in open_ids],
+            "waiting_for_a_slot": sorted(state.waiting_for_slot(open_ids))}  # the breaker counts them too
 
 
 def spares(target: Target) -> dict[str, Any]:

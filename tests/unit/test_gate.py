@@ -98,8 +98,38 @@ def test_the_limit_is_the_smaller_of_share_and_count_and_never_zero() -> None:
 
 
 def test_concurrency_is_throttled_not_held() -> None:
-    d = decide(facts(policy={"max_concurrent": 2}, active={"a", "b"}))
+    state = admitted(ControlState(), "gpu-2", "gpu-3")
+    d = decide(facts(policy={"max_concurrent": 2, "breaker": {"max_percent": 100}}, state=state,
+                     active={"inc-gpu-2", "inc-gpu-3"}))
     assert d.verdict == "throttled" and "2 remediations in progress (max 2)" in d.reason
+
+
+def waiting(state: ControlState, *nodes: str, at: datetime = NOW) -> ControlState:
+    for n in nodes:
+        inc = incident(n, iid=f"inc-{n}")
+        state.waiting[inc.incident_id] = admission_of(inc, Member(inc.instance_id, n, "running", {}, {"rack": "r9"}), at)
+    return state
+
+
+def test_nodes_waiting_for_a_slot_count_toward_the_breaker() -> None:
+    policy = {"max_concurrent": 2, "breaker": {"max_percent": 100, "max_nodes": 4}}
+    state = waiting(admitted(ControlState(), "gpu-2", "gpu-3"), "gpu-4", "gpu-5")
+    open_ = {"inc-gpu-2", "inc-gpu-3", "inc-gpu-4", "inc-gpu-5"}
+    d = decide(facts(incident("gpu-6", iid="inc-gpu-6"), policy=policy, state=state, active=open_))
+    assert d.verdict == "hold" and d.trips_breaker
+    assert "5 nodes under remediation within 60 min (2 waiting for a slot) exceed the limit of 4" in d.reason
+    assert "gpu-2, gpu-3, gpu-4, gpu-5, gpu-6" in d.notify
+    # a waiting incident that ended (held, failed, closed) no longer counts, nor one from before a reset
+    assert decide(facts(incident("gpu-6", iid="inc-gpu-6"), policy=policy, state=state,
+                        active=open_ - {"inc-gpu-5"})).verdict == "throttled"
+    state.breaker.reset = Switch(by="bob", reason="fabric fixed", at=NOW + timedelta(seconds=1))
+    assert decide(facts(incident("gpu-6", iid="inc-gpu-6"), policy=policy, state=state,
+                        active=open_)).verdict == "throttled"
+    # the incident itself, waiting already, is one node: at the limit it waits on, it does not trip
+    state = waiting(admitted(ControlState(), "gpu-2", "gpu-3"), "gpu-4", "gpu-5", "gpu-6")
+    at_limit = {"max_concurrent": 2, "breaker": {"max_percent": 100, "max_nodes": 5}}
+    assert decide(facts(incident("gpu-6", iid="inc-gpu-6"), policy=at_limit, state=state,
+                        active=open_ | {"inc-gpu-6"})).verdict == "throttled"
 
 
 def test_cooldown_holds_a_node_remediated_moments_ago() -> None:

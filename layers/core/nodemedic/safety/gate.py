@@ -7,8 +7,10 @@ Rules, in order; the first that decides wins, and every rule evaluated is record
 3. breaker open    -> hold       (tripped earlier; only an operator resets it)
 4. cooldown        -> hold       (the node slot was remediated moments ago)
 5. lemon           -> quarantine (the Nth incident of a node slot or EC2 host in the window)
-6. breaker limit   -> hold, trip (one more node would exceed the limit; names the correlation)
-7. concurrency     -> throttled  (retried by the state machine, then failed safely)
+6. breaker limit   -> hold, trip (one more node would exceed the limit; names the correlation).
+                                 Nodes waiting for a slot (rule 7) count: a storm of faults at
+                                 once trips it, however few slots the concurrency cap gives
+7. concurrency     -> throttled  (waits for a slot: retried by the state machine, then failed safely)
 8. corroboration   -> verify     (an ambiguous fault without an independent second signal)
 9. otherwise       -> proceed    (or approval first, in approval mode)
 
@@ -42,7 +44,7 @@ class Facts:
     member: Member
     policy: SafetyPolicy
     state: ControlState
-    active: set[str]  # admitted incidents still in progress
+    active: set[str]  # admitted or waiting incidents still in progress
     cluster_size: int
     signals: dict[tuple[str, str], datetime]  # (source, fault code) -> last seen, for the instance
     lineage: dict[str, list[tuple[str, datetime]]]  # key -> earlier (incident, admitted at)
@@ -162,12 +164,15 @@ def decide(f: Facts) -> Decision:
 
     limit = p.breaker_limit(f.cluster_size)
     counted = f.state.counted_by_breaker(f.now, timedelta(minutes=p.breaker.window_minutes), f.active)
+    waiting = {i: a for i, a in f.state.waiting_for_slot(f.active).items() if i != f.incident.incident_id}
     mine = admission_of(f.incident, f.member, f.now)
-    nodes = {a.slurm_node for a in counted.values()} | {node}
+    nodes = {a.slurm_node for a in [*counted.values(), *waiting.values()]} | {node}
     if len(nodes) > limit:
-        involved = [*counted.values(), mine]
+        involved = list({a.slurm_node: a for a in [*counted.values(), *waiting.values(), mine]}.values())
         shared = correlation(involved)
-        detail = (f"{len(nodes)} nodes under remediation within {p.breaker.window_minutes:g} min exceed the "
+        queued = {a.slurm_node for a in waiting.values()} - {a.slurm_node for a in counted.values()}
+        detail = (f"{len(nodes)} nodes under remediation within {p.breaker.window_minutes:g} min"
+                  f"{f' ({len(queued)} waiting for a slot)' if queued else ''} exceed the "
                   f"limit of {limit} ({p.breaker.max_percent:g}% of {f.cluster_size}, at most "
                   f"{p.breaker.max_nodes})")
         notify = (f"NodeMedic circuit breaker TRIPPED on cluster {f.incident.cluster}: {detail}. "
@@ -177,8 +182,8 @@ def decide(f: Facts) -> Decision:
         return _dry(f, stop("hold", "breaker_limit", detail, trips_breaker=True, notify=notify))
     ok("breaker_limit", f"{len(nodes)} of at most {limit} nodes within {p.breaker.window_minutes:g} min")
 
-    uncounted = {i for i, a in f.state.admissions.items() if not a.counted}
-    in_progress = len(f.active - uncounted - {f.incident.incident_id})
+    in_progress = sum(a.counted and i in f.active and i != f.incident.incident_id
+                      for i, a in f.state.admissions.items())
     if in_progress >= p.max_concurrent:
         return _dry(f, stop("throttled", "concurrency",
                             f"{in_progress} remediations in progress (max {p.max_concurrent})"))

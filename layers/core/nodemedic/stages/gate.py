@@ -56,14 +56,15 @@ def gate(
     member = provider.member(incident.instance_id)
     if member is None:
         raise UnknownNodeError(f"{incident.instance_id} left cluster {incident.cluster}; nothing was drained")
-    admitted = list(state.admissions)
-    statuses = ledger.statuses(admitted)
-    active = {i for i in admitted if statuses.get(i, "open") not in ENDED_STATUSES}
+    tracked = [*state.admissions, *state.waiting]
+    statuses = ledger.statuses(tracked)
+    active = {i for i in tracked if statuses.get(i, "open") not in ENDED_STATUSES}
     keys = lineage_keys(incident, member.topology.get("host_id", ""))
     facts = Facts(incident, member, policy, state, active, provider.size(),
                   control.signals(incident.instance_id), {k: control.lineage(k) for k in keys}, now)
     d = decide(facts)
     if d.verdict == "throttled":
+        _wait(state, incident, member, active, now, policy, control)
         raise ThrottledError(d.reason)
     if d.trips_breaker:
         state.breaker.state = "open"
@@ -75,6 +76,7 @@ def gate(
     out = GateOutput(verdict=d.verdict, reason=d.reason, rules=d.rules,
                      needs_approval=d.needs_approval, approve_repairs=d.approve_repairs, notify=d.notify)
     ledger.record_progress(incident, "gate", out.model_dump(mode="json"))
+    state.waiting.pop(incident.incident_id, None)
     _prune(state, active, now, policy)
     admission = state.admissions[incident.incident_id] = admission_of(incident, member, now)
     # an unverified ambiguous fault is not yet a remediation of the slot: Verify records it
@@ -85,11 +87,27 @@ def gate(
     return _complete(incident, ledger, clock, out)
 
 
+def _wait(state: ControlState, incident: IncidentRef, member: Member, active: set[str], now: datetime,
+          policy: SafetyPolicy, control: ControlStore) -> None:
+    """The incident waits for a remediation slot: from now on the breaker counts its node, so many
+    faults at once trip the breaker instead of taking the slots one by one as they free up. Written
+    once per incident (again after a breaker reset); a concurrent write raises ControlConflictError,
+    which the state machine retries."""
+    if incident.incident_id in state.waiting_for_slot({incident.incident_id}):
+        return
+    _prune(state, active, now, policy)
+    state.waiting[incident.incident_id] = admission_of(incident, member, now)
+    control.save(state)
+
+
 def _prune(state: ControlState, active: set[str], now: datetime, policy: SafetyPolicy) -> None:
-    """Forget ended admissions older than the breaker window (keeps the item small)."""
+    """Forget ended admissions older than the breaker window, and ended incidents that waited
+    (keeps the item small)."""
     window = timedelta(minutes=policy.breaker.window_minutes)
     for iid in [i for i, a in state.admissions.items() if i not in active and now - a.at > window]:
         del state.admissions[iid]
+    for iid in [i for i in state.waiting if i not in active]:
+        del state.waiting[iid]
 
 
 def _hold(incident: IncidentRef, ledger: Ledger, clock: Callable[[], datetime], d: Decision) -> GateOutput:

@@ -1,8 +1,9 @@
 """Cluster control state, node signals and node lineage, in the incident table.
 
 Items (partition key ``pk``):
-- ``CONTROL#<cluster>``: pause switch, circuit breaker and the admissions the gate granted
-  (what the breaker and the concurrency limit count). Written only with a condition on the
+- ``CONTROL#<cluster>``: pause switch, circuit breaker, the admissions the gate granted
+  (what the breaker and the concurrency limit count) and the incidents waiting for a slot
+  (what the breaker counts too). Written only with a condition on the
   version read, so two gates deciding at once never both take the last slot.
 - ``SIGNALS#<cluster>#<instance>``: the latest time each (source, fault code) was reported for
   an instance; corroboration looks for an independent second signal here.
@@ -63,6 +64,10 @@ class ControlState(BaseModel):
     paused: Switch | None = None
     breaker: BreakerState = Field(default_factory=BreakerState)
     admissions: dict[str, Admission] = Field(default_factory=dict, description="incident id -> admission")
+    waiting: dict[str, Admission] = Field(
+        default_factory=dict,
+        description="incident id -> the admission it waits for (the concurrency cap made it wait): the breaker "
+                    "counts its node, so a storm trips the breaker before the slots free up")
     version: int = 0
 
     def counted_by_breaker(self, now: datetime, window: timedelta, active: set[str]) -> dict[str, Admission]:
@@ -72,6 +77,11 @@ class ControlState(BaseModel):
             iid: a for iid, a in self.admissions.items()
             if a.counted and (iid in active or now - a.at <= window) and (since is None or a.at >= since)
         }
+
+    def waiting_for_slot(self, active: set[str]) -> dict[str, Admission]:
+        """Incidents still open that wait for a remediation slot, since the last reset."""
+        since = self.breaker.reset.at if self.breaker.reset else None
+        return {iid: a for iid, a in self.waiting.items() if iid in active and (since is None or a.at >= since)}
 
 
 class ControlStore:

@@ -1,0 +1,64 @@
+"""A storm at the gate: many nodes fault at once while the concurrency cap lets only a few be
+remediated. The breaker must trip on the demand, not wait for slots to free up one by one."""
+
+from __future__ import annotations
+
+import pytest
+from nodemedic.contracts.incident import Incident
+from nodemedic.errors import ThrottledError
+from nodemedic.providers.base import Member
+from nodemedic.safety.policy import SafetyPolicy
+from nodemedic.stages.gate import gate
+from nodemedic.store.control import ControlStore
+from nodemedic.store.ledger import Ledger
+
+from tests.stages.conftest import clock, opened
+from tests.stages.memory_provider import MemoryProvider
+
+POLICY = SafetyPolicy.model_validate({"max_concurrent": 2, "breaker": {"max_percent": 100, "max_nodes": 5}})
+NODES = [f"gpu-{i}" for i in range(1, 31)]
+
+
+def _gate(incident: Incident, provider: MemoryProvider, control: ControlStore, ledger: Ledger) -> str:
+    try:
+        return gate(incident, load_policy=lambda: POLICY, provider=provider, control=control, ledger=ledger,
+                    clock=clock).verdict
+    except ThrottledError:
+        return "throttled"
+
+
+def test_thirty_faults_at_once_admit_two_and_trip_the_breaker_on_the_sixth_node(ledger: Ledger) -> None:
+    provider = MemoryProvider(*(Member(f"i-{n}", n, "running") for n in NODES))
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    incidents = [opened(ledger, n) for n in NODES]
+
+    first = [_gate(i, provider, control, ledger) for i in incidents]
+    assert first[:2] == ["proceed", "proceed"]
+    assert first[2:5] == ["throttled"] * 3  # waiting for a slot, counted by the breaker
+    assert first[5:] == ["hold"] * 25  # the 6th node trips it; the rest are held by the open breaker
+
+    state = control.read()
+    assert state.breaker.state == "open" and state.breaker.trips == 1
+    assert "6 nodes under remediation within 60 min (3 waiting for a slot) exceed the limit of 5" in \
+        (state.breaker.tripped.reason if state.breaker.tripped else "")
+    assert sorted(state.admissions) == sorted(i.incident_id for i in incidents[:2])
+    # the waiting ones' retry is held too: nothing more is admitted while the breaker is open
+    assert [_gate(i, provider, control, ledger) for i in incidents[2:5]] == ["hold"] * 3
+    assert sorted(state.admissions) == sorted(control.read().admissions)
+    assert all(ledger.get(i.incident_id).status == "held" for i in incidents[2:])
+    assert all(ledger.get(i.incident_id).status == "open" for i in incidents[:2])
+
+
+@pytest.mark.parametrize("ended", ["closed", "failed"])
+def test_a_waiting_incident_that_ended_no_longer_counts_and_is_forgotten(ledger: Ledger, ended: str) -> None:
+    provider = MemoryProvider(*(Member(f"i-{n}", n, "running") for n in NODES[:6]))
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    incidents = [opened(ledger, n) for n in NODES[:6]]
+    assert [_gate(i, provider, control, ledger) for i in incidents[:5]] == ["proceed"] * 2 + ["throttled"] * 3
+    for i in incidents[2:5]:  # retried past the budget (failed) or ended some other way
+        if ended == "failed":
+            ledger.fail(i, clock(), {"stage": "gate", "error": "ThrottledError", "cause": "x"}, "failed", None)
+        else:
+            ledger.end(i, "closed", clock(), "ended", release_node=True)
+    assert _gate(incidents[5], provider, control, ledger) == "throttled"  # 3 nodes count: 2 admitted + itself
+    assert sorted(control.read().waiting) == [incidents[5].incident_id]
