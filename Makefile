@@ -43,7 +43,7 @@ unit: venv  ## fast tests only (no local stack): units and the stages on in-memo
 chaos: venv slurm  ## every chaos scenario (make test runs a bounded subset); the report goes to docs/chaos.md
 	CHAOS_REPORT=docs/chaos.md $(BIN)/pytest tests/chaos -m "" -p no:cacheprovider
 
-bench: venv  ## run the benchmarks (about 40 min); results in docs/benchmarks.{json,md} and docs/fleet.md
+bench: venv  ## run the benchmarks (about 45 min); results in docs/benchmarks.{json,md} and docs/fleet.md
 	$(BIN)/python -m bench.agent_latency --faults 200
 	$(BIN)/python -m bench.agent_idle --seconds 60
 	$(BIN)/python -m bench.silent_node --nodes 8
@@ -55,6 +55,7 @@ bench: venv  ## run the benchmarks (about 40 min); results in docs/benchmarks.{j
 	$(BIN)/python -m bench.health_check --runs 20
 	$(BIN)/python -m bench.fleet_report
 	$(BIN)/python -m bench.fleet_scale --nodes 10000 --minutes 4
+	$(BIN)/python -m bench.storm --nodes 10000 --events 20000 --faulty 2000 --seconds 60
 
 agent-wheel: venv  ## build the node agent wheel into dist/ (install it with node_agent/lifecycle/install-agent.sh)
 	$(BIN)/pip wheel --quiet --no-deps -w dist node_agent

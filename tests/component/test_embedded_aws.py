@@ -407,3 +407,29 @@ def test_a_cli_call_removes_no_environment_key_under_moto_s_worker_threads(aws: 
         result = CliRunner().invoke(app, ["fleet", "mtbf", "--instances", "8", "--failure-rate", "0.05%"])
     assert result.exit_code == 0, result.output
     assert deleted == []
+
+
+def test_a_cancelled_transaction_undoes_its_writes_and_only_its_items_are_backed_up(aws: EmbeddedAWS) -> None:
+    db = aws.client("dynamodb")
+    db.create_table(TableName="tx", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    for k in ("a", "b", "other"):
+        db.put_item(TableName="tx", Item={"pk": {"S": k}, "v": {"N": "1"}})
+    cancel = [
+        {"Put": {"TableName": "tx", "Item": {"pk": {"S": "new"}, "v": {"N": "9"}}}},
+        {"Update": {"TableName": "tx", "Key": {"pk": {"S": "a"}}, "UpdateExpression": "SET v = :n",
+                    "ExpressionAttributeValues": {":n": {"N": "9"}}}},
+        {"Delete": {"TableName": "tx", "Key": {"pk": {"S": "b"}}}},
+        {"ConditionCheck": {"TableName": "tx", "Key": {"pk": {"S": "other"}}, "ConditionExpression": "v = :two",
+                            "ExpressionAttributeValues": {":two": {"N": "2"}}}},
+    ]
+    with mock.patch("copy.deepcopy", wraps=__import__("copy").deepcopy) as deepcopy:
+        with pytest.raises(db.exceptions.TransactionCanceledException):
+            db.transact_write_items(TransactItems=cancel)
+    copied = [type(c.args[0]).__name__ for c in deepcopy.call_args_list]
+    assert "Table" not in copied  # moto alone deep-copies the whole table on every transaction
+    items = {i["pk"]["S"]: i["v"]["N"] for i in db.scan(TableName="tx")["Items"]}
+    assert items == {"a": "1", "b": "1", "other": "1"}  # all or nothing, as on AWS
+    db.transact_write_items(TransactItems=cancel[:3])
+    assert {i["pk"]["S"]: i["v"]["N"] for i in db.scan(TableName="tx")["Items"]} == {"new": "9", "a": "9", "other": "1"}
