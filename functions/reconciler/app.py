@@ -51,6 +51,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                                      Message=page(report.pages))
     if report.errors:
         logger.error("reconciler could not repair everything", errors=report.errors)
-    if any(report.counts().values()) or report.holds_dropped:
+    if any(report.counts().values()) or report.holds_dropped or report.burn_ins_unchecked:
         logger.warning("reconciler repaired", **report.model_dump(exclude={"pages", "errors"}))
     return report.model_dump()

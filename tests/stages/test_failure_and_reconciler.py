@@ -242,3 +242,27 @@ def test_an_incident_that_leaves_a_node_to_its_operator_stops_holding_it(slurm: 
     assert not out.resumed and ledger.hold_of("c1", "gpu-1") is None
     slurm.resume("gpu-1")  # the operator returns it, by hand
     assert not _reconcile(slurm, ledger).drains_reasserted
+
+
+def test_a_burn_in_hold_nobody_checks_is_paged_once_from_the_second_run_that_sees_it(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    # gpu-2 joined and was held for its burn-in, but its NODE_JOINED was folded into an incident
+    # that ended without checking it; gpu-3 is held too, and its burn-in incident is running
+    for node in ("gpu-2", "gpu-3"):
+        slurm.drain(node, f"{PREFIX}:burn-in i-{node} joined")
+    opened(ledger, "gpu-3")
+    slurm.drain("gpu-4", "ops: bad DIMM")  # an operator's drain is none of NodeMedic's business
+
+    first = _reconcile(slurm, ledger)  # the agent's event may still be on its way: not yet
+    assert first.burn_ins_unchecked == [] and first.pages == []
+    second = _reconcile(slurm, ledger)
+    assert second.burn_ins_unchecked == ["gpu-2"]
+    [page] = second.pages
+    assert "gpu-2 (i-gpu-2) is held out of service for its burn-in" in page
+    assert "nodemedic remediate gpu-2 --action reboot" in page
+    third = _reconcile(slurm, ledger)
+    assert third.burn_ins_unchecked == ["gpu-2"] and third.pages == []  # said once
+    assert slurm.node_status("gpu-2").drained  # never lifted: the node stays out unchecked
+
+    slurm.drain("gpu-1", f"{PREFIX}:burn-in i-gpu-1 joined")
+    assert _reconcile(slurm, ledger).pages == []  # a new hold: seen first, paged on the next run

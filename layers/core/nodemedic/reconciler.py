@@ -10,20 +10,26 @@ Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then
 - a claim (hot spare, replacement) whose incident ended or is gone is released;
 - a node NodeMedic holds drained that is not drained (a controller restarted without saving the
   drain; the scheduler was unreachable when the incident failed) is drained again, never over
-  someone else's drain, and never while its incident is returning it to service.
+  someone else's drain, and never while its incident is returning it to service;
+- a node held out for its burn-in (drained ``<prefix>:burn-in <instance> joined`` by the agent)
+  that no incident is checking - its ``NODE_JOINED`` was folded into another incident for the
+  node that ended without checking it (a verify that passed, a hold), or never arrived - is paged
+  once, on the second run that sees it (the first may precede the agent's event): it would
+  otherwise stay out of service unnoticed.
 
 Each repair is counted by kind (metric ``ReconcilerRepairs``, dimensions Cluster and Kind).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
 from nodemedic.contracts.incident import Bookkeeping
-from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.stages.failure import fail
 from nodemedic.store.ledger import Ledger
 
@@ -44,6 +50,7 @@ class ReconcileReport(BaseModel):
     claims_released: list[str] = Field(default_factory=list)
     drains_reasserted: list[str] = Field(default_factory=list)
     holds_dropped: list[str] = Field(default_factory=list)
+    burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
     pages: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
 
@@ -60,7 +67,13 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     books = ledger.bookkeeping(cluster)
     _strays(books, ledger, orchestrator, execution_status, prefix, now, report)
     _locks_and_claims(books, cluster, ledger, report)
-    _holds(books, ledger, orchestrator, report)
+    try:
+        nodes = {n.name: n for n in orchestrator.nodes()}
+    except Exception as exc:  # noqa: BLE001 - the scheduler is down: the next run tries again
+        report.errors.append(f"cannot read the scheduler's nodes: {exc}")
+        return report
+    _holds(books, ledger, orchestrator, nodes, report)
+    _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, report)
     return report
 
 
@@ -96,14 +109,30 @@ def _locks_and_claims(books: Bookkeeping, cluster: str, ledger: Ledger, report: 
                                           f"{statuses.get(claim.incident_id, 'gone')})")
 
 
-def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, report: ReconcileReport) -> None:
-    if not books.holds:
-        return
-    try:
-        nodes = {n.name: n for n in orchestrator.nodes()}
-    except Exception as exc:  # noqa: BLE001 - the scheduler is down: the next run tries again
-        report.errors.append(f"cannot read the scheduler's nodes: {exc}")
-        return
+def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
+                        now: datetime, report: ReconcileReport) -> None:
+    held = re.compile(rf"^{re.escape(prefix)}:burn-in (\S+) joined$")
+    busy = {lock.slurm_node for lock in books.locks} | {i.slurm_node for i in books.open_incidents}
+    for node in nodes.values():
+        found = held.match(node.reason) if node.drained else None
+        if found is None or node.name in busy:
+            continue
+        key = f"burn-in-unchecked/{cluster}/{node.name}/{found.group(1)}"
+        if ledger.first_announcement(f"{key}/seen", now):  # the agent's NODE_JOINED may be on its way
+            continue
+        report.burn_ins_unchecked.append(node.name)
+        if ledger.first_announcement(key, now):
+            report.pages.append(
+                f"NodeMedic: {node.name} ({found.group(1)}) is held out of service for its burn-in ({node.reason}) "
+                f"but no incident is checking it: its NODE_JOINED event was folded into another incident for the "
+                f"node that ended without checking it, or never arrived. It stays drained until someone acts: "
+                f"`nodemedic remediate {node.name} --action reboot` drains it under an incident, reboots it and "
+                f"checks it before returning it; `nodemedic remediate {node.name} --action resume` returns it "
+                f"unchecked.")
+
+
+def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
+           report: ReconcileReport) -> None:
     returning = {i.incident_id for i in books.open_incidents if "resume" in i.stages}
     for hold in books.holds:
         node = nodes.get(hold.slurm_node)
