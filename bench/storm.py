@@ -149,7 +149,8 @@ def compose(nodes: int, faulty: int, events: int, seconds: float, seed: int, res
     rng = random.Random(seed)
     start = datetime.now(UTC)
     sick = sorted(rng.sample(range(min(nodes, faulty * 4)), faulty))  # clustered in the first racks
-    healthy = [n for n in range(nodes) if n not in set(sick)]
+    faulty_set = set(sick)
+    healthy = [n for n in range(nodes) if n not in faulty_set]
     plan: list[tuple[float, str, dict[str, Any]]] = []
 
     def at(t: float) -> datetime:

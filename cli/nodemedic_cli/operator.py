@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from nodemedic import operations
 from nodemedic.contracts.events import RemediationRequest
-from nodemedic.contracts.incident import ENDED_STATUSES, STAGES, Incident
+from nodemedic.contracts.incident import STAGES, Incident
 from nodemedic.contracts.problems import describe
 from nodemedic.errors import CommandFailedError, IncidentStateError
 from nodemedic.operations import OperatorError
@@ -173,8 +173,7 @@ def show(target: Target, incident_id: str) -> dict[str, Any]:
 def control_status(target: Target) -> dict[str, Any]:
     state = target.control.read()
     admitted = sorted(state.admissions)
-    statuses = target.ledger.statuses([*admitted, *state.waiting])
-    open_ids = {i for i in [*admitted, *state.waiting] if statuses.get(i, "open") not in ENDED_STATUSES}
+    open_ids = target.ledger.still_open([*admitted, *state.waiting])
     return {"paused": state.paused.model_dump(mode="json") if state.paused else None,
             "breaker": state.breaker.model_dump(mode="json"),
             "admitted_in_window": admitted,  # what the breaker counts (closed ones too, until the window ends)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from nodemedic.domain.scontrol import drain_reason, parse_scontrol_record
+from nodemedic.domain.scontrol import burn_in_reason, drain_reason, parse_scontrol_record
 
 from nodemedic_agent.checks.base import Finding
 
@@ -69,7 +69,7 @@ def hold(node: str, instance_id: str, *, prefix: str, marker: Path, scontrol: st
             if "DRAIN" in state:
                 return HoldResult(False, reason, f"{node} is drained already ({reason or 'no reason'}): "
                                                  "left as it is, no burn-in hold")
-            reason = f"{prefix}:burn-in {instance_id} joined"
+            reason = burn_in_reason(prefix, instance_id)
             _scontrol(scontrol, ["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], env)
             break
         except (HoldError, OSError, subprocess.TimeoutExpired) as exc:

@@ -22,13 +22,13 @@ Each repair is counted by kind (metric ``ReconcilerRepairs``, dimensions Cluster
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
 from nodemedic.contracts.incident import Bookkeeping
+from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.stages.failure import fail
 from nodemedic.store.ledger import Ledger
@@ -111,19 +111,18 @@ def _locks_and_claims(books: Bookkeeping, cluster: str, ledger: Ledger, report: 
 
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
                         now: datetime, report: ReconcileReport) -> None:
-    held = re.compile(rf"^{re.escape(prefix)}:burn-in (\S+) joined$")
     busy = {lock.slurm_node for lock in books.locks} | {i.slurm_node for i in books.open_incidents}
     for node in nodes.values():
-        found = held.match(node.reason) if node.drained else None
-        if found is None or node.name in busy:
+        instance = burn_in_instance(prefix, node.reason) if node.drained else None
+        if instance is None or node.name in busy:
             continue
-        key = f"burn-in-unchecked/{cluster}/{node.name}/{found.group(1)}"
+        key = f"burn-in-unchecked/{cluster}/{node.name}/{instance}"
         if ledger.first_announcement(f"{key}/seen", now):  # the agent's NODE_JOINED may be on its way
             continue
         report.burn_ins_unchecked.append(node.name)
         if ledger.first_announcement(key, now):
             report.pages.append(
-                f"NodeMedic: {node.name} ({found.group(1)}) is held out of service for its burn-in ({node.reason}) "
+                f"NodeMedic: {node.name} ({instance}) is held out of service for its burn-in ({node.reason}) "
                 f"but no incident is checking it: its NODE_JOINED event was folded into another incident for the "
                 f"node that ended without checking it, or never arrived. It stays drained until someone acts: "
                 f"`nodemedic remediate {node.name} --action reboot` drains it under an incident, reboots it and "

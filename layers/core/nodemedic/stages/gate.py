@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from nodemedic.contracts.incident import ENDED_STATUSES, IncidentRef
+from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import GateOutput
 from nodemedic.errors import PolicyError, ThrottledError, UnknownNodeError
 from nodemedic.providers.base import Member, Provider
@@ -56,9 +56,7 @@ def gate(
     member = provider.member(incident.instance_id)
     if member is None:
         raise UnknownNodeError(f"{incident.instance_id} left cluster {incident.cluster}; nothing was drained")
-    tracked = [*state.admissions, *state.waiting]
-    statuses = ledger.statuses(tracked)
-    active = {i for i in tracked if statuses.get(i, "open") not in ENDED_STATUSES}
+    active = ledger.still_open([*state.admissions, *state.waiting])
     keys = lineage_keys(incident, member.topology.get("host_id", ""))
     facts = Facts(incident, member, policy, state, active, provider.size(),
                   control.signals(incident.instance_id), {k: control.lineage(k) for k in keys}, now)

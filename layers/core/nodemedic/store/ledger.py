@@ -25,6 +25,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.contracts.incident import (
+    ENDED_STATUSES,
     Bookkeeping,
     Claim,
     DrainHold,
@@ -381,6 +382,11 @@ class Ledger:
         return self._conditional("delete_item", Key=_claim_key(claim.kind, claim.key),
                                  ConditionExpression="incident_id = :id",
                                  ExpressionAttributeValues={":id": {"S": claim.incident_id}})
+
+    def still_open(self, incident_ids: list[str]) -> set[str]:
+        """Those of ``incident_ids`` that have not ended (one missing from the ledger counts as open)."""
+        statuses = self.statuses(incident_ids)
+        return {i for i in incident_ids if statuses.get(i, "open") not in ENDED_STATUSES}
 
     def statuses(self, incident_ids: list[str]) -> dict[str, str]:
         """The status of each incident (batch read; missing ones are left out)."""
