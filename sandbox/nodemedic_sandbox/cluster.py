@@ -1,5 +1,6 @@
 """A simulated GPU cluster in the embedded AWS: EC2 instances in an Auto Scaling group, each
-backing one node of the local scheduler, plus a Slurm controller instance.
+backing one node of the local scheduler, plus a Slurm controller instance (on Slurm), or the EKS
+cluster whose API server is the local one (on Kubernetes: :mod:`nodemedic_sandbox.kube_cluster`).
 
 It is also the local mode's :class:`~nodemedic_sandbox.embedded_aws.CommandHost`: what SSM
 Run Command sends to an instance runs on this machine, against the local scheduler, with
@@ -14,13 +15,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.providers.ec2 import CLUSTER_TAG
 
 from nodemedic_sandbox import faults as faults_file
-from nodemedic_sandbox.embedded_aws import CommandOutcome, EmbeddedAWS
+from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, CommandOutcome, EmbeddedAWS
 from nodemedic_sandbox.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from nodemedic_sandbox.kube_cluster import KubeScheduler, Machine
 
 INSTANCE_TYPE = "p5.48xlarge"
 GPUS_PER_INSTANCE = 8
@@ -55,15 +60,22 @@ class SimCluster:
     def state_dir(self) -> Path:
         return self.scheduler.root
 
+    @property
+    def kubernetes(self) -> KubeScheduler | None:
+        """The Kubernetes cluster, when the nodes run Kubernetes instead of Slurm."""
+        return cast("KubeScheduler", self.scheduler) if self.scheduler.kind == "kubernetes" else None
+
     def create(self) -> None:
-        """Launch the controller and one instance per scheduler node, tagged with its name."""
+        """Launch one instance per scheduler node: on Slurm tagged with its node's name, beside a
+        controller instance; on Kubernetes, each node registered with its instance as providerID."""
         ec2, asg = self.aws.client("ec2"), self.aws.client("autoscaling")
         image = "ami-0123456789abcdef0"
-        controller = ec2.run_instances(ImageId=image, InstanceType="m7i.xlarge", MinCount=1, MaxCount=1,
-                                       TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                                           {"Key": "Name", "Value": "slurm-controller"},
-                                           {"Key": CLUSTER_TAG, "Value": self.name}]}])
-        self.controller_id = controller["Instances"][0]["InstanceId"]
+        if self.kubernetes is None:
+            controller = ec2.run_instances(ImageId=image, InstanceType="m7i.xlarge", MinCount=1, MaxCount=1,
+                                           TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                               {"Key": "Name", "Value": "slurm-controller"},
+                                               {"Key": CLUSTER_TAG, "Value": self.name}]}])
+            self.controller_id = controller["Instances"][0]["InstanceId"]
         ec2.create_launch_template(LaunchTemplateName=f"{self.asg_name}-lt",
                                    LaunchTemplateData={"ImageId": image, "InstanceType": INSTANCE_TYPE})
         n = len(self.scheduler.nodes)
@@ -77,17 +89,57 @@ class SimCluster:
         )
         instances = sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups(
             AutoScalingGroupNames=[self.asg_name])["AutoScalingGroups"][0]["Instances"])
+        self._booted = {i: 0.0 for i in [*instances, *filter(None, [self.controller_id])]}  # up before the pipeline
+        with faults_file.change(self.state_dir) as faults:
+            faults.clear()
+            faults.update({"broken": {}, "bad_replacements": [], "members": {}})
+        if self.kubernetes is not None:
+            self._create_kubernetes(dict(zip(instances, self.scheduler.nodes, strict=True)))
+            return
         for instance_id, node in zip(instances, self.scheduler.nodes, strict=True):
             # the Slurm node each backs, and (for the plain-EC2 provider) the cluster they form
             ec2.create_tags(Resources=[instance_id], Tags=[{"Key": SLURM_NODE_TAG, "Value": node},
                                                            {"Key": CLUSTER_TAG, "Value": self.name}])
-        members = dict(zip(instances, self.scheduler.nodes, strict=True))
-        self._booted = {i: 0.0 for i in [*instances, self.controller_id]}  # up before the pipeline runs
         with faults_file.change(self.state_dir) as faults:
-            faults.clear()
-            faults.update({"broken": {}, "bad_replacements": [], "members": members})
+            faults["members"] = dict(zip(instances, self.scheduler.nodes, strict=True))
         if self.spares:
             self._reserve(self.spares)
+
+    def _create_kubernetes(self, nodes: dict[str, str]) -> None:
+        """EKS's part: the cluster whose endpoint and CA are the local API server's, whose access
+        entries go to its authenticator, which knows the functions' credentials as STS does. The
+        kubelets' part: each instance's node registers (spares with NodeMedic's spare taint)."""
+        kube = self.kubernetes
+        assert kube is not None
+        self.aws.client("eks").create_cluster(name=kube.eks_cluster, roleArn=f"arn:aws:iam::{ACCOUNT_ID}:role/eks",
+                                              resourcesVpcConfig={"subnetIds": []})
+        self.aws.point_eks_cluster(kube.eks_cluster, kube.server.url, kube.server.ca_file.read_bytes())
+        kube.authenticator.credentials = self.aws.credentials
+        self.aws.eks_access_entries[kube.eks_cluster] = kube.authenticator.add_access_entry
+        machines = {m.instance_id: m for m in self._machines()}
+        for instance_id, node in nodes.items():
+            kube.register(node, machines[instance_id], spare=node in self.spares)
+        kube.machines = self._machines
+        kube.start_playing()
+
+    def _machines(self) -> list[Machine]:
+        """The group's instances, and the ones it had (terminated), as their kubelets see them."""
+        from nodemedic_sandbox.kube_cluster import Machine
+
+        found = self.aws.client("ec2").describe_instances(Filters=[{"Name": f"tag:{CLUSTER_TAG}",
+                                                                    "Values": [self.name]}])
+        now = time.time()
+        out = []
+        for instance in (i for r in found["Reservations"] for i in r["Instances"]):
+            instance_id = instance["InstanceId"]
+            ready = self._booted.get(instance_id)
+            if ready is None:  # launched by the group since: boots from its launch
+                ready = instance["LaunchTime"].timestamp() + self.boot_seconds
+            state = instance["State"]["Name"]
+            out.append(Machine(instance_id, instance["Placement"]["AvailabilityZone"], instance["PrivateDnsName"],
+                               running=state in ("pending", "running"), booted=ready <= now,
+                               terminated=state in ("shutting-down", "terminated")))
+        return out
 
     def _reserve(self, nodes: list[str]) -> None:
         """The hot-spare pool the pipeline expects: a reservation of idle nodes (SpareReservation)."""
@@ -97,7 +149,9 @@ class SimCluster:
                         "flags=ignore_jobs"], env=env, check=True, capture_output=True, timeout=30)
 
     def spare_pool(self) -> list[str]:
-        """The nodes in the spare reservation now (read from Slurm)."""
+        """The nodes in the spare pool now (read from Slurm's reservation, or Kubernetes's spare taint)."""
+        if self.kubernetes is not None:
+            return self.kubernetes.spares()
         env = {**os.environ, **self.scheduler.env}
         out = subprocess.run(["scontrol", "show", "reservation", self.spare_reservation, "-o"], env=env,
                              capture_output=True, text=True, timeout=30, check=False).stdout
@@ -106,16 +160,19 @@ class SimCluster:
 
     def template_parameters(self) -> dict[str, str]:
         node_cmd = f"{sys.executable} -m nodemedic_sandbox.node --state {self.state_dir}"
+        if self.kubernetes is not None:
+            scheduler = {"Orchestrator": "kubernetes", "EksClusterName": self.kubernetes.eks_cluster}
+        else:
+            scheduler = {"SlurmControllerInstanceId": self.controller_id, "SpareReservation": self.spare_reservation}
         return {
             "ClusterName": self.name,
             "AutoScalingGroupName": self.asg_name,
-            "SlurmControllerInstanceId": self.controller_id,
+            **scheduler,
             "NodeJoinCommand": f'{node_cmd} join "$SLURM_NODE"',
             "DeepHealthCheckCommand": f"{node_cmd} health-check --level quick",
             "FullHealthCheckCommand": f"{node_cmd} health-check --level full",
             "GpuResetCommand": f"{node_cmd} gpu-reset",
             "HotSpares": str(len(self.spares)),
-            "SpareReservation": self.spare_reservation,
             "CommandTimeoutSeconds": "60",
             # a rung's check waits for the boot; then a minute for the check itself
             "HealthCheckTimeoutSeconds": str(int(self.boot_seconds) + 60),
@@ -126,6 +183,11 @@ class SimCluster:
 
     # -- identity -------------------------------------------------------------------------
     def instance_of(self, node: str) -> str:
+        if self.kubernetes is not None:  # the node's spec.providerID names it
+            instance = self.kubernetes.instance_of(node)
+            if instance is None:
+                raise LookupError(f"no Kubernetes node {node} backed by an instance")
+            return instance
         ec2 = self.aws.client("ec2")
         found = ec2.describe_instances(Filters=[
             {"Name": f"tag:{SLURM_NODE_TAG}", "Values": [node]},

@@ -73,14 +73,15 @@ class Stack:
 
 @contextlib.contextmanager
 def _quiet_about_policies() -> Iterator[None]:
-    """moto warns that it cannot create the bus/queue policies and alarms; :func:`_apply_policies` does."""
+    """moto warns that it cannot create the bus/queue policies, alarms and EKS access entries;
+    :func:`_apply_policies` does."""
     moto_log = logging.getLogger("moto")  # moto.cloudformation.parsing logs "No Moto CloudFormation support" here
     level = moto_log.level
     moto_log.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Tried to parse AWS::(Events::EventBusPolicy|SQS::QueuePolicy|"
-                                                      r"CloudWatch::Alarm)")
+                                                      r"CloudWatch::Alarm|EKS::AccessEntry)")
             yield
     finally:
         moto_log.setLevel(level)
@@ -155,8 +156,8 @@ def _moto_stack(aws: EmbeddedAWS, stack_name: str) -> Any:
 
 
 def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> None:
-    """moto's CloudFormation skips bus and queue policies and CloudWatch alarms; apply them through
-    their APIs."""
+    """moto's CloudFormation skips bus and queue policies, CloudWatch alarms and EKS access entries;
+    apply them through their APIs."""
     stack = _moto_stack(aws, stack_name)
     for logical_id, resource in cfn["Resources"].items():  # keys first: the alarms' checks read their policies
         # moto's CloudFormation stores a key's policy and a document's content as dicts, not JSON
@@ -172,6 +173,8 @@ def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> N
                                               DocumentType=props.get("DocumentType", "Command"),
                                               DocumentFormat="JSON")
     for resource in cfn["Resources"].values():
+        if "Condition" in resource and not stack.resource_map.lazy_condition_map[resource["Condition"]]:
+            continue  # CloudFormation creates no resource whose condition is false
         props = resource.get("Properties", {})
         if resource["Type"] == "AWS::Events::EventBusPolicy":
             props = clean_json(props, stack.resource_map)
@@ -192,6 +195,10 @@ def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> N
                 if ":sns:" in action and (problem := alarm_topic_problem(aws.client("sns"), aws.client("kms"), action)):
                     raise DeploymentRefusedError(f"alarm {props['AlarmName']} cannot notify: {problem}")
             aws.client("cloudwatch").put_metric_alarm(**props)
+        elif resource["Type"] == "AWS::EKS::AccessEntry":
+            props = clean_json(props, stack.resource_map)
+            aws.create_access_entry(props["ClusterName"], props["PrincipalArn"], props.get("KubernetesGroups", []),
+                                    props.get("Type", "STANDARD"))
         elif resource["Type"] == "AWS::SQS::QueuePolicy":
             props = clean_json(props, stack.resource_map)
             for url in props["Queues"]:

@@ -17,6 +17,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,12 +28,21 @@ from urllib.parse import parse_qsl, quote, urlsplit
 TOKEN_PREFIX = "k8s-aws-v1."
 CLUSTER_ID_HEADER = "x-k8s-aws-id"
 MAX_AGE_S = 15 * 60  # EKS accepts a token for 15 minutes after it was signed
+_ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/[^/]+$")
+
+
+def principal_of(caller_arn: str) -> str:
+    """The IAM principal an access entry names for a caller: STS answers a role's session as
+    ``arn:aws:sts::<account>:assumed-role/<role>/<session>``; the entry names the role,
+    ``arn:aws:iam::<account>:role/<role>``. A user's ARN is its own principal."""
+    match = _ASSUMED_ROLE.match(caller_arn)
+    return f"arn:{match[1]}:iam::{match[2]}:role/{match[3]}" if match else caller_arn
 
 
 @dataclass(frozen=True)
 class AccessEntry:
-    username: str
     groups: tuple[str, ...]
+    username: str = ""  # empty: EKS's default for a role, the caller's assumed-role ARN
 
 
 @dataclass
@@ -41,8 +51,9 @@ class EksAuthenticator:
 
     cluster: str
     credentials: dict[str, tuple[str, str]] = field(default_factory=dict)  # access key -> (secret, caller ARN)
-    access_entries: dict[str, AccessEntry] = field(default_factory=dict)  # principal ARN -> user
+    access_entries: dict[str, AccessEntry] = field(default_factory=dict)  # IAM principal ARN -> user
     rejected: list[str] = field(default_factory=list)
+    authenticated: set[tuple[str, tuple[str, ...]]] = field(default_factory=set)  # (caller ARN, its groups)
     _server: ThreadingHTTPServer | None = None
 
     def __enter__(self) -> EksAuthenticator:
@@ -81,11 +92,17 @@ class EksAuthenticator:
         except ValueError as exc:
             self.rejected.append(str(exc))
             return {"authenticated": False, "error": str(exc)}
-        entry = self.access_entries.get(arn)
+        entry = self.access_entries.get(principal_of(arn))
         if entry is None:
             self.rejected.append(f"{arn} has no access entry")
             return {"authenticated": False, "error": f"{arn} has no access entry in {self.cluster}"}
-        return {"authenticated": True, "user": {"username": entry.username, "uid": arn, "groups": list(entry.groups)}}
+        self.authenticated.add((arn, entry.groups))
+        return {"authenticated": True, "user": {"username": entry.username or arn, "uid": arn,
+                                                "groups": list(entry.groups)}}
+
+    def add_access_entry(self, principal_arn: str, groups: list[str]) -> None:
+        """What ``eks:CreateAccessEntry`` (type STANDARD) does for this cluster."""
+        self.access_entries[principal_arn] = AccessEntry(tuple(groups))
 
     def caller(self, token: str) -> str:
         """The ARN STS would answer for the token's presigned URL, or ValueError saying why not."""

@@ -9,8 +9,10 @@ checks every one of them, so a moto upgrade that moves a hooked internal fails l
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
+import hashlib
 import importlib.util
 import io
 import json
@@ -48,6 +50,7 @@ from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import InstanceBackend
 from moto.ec2.utils import filter_dict_attribute_mapping
+from moto.eks.models import eks_backends
 from moto.events.models import EventsBackend, Rule, events_backends
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
@@ -85,7 +88,7 @@ HOOKED = {
 _DYNAMODB_WRITES = threading.RLock()
 
 
-SERVICES = ("autoscaling", "cloudformation", "cloudwatch", "dynamodb", "ec2", "events", "iam", "kms", "lambda",
+SERVICES = ("autoscaling", "cloudformation", "cloudwatch", "dynamodb", "ec2", "eks", "events", "iam", "kms", "lambda",
             "logs", "s3", "sagemaker", "sns", "sqs", "ssm", "stepfunctions")
 
 
@@ -116,6 +119,55 @@ def _own_session(region: str) -> boto3.Session:
     if region not in _OWN_SESSIONS:
         _OWN_SESSIONS[region] = boto3.Session(region_name=region)
     return _OWN_SESSIONS[region]
+
+
+@dataclass(frozen=True)
+class RoleCredentials:
+    """What Lambda puts in a function's environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+    ``AWS_SESSION_TOKEN``): temporary credentials of its execution role, in a session named after
+    the function; ``caller_arn`` is what STS ``GetCallerIdentity`` answers for them."""
+
+    access_key: str
+    secret_key: str
+    session_token: str
+    caller_arn: str
+
+    @classmethod
+    def of(cls, function: str, role_arn: str) -> RoleCredentials:
+        digest = hashlib.sha256(f"{role_arn}/{function}".encode()).hexdigest()
+        role_name = role_arn.rsplit("/", 1)[1]  # STS names the role without its path
+        return cls(f"ASIA{digest[:16].upper()}", digest[16:56], f"local-session-{digest[56:]}",
+                   f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/{role_name}/{function}")
+
+
+class _FunctionClients:
+    """``nodemedic.wiring.client`` as Lambda gives it: each function's clients sign with its own
+    role's credentials (so a token it presigns from STS names its role, as EKS will read it), kept
+    per function as its warm container keeps them. Outside a function: the process's credentials."""
+
+    def __init__(self, embedded: EmbeddedAWS) -> None:
+        self._embedded = embedded
+        self._clients: dict[tuple[tuple[str, str] | None, str], Any] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, service: str) -> Any:
+        from nodemedic.aws_retries import CLIENT_CONFIG
+
+        caller: tuple[str, str] | None = getattr(self._embedded._caller, "function", None)
+        with self._lock:
+            if (caller, service) not in self._clients:
+                keys: dict[str, str] = {}
+                if caller is not None:
+                    creds = self._embedded.role_credentials(*caller)
+                    keys = {"aws_access_key_id": creds.access_key, "aws_secret_access_key": creds.secret_key,
+                            "aws_session_token": creds.session_token}
+                self._clients[(caller, service)] = boto3.client(  # type: ignore[call-overload]  # any service
+                    service, config=CLIENT_CONFIG, **keys)
+            return self._clients[(caller, service)]
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._clients.clear()
 
 
 _PARSED: dict[str, Any] = {}
@@ -401,6 +453,9 @@ class EmbeddedAWS:
         self.state_machine_roles: list[str] = []  # the deployed state machines' roles (deploy.py)
         self.throttles: list[Throttle] = []  # see throttle()
         self._caller = threading.local()  # the function whose handler runs on this thread
+        # what STS knows: each function's credentials (access key -> (secret, caller ARN)), see role_credentials
+        self.credentials: dict[str, tuple[str, str]] = {}
+        self.eks_access_entries: dict[str, Callable[[str, list[str]], None]] = {}  # see create_access_entry
         self._role_policies: dict[str, list[dict[str, Any]]] = {}
         self._own: boto3.Session | None = None  # the embedded AWS's own clients: never authorized
 
@@ -449,6 +504,7 @@ class EmbeddedAWS:
         from nodemedic import wiring
 
         wiring.reset()  # clients made before the authorizer was registered are gone
+        self._stack.enter_context(mock.patch.object(wiring, "client", _FunctionClients(self)))
         _warm_service_models()
         embedded = self
 
@@ -805,14 +861,12 @@ class EmbeddedAWS:
             # every function sees its own settings; boto3 clients (same region and credentials
             # for all) are kept, as a warm Lambda container keeps them
             wiring.reset(keep_clients=True)
+            # the function's init code runs with its role too, as on Lambda
+            self._caller.function = (fn.function_name, fn.role)
             try:
                 module = self._load(fn.function_name, source)
                 handler = getattr(module, source.handler.rsplit(".", 1)[1])
-                self._caller.function = (fn.function_name, fn.role)
-                try:
-                    record.result = handler(event, context)
-                finally:
-                    self._caller.function = None
+                record.result = handler(event, context)
                 payload = json.dumps(record.result).encode()
             except Exception as exc:  # noqa: BLE001 - reported as the Lambda service does
                 record.error_type, record.error_message = type(exc).__name__, str(exc)
@@ -823,12 +877,40 @@ class EmbeddedAWS:
                 response_headers["x-amz-function-error"] = "Unhandled"
                 payload = json.dumps(error).encode()
             finally:
+                self._caller.function = None
                 wiring.reset(keep_clients=True)
             record.seconds = time.perf_counter() - started
         record.logs = [line for line in buffer.getvalue().splitlines() if line.strip()]
         self.invocations.append(record)
         self._ingest_logs(fn.function_name, request_id, record.logs)
         return payload
+
+    def role_credentials(self, function: str, role_arn: str) -> RoleCredentials:
+        """The credentials ``function`` runs with (its execution role's), known to STS from now on."""
+        creds = RoleCredentials.of(function, role_arn)
+        self.credentials[creds.access_key] = (creds.secret_key, creds.caller_arn)
+        return creds
+
+    # -- EKS: access entries (moto has none) ---------------------------------------------
+    def point_eks_cluster(self, name: str, endpoint: str, ca_pem: bytes) -> None:
+        """EKS's part: ``DescribeCluster`` answers the endpoint and CA of the API server that plays
+        cluster ``name`` here (moto makes up both)."""
+        cluster = eks_backends[ACCOUNT_ID][self.region].clusters[name]
+        cluster.endpoint = endpoint
+        cluster.certificate_authority = {"data": base64.b64encode(ca_pem).decode()}
+
+    def create_access_entry(self, cluster: str, principal_arn: str, groups: list[str], kind: str) -> None:
+        """``eks:CreateAccessEntry``: EKS refuses one for a cluster it does not have; the cluster's
+        authenticator (registered in :attr:`eks_access_entries` by whoever plays that cluster's API
+        server) maps the principal to ``groups`` from now on.
+        https://docs.aws.amazon.com/eks/latest/APIReference/API_CreateAccessEntry.html"""
+        if kind != "STANDARD":
+            raise ValueError(f"access entry type {kind}: only STANDARD is modelled here")
+        self.client("eks").describe_cluster(name=cluster)  # ResourceNotFoundException, as EKS
+        register = self.eks_access_entries.get(cluster)
+        if register is None:
+            raise RuntimeError(f"EKS cluster {cluster} has no API server in this local mode")
+        register(principal_arn, groups)
 
     def seed_function_environment(self) -> None:
         """Create every deployed function's environment variable (empty) once, before anything

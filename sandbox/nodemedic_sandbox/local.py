@@ -33,8 +33,10 @@ class LocalMode:
                  stack_name: str = "nodemedic-local", extra_parameters: dict[str, str] | None = None,
                  schedule_scale: float | None = None, task_timeout_scale: float = 1.0, spares: int = 0,
                  boot_seconds: float = 0.0, expect_denials: bool = False, template: Path = TEMPLATE) -> None:
-        """``schedule_scale``: fire the template's scheduled rules (the silence sweeper) with their
-        periods multiplied by it; ``None`` leaves them unfired. ``spares``: how many more nodes
+        """``scheduler``: ``auto``, ``slurm``, ``simulated`` or ``kubernetes`` (see
+        :func:`nodemedic_sandbox.scheduler.create`). ``schedule_scale``: fire the template's
+        scheduled rules (the silence sweeper) with their periods multiplied by it; ``None`` leaves
+        them unfired. ``spares``: how many more nodes
         start in the hot-spare reservation. ``boot_seconds``: how long a new or rebooted
         instance takes to answer (the published ~900 s, scaled down for a run). Every call a deployed
         function makes is authorized against its role; leaving raises ``PermissionError`` listing any
@@ -96,7 +98,8 @@ class LocalMode:
         detail: dict[str, Any] = {
             "schema_version": "1", "event_id": str(uuid.uuid4()), "cluster": self.cluster.name,
             "node": {"instance_id": self.cluster.instance_of(node), "hostname": f"{node}.local",
-                     "slurm_node": node},
+                     # the agent's DaemonSet reports its Kubernetes node name (spec.nodeName)
+                     "k8s_node" if self.cluster.kubernetes else "slurm_node": node},
             "check": "kernel_log", "component": {"kind": "gpu", "index": gpu},
             "fault_code": fault_code, "severity": "critical",
             "observed_at": (observed_at or now).isoformat(), "sent_at": now.isoformat(),

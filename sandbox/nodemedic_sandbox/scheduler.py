@@ -11,11 +11,11 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
-from nodemedic_sandbox import slurm_cluster
+from nodemedic_sandbox import kube_apiserver, slurm_cluster
 
 
 class Scheduler(Protocol):
-    kind: str  # "slurm" | "simulated"
+    kind: str  # "slurm" | "simulated" | "kubernetes"
     nodes: list[str]
     root: Path
 
@@ -40,7 +40,19 @@ class Scheduler(Protocol):
 
 
 def create(nodes: list[str], root: Path | None = None, prefer: str = "auto") -> tuple[Scheduler, str]:
-    """A scheduler for ``nodes`` and a sentence saying which one and why."""
+    """A scheduler for ``nodes`` and a sentence saying which one and why. ``prefer``: ``auto``
+    (a real Slurm when it can start here, else the simulation), ``slurm``, ``simulated`` or
+    ``kubernetes`` (a real kube-apiserver; the local mode plays kubelets and operators)."""
+    if prefer == "kubernetes":
+        from nodemedic_sandbox import kube_cluster  # the Kubernetes client loads only when asked for
+
+        why_not = kube_apiserver.unavailable_reason()
+        if why_not:
+            raise RuntimeError(f"a Kubernetes cluster was asked for but cannot start: {why_not}")
+        kube = kube_cluster.KubeScheduler(Path(tempfile.mkdtemp(prefix="nodemedic-cluster-")), nodes)
+        return kube, (f"Kubernetes: a real kube-apiserver {kube_apiserver.VERSION} with etcd and RBAC, EKS's IAM "
+                      "token authentication played locally; no kubelet runs: the local mode plays kubelets, "
+                      "the training operator and the scheduler")
     root = root or Path(tempfile.mkdtemp(prefix="nodemedic-cluster-"))
     why = slurm_cluster.unavailable_reason()
     if prefer == "slurm" and why:

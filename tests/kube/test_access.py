@@ -33,6 +33,9 @@ ROLE_ARN = "arn:aws:sts::123456789012:assumed-role/nodemedic-prod-a-functions/no
 KEY, SECRET = "ASIATESTNODEMEDIC0001", "test-secret-for-the-local-authenticator"
 READER_ARN = "arn:aws:sts::123456789012:assumed-role/nodemedic-prod-a-detect/nodemedic-detect"
 READER_KEY = "ASIATESTNODEMEDIC0002"
+# what the access entries name: the roles (EKS maps a caller's assumed-role session to its role)
+ROLE = "arn:aws:iam::123456789012:role/nodemedic-prod-a-functions"
+READER_ROLE = "arn:aws:iam::123456789012:role/nodemedic-prod-a-detect"
 
 
 def _sts(key: str = KEY, secret: str = SECRET) -> Any:
@@ -48,7 +51,7 @@ def rbac(apiserver: KubeAPIServer) -> None:
 @pytest.fixture
 def lambda_identity(authenticator: EksAuthenticator, rbac: None) -> EksAuthenticator:
     authenticator.credentials[KEY] = (SECRET, ROLE_ARN)
-    authenticator.access_entries[ROLE_ARN] = AccessEntry("nodemedic", ("nodemedic:remediator",))
+    authenticator.access_entries[ROLE] = AccessEntry(("nodemedic:remediator",))
     return authenticator
 
 
@@ -110,7 +113,7 @@ def test_the_reader_group_names_nodes_and_reads_jobs_but_changes_nothing(
         apiserver: KubeAPIServer, cluster: Cluster, authenticator: EksAuthenticator, rbac: None) -> None:
     """Detect, Gate and the sweeper (which node an instance backs) and Shadow (what it would do)."""
     authenticator.credentials[READER_KEY] = (SECRET, READER_ARN)
-    authenticator.access_entries[READER_ARN] = AccessEntry("nodemedic-reader", ("nodemedic:reader",))
+    authenticator.access_entries[READER_ROLE] = AccessEntry(("nodemedic:reader",))
     node = cluster.node("gpu-1", provider_id="aws:///us-east-1a/i-0a1b2c3d4e5f60789")
     cluster.pod("train-0", node)
     orch = KubernetesOrchestrator(_as_lambda(apiserver, sts=_sts(key=READER_KEY)))

@@ -2,7 +2,8 @@
 RUNNING again, record job downtime, close the incident. Or end it unrecovered: quarantined
 (the node failed its last check) or escalated (no capacity), the node drained, on-call paged.
 
-The node is only touched if the pipeline drained it: an operator's drain is left alone.
+The node is only touched if the pipeline drained it: an operator's drain is left alone, and when
+an operator had drained the node before the incident, its replacement stays out too.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def resume(
     current = ledger.get(incident.incident_id)
     rungs = rungs_of(current)
     incident = serving(incident, rungs)  # a replacement may serve under a name of its own
+    drained = current.stages.get("drain")
+    # an operator's drain was there first: on Slurm it stays on the node (and is never lifted); on
+    # Kubernetes a replacement registers as a new node that NodeMedic cordoned, and it stays out too
+    operators = drained is not None and drained.result.get("drained_by_pipeline") is False
     status = orchestrator.node_status(incident.slurm_node)
     if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
         resumed = bool(record.result["resumed"])
@@ -79,7 +84,7 @@ def resume(
         # NodeMedic stops holding the node first, whoever's drain it carries: the reconciler never
         # drains again a node being returned (a failure from here on holds it again)
         ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
-        resumed = status.drained_by(owner_tag(prefix, incident))
+        resumed = not operators and status.drained_by(owner_tag(prefix, incident))
         if destination == "pool" and len(orchestrator.spares()) >= pool_size:
             destination = "service"
         # the read above only chooses; the drain is lifted inside the scheduler command that
@@ -100,8 +105,15 @@ def resume(
     )
     ledger.complete_stage(incident, "resume", done, out.model_dump(mode="json"))
     ledger.close(incident, done, f"node back in the spare pool ({status.state})" if destination == "pool" and resumed
-                 else "" if resumed else f"{incident.slurm_node} was drained by an operator: left drained")
+                 else "" if resumed else _left_drained(current.slurm_node, incident.slurm_node))
     return out
+
+
+def _left_drained(node: str, serving_node: str) -> str:
+    if serving_node == node:
+        return f"{node} was drained by an operator: left drained"
+    return (f"{node} was drained by an operator before the incident: its replacement {serving_node} is left "
+            f"drained by NodeMedic (`nodemedic remediate {serving_node} --action resume` returns it)")
 
 
 def _retire_repaired(incident: IncidentRef, current: Incident, destination: Destination, node_state: str, *,

@@ -1,0 +1,309 @@
+"""The local mode's Kubernetes cluster: a real kube-apiserver (etcd, RBAC, EKS's IAM token
+authentication through :class:`~nodemedic_sandbox.eks_authenticator.EksAuthenticator`), reached
+the same way as on EKS, plus the parts of a cluster that cannot run here, played from one thread:
+
+- the kubelet: a node registers (``spec.providerID`` naming its instance) once its instance has
+  booted, its ``Ready`` condition is not ``True`` while the instance reboots, and the deletion of
+  an evicted pod is confirmed;
+- the cloud node-lifecycle controller: the node of a terminated instance is deleted;
+- a training operator and the scheduler: each training job keeps its pods, a missing pod is made
+  again and bound to a node that is ready, not cordoned and carries no taint (a hot spare does
+  until NodeMedic takes it), at most one training pod per node.
+
+It offers the local mode's scheduler interface (:class:`~nodemedic_sandbox.scheduler.Scheduler`),
+so the demo and the tests drive it as they drive Slurm: ``submit``, ``job``, ``node``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes import utils as k8s_utils
+from kubernetes.client.rest import ApiException
+from nodemedic.orchestrators.kubernetes import SPARE_TAINT, KubernetesOrchestrator
+
+from nodemedic_sandbox.eks_authenticator import EksAuthenticator
+from nodemedic_sandbox.kube_apiserver import KubeAPIServer
+
+ROOT = Path(__file__).resolve().parents[2]
+RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
+NAMESPACE = "training"
+TICK_S = 0.2
+_TRAINING_OWNER = ("kubeflow.org/v1", "PyTorchJob")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """An instance of the cluster's node group, as the kubelet on it sees it."""
+
+    instance_id: str
+    zone: str
+    dns_name: str  # the name its kubelet registers under (EKS's default: the private DNS name)
+    running: bool
+    booted: bool  # it has (re)booted: its kubelet answers
+    terminated: bool
+
+
+@dataclass
+class TrainingJob:
+    name: str
+    replicas: int
+    restarts: int = 0
+    started: bool = False
+
+
+@dataclass
+class KubeScheduler:
+    """Start with ``start()``, stop with ``stop()`` (the local mode does both)."""
+
+    root: Path
+    nodes: list[str]
+    eks_cluster: str = "nodemedic-local"
+    kind: str = "kubernetes"
+    machines: Callable[[], list[Machine]] | None = None  # set by the cluster that owns the instances
+    jobs: dict[str, TrainingJob] = field(default_factory=dict)
+    _names: dict[str, str] = field(default_factory=dict)  # instance -> node name
+    _ready: dict[str, bool] = field(default_factory=dict)  # node -> its Ready condition, as last set
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {}
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        try:
+            self.authenticator = self._stack.enter_context(EksAuthenticator(self.eks_cluster))
+            self.server = self._stack.enter_context(KubeAPIServer(webhook_url=self.authenticator.url))
+            self.api = self.server.api_client()
+            self.core = k8s.CoreV1Api(self.api)
+            k8s_utils.create_from_yaml(self.api, yaml_objects=list(yaml.safe_load_all(RBAC.read_text())))
+            self.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
+            self.view = KubernetesOrchestrator(self.api)  # the admin's view, in the stages' words
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def start_playing(self) -> None:
+        """Start the kubelet/controller/operator thread (once the instances exist)."""
+        self._thread = threading.Thread(target=self._loop, name="kube-cluster", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._stack.close()
+
+    # -- nodes ------------------------------------------------------------------------------
+    def register(self, node: str, machine: Machine, *, spare: bool = False) -> None:
+        """The kubelet of ``machine`` registers as ``node`` (a spare carries NodeMedic's spare taint)."""
+        taints = [k8s.V1Taint(key=SPARE_TAINT, value="true", effect="NoSchedule")] if spare else None
+        self.core.create_node(k8s.V1Node(
+            metadata=k8s.V1ObjectMeta(name=node, labels={
+                "nvidia.com/gpu.present": "true", "topology.kubernetes.io/zone": machine.zone,
+                "node.kubernetes.io/instance-type": "p5.48xlarge"}),
+            spec=k8s.V1NodeSpec(provider_id=f"aws:///{machine.zone}/{machine.instance_id}", taints=taints)))
+        with self._lock:
+            self._names[machine.instance_id] = node
+        self._set_ready(node, True)
+
+    def start_node(self, node: str) -> None:
+        self._set_ready(node, True)
+
+    def stop_node(self, node: str) -> None:
+        self._set_ready(node, False)
+
+    def _set_ready(self, node: str, ready: bool) -> None:
+        """The kubelet's Ready condition (and, for a ready node, the node lifecycle controller
+        removing the ``not-ready`` taint the API server puts on every new node)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if ready:
+            taints = [t for t in self.core.read_node(node).spec.taints or [] if t.key != "node.kubernetes.io/not-ready"]
+            self.core.patch_node(node, [{"op": "add", "path": "/spec/taints",
+                                         "value": [self.api.sanitize_for_serialization(t) for t in taints]}])
+        self.core.patch_node_status(node, {"status": {"conditions": [
+            {"type": "Ready", "status": "True" if ready else "Unknown",
+             "reason": "KubeletReady" if ready else "NodeStatusUnknown", "message": "local mode",
+             "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+        self._ready[node] = ready
+
+    def node(self, node: str) -> dict[str, str]:
+        """The node in the stages' words (``IDLE``, ``ALLOCATED``, ``+DRAIN``…) and NodeMedic's reason."""
+        status = self.view.node_status(node)
+        return {"State": status.state, "Reason": status.reason}
+
+    def node_names(self) -> list[str]:
+        return sorted(n.metadata.name for n in self.core.list_node().items)
+
+    def instance_of(self, node: str) -> str | None:
+        return self.view.instance_of(node)
+
+    def node_of(self, instance_id: str) -> str | None:
+        return self.view.node_of(instance_id)
+
+    def spares(self) -> list[str]:
+        return sorted(s.name for s in self.view.spares())
+
+    def taints(self, node: str) -> dict[str, str]:
+        return {t.key: f"{t.value}:{t.effect}" for t in self.core.read_node(node).spec.taints or []}
+
+    def cordoned_by_operator(self, node: str) -> None:
+        """What ``kubectl cordon`` does."""
+        self.core.patch_node(node, {"spec": {"unschedulable": True}})
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        return [n for n in nodelist.split(",") if n]
+
+    # -- training jobs ------------------------------------------------------------------------
+    def submit(self, nodes: int, name: str = "train", seconds: int = 3600) -> str:
+        """A PyTorchJob of ``nodes`` workers, one per node (its operator and the scheduler are
+        played here); returns its id as the adapter names it, ``namespace/Kind/name``."""
+        job = f"{name}-{next(self._ids)}" if name in self.jobs else name
+        with self._lock:
+            self.jobs[job] = TrainingJob(job, nodes)
+        self._reconcile_jobs()
+        return f"{NAMESPACE}/{_TRAINING_OWNER[1]}/{job}"
+
+    def budget(self, job_id: str, allowed: int) -> None:
+        """A PodDisruptionBudget over the job's pods, with ``allowed`` disruptions (its status as
+        the disruption controller would compute it; the API server here serves policy/v1beta1)."""
+        name = job_id.rsplit("/", 1)[1]
+        path = f"/apis/policy/v1beta1/namespaces/{NAMESPACE}/poddisruptionbudgets"
+        with contextlib.suppress(ApiException):
+            self._raw("POST", path, {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+                                     "metadata": {"name": name}, "spec": {
+                                         "maxUnavailable": 0, "selector": {"matchLabels": {"job": name}}}})
+        generation = self._raw("GET", f"{path}/{name}")["metadata"]["generation"]
+        self._raw("PATCH", f"{path}/{name}/status", {"status": {
+            "observedGeneration": generation, "disruptionsAllowed": allowed, "currentHealthy": 1,
+            "desiredHealthy": 1, "expectedPods": 1}}, "application/merge-patch+json")
+
+    def _raw(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        data, *_ = self.api.call_api(path, method, header_params={"Content-Type": content_type,
+                                                                  "Accept": "application/json"},
+                                     body=body, response_type="object", auth_settings=["BearerToken"],
+                                     _return_http_data_only=False)
+        return data
+
+    def job(self, job_id: str) -> dict[str, str]:
+        name = job_id.rsplit("/", 1)[1]
+        with self._lock:
+            job = self.jobs[name]
+        pods = self._live_pods(name)
+        running = len(pods) == job.replicas and all(p.status.phase == "Running" for p in pods)
+        return {"JobState": "RUNNING" if running else "PENDING",
+                "NodeList": ",".join(sorted(p.spec.node_name for p in pods if p.spec.node_name)),
+                "Restarts": str(job.restarts), "Reason": "" if running else "Resources", "StartTime": ""}
+
+    def pods_on(self, node: str) -> list[str]:
+        return sorted(p.metadata.name for p in self.core.list_namespaced_pod(NAMESPACE).items
+                      if p.spec.node_name == node and p.metadata.deletion_timestamp is None)
+
+    def _live_pods(self, job: str) -> list[Any]:
+        return [p for p in self.core.list_namespaced_pod(NAMESPACE, label_selector=f"job={job}").items
+                if p.metadata.deletion_timestamp is None]
+
+    # -- the parts a real cluster plays ----------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self._kubelets()
+                self._confirm_deletions()
+                self._reconcile_jobs()
+            except Exception as exc:  # noqa: BLE001 - a stopping API server, a race: try again next tick
+                if not self._stop.is_set():
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _kubelets(self) -> None:
+        """A booted instance's kubelet registers its node, and reports it not ready while the
+        instance reboots; a terminated instance's node is deleted (the cloud node-lifecycle
+        controller)."""
+        if self.machines is None:
+            return
+        for machine in self.machines():
+            with self._lock:
+                name = self._names.get(machine.instance_id)
+            if name is None:
+                if machine.running and machine.booted:
+                    self.register(machine.dns_name, machine)
+            elif machine.terminated:
+                with contextlib.suppress(ApiException):
+                    self.core.delete_node(name)
+                with self._lock:
+                    del self._names[machine.instance_id]
+            elif self._ready.get(name) != (machine.running and machine.booted):
+                self._set_ready(name, machine.running and machine.booted)
+
+    def _confirm_deletions(self) -> None:
+        """The kubelet confirms an evicted pod's deletion (its containers have stopped)."""
+        for pod in self.core.list_namespaced_pod(NAMESPACE).items:
+            if pod.metadata.deletion_timestamp is not None:
+                with contextlib.suppress(ApiException):
+                    self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
+
+    def _reconcile_jobs(self) -> None:
+        """The training operator makes a missing worker again; the scheduler binds it to a free
+        node (ready, schedulable, untainted, no other training pod) and the kubelet runs it."""
+        with self._lock:
+            jobs = list(self.jobs.values())
+            for job in jobs:
+                live = {p.metadata.labels["worker"] for p in self._live_pods(job.name)}
+                made = 0
+                for index in range(job.replicas):
+                    if str(index) in live:
+                        continue
+                    node = self._free_node()
+                    if node is None:
+                        break
+                    self._run_pod(job, index, node)
+                    made += 1
+                if job.started and made:
+                    job.restarts += 1  # as Slurm counts a requeue: once per restart of the job
+                job.started = job.started or len(live) + made == job.replicas
+
+    def _free_node(self) -> str | None:
+        busy = {p.spec.node_name for p in self.core.list_namespaced_pod(NAMESPACE).items}
+        for node in self.core.list_node().items:
+            ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+            taints = [t for t in node.spec.taints or [] if t.effect in ("NoSchedule", "NoExecute")]
+            if ready and not node.spec.unschedulable and not taints and node.metadata.name not in busy:
+                return str(node.metadata.name)
+        return None
+
+    def _run_pod(self, job: TrainingJob, index: int, node: str) -> None:
+        name = f"{job.name}-worker-{index}-{next(self._ids)}"
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.core.create_namespaced_pod(NAMESPACE, k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=name, labels={"job": job.name, "worker": str(index)}, owner_references=[
+                k8s.V1OwnerReference(api_version=_TRAINING_OWNER[0], kind=_TRAINING_OWNER[1], name=job.name,
+                                     uid=f"uid-{job.name}", controller=True)]),
+            spec=k8s.V1PodSpec(node_name=node, containers=[k8s.V1Container(name="trainer", image="trainer:local")])))
+        self.core.patch_namespaced_pod_status(name, NAMESPACE, {"status": {
+            "phase": "Running", "startTime": now,
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+            "containerStatuses": [{"name": "trainer", "image": "trainer:local", "imageID": "", "ready": True,
+                                   "restartCount": 0, "state": {"running": {"startedAt": now}}}]}})
+
+    def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (value := predicate()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(TICK_S)
+        return value

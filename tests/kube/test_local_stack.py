@@ -1,0 +1,113 @@
+"""The whole stack on Kubernetes: template.yaml deployed with ``Orchestrator=kubernetes`` into the
+embedded AWS, its functions reaching a real kube-apiserver as they reach EKS (DescribeCluster,
+a token each presigns from STS with its own role's credentials, the stack's access entries
+mapping each role to its group, deploy/kubernetes/rbac.yaml's RBAC). The local mode plays the
+kubelets, the cloud controller, the training operator and the scheduler
+(nodemedic_sandbox.kube_cluster); the PodDisruptionBudget's status is set as the disruption
+controller would."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from nodemedic.orchestrators.kubernetes import DRAIN_TAINT, SPARE_TAINT
+from nodemedic_sandbox import kube_apiserver
+from nodemedic_sandbox.embedded_aws import ACCOUNT_ID
+from nodemedic_sandbox.kube_cluster import KubeScheduler
+from nodemedic_sandbox.local import LocalMode
+
+from tests.conftest import require
+from tests.e2e.support import OPEN, wait_for
+
+
+@pytest.fixture
+def local() -> Iterator[LocalMode]:
+    require("the real kube-apiserver", kube_apiserver.unavailable_reason())
+    with LocalMode(nodes=3, spares=1, scheduler="kubernetes", retry_time_scale=0.01, extra_parameters=OPEN) as stack:
+        yield stack
+
+
+def _kube(local: LocalMode) -> KubeScheduler:
+    assert isinstance(local.scheduler, KubeScheduler)
+    return local.scheduler
+
+
+def test_xid79_under_a_budget_cordons_evicts_moves_the_job_to_the_spare_and_replaces_the_node(
+        local: LocalMode) -> None:
+    kube = _kube(local)
+    job = kube.submit(3, name="llm")  # one worker on each of gpu-1..3; gpu-4 is the spare
+    assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to run")
+    assert kube.spares() == ["gpu-4"]
+    kube.budget(job, allowed=0)  # the job tolerates no disruption yet
+    old_instance = local.cluster.break_node("gpu-1", fixed_by="replace")
+    [sick_pod] = kube.pods_on("gpu-1")
+
+    local.put_event(local.health_event("gpu-1", "XID 79"))
+    # cordoned and tainted at once; the eviction the budget blocks is retried, the pod still runs
+    wait_for(lambda: kube.node("gpu-1")["State"].endswith("+DRAIN") and DRAIN_TAINT in kube.taints("gpu-1"),
+             "the node to be cordoned and tainted")
+    assert kube.pods_on("gpu-1") == [sick_pod] and local.executions()[0]["status"] == "RUNNING"
+    kube.budget(job, allowed=1)  # the disruption controller: one disruption allowed now
+    [execution] = local.wait_for_executions(1, timeout=120)
+
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    incident = local.incident(execution["name"])
+    assert incident.status == "closed"
+    # the job's worker left gpu-1 and runs on the spare, which is no longer reserved
+    after = kube.job(job)
+    assert after["JobState"] == "RUNNING" and after["NodeList"] == "gpu-2,gpu-3,gpu-4" and after["Restarts"] == "1"
+    assert SPARE_TAINT not in kube.taints("gpu-4")
+    # the replacement joined under a name of its own, was checked, and refills the spare pool;
+    # the node of the terminated instance is gone
+    [rung] = incident.stages["repair"].result["rungs"]
+    new_instance = rung["progress"]["new_instance_id"]
+    assert rung["rung"] == "replace" and rung["check"]["healthy"] and new_instance != old_instance
+    assert kube.node_of(new_instance) == rung["node"] != "gpu-1"
+    assert kube.spares() == [rung["node"]] and "DRAIN" not in kube.node(rung["node"])["State"]
+    wait_for(lambda: "gpu-1" not in kube.node_names(), "the old node to be deleted")
+    # every stage stamped, in order; the metrics with exactly the alarm's dimensions
+    stamps = [incident.stages[s] for s in ("detect", "gate", "drain", "spare", "repair", "resume")]
+    assert all(s.completed_at for s in stamps)
+    assert [s.completed_at for s in stamps] == sorted(s.completed_at for s in stamps)
+    assert incident.stages["jobs"].result["running"] == {job: pytest.approx(
+        incident.stages["jobs"].result["job_downtime_s"], abs=1)}
+    for metric in ("TimeToDetect", "TimeToDrain", "TimeToRepair", "TimeToResume", "TimeToRecover", "JobDowntime"):
+        assert local.metric_values(metric, Cluster="local", FaultClass="gpu_lost"), metric
+    # each function reached the API server as its own role, in the group its access entry names
+    groups = {arn.rsplit("/", 1)[1]: g for arn, g in kube.authenticator.authenticated}
+    drain_fn, detect_fn = local.stack.resources["DrainFunction"], local.stack.resources["DetectFunction"]
+    assert groups[drain_fn] == ("nodemedic:remediator",) and groups[detect_fn] == ("nodemedic:reader",)
+    assert all(arn.startswith(f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/") for arn, _ in kube.authenticator.authenticated)
+    assert kube.authenticator.rejected == [] and kube.errors == []
+
+
+def test_an_operators_cordon_and_taint_are_never_undone_even_when_they_race_the_incident(
+        local: LocalMode) -> None:
+    kube = _kube(local)
+    kube.cordoned_by_operator("gpu-2")  # before any fault: someone else's cordon
+    local.cluster.break_node("gpu-3", fixed_by="reboot")
+
+    def operator_taints(_: object) -> None:  # racing the incident: right before Resume runs
+        kube.core.patch_node("gpu-3", {"spec": {"taints": [
+            *[kube.api.sanitize_for_serialization(t) for t in kube.core.read_node("gpu-3").spec.taints or []],
+            {"key": "example.com/rma", "value": "ticket-42", "effect": "NoSchedule"}]}})
+
+    raced = local.aws.before_invoke("Resume", operator_taints)
+    local.put_event(local.health_event("gpu-2", "XID 79"))
+    local.put_event(local.health_event("gpu-3", "XID 48"))  # ladder: GPU reset, reboot, replace
+    executions = local.wait_for_executions(2, timeout=120)
+
+    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+    assert raced
+    # gpu-2: the operator's cordon was there first. NodeMedic added nothing to it and replaced the
+    # instance; the replacement registered as a new node, which stays out as its old node was
+    replaced = next(i for i in local.incidents() if i.slurm_node == "gpu-2")
+    [rung] = replaced.stages["repair"].result["rungs"]
+    assert rung["rung"] == "replace" and not replaced.stages["resume"].result["resumed"]
+    assert kube.node(rung["node"])["State"].endswith("+DRAIN") and rung["node"] not in kube.spares()
+    assert f"its replacement {rung['node']} is left drained" in replaced.outcome
+    # gpu-3: rebooted and checked; NodeMedic's own cordon and taint are gone, the operator's taint is not
+    incident = next(i for i in local.incidents() if i.slurm_node == "gpu-3")
+    assert [r["rung"] for r in incident.stages["repair"].result["rungs"]] == ["gpu_reset", "reboot"]
+    assert kube.taints("gpu-3") == {"example.com/rma": "ticket-42:NoSchedule"}
