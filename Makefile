@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# make demo SCHEDULER=k8s: the demo on a real kube-apiserver (built once by `make kube`) instead of Slurm
+SCHEDULER ?= auto
+DEMO_NEEDS := $(if $(filter k8s kubernetes,$(SCHEDULER)),kube,slurm)
 
 .PHONY: help venv slurm kube chromium demo test lint unit chaos bench agent-wheel clean
 
@@ -26,8 +29,8 @@ kube:  ## build a real kube-apiserver for the Kubernetes tests, once per machine
 chromium:  ## install Debian's Chromium, which renders the HTML report in a test (as root)
 	@sandbox/install-chromium.sh
 
-demo: venv slurm  ## run the local end-to-end demo
-	$(BIN)/nodemedic demo
+demo: venv $(DEMO_NEEDS)  ## run the local end-to-end demo (SCHEDULER=k8s: on Kubernetes)
+	$(BIN)/nodemedic demo --scheduler $(SCHEDULER)
 
 lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda
 	$(BIN)/cfn-lint template.yaml

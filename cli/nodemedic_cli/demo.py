@@ -117,10 +117,11 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
                       f"({len(local.stack.resources)} resources) in {time.monotonic() - started:.1f}s; "
                       f"bus [cyan]{local.stack.bus_name}[/]")
         count, empty = spares_needed(256, 0.0005, 25 / 60)
-        console.print(f"[bold]Hot spares:[/] {', '.join(local.spare_names)} in Slurm reservation "
-                      f"{local.cluster.spare_reservation} (HotSpares=1). Sizing: 256 p5 at 0.05 %/instance-hour with "
-                      f"25 min per repair need HotSpares={count} (pool empty for {empty:.2%} of failures; "
-                      "`nodemedic fleet spares`)")
+        pool = ("tainted nodemedic.io/spare" if local.cluster.kubernetes
+                else f"in Slurm reservation {local.cluster.spare_reservation}")
+        console.print(f"[bold]Hot spares:[/] {', '.join(local.spare_names)} {pool} (HotSpares=1). Sizing: 256 p5 "
+                      f"at 0.05 %/instance-hour with 25 min per repair need HotSpares={count} (pool empty for "
+                      f"{empty:.2%} of failures; `nodemedic fleet spares`)")
         console.print(f"[bold]Boot time:[/] a new or rebooted instance answers after {BOOT_SECONDS:.0f} s "
                       "(the published ~900 s, scaled down)")
         agents = local.start_agents(heartbeat_s=1, poll_s=1)

@@ -37,15 +37,18 @@ def demo(
     nodes: Annotated[int, typer.Option(
         min=6, max=32, help="Nodes in the local cluster (two 2-node jobs plus two idle nodes).")] = 6,
     scheduler: Annotated[str, typer.Option(
-        help="auto: real local Slurm if it can start (root + Debian packages), else simulated.",
+        help="auto: real local Slurm if it can start (root + Debian packages), else simulated. slurm / simulated: "
+             "that one. kubernetes (or k8s): an EKS-like cluster on a real kube-apiserver (`make kube` builds it), "
+             "the stack deployed with Orchestrator=kubernetes.",
     )] = "auto",
     report_file: Annotated[Path, typer.Option("--report", help="Where the demo writes its HTML report.")] = Path(
         "nodemedic-demo-report.html"),
 ) -> None:
     """Run the local end-to-end demo: deploy template.yaml into an embedded AWS, start a cluster,
     inject faults, show remediation live and print per-incident MTTD/MTTR."""
-    if scheduler not in ("auto", "slurm", "simulated"):
-        raise typer.BadParameter("choose auto, slurm or simulated", param_hint="--scheduler")
+    scheduler = "kubernetes" if scheduler == "k8s" else scheduler
+    if scheduler not in ("auto", "slurm", "simulated", "kubernetes"):
+        raise typer.BadParameter("choose auto, slurm, simulated or kubernetes (k8s)", param_hint="--scheduler")
     import logging
 
     from nodemedic_cli.demo import run_demo

@@ -128,7 +128,7 @@ class SimCluster:
 
         found = self.aws.client("ec2").describe_instances(Filters=[{"Name": f"tag:{CLUSTER_TAG}",
                                                                     "Values": [self.name]}])
-        now = time.time()
+        now, hung = time.time(), set(self._hung())
         out = []
         for instance in (i for r in found["Reservations"] for i in r["Instances"]):
             instance_id = instance["InstanceId"]
@@ -137,7 +137,7 @@ class SimCluster:
                 ready = instance["LaunchTime"].timestamp() + self.boot_seconds
             state = instance["State"]["Name"]
             out.append(Machine(instance_id, instance["Placement"]["AvailabilityZone"], instance["PrivateDnsName"],
-                               running=state in ("pending", "running"), booted=ready <= now,
+                               running=state in ("pending", "running"), booted=ready <= now and instance_id not in hung,
                                terminated=state in ("shutting-down", "terminated")))
         return out
 
@@ -250,6 +250,8 @@ class SimCluster:
 
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
         started = time.time()
+        if self.kubernetes is not None:
+            self._bad_replacement(instance_id)
         state = self._instance_state(instance_id)
         if state != "running":
             outcome = CommandOutcome("Undeliverable", -1, "", f"instance {instance_id} is {state}")
@@ -271,6 +273,21 @@ class SimCluster:
         self.commands.append(CommandLog(instance_id, script, outcome.status, outcome.exit_code, outcome.stdout,
                                         started, time.time() - started))
         return outcome
+
+    def _bad_replacement(self, instance_id: str) -> None:
+        """On Kubernetes no join document runs on a replacement (its kubelet registers it): a
+        replacement asked for by :meth:`fail_replacement_of` is found by the node tag the replace
+        rung puts on it, and is bad hardware from its first command on."""
+        tags = self.aws.client("ec2").describe_tags(Filters=[{"Name": "resource-id", "Values": [instance_id]},
+                                                             {"Name": "key", "Values": [SLURM_NODE_TAG]}])["Tags"]
+        node = tags[0]["Value"] if tags else None
+        with faults_file.change(self.state_dir) as faults:
+            bad: list[str] = list(faults.get("bad_replacements", []))
+            if node in bad and instance_id not in faults.get("checked", []):
+                bad.remove(node)
+                faults["bad_replacements"] = bad
+                faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}
+            faults["checked"] = sorted({*faults.get("checked", []), instance_id})
 
     def _instance_state(self, instance_id: str) -> str:
         ec2 = self.aws.client("ec2")

@@ -3,12 +3,14 @@ authentication through :class:`~nodemedic_sandbox.eks_authenticator.EksAuthentic
 the same way as on EKS, plus the parts of a cluster that cannot run here, played from one thread:
 
 - the kubelet: a node registers (``spec.providerID`` naming its instance) once its instance has
-  booted, its ``Ready`` condition is not ``True`` while the instance reboots, and the deletion of
-  an evicted pod is confirmed;
+  booted, and is ``Ready`` ``READY_AFTER_S`` later (on EKS the CNI takes tens of seconds; scaled
+  down), not while the instance reboots; the deletion of an evicted pod is confirmed;
 - the cloud node-lifecycle controller: the node of a terminated instance is deleted;
 - a training operator and the scheduler: each training job keeps its pods, a missing pod is made
   again and bound to a node that is ready, not cordoned and carries no taint (a hot spare does
-  until NodeMedic takes it), at most one training pod per node.
+  until NodeMedic takes it), at most one training pod per node. A job is placed on free nodes
+  first; after that its pods only go to its own nodes or to the spare pool's (as a node
+  affinity to its node group would), so a job whose node is out waits for it or for a spare.
 
 It offers the local mode's scheduler interface (:class:`~nodemedic_sandbox.scheduler.Scheduler`),
 so the demo and the tests drive it as they drive Slurm: ``submit``, ``job``, ``node``.
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 NAMESPACE = "training"
 TICK_S = 0.2
+READY_AFTER_S = 1.0  # a new node's registration -> Ready (the CNI's start on EKS, scaled down)
 _TRAINING_OWNER = ("kubeflow.org/v1", "PyTorchJob")
 
 
@@ -60,6 +63,7 @@ class TrainingJob:
     replicas: int
     restarts: int = 0
     started: bool = False
+    nodes: set[str] = field(default_factory=set)  # where its pods have run
 
 
 @dataclass
@@ -74,6 +78,8 @@ class KubeScheduler:
     jobs: dict[str, TrainingJob] = field(default_factory=dict)
     _names: dict[str, str] = field(default_factory=dict)  # instance -> node name
     _ready: dict[str, bool] = field(default_factory=dict)  # node -> its Ready condition, as last set
+    _registered: dict[str, float] = field(default_factory=dict)  # node -> time.monotonic() it registered
+    _spares_seen: set[str] = field(default_factory=set)  # nodes that have been in the spare pool
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -111,8 +117,9 @@ class KubeScheduler:
         self._stack.close()
 
     # -- nodes ------------------------------------------------------------------------------
-    def register(self, node: str, machine: Machine, *, spare: bool = False) -> None:
-        """The kubelet of ``machine`` registers as ``node`` (a spare carries NodeMedic's spare taint)."""
+    def register(self, node: str, machine: Machine, *, spare: bool = False, ready: bool = True) -> None:
+        """The kubelet of ``machine`` registers as ``node`` (a spare carries NodeMedic's spare taint),
+        ``ready`` at once (the cluster's first nodes) or not yet (a node joining later)."""
         taints = [k8s.V1Taint(key=SPARE_TAINT, value="true", effect="NoSchedule")] if spare else None
         self.core.create_node(k8s.V1Node(
             metadata=k8s.V1ObjectMeta(name=node, labels={
@@ -121,7 +128,8 @@ class KubeScheduler:
             spec=k8s.V1NodeSpec(provider_id=f"aws:///{machine.zone}/{machine.instance_id}", taints=taints)))
         with self._lock:
             self._names[machine.instance_id] = node
-        self._set_ready(node, True)
+            self._registered[node] = time.monotonic()
+        self._set_ready(node, ready)
 
     def start_node(self, node: str) -> None:
         self._set_ready(node, True)
@@ -241,14 +249,17 @@ class KubeScheduler:
                 name = self._names.get(machine.instance_id)
             if name is None:
                 if machine.running and machine.booted:
-                    self.register(machine.dns_name, machine)
-            elif machine.terminated:
+                    self.register(machine.dns_name, machine, ready=False)
+                continue
+            if machine.terminated:
                 with contextlib.suppress(ApiException):
                     self.core.delete_node(name)
                 with self._lock:
                     del self._names[machine.instance_id]
-            elif self._ready.get(name) != (machine.running and machine.booted):
-                self._set_ready(name, machine.running and machine.booted)
+                continue
+            up = time.monotonic() - self._registered[name] >= READY_AFTER_S
+            if self._ready.get(name) != (ready := machine.running and machine.booted and up):
+                self._set_ready(name, ready)
 
     def _confirm_deletions(self) -> None:
         """The kubelet confirms an evicted pod's deletion (its containers have stopped)."""
@@ -258,43 +269,55 @@ class KubeScheduler:
                     self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
 
     def _reconcile_jobs(self) -> None:
-        """The training operator makes a missing worker again; the scheduler binds it to a free
-        node (ready, schedulable, untainted, no other training pod) and the kubelet runs it."""
+        """The training operator makes a missing worker again at once (Pending); the scheduler
+        binds a pending worker to a free node and the kubelet there runs it."""
         with self._lock:
-            jobs = list(self.jobs.values())
-            for job in jobs:
-                live = {p.metadata.labels["worker"] for p in self._live_pods(job.name)}
-                made = 0
-                for index in range(job.replicas):
-                    if str(index) in live:
-                        continue
-                    node = self._free_node()
-                    if node is None:
-                        break
-                    self._run_pod(job, index, node)
-                    made += 1
-                if job.started and made:
+            for job in list(self.jobs.values()):
+                pods = self._live_pods(job.name)
+                live = {p.metadata.labels["worker"] for p in pods}
+                missing = [i for i in range(job.replicas) if str(i) not in live]
+                for index in missing:
+                    self._create_pod(job, index)
+                if job.started and missing:
                     job.restarts += 1  # as Slurm counts a requeue: once per restart of the job
-                job.started = job.started or len(live) + made == job.replicas
+                for pod in self._live_pods(job.name):
+                    if not pod.spec.node_name and (node := self._free_node(job)) is not None:
+                        self._bind(job, pod.metadata.name, node)
+                job.started = job.started or all(p.status.phase == "Running" for p in self._live_pods(job.name))
 
-    def _free_node(self) -> str | None:
+    def _free_node(self, job: TrainingJob) -> str | None:
+        """A node a pod of ``job`` fits on: the job's own or a (former) spare once it has started.
+        A real scheduler scores the nodes and breaks ties at random; this one takes the last in
+        name order (the local mode names spares last)."""
+        nodes = self.core.list_node().items
+        self._spares_seen |= {str(n.metadata.name) for n in nodes if any(t.key == SPARE_TAINT for t in n.spec.taints or [])}
         busy = {p.spec.node_name for p in self.core.list_namespaced_pod(NAMESPACE).items}
-        for node in self.core.list_node().items:
+        for node in sorted(nodes, key=lambda n: str(n.metadata.name), reverse=True):
+            name = str(node.metadata.name)
             ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
             taints = [t for t in node.spec.taints or [] if t.effect in ("NoSchedule", "NoExecute")]
-            if ready and not node.spec.unschedulable and not taints and node.metadata.name not in busy:
-                return str(node.metadata.name)
+            allowed = not job.started or name in job.nodes or name in self._spares_seen
+            if ready and not node.spec.unschedulable and not taints and name not in busy and allowed:
+                return name
         return None
 
-    def _run_pod(self, job: TrainingJob, index: int, node: str) -> None:
-        name = f"{job.name}-worker-{index}-{next(self._ids)}"
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    def _create_pod(self, job: TrainingJob, index: int) -> None:
         self.core.create_namespaced_pod(NAMESPACE, k8s.V1Pod(
-            metadata=k8s.V1ObjectMeta(name=name, labels={"job": job.name, "worker": str(index)}, owner_references=[
+            metadata=k8s.V1ObjectMeta(name=f"{job.name}-worker-{index}-{next(self._ids)}",
+                                      labels={"job": job.name, "worker": str(index)}, owner_references=[
                 k8s.V1OwnerReference(api_version=_TRAINING_OWNER[0], kind=_TRAINING_OWNER[1], name=job.name,
                                      uid=f"uid-{job.name}", controller=True)]),
-            spec=k8s.V1PodSpec(node_name=node, containers=[k8s.V1Container(name="trainer", image="trainer:local")])))
-        self.core.patch_namespaced_pod_status(name, NAMESPACE, {"status": {
+            spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="trainer", image="trainer:local")])))
+
+    def _bind(self, job: TrainingJob, pod: str, node: str) -> None:
+        """The scheduler's binding, then the kubelet starting the container."""
+        job.nodes.add(node)
+        # the client cannot read the binding's answer back (a Status, not a V1Binding)
+        self.core.create_namespaced_pod_binding(pod, NAMESPACE, k8s.V1Binding(
+            metadata=k8s.V1ObjectMeta(name=pod), target=k8s.V1ObjectReference(kind="Node", name=node)),
+            _preload_content=False)
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {
             "phase": "Running", "startTime": now,
             "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
             "containerStatuses": [{"name": "trainer", "image": "trainer:local", "imageID": "", "ready": True,

@@ -23,6 +23,9 @@ from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
 POLL_PER_CALL_S = 5.0  # then the state machine retries: no Lambda idles for long
+# a requeued job's new start is after its drain began; its scheduler's clock (Kubernetes gives
+# container starts in whole seconds) may read this much behind the function's
+START_SLACK_S = 2.0
 
 
 def await_jobs(
@@ -30,7 +33,9 @@ def await_jobs(
     clock: Callable[[], datetime], sleep: Callable[[float], None] = time.sleep,
 ) -> JobsOutput:
     """See the jobs the drain requeued RUNNING again; record each one's downtime = its new start
-    - the fault (``observed_at``), by the scheduler's clock. Polls a few seconds per invocation,
+    - the fault (``observed_at``), by the scheduler's clock. A job that reads RUNNING with a start
+    from before its drain has not restarted yet (on Kubernetes: its surviving pods run, and the
+    evicted one has not been made again yet). Polls a few seconds per invocation,
     then raises :class:`JobsPendingError` (the state machine retries) until ``wait_s`` after the
     stage began; after that the jobs still pending are recorded as such."""
     record = ledger.start_stage(incident, "jobs", clock())
@@ -39,13 +44,14 @@ def await_jobs(
     drained = ledger.get(incident.incident_id).stages.get("drain")
     jobs = drained.result.get("requeued_jobs", []) if drained else []
     requeued = [str(j) for j in jobs] if isinstance(jobs, list) else []
+    restarted_after = drained.started_at.timestamp() - START_SLACK_S if drained else float("-inf")
     give_up = record.started_at.timestamp() + wait_s
     this_call = time.monotonic() + POLL_PER_CALL_S
     origin = incident.observed_at.timestamp()
     while True:
         states = orchestrator.job_states(requeued)
         running = {j: round(s.started_at - origin, 3) for j, s in states.items()
-                   if s.state == "RUNNING" and s.started_at is not None}
+                   if s.state == "RUNNING" and s.started_at is not None and s.started_at >= restarted_after}
         pending = [j for j, s in states.items() if s.state != "GONE" and j not in running]
         if not pending or clock().timestamp() >= give_up:
             break

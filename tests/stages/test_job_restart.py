@@ -1,0 +1,52 @@
+"""The jobs stage counts a job as back only once it has restarted: a workload that reads RUNNING
+with a start from before its drain (on Kubernetes, its surviving pods run while the evicted one
+has not been made again yet) is still waiting, and no negative job downtime is recorded."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from nodemedic.orchestrators.base import JobState
+from nodemedic.stages.resume import await_jobs
+from nodemedic.store.ledger import Ledger
+
+from tests.stages.conftest import clock, opened
+from tests.stages.memory_slurm import MemorySlurm
+
+JOB = "training/PyTorchJob/llm"
+
+
+class Survivors(MemorySlurm):
+    """The job reads RUNNING from its surviving workers' old start, then from its new worker's."""
+
+    def __init__(self, starts: list[float]) -> None:
+        super().__init__(["gpu-1", "gpu-2"])
+        self.starts = starts
+
+    def job_states(self, job_ids: list[str]) -> dict[str, JobState]:
+        start = self.starts.pop(0) if len(self.starts) > 1 else self.starts[0]
+        return {j: JobState(j, "RUNNING", start) for j in job_ids}
+
+
+def _drained(ledger: Ledger) -> tuple[object, datetime]:
+    incident = opened(ledger, "gpu-1", minutes_ago=1)
+    drained_at = clock()
+    ledger.start_stage(incident, "drain", drained_at)
+    ledger.complete_stage(incident, "drain", drained_at, {"requeued_jobs": [JOB]})
+    return incident, drained_at
+
+
+def test_a_job_running_on_its_survivors_only_is_not_back_until_its_new_worker_starts(ledger: Ledger) -> None:
+    incident, drained_at = _drained(ledger)
+    before, restarted = drained_at.timestamp() - 3600, drained_at.timestamp() + 4
+    out = await_jobs(incident, orchestrator=Survivors([before, before, restarted]), ledger=ledger, wait_s=600,
+                     clock=clock, sleep=lambda _: None)
+    assert out.running == {JOB: round(restarted - incident.observed_at.timestamp(), 3)}
+    assert out.job_downtime_s is not None and out.job_downtime_s > 0
+
+
+def test_a_job_that_never_restarts_is_recorded_pending_not_running(ledger: Ledger) -> None:
+    incident, drained_at = _drained(ledger)
+    out = await_jobs(incident, orchestrator=Survivors([drained_at.timestamp() - 3600]), ledger=ledger, wait_s=0,
+                     clock=clock, sleep=lambda _: None)
+    assert out.running == {} and out.pending == [JOB] and out.job_downtime_s is None
