@@ -186,3 +186,28 @@ class KubeAPIServer:
             f"  user:\n    token: {self.admin_token}\ncontexts:\n- name: local\n"
             "  context: {cluster: local, user: admin}\ncurrent-context: local\n")
         return path
+
+
+def _raw(api: Any, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    """A request the client has no model for: the policy/v1beta1 budgets this 1.20 API server
+    serves (the client only models policy/v1)."""
+    data, *_ = api.call_api(path, method, header_params={"Content-Type": content_type, "Accept": "application/json"},
+                            body=body, response_type="object", auth_settings=["BearerToken"],
+                            _return_http_data_only=False)
+    return data
+
+
+def create_budget(api: Any, namespace: str, name: str, selector: dict[str, str]) -> None:
+    """A PodDisruptionBudget that allows no pod of ``selector`` to be unavailable."""
+    _raw(api, "POST", f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets", {
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": selector}}})
+
+
+def allow_disruptions(api: Any, namespace: str, name: str, allowed: int) -> None:
+    """The disruption controller's part: the budget's status, with ``allowed`` disruptions."""
+    path = f"/apis/policy/v1beta1/namespaces/{namespace}/poddisruptionbudgets/{name}"
+    generation = _raw(api, "GET", path)["metadata"]["generation"]
+    _raw(api, "PATCH", f"{path}/status", {"status": {
+        "observedGeneration": generation, "disruptionsAllowed": allowed, "currentHealthy": 1,
+        "desiredHealthy": 1, "expectedPods": 1}}, "application/merge-patch+json")

@@ -34,6 +34,7 @@ from kubernetes import utils as k8s_utils
 from kubernetes.client.rest import ApiException
 from nodemedic.orchestrators.kubernetes import SPARE_TAINT, KubernetesOrchestrator
 
+from nodemedic_sandbox import kube_apiserver
 from nodemedic_sandbox.eks_authenticator import EksAuthenticator
 from nodemedic_sandbox.kube_apiserver import KubeAPIServer
 
@@ -189,25 +190,12 @@ class KubeScheduler:
         return f"{NAMESPACE}/{_TRAINING_OWNER[1]}/{job}"
 
     def budget(self, job_id: str, allowed: int) -> None:
-        """A PodDisruptionBudget over the job's pods, with ``allowed`` disruptions (its status as
-        the disruption controller would compute it; the API server here serves policy/v1beta1)."""
+        """A PodDisruptionBudget over the job's pods (made once), with ``allowed`` disruptions (its
+        status as the disruption controller would compute it)."""
         name = job_id.rsplit("/", 1)[1]
-        path = f"/apis/policy/v1beta1/namespaces/{NAMESPACE}/poddisruptionbudgets"
-        with contextlib.suppress(ApiException):
-            self._raw("POST", path, {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
-                                     "metadata": {"name": name}, "spec": {
-                                         "maxUnavailable": 0, "selector": {"matchLabels": {"job": name}}}})
-        generation = self._raw("GET", f"{path}/{name}")["metadata"]["generation"]
-        self._raw("PATCH", f"{path}/{name}/status", {"status": {
-            "observedGeneration": generation, "disruptionsAllowed": allowed, "currentHealthy": 1,
-            "desiredHealthy": 1, "expectedPods": 1}}, "application/merge-patch+json")
-
-    def _raw(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        data, *_ = self.api.call_api(path, method, header_params={"Content-Type": content_type,
-                                                                  "Accept": "application/json"},
-                                     body=body, response_type="object", auth_settings=["BearerToken"],
-                                     _return_http_data_only=False)
-        return data
+        with contextlib.suppress(ApiException):  # 409: it exists
+            kube_apiserver.create_budget(self.api, NAMESPACE, name, {"job": name})
+        kube_apiserver.allow_disruptions(self.api, NAMESPACE, name, allowed)
 
     def job(self, job_id: str) -> dict[str, str]:
         name = job_id.rsplit("/", 1)[1]

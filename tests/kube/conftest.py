@@ -116,27 +116,13 @@ class Cluster:
             status["conditions"] = [{"type": "Ready", "status": "True", "lastTransitionTime": at}]
         self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
 
-    def _raw(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        """The policy/v1beta1 budgets this 1.20 API server serves (the client only models policy/v1)."""
-        data, *_ = self.api.call_api(path, method, header_params={"Content-Type": content_type,
-                                                                  "Accept": "application/json"},
-                                     body=body, response_type="object", auth_settings=["BearerToken"],
-                                     _return_http_data_only=False)
-        return data
-
     def pdb(self, name: str, *, allowed: int, labels: dict[str, str] | None = None) -> None:
         """A budget over the job's pods, and its status as the disruption controller computes it."""
-        self._raw("POST", f"/apis/policy/v1beta1/namespaces/{self.namespace}/poddisruptionbudgets", {
-            "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": labels or {"app": "train"}}}})
+        kube_apiserver.create_budget(self.api, self.namespace, name, labels or {"app": "train"})
         self.allow(name, allowed)
 
     def allow(self, name: str, allowed: int) -> None:
-        path = f"/apis/policy/v1beta1/namespaces/{self.namespace}/poddisruptionbudgets/{name}"
-        generation = self._raw("GET", path)["metadata"]["generation"]
-        self._raw("PATCH", f"{path}/status", {"status": {
-            "observedGeneration": generation, "disruptionsAllowed": allowed, "currentHealthy": 1,
-            "desiredHealthy": 1, "expectedPods": 1}}, "application/merge-patch+json")
+        kube_apiserver.allow_disruptions(self.api, self.namespace, name, allowed)
 
     def read_node(self, node: str) -> Any:
         return self.core.read_node(node)
