@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,30 @@ class KubeAPIServer:
             f"  user:\n    token: {self.admin_token}\ncontexts:\n- name: local\n"
             "  context: {cluster: local, user: admin}\ncurrent-context: local\n")
         return path
+
+
+# -- the parts of a cluster no process plays here: the kubelet's and its controllers' writes -----
+def set_ready(api: Any, node: str, ready: bool, message: str) -> None:
+    """The kubelet's ``Ready`` condition of ``node``; and, as the node lifecycle controller does
+    for a ready node, the ``not-ready`` taint the API server puts on every new node removed."""
+    core = k8s.CoreV1Api(api)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if ready:
+        taints = [t for t in core.read_node(node).spec.taints or [] if t.key != "node.kubernetes.io/not-ready"]
+        core.patch_node(node, [{"op": "add", "path": "/spec/taints",
+                                "value": [api.sanitize_for_serialization(t) for t in taints]}])
+    core.patch_node_status(node, {"status": {"conditions": [
+        {"type": "Ready", "status": "True" if ready else "Unknown", "reason": "KubeletReady" if ready
+         else "NodeStatusUnknown", "message": message, "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+
+
+def running_status(at: str, container: str, image: str) -> dict[str, Any]:
+    """The status the kubelet reports for a pod whose one container started at ``at``: Running,
+    and Ready (a pod that is not Ready does not count as healthy: a budget would not protect it)."""
+    return {"phase": "Running", "startTime": at,
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": at}],
+            "containerStatuses": [{"name": container, "image": image, "imageID": "", "ready": True,
+                                   "restartCount": 0, "state": {"running": {"startedAt": at}}}]}
 
 
 def _raw(api: Any, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:

@@ -139,17 +139,7 @@ class KubeScheduler:
         self._set_ready(node, False)
 
     def _set_ready(self, node: str, ready: bool) -> None:
-        """The kubelet's Ready condition (and, for a ready node, the node lifecycle controller
-        removing the ``not-ready`` taint the API server puts on every new node)."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if ready:
-            taints = [t for t in self.core.read_node(node).spec.taints or [] if t.key != "node.kubernetes.io/not-ready"]
-            self.core.patch_node(node, [{"op": "add", "path": "/spec/taints",
-                                         "value": [self.api.sanitize_for_serialization(t) for t in taints]}])
-        self.core.patch_node_status(node, {"status": {"conditions": [
-            {"type": "Ready", "status": "True" if ready else "Unknown",
-             "reason": "KubeletReady" if ready else "NodeStatusUnknown", "message": "local mode",
-             "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+        kube_apiserver.set_ready(self.api, node, ready, "local mode")
         self._ready[node] = ready
 
     def node(self, node: str) -> dict[str, str]:
@@ -263,15 +253,18 @@ class KubeScheduler:
             for job in list(self.jobs.values()):
                 pods = self._live_pods(job.name)
                 live = {p.metadata.labels["worker"] for p in pods}
-                missing = [i for i in range(job.replicas) if str(i) not in live]
-                for index in missing:
-                    self._create_pod(job, index)
-                if job.started and missing:
+                made = [self._create_pod(job, i) for i in range(job.replicas) if str(i) not in live]
+                if job.started and made:
                     job.restarts += 1  # as Slurm counts a requeue: once per restart of the job
-                for pod in self._live_pods(job.name):
-                    if not pod.spec.node_name and (node := self._free_node(job)) is not None:
-                        self._bind(job, pod.metadata.name, node)
-                job.started = job.started or all(p.status.phase == "Running" for p in self._live_pods(job.name))
+                unbound = [p.metadata.name for p in pods if not p.spec.node_name] + made
+                bound = 0
+                for pod in unbound:
+                    node = self._free_node(job)
+                    if node is None:
+                        break
+                    self._bind(job, pod, node)
+                    bound += 1
+                job.started = job.started or bound == len(unbound)  # a bound worker runs at once here
 
     def _free_node(self, job: TrainingJob) -> str | None:
         """A node a pod of ``job`` fits on: the job's own or a (former) spare once it has started.
@@ -289,13 +282,15 @@ class KubeScheduler:
                 return name
         return None
 
-    def _create_pod(self, job: TrainingJob, index: int) -> None:
+    def _create_pod(self, job: TrainingJob, index: int) -> str:
+        """A worker of ``job`` as its operator makes it: Pending, on no node yet. Returns its name."""
+        name = f"{job.name}-worker-{index}-{next(self._ids)}"
         self.core.create_namespaced_pod(NAMESPACE, k8s.V1Pod(
-            metadata=k8s.V1ObjectMeta(name=f"{job.name}-worker-{index}-{next(self._ids)}",
-                                      labels={"job": job.name, "worker": str(index)}, owner_references=[
+            metadata=k8s.V1ObjectMeta(name=name, labels={"job": job.name, "worker": str(index)}, owner_references=[
                 k8s.V1OwnerReference(api_version=_TRAINING_OWNER[0], kind=_TRAINING_OWNER[1], name=job.name,
                                      uid=f"uid-{job.name}", controller=True)]),
             spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="trainer", image="trainer:local")])))
+        return name
 
     def _bind(self, job: TrainingJob, pod: str, node: str) -> None:
         """The scheduler's binding, then the kubelet starting the container."""
@@ -305,16 +300,5 @@ class KubeScheduler:
             metadata=k8s.V1ObjectMeta(name=pod), target=k8s.V1ObjectReference(kind="Node", name=node)),
             _preload_content=False)
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {
-            "phase": "Running", "startTime": now,
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-            "containerStatuses": [{"name": "trainer", "image": "trainer:local", "imageID": "", "ready": True,
-                                   "restartCount": 0, "state": {"running": {"startedAt": now}}}]}})
-
-    def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while not (value := predicate()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}")
-            time.sleep(TICK_S)
-        return value
+        self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": kube_apiserver.running_status(
+            now, "trainer", "trainer:local")})

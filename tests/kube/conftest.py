@@ -77,16 +77,7 @@ class Cluster:
         return name
 
     def set_ready(self, node: str, ready: bool) -> None:
-        """The kubelet's Ready condition; and, as the node lifecycle controller does for a ready
-        node, the ``not-ready`` taint the API server puts on every new node removed."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if ready:
-            taints = [t for t in self.core.read_node(node).spec.taints or [] if t.key != "node.kubernetes.io/not-ready"]
-            self.core.patch_node(node, [{"op": "add", "path": "/spec/taints", "value":
-                                         [self.api.sanitize_for_serialization(t) for t in taints]}])
-        self.core.patch_node_status(node, {"status": {"conditions": [
-            {"type": "Ready", "status": "True" if ready else "Unknown", "reason": "KubeletReady" if ready
-             else "NodeStatusUnknown", "message": "test", "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+        kube_apiserver.set_ready(self.api, node, ready, "test")
 
     def pod(self, name: str, node: str, *, owner: tuple[str, str] | None = ("Job", "train"),
             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
@@ -108,12 +99,8 @@ class Cluster:
 
     def set_phase(self, name: str, phase: str, started: datetime | None = None) -> None:
         at = (started or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        status: dict[str, Any] = {"phase": phase, "startTime": at}
-        if phase == "Running":
-            status["containerStatuses"] = [{"name": "main", "image": "trainer:1", "imageID": "", "ready": True,
-                                            "restartCount": 0, "state": {"running": {"startedAt": at}}}]
-            # a pod that is not Ready does not count as healthy: a budget would not protect it
-            status["conditions"] = [{"type": "Ready", "status": "True", "lastTransitionTime": at}]
+        status = (kube_apiserver.running_status(at, "main", "trainer:1") if phase == "Running"
+                  else {"phase": phase, "startTime": at})
         self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
 
     def pdb(self, name: str, *, allowed: int, labels: dict[str, str] | None = None) -> None:
