@@ -90,18 +90,17 @@ class SimCluster:
         instances = sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups(
             AutoScalingGroupNames=[self.asg_name])["AutoScalingGroups"][0]["Instances"])
         self._booted = {i: 0.0 for i in [*instances, *filter(None, [self.controller_id])]}  # up before the pipeline
+        nodes = dict(zip(instances, self.scheduler.nodes, strict=True))
         with faults_file.change(self.state_dir) as faults:
-            faults.clear()
-            faults.update({"broken": {}, "bad_replacements": [], "members": {}})
+            faults.clear()  # members: the Slurm node each instance backs (the node check reads its slurmd)
+            faults.update({"broken": {}, "bad_replacements": [], "members": {} if self.kubernetes else nodes})
         if self.kubernetes is not None:
-            self._create_kubernetes(dict(zip(instances, self.scheduler.nodes, strict=True)))
+            self._create_kubernetes(nodes)
             return
-        for instance_id, node in zip(instances, self.scheduler.nodes, strict=True):
+        for instance_id, node in nodes.items():
             # the Slurm node each backs, and (for the plain-EC2 provider) the cluster they form
             ec2.create_tags(Resources=[instance_id], Tags=[{"Key": SLURM_NODE_TAG, "Value": node},
                                                            {"Key": CLUSTER_TAG, "Value": self.name}])
-        with faults_file.change(self.state_dir) as faults:
-            faults["members"] = dict(zip(instances, self.scheduler.nodes, strict=True))
         if self.spares:
             self._reserve(self.spares)
 
@@ -276,17 +275,15 @@ class SimCluster:
 
     def _bad_replacement(self, instance_id: str) -> None:
         """On Kubernetes no join document runs on a replacement (its kubelet registers it): a
-        replacement asked for by :meth:`fail_replacement_of` is found by the node tag the replace
-        rung puts on it, and is bad hardware from its first command on."""
+        replacement asked for by :meth:`fail_replacement_of` is found, at its first command, by the
+        node tag the replace rung puts on it, and is bad hardware from then on."""
+        if instance_id in faults_file.read(self.state_dir).get("checked", []):
+            return
         tags = self.aws.client("ec2").describe_tags(Filters=[{"Name": "resource-id", "Values": [instance_id]},
                                                              {"Name": "key", "Values": [SLURM_NODE_TAG]}])["Tags"]
-        node = tags[0]["Value"] if tags else None
         with faults_file.change(self.state_dir) as faults:
-            bad: list[str] = list(faults.get("bad_replacements", []))
-            if node in bad and instance_id not in faults.get("checked", []):
-                bad.remove(node)
-                faults["bad_replacements"] = bad
-                faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}
+            if tags and instance_id not in faults.get("checked", []):
+                faults_file.take_bad_replacement(faults, tags[0]["Value"], instance_id)
             faults["checked"] = sorted({*faults.get("checked", []), instance_id})
 
     def _instance_state(self, instance_id: str) -> str:

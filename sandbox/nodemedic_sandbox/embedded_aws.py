@@ -858,8 +858,8 @@ class EmbeddedAWS:
             warnings.filterwarnings("ignore", message="No application metrics to publish")
             from nodemedic import wiring  # the layer's cached settings and clients
 
-            # every function sees its own settings; boto3 clients (same region and credentials
-            # for all) are kept, as a warm Lambda container keeps them
+            # every function sees its own settings; its boto3 clients (its role's credentials,
+            # _FunctionClients) are kept, as a warm Lambda container keeps them
             wiring.reset(keep_clients=True)
             # the function's init code runs with its role too, as on Lambda
             self._caller.function = (fn.function_name, fn.role)

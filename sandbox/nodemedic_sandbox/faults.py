@@ -39,3 +39,13 @@ def change(state: Path) -> Iterator[dict[str, Any]]:
         faults = read(state) if _path(state).exists() else {}
         yield faults
         _write(state, faults)
+
+
+def take_bad_replacement(faults: dict[str, Any], node: str, instance_id: str) -> None:
+    """If a bad replacement was asked for ``node`` (``SimCluster.fail_replacement_of``),
+    ``instance_id``, its replacement, is it: broken until it is replaced in turn."""
+    bad: list[str] = list(faults.get("bad_replacements", []))
+    if node in bad:
+        bad.remove(node)
+        faults["bad_replacements"] = bad
+        faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}

@@ -31,11 +31,7 @@ def burn_in_marker(state: Path, node: str) -> Path:
 
 def join(state: Path, node: str, instance_id: str) -> int:
     with faults_file.change(state) as faults:
-        bad: list[str] = list(faults.get("bad_replacements", []))
-        if node in bad:  # injected: this replacement is bad hardware
-            bad.remove(node)
-            faults["bad_replacements"] = bad
-            faults["broken"] = {**faults.get("broken", {}), instance_id: "replace"}
+        faults_file.take_bad_replacement(faults, node, instance_id)  # injected: this replacement is bad hardware
         faults["members"] = {**faults.get("members", {}), instance_id: node}
     sched = scheduler.load(state)
     # as slurmd's drop-in does on a real node: the burn-in hold first (an incident's own
