@@ -1,7 +1,12 @@
 """SageMaker HyperPod in the embedded AWS: moto 5.2.5 creates clusters and lists and describes
 their nodes, but has no ``BatchRebootClusterNodes`` / ``BatchReplaceClusterNodes``, gives nodes
 ids like ``workers-0`` instead of instance ids, and no host names. These hooks add what the
-HyperPod provider uses, with the service's documented limits (1-25 node ids per batch call)."""
+HyperPod provider uses, with the service's documented limits (1-25 node ids per batch call), and
+the host name in ``ListClusterNodes`` summaries as well as in ``DescribeClusterNode`` (botocore's
+model has ``PrivateDnsHostname`` in both). A replacement is a new instance launched at the time of
+the request in the replaced node's instance group; it keeps the replaced node's host name, which
+is what HyperPod's Slurm node names rely on (on EKS its Kubernetes node name is new all the same,
+since the node is named after its instance)."""
 
 from __future__ import annotations
 
@@ -10,15 +15,17 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from moto.core.responses import ActionResult
+from moto.core.utils import utcnow
 from moto.sagemaker.exceptions import ValidationError
 from moto.sagemaker.models import ClusterNode, sagemaker_backends
 from moto.sagemaker.responses import SageMakerResponse
 
 BATCH_LIMIT = 25
-HOOKED = {"hyperpod node details": (ClusterNode, "describe")}
+HOOKED = {"hyperpod node details": (ClusterNode, "describe"), "hyperpod node summary": (ClusterNode, "summary")}
 ADDED = {  # moto has no handler for these actions; the hooks add one
     "hyperpod batch reboot": (SageMakerResponse, "batch_reboot_cluster_nodes"),
     "hyperpod batch replace": (SageMakerResponse, "batch_replace_cluster_nodes"),
@@ -60,6 +67,7 @@ class HyperPodEmulation:
         return list(cluster.nodes)
 
     def describe(self, node: ClusterNode, original: Callable[[ClusterNode], dict[str, Any]]) -> dict[str, Any]:
+        """``DescribeClusterNode``'s details, or with ``original`` the summary: both as HyperPod fills them."""
         details = original(node)
         details["InstanceStatus"] = {"Status": node.status, "Message": getattr(node, "status_message", "")}
         if getattr(node, "private_dns_hostname", None):
@@ -86,6 +94,9 @@ class HyperPodEmulation:
                 del cluster.nodes[node_id]
                 new = copy.copy(node)
                 new.instance_id = _instance_id()
+                # a real launch takes minutes: the new node is launched after every node the request saw
+                newest = max([node.launch_time, *(n.launch_time for n in cluster.nodes.values())])
+                new.launch_time = max(utcnow(), newest + timedelta(milliseconds=1))
                 new.status, new.status_message = (("Running", "") if self.capacity else
                                                   ("Failure", "InsufficientInstanceCapacity: no ml.p5.48xlarge "
                                                               "capacity in the Availability Zone"))
@@ -100,10 +111,13 @@ def _instance_id() -> str:
 
 
 def hooks(emulation: HyperPodEmulation) -> list[tuple[Any, str, Any]]:
-    original_describe = ClusterNode.describe
+    original_describe, original_summary = ClusterNode.describe, ClusterNode.summary
 
     def describe(node: ClusterNode) -> dict[str, Any]:
         return emulation.describe(node, original_describe)
+
+    def summary(node: ClusterNode) -> dict[str, Any]:
+        return emulation.describe(node, original_summary)
 
     def reboot(response: SageMakerResponse) -> ActionResult:
         return emulation.batch("reboot", response)
@@ -111,6 +125,6 @@ def hooks(emulation: HyperPodEmulation) -> list[tuple[Any, str, Any]]:
     def replace(response: SageMakerResponse) -> ActionResult:
         return emulation.batch("replace", response)
 
-    return [(ClusterNode, "describe", describe),
+    return [(ClusterNode, "describe", describe), (ClusterNode, "summary", summary),
             (SageMakerResponse, "batch_reboot_cluster_nodes", reboot),
             (SageMakerResponse, "batch_replace_cluster_nodes", replace)]

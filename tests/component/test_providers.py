@@ -135,6 +135,22 @@ def test_hyperpod_replace_brings_a_new_node_under_the_same_slurm_name(aws: Embed
     assert len(aws.hyperpod.calls) == 1  # the second step only looked
 
 
+def test_hyperpod_replacement_is_the_groups_next_launch_never_a_peer_and_never_one_claimed(aws: EmbeddedAWS) -> None:
+    """What finds the replacement is HyperPod's own record (instance group, launch time), not a name:
+    peers launched with the replaced node are never taken, and one another incident claimed is skipped."""
+    ids = _hyperpod(aws, 3)
+    provider = HyperPodProvider(aws.client("sagemaker"), "hp")
+    asked: list[str] = []
+    step = provider.replace(ids[1], "ip-10-0-0-2", {}, claim=lambda c: bool(asked.append(c)))
+    assert step.instance_id is None and step.progress["instance_group"] == "workers"
+    step = provider.replace(ids[1], "ip-10-0-0-2", step.progress, claim=lambda c: bool(asked.append(c)))
+    new = next(n for n in aws.client("sagemaker").list_cluster_nodes(ClusterName="hp")["ClusterNodeSummaries"]
+               if n["InstanceId"] not in ids)["InstanceId"]
+    assert step.instance_id is None and asked == [new]  # only the new node was offered, and it was refused
+    step = provider.replace(ids[1], "ip-10-0-0-2", step.progress, claim=_claim_all)
+    assert step.instance_id == new and aws.hyperpod.calls == [("replace", [ids[1]])]
+
+
 def test_hyperpod_without_capacity_is_a_capacity_error(aws: EmbeddedAWS) -> None:
     ids = _hyperpod(aws, 2)
     aws.hyperpod.capacity = False

@@ -1,10 +1,19 @@
-"""SageMaker HyperPod clusters: ``BatchRebootClusterNodes`` / ``BatchReplaceClusterNodes``
-(at most 25 nodes per call). HyperPod node ids are EC2 instance ids; the Slurm node name is
-the node's private DNS host name (``ip-10-1-2-3``), as HyperPod's Slurm lifecycle scripts set it."""
+"""SageMaker HyperPod clusters, Slurm- or EKS-orchestrated: ``BatchRebootClusterNodes`` /
+``BatchReplaceClusterNodes`` (at most 25 nodes per call; AWS calls these APIs the preferred
+recovery path on both orchestrators). HyperPod node ids are EC2 instance ids. On Slurm the node
+name is the node's private DNS host name (``ip-10-1-2-3``), as HyperPod's lifecycle scripts set
+it; on EKS the Kubernetes node name comes from the node's ``spec.providerID``
+(:class:`~nodemedic.providers.node_names.NamedByOrchestrator`).
+
+A replacement is found by what HyperPod documents rather than by a name: a node of the replaced
+node's instance group launched after every node the group had when the replacement was asked
+for (both launch times are HyperPod's own, so no clock of NodeMedic's enters). On EKS the
+replacement's node name is new — it carries the new instance id — so a name could never find it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -21,6 +30,10 @@ def _capacity(text: str) -> bool:
     return any(code in text for code in CAPACITY_ERRORS) or "capacity" in text.lower()
 
 
+def _host(node: dict[str, Any]) -> str | None:
+    return str(node.get("PrivateDnsHostname", "")).split(".")[0] or None
+
+
 class HyperPodProvider:
     kind = "hyperpod"
 
@@ -28,14 +41,16 @@ class HyperPodProvider:
         self._sm = sagemaker
         self._cluster = cluster_name
 
-    def _node_ids(self) -> list[str]:
-        ids: list[str] = []
+    def _summaries(self) -> list[dict[str, Any]]:
+        """Every node of the cluster as ``ListClusterNodes`` summarizes it (instance group, launch
+        time, status and host name: no per-node call is needed to find one)."""
+        nodes: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {"ClusterName": self._cluster}
         while True:
             page = self._sm.list_cluster_nodes(**kwargs)
-            ids += [n["InstanceId"] for n in page.get("ClusterNodeSummaries", [])]
+            nodes += page.get("ClusterNodeSummaries", [])
             if not page.get("NextToken"):
-                return ids
+                return nodes
             kwargs["NextToken"] = page["NextToken"]
 
     def _describe(self, node_id: str) -> dict[str, Any] | None:
@@ -48,11 +63,10 @@ class HyperPodProvider:
 
     @staticmethod
     def _member(node: dict[str, Any]) -> Member:
-        host = str(node.get("PrivateDnsHostname", "")).split(".")[0] or None
         status = node.get("InstanceStatus", {}).get("Status", "")
         topology = {"availability_zone": node.get("Placement", {}).get("AvailabilityZone", ""),
                     "instance_group": node.get("InstanceGroupName", "")}
-        return Member(node["InstanceId"], host, _STATES.get(status, status.lower()), {},
+        return Member(node["InstanceId"], _host(node), _STATES.get(status, status.lower()), {},
                       {k: v for k, v in topology.items() if v})
 
     def member(self, instance_id: str) -> Member | None:
@@ -60,14 +74,12 @@ class HyperPodProvider:
         return self._member(node) if node else None
 
     def member_by_node(self, slurm_node: str) -> Member | None:
-        for node_id in self._node_ids():
-            node = self._describe(node_id)
-            if node and self._member(node).slurm_node == slurm_node:
-                return self._member(node)
-        return None
+        found = next((n for n in self._summaries() if _host(n) == slurm_node
+                      and n.get("InstanceStatus", {}).get("Status") != "ShuttingDown"), None)
+        return self.member(found["InstanceId"]) if found else None
 
     def size(self) -> int:
-        return len(self._node_ids())
+        return len(self._summaries())
 
     def reboot(self, instance_ids: list[str]) -> None:
         self._batch("batch_reboot_cluster_nodes", instance_ids)
@@ -87,18 +99,32 @@ class HyperPodProvider:
 
     def replace(self, instance_id: str, slurm_node: str, progress: dict[str, Any],
                 claim: Callable[[str], bool]) -> ReplaceStep:
+        """Request the replacement once, remembering the node's instance group and the newest launch
+        in it; then take the first running node of that group launched later that ``claim`` grants."""
         done = dict(progress)
-        if not done.get("replace_requested"):
+        if not done.get("requested_at"):
+            nodes = self._summaries()
+            group = next((n.get("InstanceGroupName", "") for n in nodes if n["InstanceId"] == instance_id), None)
+            if group is None:
+                raise ReplacementFailedError(f"{instance_id} is not a node of HyperPod cluster {self._cluster}")
+            newest = max(n["LaunchTime"] for n in nodes if n.get("InstanceGroupName") == group and n.get("LaunchTime"))
             self.replace_nodes([instance_id])
-            done["replace_requested"] = True
+            done.update(instance_group=group, launched_after=newest.isoformat(),
+                        requested_at=datetime.now(UTC).isoformat())
             return ReplaceStep(done)
-        for node_id in self._node_ids():
-            node = self._describe(node_id)
-            if node is None or self._member(node).slurm_node != slurm_node or node_id == instance_id:
-                continue
-            status = node.get("InstanceStatus", {})
-            if status.get("Status") == "Running":
-                return ReplaceStep(done, node_id)
-            if status.get("Status") == "Failure" and _capacity(status.get("Message", "")):
-                raise CapacityError(f"HyperPod cannot place a replacement for {slurm_node}: {status.get('Message')}")
+        if done.get("new_instance_id"):
+            return ReplaceStep(done, str(done["new_instance_id"]))
+        after = datetime.fromisoformat(done["launched_after"])
+        launched = sorted((n for n in self._summaries()
+                           if n.get("InstanceGroupName") == done["instance_group"]
+                           and n.get("LaunchTime") and n["LaunchTime"] > after),
+                          key=lambda n: (n["LaunchTime"], n["InstanceId"]))
+        for node in launched:
+            if node.get("InstanceStatus", {}).get("Status") == "Running" and claim(node["InstanceId"]):
+                done["new_instance_id"] = node["InstanceId"]
+                return ReplaceStep(done, node["InstanceId"])
+        failures = [n.get("InstanceStatus", {}).get("Message", "") for n in launched
+                    if n.get("InstanceStatus", {}).get("Status") == "Failure"]
+        if any(_capacity(m) for m in failures):
+            raise CapacityError(f"HyperPod cannot place a replacement for {slurm_node}: {failures[-1]}")
         return ReplaceStep(done)
