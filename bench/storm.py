@@ -71,6 +71,7 @@ class Fleet:
     """The capacity provider's read side for ``nodes`` running members, racked by 32."""
 
     kind = "bench"
+    knows_new_instances = True
 
     def __init__(self, nodes: int) -> None:
         self.members = {instance(n): Member(instance(n), f"gpu-{n}", "running", {}, {"rack": f"rack-{n // RACK}"})

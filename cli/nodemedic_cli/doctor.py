@@ -93,6 +93,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "autoscaling": [("autoscaling", "DescribeAutoScalingGroups", {}), ("ec2", "DescribeInstances", {})],
         "ec2": [("ec2", "DescribeInstances", {})],
         "hyperpod": [("sagemaker", "ListClusterNodes", {"ClusterName": p.get("HyperPodClusterName", "")})],
+        "karpenter": [("ec2", "DescribeInstances", {})],  # the NodePool's instances, by Karpenter's tag
     }[provider]
     docs = Documents(target.cluster)
     describe_instances: Call = ("ec2", "DescribeInstances", {})
@@ -117,6 +118,8 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "ec2": [("ec2", "RebootInstances", {"InstanceIds": [member]}), ("ec2", "StopInstances", {"InstanceIds": [member]})],
         "hyperpod": [("sagemaker", op, {"ClusterName": p.get("HyperPodClusterName", "")})
                      for op in ("BatchRebootClusterNodes", "BatchReplaceClusterNodes")],
+        # replace deletes the NodeClaim through the API server (its RBAC, not IAM)
+        "karpenter": [("ec2", "RebootInstances", {"InstanceIds": [member]}), *describe_cluster],
     }[provider]
     return {
         "DetectFunction": [*db, ("dynamodb", "TransactWriteItems", open_incident), *reads, *names],

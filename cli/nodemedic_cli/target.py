@@ -158,7 +158,9 @@ class Target:
         p = self.parameters
         capacity = provider_for(p.get("Provider") or "autoscaling", self.client, cluster=self.cluster,
                                 autoscaling_group=p.get("AutoScalingGroupName", ""),
-                                hyperpod_cluster=p.get("HyperPodClusterName", ""))
+                                hyperpod_cluster=p.get("HyperPodClusterName", ""),
+                                karpenter_node_pool=p.get("KarpenterNodePool", ""),
+                                kubernetes_api=lambda: self.kubernetes.api)
         if self.on_kubernetes:  # a node's spec.providerID names its instance
             return NamedByOrchestrator(capacity, self.kubernetes)
         return capacity

@@ -188,6 +188,10 @@ def test_the_functions_build_the_kubernetes_adapter_from_their_settings(
 @pytest.mark.parametrize(("env", "why"), [
     ({"ORCHESTRATOR": "kubernetes"}, "ORCHESTRATOR=kubernetes needs EKS_CLUSTER_NAME"),
     ({"ORCHESTRATOR": "slurm"}, "ORCHESTRATOR=slurm needs SLURM_CONTROLLER_INSTANCE_ID"),
+    ({"PROVIDER": "karpenter", "ORCHESTRATOR": "kubernetes", "EKS_CLUSTER_NAME": "c"},
+     "PROVIDER=karpenter needs KARPENTER_NODE_POOL and ORCHESTRATOR=kubernetes"),
+    ({"PROVIDER": "karpenter", "KARPENTER_NODE_POOL": "gpu", "ORCHESTRATOR": "slurm",
+      "SLURM_CONTROLLER_INSTANCE_ID": "i-0123abcd"}, "PROVIDER=karpenter needs KARPENTER_NODE_POOL and ORCHESTRATOR"),
 ])
 def test_settings_name_what_each_orchestrator_needs(env: dict[str, str], why: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -195,7 +199,8 @@ def test_settings_name_what_each_orchestrator_needs(env: dict[str, str], why: st
 
     for name, value in {"CLUSTER_NAME": "prod-a", "INCIDENTS_TABLE": "t", "PROVIDER": "ec2", **env}.items():
         monkeypatch.setenv(name, value)
-    for name in ("SLURM_CONTROLLER_INSTANCE_ID", "EKS_CLUSTER_NAME"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("SLURM_CONTROLLER_INSTANCE_ID", "EKS_CLUSTER_NAME", "KARPENTER_NODE_POOL"):
+        if name not in env:
+            monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match=why):
         Settings()

@@ -8,6 +8,7 @@ from nodemedic.providers.base import Member
 
 class MemoryProvider:
     kind = "memory"
+    knows_new_instances = True
 
     def __init__(self, *members: Member) -> None:
         self.members = {m.instance_id: m for m in members}

@@ -51,3 +51,25 @@ def test_the_node_rows_speak_of_kubernetes_and_its_fixes() -> None:
     assert rows[1].status == "fail" and "spec.providerID" in rows[1].fix
     [failed] = check_nodes({}, RuntimeError("401 Unauthorized"), kubernetes=True)
     assert "access entry" in failed.fix
+
+
+def test_on_karpenter_repair_reboots_only_the_node_pools_instances_and_deletes_nodeclaims_via_the_cluster() -> None:
+    stack = SimpleNamespace(**{**vars(STACK), "parameters": {**STACK.parameters, "Provider": "karpenter",
+                                                             "KarpenterNodePool": "gpu-pool"}})
+    calls = representative_calls(stack, "i-0a1b2c3d4e5f60789")  # type: ignore[arg-type]
+    reboot = ("ec2", "RebootInstances", {"InstanceIds": ["i-0a1b2c3d4e5f60789"]})
+    assert reboot in calls["RepairFunction"] and ("eks", "DescribeCluster", {"name": "prod-gpu"}) in calls["RepairFunction"]
+    [statement] = [s for p in RESOURCES["RepairFunction"]["Properties"]["Policies"] for s in p["Statement"]
+                   if "aws:ResourceTag/karpenter.sh/nodepool" in s.get("Condition", {}).get("StringEquals", {})]
+    rendered = {**statement, "Condition": {"StringEquals": {"aws:ResourceTag/karpenter.sh/nodepool": "gpu-pool"}},
+                "Resource": statement["Resource"]["Fn::Sub"].replace("${AWS::Partition}", "aws")
+                .replace("${AWS::Region}", "us-east-1").replace("${AWS::AccountId}", "123456789012")}
+
+    def allowed(pool: str) -> bool:
+        facts = iam.Facts("aws", "us-east-1", "123456789012", instance_tags=lambda _: {"karpenter.sh/nodepool": pool},
+                          group_of_instance=lambda _: None, topic_key=lambda _: None,
+                          hyperpod_cluster_arn=lambda name: name)
+        return all(iam.evaluate([{"Version": "2012-10-17", "Statement": [rendered]}], r).allowed
+                   for r in iam.Authorizer(facts).requests(*reboot))
+
+    assert allowed("gpu-pool") and not allowed("cpu-pool")

@@ -120,3 +120,19 @@ def test_on_kubernetes_every_function_that_reaches_the_cluster_has_an_access_ent
     assert {"nodemedic:remediator", "nodemedic:reader"} <= bound
     env = TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
     assert (env["ORCHESTRATOR"], env["EKS_CLUSTER_NAME"]) == ({"Ref": "Orchestrator"}, {"Ref": "EksClusterName"})
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_instance_actions_are_scoped_to_this_clusters_capacity(name: str) -> None:
+    """A reboot, stop or start may touch only an instance of this stack's own capacity: the Auto
+    Scaling group, the cluster tag, or the Karpenter NodePool (Karpenter tags its instances
+    karpenter.sh/nodepool); never every instance in the account."""
+    owners = {"aws:ResourceTag/aws:autoscaling:groupName": "AutoScalingGroupName",
+              "aws:ResourceTag/nodemedic:cluster": "ClusterName",
+              "aws:ResourceTag/karpenter.sh/nodepool": "KarpenterNodePool"}
+    for statement in statements(FUNCTIONS[name]):
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        if not {"ec2:RebootInstances", "ec2:StopInstances", "ec2:StartInstances"} & set(actions):
+            continue
+        [(key, value)] = statement["Condition"]["StringEquals"].items()
+        assert value == {"Ref": owners[key]}, f"{name}: {actions} scoped by {key}={value}"

@@ -14,9 +14,10 @@ class Settings(BaseSettings):
 
     cluster_name: str = Field(min_length=1)
     incidents_table: str = Field(min_length=1)
-    provider: Literal["autoscaling", "ec2", "hyperpod"] = "autoscaling"
+    provider: Literal["autoscaling", "ec2", "hyperpod", "karpenter"] = "autoscaling"
     autoscaling_group_name: str = ""
     hyperpod_cluster_name: str = ""
+    karpenter_node_pool: str = Field(default="", description="PROVIDER=karpenter: the NodePool of the GPU nodes")
     orchestrator: Literal["slurm", "kubernetes"] = "slurm"
     slurm_controller_instance_id: str = Field(default="", description="ORCHESTRATOR=slurm: runs slurmctld")
     eks_cluster_name: str = Field(default="", description="ORCHESTRATOR=kubernetes: the EKS cluster")
@@ -52,6 +53,8 @@ class Settings(BaseSettings):
             raise ValueError("PROVIDER=autoscaling needs AUTOSCALING_GROUP_NAME")
         if self.provider == "hyperpod" and not self.hyperpod_cluster_name:
             raise ValueError("PROVIDER=hyperpod needs HYPERPOD_CLUSTER_NAME")
+        if self.provider == "karpenter" and not (self.karpenter_node_pool and self.orchestrator == "kubernetes"):
+            raise ValueError("PROVIDER=karpenter needs KARPENTER_NODE_POOL and ORCHESTRATOR=kubernetes")
         if self.orchestrator == "slurm" and not self.slurm_controller_instance_id:
             raise ValueError("ORCHESTRATOR=slurm needs SLURM_CONTROLLER_INSTANCE_ID")
         if self.orchestrator == "kubernetes" and not self.eks_cluster_name:

@@ -96,7 +96,8 @@ def provider() -> Provider:
     """The capacity provider; on Kubernetes its members are named by their nodes' providerID."""
     s = settings()
     capacity = provider_for(s.provider, client, cluster=s.cluster_name, autoscaling_group=s.autoscaling_group_name,
-                            hyperpod_cluster=s.hyperpod_cluster_name)
+                            hyperpod_cluster=s.hyperpod_cluster_name, karpenter_node_pool=s.karpenter_node_pool,
+                            kubernetes_api=lambda: kubernetes().api)
     return NamedByOrchestrator(capacity, kubernetes()) if s.orchestrator == "kubernetes" else capacity
 
 

@@ -234,6 +234,11 @@ class KubernetesOrchestrator:
         self._clock = clock
         self._eviction_version: str | None = None
 
+    @property
+    def api(self) -> Any:
+        """The API client (authenticated as the caller), for Karpenter's NodeClaims."""
+        return self._api
+
     # -- reads ------------------------------------------------------------------------------
     def _read(self, node: str) -> _Node:
         try:

@@ -17,6 +17,7 @@ _GONE = {"shutting-down", "terminated"}
 
 class AutoScalingProvider:
     kind = "autoscaling"
+    knows_new_instances = False  # the group's instances are alike but for their node tag
 
     def __init__(self, autoscaling: Any, ec2: Any, group_name: str) -> None:
         self._asg = autoscaling

@@ -75,6 +75,9 @@ def batches(ids: list[str], size: int) -> Iterator[list[str]]:
 
 class Provider(Protocol):
     kind: str
+    # True when replace() tells a new instance from one that served before by itself (HyperPod's
+    # and EC2's own launch times); False when only a node tag or node name can (Auto Scaling)
+    knows_new_instances: bool
 
     def member(self, instance_id: str) -> Member | None:
         """The instance if it belongs to the cluster, else None."""

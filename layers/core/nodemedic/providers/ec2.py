@@ -18,6 +18,7 @@ _LIVE = ["pending", "running", "stopping", "stopped"]
 
 class EC2Provider:
     kind = "ec2"
+    knows_new_instances = True  # the replacement is the same instance, restarted
 
     def __init__(self, ec2: Any, cluster: str) -> None:
         self._ec2 = ec2

@@ -36,6 +36,7 @@ def _host(node: dict[str, Any]) -> str | None:
 
 class HyperPodProvider:
     kind = "hyperpod"
+    knows_new_instances = True  # launched after every node the request saw
 
     def __init__(self, sagemaker: Any, cluster_name: str) -> None:
         self._sm = sagemaker

@@ -10,13 +10,22 @@ from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.base import Provider
 from nodemedic.providers.ec2 import EC2Provider
 from nodemedic.providers.hyperpod import HyperPodProvider
+from nodemedic.providers.karpenter import KarpenterProvider
+
+
+def _no_api_server() -> Any:
+    raise ValueError("Provider karpenter needs Orchestrator kubernetes (its NodeClaims live in the API server)")
 
 
 def provider_for(kind: str, client: Callable[[str], Any], *, cluster: str, autoscaling_group: str,
-                 hyperpod_cluster: str) -> Provider:
-    """``client(service)`` gives a boto3 client of the account the cluster runs in."""
+                 hyperpod_cluster: str, karpenter_node_pool: str = "",
+                 kubernetes_api: Callable[[], Any] = _no_api_server) -> Provider:
+    """``client(service)`` gives a boto3 client of the account the cluster runs in;
+    ``kubernetes_api()`` the EKS cluster's API client (Karpenter's NodeClaims), built when first used."""
     if kind == "ec2":
         return EC2Provider(client("ec2"), cluster)
     if kind == "hyperpod":
         return HyperPodProvider(client("sagemaker"), hyperpod_cluster)
+    if kind == "karpenter":
+        return KarpenterProvider(client("ec2"), karpenter_node_pool, kubernetes_api)
     return AutoScalingProvider(client("autoscaling"), client("ec2"), autoscaling_group)

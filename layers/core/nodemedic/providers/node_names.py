@@ -37,6 +37,7 @@ class NamedByOrchestrator:
         self._inner = inner
         self._directory = directory
         self.kind = inner.kind
+        self.knows_new_instances = inner.knows_new_instances
 
     def member(self, instance_id: str) -> Member | None:
         member = self._inner.member(instance_id)
@@ -58,7 +59,11 @@ class NamedByOrchestrator:
                 claim: Callable[[str], bool]) -> ReplaceStep:
         """The provider's replacement, except that an instance that already served as a node
         before the replacement was asked for is never taken for it: on Slurm an instance backing a
-        node carries the node tag, here nothing marks it but its node, which a healthy peer has."""
+        node carries the node tag, here nothing marks it but its node, which a healthy peer has. A
+        provider that tells new instances by their launch (HyperPod, Karpenter) needs no such
+        check; a node's creation time, kept to the second, would only blur its answer."""
+        if self._inner.knows_new_instances:
+            return self._inner.replace(instance_id, slurm_node, progress, claim)
         since = datetime.fromisoformat(progress["requested_at"]) if progress.get("requested_at") else datetime.now(UTC)
         served = self._directory.registered_before(since)  # one read of the nodes per step
 
