@@ -189,3 +189,19 @@ def test_the_functions_build_the_karpenter_provider_from_their_settings(
         assert karpenter.claims() == {}  # deleted with the function's own token
     finally:
         wiring.reset(keep_clients=True)
+
+
+def test_an_instance_karpenter_already_terminated_is_replaced_by_the_pools_next_launch(
+        cluster: Cluster, aws: EmbeddedAWS, karpenter: _Karpenter) -> None:
+    """Karpenter's own disruption (or node repair) terminated the instance first: there is nothing
+    to delete, and the rung takes the pool's next launch as usual."""
+    (old, node), _ = (karpenter.launch() for _ in range(2))
+    k8s.CustomObjectsApi(cluster.api).delete_cluster_custom_object(GROUP, VERSION, NODECLAIMS, karpenter.nodeclaim[old])
+    karpenter.replicas = 1
+    assert karpenter.reconcile() == []  # terminated; nothing launched yet
+    provider = KarpenterProvider(aws.client("ec2"), karpenter.pool, lambda: cluster.api)
+    step = provider.replace(old, node, {}, claim=lambda _: True)
+    assert step.progress["nodeclaim"] == karpenter.nodeclaim[old] and step.instance_id is None
+    karpenter.replicas = 2
+    [new] = karpenter.reconcile()
+    assert provider.replace(old, node, step.progress, claim=lambda _: True).instance_id == new

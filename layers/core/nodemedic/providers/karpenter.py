@@ -84,14 +84,18 @@ class KarpenterProvider:
         return ReplaceStep(done)
 
     def _request(self, instance_id: str) -> dict[str, Any]:
-        """Delete the instance's NodeClaim; remember the newest launch in the pool at that moment."""
+        """Delete the instance's NodeClaim; remember the newest launch in the pool at that moment.
+        An instance Karpenter already terminated (its own disruption or repair) needs no delete."""
         pool = self._instances()
-        old = next((i for i in pool if i["InstanceId"] == instance_id), None)
-        nodeclaim = ec2_member(old).tags.get(NODECLAIM_TAG) if old else None
-        if old is None or not nodeclaim:
+        found = [i for page in self._ec2.get_paginator("describe_instances").paginate(Filters=[
+            {"Name": f"tag:{NODEPOOL_TAG}", "Values": [self._pool]}, {"Name": "instance-id", "Values": [instance_id]}])
+                 for r in page["Reservations"] for i in r["Instances"]]
+        nodeclaim = ec2_member(found[0]).tags.get(NODECLAIM_TAG) if found else None
+        if not found or not nodeclaim:
             raise ReplacementFailedError(f"{instance_id} is not an instance Karpenter launched for NodePool {self._pool}")
-        newest = max(i["LaunchTime"] for i in pool)
-        self._delete_nodeclaim(nodeclaim)
+        if found[0]["State"]["Name"] in _LIVE:
+            self._delete_nodeclaim(nodeclaim)
+        newest = max((i["LaunchTime"] for i in pool), default=found[0]["LaunchTime"])
         return {"nodeclaim": nodeclaim, "launched_after": newest.isoformat(),
                 "launched_with_newest": sorted(i["InstanceId"] for i in pool if i["LaunchTime"] == newest),
                 "requested_at": datetime.now(UTC).isoformat()}
