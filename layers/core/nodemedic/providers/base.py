@@ -56,6 +56,12 @@ def ec2_member(instance: dict[str, Any]) -> Member:
                   tags, {k: v for k, v in topology.items() if v})
 
 
+def ec2_instances(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every instance ``DescribeInstances`` finds with ``filters``, all pages."""
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
+    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+
 def reboot_ec2(ec2: Any, instance_ids: list[str]) -> None:
     """``RebootInstances``; a refusal is a :class:`~nodemedic.errors.ReplacementFailedError`."""
     try:

@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CapacityError, ReplacementFailedError
-from nodemedic.providers.base import SLURM_NODE_TAG, Member, ReplaceStep, ec2_member, is_capacity_error, reboot_ec2
+from nodemedic.providers.base import SLURM_NODE_TAG, Member, ReplaceStep, ec2_instances, ec2_member, is_capacity_error, reboot_ec2
 
 CLUSTER_TAG = "nodemedic:cluster"
 _LIVE = ["pending", "running", "stopping", "stopped"]
@@ -25,11 +25,10 @@ class EC2Provider:
         self._cluster = cluster
 
     def _instances(self, *filters: dict[str, Any]) -> list[dict[str, Any]]:
-        pages = self._ec2.get_paginator("describe_instances").paginate(Filters=[
+        return ec2_instances(self._ec2, [
             {"Name": f"tag:{CLUSTER_TAG}", "Values": [self._cluster]},
             {"Name": "tag-key", "Values": [SLURM_NODE_TAG]},  # the controller carries the cluster tag too
             {"Name": "instance-state-name", "Values": _LIVE}, *filters])
-        return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 
     def member(self, instance_id: str) -> Member | None:
         found = self._instances({"Name": "instance-id", "Values": [instance_id]})

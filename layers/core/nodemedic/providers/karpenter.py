@@ -23,7 +23,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CapacityError, ReplacementFailedError
-from nodemedic.providers.base import CAPACITY_ERRORS, Member, ReplaceStep, ec2_member, reboot_ec2
+from nodemedic.providers.base import CAPACITY_ERRORS, Member, ReplaceStep, ec2_instances, ec2_member, reboot_ec2
 
 NODEPOOL_TAG = "karpenter.sh/nodepool"
 NODECLAIM_TAG = "karpenter.sh/nodeclaim"
@@ -45,11 +45,10 @@ class KarpenterProvider:
         self._pool = node_pool
         self._api = kubernetes_api
 
-    def _instances(self, *filters: dict[str, Any]) -> list[dict[str, Any]]:
-        pages = self._ec2.get_paginator("describe_instances").paginate(Filters=[
-            {"Name": f"tag:{NODEPOOL_TAG}", "Values": [self._pool]},
-            {"Name": "instance-state-name", "Values": _LIVE}, *filters])
-        return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+    def _instances(self, *filters: dict[str, Any], live: bool = True) -> list[dict[str, Any]]:
+        """The pool's instances (``live``: not terminated or shutting down)."""
+        states = [{"Name": "instance-state-name", "Values": _LIVE}] if live else []
+        return ec2_instances(self._ec2, [{"Name": f"tag:{NODEPOOL_TAG}", "Values": [self._pool]}, *states, *filters])
 
     def member(self, instance_id: str) -> Member | None:
         found = self._instances({"Name": "instance-id", "Values": [instance_id]})
@@ -87,9 +86,8 @@ class KarpenterProvider:
         """Delete the instance's NodeClaim; remember the newest launch in the pool at that moment.
         An instance Karpenter already terminated (its own disruption or repair) needs no delete."""
         pool = self._instances()
-        found = [i for page in self._ec2.get_paginator("describe_instances").paginate(Filters=[
-            {"Name": f"tag:{NODEPOOL_TAG}", "Values": [self._pool]}, {"Name": "instance-id", "Values": [instance_id]}])
-                 for r in page["Reservations"] for i in r["Instances"]]
+        found = ([i for i in pool if i["InstanceId"] == instance_id]
+                 or self._instances({"Name": "instance-id", "Values": [instance_id]}, live=False))
         nodeclaim = ec2_member(found[0]).tags.get(NODECLAIM_TAG) if found else None
         if not found or not nodeclaim:
             raise ReplacementFailedError(f"{instance_id} is not an instance Karpenter launched for NodePool {self._pool}")
@@ -100,12 +98,16 @@ class KarpenterProvider:
                 "launched_with_newest": sorted(i["InstanceId"] for i in pool if i["LaunchTime"] == newest),
                 "requested_at": datetime.now(UTC).isoformat()}
 
-    def _delete_nodeclaim(self, name: str) -> None:
+    def _custom_objects(self) -> Any:
         from kubernetes import client as k8s  # loaded only where a replacement is asked for
+
+        return k8s.CustomObjectsApi(self._api())
+
+    def _delete_nodeclaim(self, name: str) -> None:
         from kubernetes.client.rest import ApiException
 
         try:
-            k8s.CustomObjectsApi(self._api()).delete_cluster_custom_object(GROUP, VERSION, NODECLAIMS, name)
+            self._custom_objects().delete_cluster_custom_object(GROUP, VERSION, NODECLAIMS, name)
         except ApiException as exc:
             if exc.status != 404:  # already gone: a retried step, or Karpenter's own disruption
                 raise ReplacementFailedError(f"cannot delete NodeClaim {name}: {exc.status} {exc.reason}") from exc
@@ -114,11 +116,10 @@ class KarpenterProvider:
 
     def _raise_if_out_of_capacity(self, node: str) -> None:
         """A NodeClaim of the pool that has not launched and says why: no capacity."""
-        from kubernetes import client as k8s
         from kubernetes.client.rest import ApiException
 
         try:
-            claims = k8s.CustomObjectsApi(self._api()).list_cluster_custom_object(
+            claims = self._custom_objects().list_cluster_custom_object(
                 GROUP, VERSION, NODECLAIMS, label_selector=f"{NODEPOOL_TAG}={self._pool}")
         except ApiException as exc:
             if exc.status in (401, 403):  # a deployment without the RBAC for NodeClaims: say so, never wait on
