@@ -129,7 +129,9 @@ class KubeScheduler:
             spec=k8s.V1NodeSpec(provider_id=f"aws:///{machine.zone}/{machine.instance_id}", taints=taints)))
         with self._lock:
             self._names[machine.instance_id] = node
-            self._registered[node] = time.monotonic()
+            # a node Ready at once has been up READY_AFTER_S already: the kubelet loop must not
+            # report it NotReady for its first second (jobs submitted then landed elsewhere)
+            self._registered[node] = time.monotonic() - (READY_AFTER_S if ready else 0.0)
         self._set_ready(node, ready)
 
     def start_node(self, node: str) -> None:
