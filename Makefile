@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 SCHEDULER ?= auto
 DEMO_NEEDS := $(if $(filter k8s kubernetes,$(SCHEDULER)),kube,slurm)
 
-.PHONY: help venv slurm kube chromium demo test lint unit chaos bench agent-wheel clean
+.PHONY: help venv slurm kube helm chromium demo test lint unit chaos bench agent-wheel clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ slurm:  ## install Debian's Slurm packages for the local cluster (as root)
 kube:  ## build a real kube-apiserver for the Kubernetes tests, once per machine (as root; cached in ~/.cache/nodemedic)
 	@sandbox/install-kube-apiserver.sh
 
+helm:  ## fetch the official Helm binary for the Helm chart's tests, once per machine (cached in ~/.cache/nodemedic)
+	@sandbox/install-helm.sh
+
 chromium:  ## install Debian's Chromium, which renders the HTML report in a test (as root)
 	@sandbox/install-chromium.sh
 
@@ -37,7 +40,7 @@ lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in 
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: venv slurm kube chromium lint  ## run the whole test suite
+test: venv slurm kube helm chromium lint  ## run the whole test suite
 	$(BIN)/pytest
 
 unit: venv  ## fast tests only (no local stack): units and the stages on in-memory Slurm
