@@ -137,6 +137,9 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                ("dynamodb", "TransactWriteItems", fail_incident),
                                ("states", "DescribeExecution", {"executionArn": execution}),
                                ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]}),
+                               ("events", "PutEvents", {"Entries": [{"EventBusName": out["EventBusName"],
+                                                                     "Source": "nodemedic.reconciler",
+                                                                     "DetailType": "Node Health Event"}]}),
                                *on_controller(docs.slurm_query, docs.slurm_drain)],
         "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query), send(docs.gpu_reset, member),
                            *([] if target.on_kubernetes else [send(docs.node_join, member)])],  # adopt, by scheduler

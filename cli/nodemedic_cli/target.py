@@ -141,7 +141,8 @@ class Target:
         from nodemedic.orchestrators.kubernetes import connect  # the Kubernetes client loads only when used
 
         p = self.parameters
-        return connect(self.client("eks"), self.client("sts"), p["EksClusterName"], p.get("KubernetesDrainPolicy", ""))
+        return connect(self.client("eks"), self.client("sts"), p["EksClusterName"], p.get("KubernetesDrainPolicy", ""),
+                       p.get("DrainReasonPrefix", "nodemedic"))
 
     @cached_property
     def orchestrator(self) -> Orchestrator:

@@ -1,5 +1,6 @@
 """Reconciler: started every 5 minutes by a schedule; repairs stranded incidents, leaked locks
-and claims, and lost drains (see nodemedic.reconciler), counts each kind and pages what it did."""
+and claims, and lost drains, starts the burn-in of a held node nobody checks (see
+nodemedic.reconciler), counts each kind and pages what it did."""
 
 from typing import Any
 
@@ -7,6 +8,7 @@ from aws_lambda_powertools import Logger, single_metric
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
+from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, RECONCILER_SOURCE, NodeHealthEvent
 from nodemedic.observability import NAMESPACE, utc_now
 from nodemedic.reconciler import execution_arn, reconcile
 from nodemedic.settings import settings
@@ -21,6 +23,15 @@ def execution_status(incident_id: str) -> str | None:
         return str(sfn.describe_execution(executionArn=execution_arn(settings().state_machine_arn, incident_id))["status"])
     except sfn.exceptions.ExecutionDoesNotExist:
         return None
+
+
+def start_burn_in(event: NodeHealthEvent) -> None:
+    """Put the ``NODE_JOINED`` event on the stack's bus: Detect opens the burn-in incident."""
+    out = wiring.client("events").put_events(Entries=[{
+        "Source": RECONCILER_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": settings().event_bus_name,
+        "Detail": event.model_dump_json(exclude_none=True)}])
+    if out.get("FailedEntryCount"):
+        raise RuntimeError(f"EventBridge refused the event: {out['Entries'][0].get('ErrorMessage', '')}")
 
 
 MAX_PAGE_BYTES = 200_000  # SNS allows 256 KB
@@ -40,7 +51,8 @@ def page(messages: list[str]) -> str:
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
     report = reconcile(cluster=s.cluster_name, ledger=wiring.ledger(), orchestrator=wiring.orchestrator(),
-                       execution_status=execution_status, prefix=s.drain_reason_prefix, now=utc_now())
+                       execution_status=execution_status, prefix=s.drain_reason_prefix, now=utc_now(),
+                       start_burn_in=start_burn_in)
     for kind, count in report.counts().items():
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):
@@ -51,6 +63,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                                      Message=page(report.pages))
     if report.errors:
         logger.error("reconciler could not repair everything", errors=report.errors)
+    if report.burn_ins_started:
+        logger.info("burn-ins started", nodes=report.burn_ins_started)
     if any(report.counts().values()) or report.holds_dropped or report.burn_ins_unchecked:
         logger.warning("reconciler repaired", **report.model_dump(exclude={"pages", "errors"}))
     return report.model_dump()

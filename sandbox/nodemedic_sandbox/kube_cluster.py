@@ -3,7 +3,9 @@ authentication through :class:`~nodemedic_sandbox.eks_authenticator.EksAuthentic
 the same way as on EKS, plus the parts of a cluster that cannot run here, played from one thread:
 
 - the kubelet: a node registers (``spec.providerID`` naming its instance) once its instance has
-  booted, and is ``Ready`` ``READY_AFTER_S`` later (on EKS the CNI takes tens of seconds; scaled
+  booted, with NodeMedic's burn-in startup taint ``nodemedic.io/burn-in`` (as the node group's
+  ``taints`` or ``--register-with-taints`` put it, docs/kubernetes.md), and is ``Ready``
+  ``READY_AFTER_S`` later (on EKS the CNI takes tens of seconds; scaled
   down), not while the instance reboots; the deletion of an evicted pod is confirmed;
 - the cloud node-lifecycle controller: the node of a terminated instance is deleted;
 - a training operator and the scheduler: each training job keeps its pods, a missing pod is made
@@ -32,7 +34,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
 from kubernetes.client.rest import ApiException
-from nodemedic.orchestrators.kubernetes import SPARE_TAINT, KubernetesOrchestrator
+from nodemedic.orchestrators.kubernetes import BURN_IN_TAINT, SPARE_TAINT, KubernetesOrchestrator
 
 from nodemedic_sandbox import kube_apiserver
 from nodemedic_sandbox.eks_authenticator import EksAuthenticator
@@ -119,14 +121,17 @@ class KubeScheduler:
 
     # -- nodes ------------------------------------------------------------------------------
     def register(self, node: str, machine: Machine, *, spare: bool = False, ready: bool = True) -> None:
-        """The kubelet of ``machine`` registers as ``node`` (a spare carries NodeMedic's spare taint),
-        ``ready`` at once (the cluster's first nodes) or not yet (a node joining later)."""
-        taints = [k8s.V1Taint(key=SPARE_TAINT, value="true", effect="NoSchedule")] if spare else None
+        """The kubelet of ``machine`` registers as ``node``: ``ready`` at once (the cluster's first
+        nodes; a spare carries NodeMedic's spare taint) or not yet (a node joining later, held for
+        its burn-in by the startup taint)."""
+        taints = [k8s.V1Taint(key=SPARE_TAINT, value="true", effect="NoSchedule")] if spare else []
+        if not ready:
+            taints.append(k8s.V1Taint(key=BURN_IN_TAINT, value="pending", effect="NoSchedule"))
         self.core.create_node(k8s.V1Node(
             metadata=k8s.V1ObjectMeta(name=node, labels={
                 "nvidia.com/gpu.present": "true", "topology.kubernetes.io/zone": machine.zone,
                 "node.kubernetes.io/instance-type": "p5.48xlarge"}),
-            spec=k8s.V1NodeSpec(provider_id=f"aws:///{machine.zone}/{machine.instance_id}", taints=taints)))
+            spec=k8s.V1NodeSpec(provider_id=f"aws:///{machine.zone}/{machine.instance_id}", taints=taints or None)))
         with self._lock:
             self._names[machine.instance_id] = node
             # a node Ready at once has been up READY_AFTER_S already: the kubelet loop must not

@@ -44,7 +44,8 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         patterns = {r["Name"]: json.loads(r["EventPattern"]) for r in rules}
         assert all(p["detail"]["cluster"] == ["c1"] for p in patterns.values())
         rules = [r for r in rules if patterns[r["Name"]]["detail-type"] == ["Node Health Event"]]
-        assert patterns[rules[0]["Name"]]["source"] == ["nodemedic.agent", "nodemedic.sweeper", "nodemedic.planned"]
+        assert patterns[rules[0]["Name"]]["source"] == ["nodemedic.agent", "nodemedic.sweeper", "nodemedic.planned",
+                                                    "nodemedic.reconciler"]
         targets = aws.client("events").list_targets_by_rule(Rule=rules[0]["Name"], EventBusName=stack.bus_name)
         assert targets["Targets"][0]["DeadLetterConfig"]["Arn"].startswith("arn:aws:sqs:")
 

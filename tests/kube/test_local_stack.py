@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nodemedic.orchestrators.kubernetes import DRAIN_TAINT, SPARE_TAINT
+from nodemedic.orchestrators.kubernetes import BURN_IN_TAINT, DRAIN_TAINT, SPARE_TAINT
 from nodemedic_cli.demo import run_demo
 from nodemedic_sandbox import kube_apiserver
 from nodemedic_sandbox.embedded_aws import ACCOUNT_ID
@@ -116,6 +116,36 @@ def test_an_operators_cordon_and_taint_are_never_undone_even_when_they_race_the_
     incident = next(i for i in local.incidents() if i.slurm_node == "gpu-3")
     assert [r["rung"] for r in incident.stages["repair"].result["rungs"]] == ["gpu_reset", "reboot"]
     assert kube.taints("gpu-3") == {"example.com/rma": "ticket-42:NoSchedule"}
+
+
+def test_a_node_that_joins_outside_an_incident_takes_no_pod_until_its_burn_in_passes(local: LocalMode) -> None:
+    """The group scales out: the new node registers with the burn-in startup taint, so the job
+    waiting for one more node cannot land there; the reconciler starts its burn-in (on the second
+    run that sees it), the full check passes, and the taint goes with NodeMedic's cordon."""
+    kube = _kube(local)
+    job = kube.submit(4, name="wide")  # one worker more than the cluster has free nodes
+    before = set(kube.node_names())
+    local.aws.client("autoscaling").set_desired_capacity(AutoScalingGroupName=local.cluster.asg_name,
+                                                         DesiredCapacity=len(before) + 1)
+    joined = wait_for(lambda: next(iter(set(kube.node_names()) - before), None), "the new node to register")
+    wait_for(lambda: kube.node(joined)["State"] == "IDLE+DRAIN", "the new node to be Ready, held")
+    assert kube.taints(joined) == {BURN_IN_TAINT: "pending:NoSchedule"} and kube.job(job)["JobState"] == "PENDING"
+    assert kube.node(joined)["Reason"] == f"nodemedic:burn-in {kube.instance_of(joined)} joined"
+
+    assert local.reconcile()["burn_ins_started"] == []  # first sight: a replace incident may be adopting it
+    assert local.reconcile()["burn_ins_started"] == [joined]
+    [execution] = local.wait_for_executions(1, timeout=120)
+
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    incident = local.incident(execution["name"])
+    assert (incident.fault_code, incident.action, incident.status, incident.source) == (
+        "NODE_JOINED", "burn_in", "closed", "nodemedic.reconciler")
+    [rung] = incident.stages["repair"].result["rungs"]
+    assert rung["rung"] == "check" and rung["check"]["healthy"] and rung["check"]["level"] == "full"
+    assert kube.taints(joined) == {} and "DRAIN" not in kube.node(joined)["State"]
+    assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to start with the checked node")
+    assert joined in kube.job(job)["NodeList"].split(",")
+    assert local.reconcile()["burn_ins_started"] == [] and local.escalations() == []
 
 
 def test_the_clusters_first_nodes_are_ready_from_the_start_and_a_joining_node_is_not(tmp_path: Path) -> None:

@@ -9,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
 from nodemedic.errors import CheckpointPendingError, EvictionPendingError, ReplacementPendingError
 from nodemedic.orchestrators.kubernetes import (
+    BURN_IN_TAINT,
     CHECKPOINT_REQUESTED,
     CHECKPOINTED,
     CONDITION,
@@ -22,6 +24,7 @@ from nodemedic.orchestrators.kubernetes import (
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.node_names import NamedByOrchestrator
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.reconciler import reconcile
 from nodemedic.stages.drain import drain
 from nodemedic.stages.repair import repair
 from nodemedic.stages.resume import resume
@@ -34,6 +37,7 @@ from tests.stages.conftest import PREFIX, clock, opened
 from tests.stages.memory_provider import MemoryProvider
 
 pytestmark = pytest.mark.usefixtures("aws")
+STARTUP_TAINT = {"key": BURN_IN_TAINT, "value": "pending", "effect": "NoSchedule"}  # the node group's
 
 
 def test_xid79_cordons_evicts_within_the_budget_swaps_a_spare_and_returns_the_node_to_the_pool(
@@ -95,12 +99,15 @@ def test_an_operators_cordon_survives_the_whole_incident(cluster: Cluster, ledge
     assert cluster.read_node(node).spec.unschedulable and DRAIN_TAINT not in cluster.taints(node)
 
 
+@pytest.mark.parametrize("startup_taint", [False, True], ids=["plain", "burn-in-startup-taint"])
 def test_a_replacement_registers_under_a_name_of_its_own_and_that_node_is_held_then_resumed(
-        cluster: Cluster, aws: EmbeddedAWS, ledger: Ledger, group: list[str]) -> None:
+        cluster: Cluster, aws: EmbeddedAWS, ledger: Ledger, group: list[str], startup_taint: bool) -> None:
     """The replace rung on a managed node group: the group launches a new instance, which joins
     under a new node name. A healthy peer's instance (in the same group, carrying no tag) is never
     taken for the replacement; the new node is cordoned the moment it registers, and Resume acts
-    on it, not on the name of the node that is gone."""
+    on it, not on the name of the node that is gone. A node group that registers its nodes with
+    the burn-in startup taint: the replacement's is gone with NodeMedic's cordon once it passed,
+    and the reconciler never starts a burn-in of its own for it meanwhile (its instance is claimed)."""
     name, sick_instance, peer_instance, idle_instance = group
     sick = cluster.node("ip-10-0-1-17.ec2.internal", provider_id=f"aws:///us-east-1a/{sick_instance}")
     peer = cluster.node("ip-10-0-1-18.ec2.internal", provider_id=f"aws:///us-east-1a/{peer_instance}")
@@ -121,15 +128,56 @@ def test_a_replacement_registers_under_a_name_of_its_own_and_that_node_is_held_t
     [new_instance] = set(i["InstanceId"] for i in aws.client("autoscaling").describe_auto_scaling_groups(
         AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["Instances"]) - {peer_instance, idle_instance}
     assert not any(cluster.read_node(n).spec.unschedulable for n in (peer, idle))
-    new = cluster.node("ip-10-0-2-40.ec2.internal", provider_id=f"aws:///us-east-1a/{new_instance}")  # the kubelet
+    new = cluster.node("ip-10-0-2-40.ec2.internal", provider_id=f"aws:///us-east-1a/{new_instance}",
+                       taints=[STARTUP_TAINT] if startup_taint else None)  # the kubelet
+    started: list[NodeHealthEvent] = []
+    for _ in range(3):
+        reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING", prefix=PREFIX,
+                  now=datetime.now(UTC), start_burn_in=started.append)
+    assert started == []
     out = climb()
     assert (out.rung, out.instance_id) == ("replace", new_instance)
     assert cluster.read_node(new).spec.unschedulable and DRAIN_TAINT in cluster.taints(new)  # held until checked
     done = resume(incident, "service", orchestrator=orch, ledger=ledger, prefix=PREFIX, job_wait_s=0,
                   pool_size=0, clock=clock)
     assert done.resumed and done.slurm_node == new
-    assert not cluster.read_node(new).spec.unschedulable and DRAIN_TAINT not in cluster.taints(new)
+    assert not cluster.read_node(new).spec.unschedulable and cluster.taints(new) == {}
     assert not any(cluster.read_node(n).spec.unschedulable for n in (peer, idle))
+
+
+def test_a_node_that_joins_under_the_burn_in_startup_taint_is_checked_then_released_and_an_operators_cordon_is_not(
+        cluster: Cluster, ledger: Ledger) -> None:
+    """Kubernetes' burn-in hold: the node registers with the startup taint, so no pod lands there;
+    it reads as held for its burn-in (the agent's hold on Slurm), the reconciler starts its burn-in,
+    the burn-in's drain takes it over and its resume, once the check passed, lifts the taint with
+    the cordon. A node an operator cordoned keeps both: it is not a burn-in hold."""
+    instance = "i-0b1e55ed0000c0de1"
+    joined = cluster.node("ip-10-0-3-7.ec2.internal", provider_id=f"aws:///us-east-1a/{instance}",
+                          taints=[STARTUP_TAINT])
+    kept = cluster.node("gpu-op", cordoned=True, taints=[STARTUP_TAINT], provider_id="aws:///us-east-1a/i-0feed0000000000aa")
+    orch = KubernetesOrchestrator(cluster.api, prefix=PREFIX)
+    status = orch.node_status(joined)
+    assert status.drained and status.reason == f"{PREFIX}:burn-in {instance} joined"
+    assert orch.node_status(kept).reason == "cordoned (not by NodeMedic)"
+
+    started: list[NodeHealthEvent] = []
+    for _ in range(2):  # the second run that sees it starts it
+        reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING", prefix=PREFIX,
+                  now=datetime.now(UTC), start_burn_in=started.append)
+    assert [(e.node.slurm_node, e.node.instance_id, e.fault_code) for e in started if e.node.slurm_node in
+            (joined, kept)] == [(joined, instance, "NODE_JOINED")]
+
+    incident = opened(ledger, joined, instance=instance).model_copy(
+        update={"action": "burn_in", "fault_code": "NODE_JOINED", "fault_class": "burn_in"})
+    out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert out.drained_by_pipeline and out.requeued_jobs == []
+    assert cluster.read_node(joined).spec.unschedulable and {DRAIN_TAINT, BURN_IN_TAINT} <= set(cluster.taints(joined))
+    done = resume(incident, "service", orchestrator=orch, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0,
+                  clock=clock)
+    assert done.resumed
+    assert not cluster.read_node(joined).spec.unschedulable and cluster.taints(joined) == {}  # pods may land now
+    assert cluster.read_node(kept).spec.unschedulable and BURN_IN_TAINT in cluster.taints(kept)  # untouched
+    assert not orch.resume(kept, f"{PREFIX}:{incident.incident_id}")  # nor lifted by an incident not its own
 
 
 def test_a_planned_drain_asks_the_pods_to_checkpoint_and_evicts_them_once_they_report_it(

@@ -8,10 +8,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.errors import DrainFailedError
 from nodemedic.reconciler import reconcile
 from nodemedic.stages.drain import drain, drain_reason
 from nodemedic.stages.failure import fail
+from nodemedic.stages.repair import REPLACEMENT
 from nodemedic.stages.resume import end_unrecovered, resume
 from nodemedic.stages.spares import SPARE, swap_in
 from nodemedic.store.ledger import Ledger
@@ -28,10 +30,10 @@ def _fail(incident, slurm: MemorySlurm, ledger: Ledger, error=ERROR):
 
 
 def _reconcile(slurm: MemorySlurm, ledger: Ledger, executions: dict[str, str] | None = None,
-               now: datetime | None = None):
+               now: datetime | None = None, started: list[NodeHealthEvent] | None = None):
     return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm,
                      execution_status=lambda i: (executions or {}).get(i, "RUNNING"), prefix=PREFIX,
-                     now=now or datetime.now(UTC))
+                     now=now or datetime.now(UTC), start_burn_in=(started if started is not None else []).append)
 
 
 def test_controller_down_at_drain_fails_the_incident_releases_the_lock_and_the_reconciler_drains_it_later(
@@ -244,25 +246,54 @@ def test_an_incident_that_leaves_a_node_to_its_operator_stops_holding_it(slurm: 
     assert not _reconcile(slurm, ledger).drains_reasserted
 
 
-def test_a_burn_in_hold_nobody_checks_is_paged_once_from_the_second_run_that_sees_it(
+def test_a_burn_in_hold_nobody_checks_gets_its_burn_in_started_on_the_second_run_and_is_paged_if_that_does_not_take(
         slurm: MemorySlurm, ledger: Ledger) -> None:
     # gpu-2 joined and was held for its burn-in, but its NODE_JOINED was folded into an incident
     # that ended without checking it; gpu-3 is held too, and its burn-in incident is running
     for node in ("gpu-2", "gpu-3"):
-        slurm.drain(node, f"{PREFIX}:burn-in i-{node} joined")
+        slurm.drain(node, f"{PREFIX}:burn-in i-0{node[-1]:0>16} joined")
     opened(ledger, "gpu-3")
     slurm.drain("gpu-4", "ops: bad DIMM")  # an operator's drain is none of NodeMedic's business
+    started: list[NodeHealthEvent] = []
 
-    first = _reconcile(slurm, ledger)  # the agent's event may still be on its way: not yet
-    assert first.burn_ins_unchecked == [] and first.pages == []
-    second = _reconcile(slurm, ledger)
-    assert second.burn_ins_unchecked == ["gpu-2"]
-    [page] = second.pages
-    assert "gpu-2 (i-gpu-2) is held out of service for its burn-in" in page
+    first = _reconcile(slurm, ledger, started=started)  # the agent's event may still be on its way: not yet
+    assert (first.burn_ins_started, first.burn_ins_unchecked, first.pages, started) == ([], [], [], [])
+    second = _reconcile(slurm, ledger, started=started)
+    assert second.burn_ins_started == ["gpu-2"] and second.pages == [] and second.burn_ins_unchecked == []
+    [event] = started
+    assert (event.fault_code, event.check, event.node.instance_id, event.node.slurm_node) == \
+           ("NODE_JOINED", "burn_in", "i-00000000000000002", "gpu-2")
+    assert event.evidence["drain_reason"] == f"{PREFIX}:burn-in i-00000000000000002 joined"
+    # the burn-in it started did not check the node either (its event lost): paged, once
+    third = _reconcile(slurm, ledger, started=started)
+    assert third.burn_ins_unchecked == ["gpu-2"] and len(started) == 1
+    [page] = third.pages
+    assert "gpu-2 (i-00000000000000002) is held out of service for its burn-in" in page
     assert "nodemedic remediate gpu-2 --action reboot" in page
-    third = _reconcile(slurm, ledger)
-    assert third.burn_ins_unchecked == ["gpu-2"] and third.pages == []  # said once
+    fourth = _reconcile(slurm, ledger, started=started)
+    assert fourth.burn_ins_unchecked == ["gpu-2"] and fourth.pages == [] and len(started) == 1  # said once
     assert slurm.node_status("gpu-2").drained  # never lifted: the node stays out unchecked
 
-    slurm.drain("gpu-1", f"{PREFIX}:burn-in i-gpu-1 joined")
-    assert _reconcile(slurm, ledger).pages == []  # a new hold: seen first, paged on the next run
+    slurm.drain("gpu-1", f"{PREFIX}:burn-in i-00000000000000001 joined")
+    assert _reconcile(slurm, ledger, started=started).pages == []  # a new hold: seen first, started next
+
+
+def test_a_held_replacement_an_open_incident_claimed_is_that_incidents_and_a_failed_start_is_said(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """A replacement registers held (Kubernetes: the burn-in startup taint) under its own name;
+    the incident that claimed its instance adopts and checks it: the reconciler leaves it alone."""
+    incident = opened(ledger, "gpu-1")
+    assert ledger.claim(REPLACEMENT, "i-0000000000000000e", incident.incident_id)
+    slurm.drain("gpu-4", f"{PREFIX}:burn-in i-0000000000000000e joined")
+    slurm.drain("gpu-2", f"{PREFIX}:burn-in i-00000000000000002 joined")
+
+    def refused(event: NodeHealthEvent) -> None:
+        raise RuntimeError("EventBridge refused the event")
+
+    reports = [reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=datetime.now(UTC), start_burn_in=refused) for _ in range(3)]
+    assert all("gpu-4" not in r.burn_ins_unchecked + r.burn_ins_started for r in reports) and not reports[2].pages[1:]
+    # gpu-2: seen; its start refused and said; then paged, as a burn-in that did not take
+    assert reports[1].errors == ["cannot start the burn-in of gpu-2: EventBridge refused the event"]
+    assert not reports[1].burn_ins_started and reports[2].burn_ins_unchecked == ["gpu-2"]
+    assert "gpu-2 (i-00000000000000002) is held out of service" in reports[2].pages[0]

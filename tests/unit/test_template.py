@@ -136,3 +136,20 @@ def test_instance_actions_are_scoped_to_this_clusters_capacity(name: str) -> Non
             continue
         [(key, value)] = statement["Condition"]["StringEquals"].items()
         assert value == {"Ref": owners[key]}, f"{name}: {actions} scoped by {key}={value}"
+
+
+def test_each_function_that_publishes_health_events_may_publish_only_under_its_own_source() -> None:
+    """The Detect rule trusts a health event's source (the agents' policy cannot forge the
+    sweeper's); so each function publishes on the stack's bus under one source, its own."""
+    sources = {}
+    for name, function in FUNCTIONS.items():
+        for statement in statements(function):
+            if "events:PutEvents" in ([statement["Action"]] if isinstance(statement["Action"], str)
+                                      else statement["Action"]):
+                assert statement["Resource"] == {"Fn::GetAtt": ["EventBus", "Arn"]}, name
+                sources[name] = statement["Condition"]["StringEquals"]["events:source"]
+    assert sources == {"SilenceSweeperFunction": "nodemedic.sweeper", "PlannedEventsFunction": "nodemedic.planned",
+                       "ReconcilerFunction": "nodemedic.reconciler"}
+    [rule] = [e["Properties"]["Pattern"] for r in RESOURCES.values() for name, e in r.get("Properties", {})
+              .get("Events", {}).items() if name == "AgentHealthEvent"]  # what starts an incident
+    assert sorted(rule["source"]) == sorted(["nodemedic.agent", *sources.values()])

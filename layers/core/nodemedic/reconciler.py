@@ -11,26 +11,33 @@ Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then
 - a node NodeMedic holds drained that is not drained (a controller restarted without saving the
   drain; the scheduler was unreachable when the incident failed) is drained again, never over
   someone else's drain, and never while its incident is returning it to service;
-- a node held out for its burn-in (drained ``<prefix>:burn-in <instance> joined`` by the agent)
-  that no incident is checking - its ``NODE_JOINED`` was folded into another incident for the
-  node that ended without checking it (a verify that passed, a hold), or never arrived - is paged
-  once, on the second run that sees it (the first may precede the agent's event): it would
-  otherwise stay out of service unnoticed.
+- a node held out for its burn-in that no incident is checking - on Slurm drained ``<prefix>:burn-in
+  <instance> joined`` by the agent, whose ``NODE_JOINED`` was folded into another incident for the
+  node that ended without checking it (a verify that passed, a hold) or never arrived; on
+  Kubernetes registered with the startup taint ``nodemedic.io/burn-in``, which nothing else
+  reports - gets its burn-in started: a ``NODE_JOINED`` health event (source
+  ``nodemedic.reconciler``) on the second run that sees it (the first may precede the agent's
+  event, or a replace incident's adoption of its replacement). A node whose instance an open
+  incident has claimed (a replacement being adopted) is that incident's. If a later run still
+  finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed.
 
 Each repair is counted by kind (metric ``ReconcilerRepairs``, dimensions Cluster and Kind).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
+from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.incident import Bookkeeping
 from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.stages.failure import fail
+from nodemedic.stages.repair import REPLACEMENT
 from nodemedic.store.ledger import Ledger
 
 KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated", "retired"})  # see the runbooks: on purpose
@@ -50,6 +57,7 @@ class ReconcileReport(BaseModel):
     claims_released: list[str] = Field(default_factory=list)
     drains_reasserted: list[str] = Field(default_factory=list)
     holds_dropped: list[str] = Field(default_factory=list)
+    burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
     pages: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
@@ -59,10 +67,20 @@ class ReconcileReport(BaseModel):
                 "claim": len(self.claims_released), "drain": len(self.drains_reasserted)}
 
 
+def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: datetime) -> NodeHealthEvent:
+    """The ``NODE_JOINED`` event that starts the burn-in of ``node``, held out with ``reason``."""
+    return NodeHealthEvent(
+        schema_version="1", event_id=str(uuid.uuid4()), cluster=cluster,
+        node=NodeIdentity(instance_id=instance_id, hostname=node, slurm_node=node), check="burn_in",
+        fault_code="NODE_JOINED", severity="warning", observed_at=now, sent_at=now,
+        evidence={"drain_reason": reason, "started_by": "reconciler: held for its burn-in, no incident checking it"})
+
+
 def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
-              execution_status: Callable[[str], str | None], prefix: str, now: datetime) -> ReconcileReport:
+              execution_status: Callable[[str], str | None], prefix: str, now: datetime,
+              start_burn_in: Callable[[NodeHealthEvent], None]) -> ReconcileReport:
     """``execution_status(incident_id)``: its execution's status (RUNNING, SUCCEEDED, ...), None
-    when there is no such execution."""
+    when there is no such execution. ``start_burn_in(event)`` publishes a ``NODE_JOINED`` event."""
     report = ReconcileReport()
     books = ledger.bookkeeping(cluster)
     _strays(books, ledger, orchestrator, execution_status, prefix, now, report)
@@ -73,7 +91,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
         report.errors.append(f"cannot read the scheduler's nodes: {exc}")
         return report
     _holds(books, ledger, orchestrator, nodes, report)
-    _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, report)
+    _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, start_burn_in, report)
     return report
 
 
@@ -110,21 +128,31 @@ def _locks_and_claims(books: Bookkeeping, cluster: str, ledger: Ledger, report: 
 
 
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
-                        now: datetime, report: ReconcileReport) -> None:
+                        now: datetime, start_burn_in: Callable[[NodeHealthEvent], None],
+                        report: ReconcileReport) -> None:
     busy = {lock.slurm_node for lock in books.locks} | {i.slurm_node for i in books.open_incidents}
+    claimed = {c.key for c in books.claims if c.kind == REPLACEMENT}  # a replacement an open incident adopts
     for node in nodes.values():
         instance = burn_in_instance(prefix, node.reason) if node.drained else None
-        if instance is None or node.name in busy:
+        if instance is None or node.name in busy or instance in claimed:
             continue
         key = f"burn-in-unchecked/{cluster}/{node.name}/{instance}"
         if ledger.first_announcement(f"{key}/seen", now):  # the agent's NODE_JOINED may be on its way
+            continue
+        if ledger.first_announcement(f"{key}/started", now):
+            try:
+                start_burn_in(burn_in_event(cluster, node.name, instance, node.reason, now))
+            except Exception as exc:  # noqa: BLE001 - the next run pages it
+                report.errors.append(f"cannot start the burn-in of {node.name}: {exc}")
+            else:
+                report.burn_ins_started.append(node.name)
             continue
         report.burn_ins_unchecked.append(node.name)
         if ledger.first_announcement(key, now):
             report.pages.append(
                 f"NodeMedic: {node.name} ({instance}) is held out of service for its burn-in ({node.reason}) "
-                f"but no incident is checking it: its NODE_JOINED event was folded into another incident for the "
-                f"node that ended without checking it, or never arrived. It stays drained until someone acts: "
+                f"but no incident is checking it: the burn-in the reconciler started for it did not run (see "
+                f"the Detect function's log for its NODE_JOINED event). It stays drained until someone acts: "
                 f"`nodemedic remediate {node.name} --action reboot` drains it under an incident, reboots it and "
                 f"checks it before returning it; `nodemedic remediate {node.name} --action resume` returns it "
                 f"unchecked.")

@@ -78,7 +78,8 @@ def kubernetes() -> KubernetesOrchestrator:
     from nodemedic.orchestrators.kubernetes import connect
 
     s = settings()
-    return connect(client("eks"), client("sts"), s.eks_cluster_name, s.kubernetes_drain_policy)
+    return connect(client("eks"), client("sts"), s.eks_cluster_name, s.kubernetes_drain_policy,
+                   s.drain_reason_prefix)
 
 
 @lru_cache(maxsize=1)

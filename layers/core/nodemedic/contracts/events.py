@@ -26,6 +26,7 @@ from pydantic import (
 
 AGENT_SOURCE = "nodemedic.agent"
 SWEEPER_SOURCE = "nodemedic.sweeper"
+RECONCILER_SOURCE = "nodemedic.reconciler"  # the burn-in of a node held for one that nobody checks
 # an AWS Health scheduled change or a Capacity Block's end, one event per affected node
 PLANNED_SOURCE = "nodemedic.planned"
 HEALTH_DETAIL_TYPE = "Node Health Event"
@@ -217,7 +218,7 @@ class _Envelope(BaseModel):
 
 
 class HealthEventEnvelope(_Envelope):
-    source: Literal["nodemedic.agent", "nodemedic.sweeper", "nodemedic.planned"]
+    source: Literal["nodemedic.agent", "nodemedic.sweeper", "nodemedic.planned", "nodemedic.reconciler"]
     detail_type: Literal["Node Health Event"] = Field(alias="detail-type")
     detail: NodeHealthEvent
 

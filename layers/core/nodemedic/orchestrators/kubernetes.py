@@ -26,6 +26,13 @@ annotations in a downward-API volume, refreshed by the kubelet); a pod reports a
 checkpoint by annotating itself ``nodemedic.io/checkpointed=<epoch>``. The eviction after that
 gives the pod its termination grace period.
 
+The burn-in hold: a GPU node registers with the startup taint ``nodemedic.io/burn-in``
+(``NoSchedule``; the kubelet's ``--register-with-taints``, a managed node group's ``taints``,
+Karpenter's ``startupTaints``), so no pod lands on it before its first check. Such a node reads
+as drained with the burn-in hold's reason (``<prefix>:burn-in <instance> joined``, as the agent's
+hold on Slurm): the reconciler starts its burn-in, whose drain takes it over and whose resume (or
+return to the spare pool) removes the taint with NodeMedic's cordon once the full check passed.
+
 Spares are nodes that carry the taint ``nodemedic.io/spare`` (``NoSchedule``): idle, checked,
 and unusable by pods that do not tolerate it. Taking a spare removes the taint, so the training
 operator's replacement pods can land there.
@@ -46,12 +53,14 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nodemedic.domain.scontrol import burn_in_reason
 from nodemedic.errors import CommandFailedError, DrainFailedError, NodeMedicError, PolicyError, ResumeFailedError
 from nodemedic.orchestrators import eks_auth
 from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus, RunningJob
 
 DRAIN_TAINT = "nodemedic.io/unhealthy"
 SPARE_TAINT = "nodemedic.io/spare"
+BURN_IN_TAINT = "nodemedic.io/burn-in"  # a joined node's startup taint: out of scheduling until checked
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"  # pods and volumes of a dead node move
 REASON = "nodemedic.io/drain-reason"
 OUT_OF_SERVICE_SET = "nodemedic.io/out-of-service"  # NodeMedic set the out-of-service taint
@@ -163,8 +172,9 @@ def _owned_by(annotations: dict[str, str], owner: str) -> bool:
 class _Node:
     """One read of a node: what the decisions look at, and the patch that changes only our keys."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, prefix: str) -> None:
         self.raw = raw
+        self.prefix = prefix
         self.name: str = raw.metadata.name
         self.version: str = raw.metadata.resource_version
         self.annotations: dict[str, str] = dict(raw.metadata.annotations or {})
@@ -184,17 +194,21 @@ class _Node:
 
     @property
     def reason(self) -> str:
-        """Ours (the annotation), or a word on someone else's cordon."""
+        """Ours (the annotation), a word on someone else's cordon, or the burn-in hold's."""
         if self.hyperpod_hold:
             return f"HyperPod: {self.hyperpod_hold}"
         if REASON in self.annotations:
             return self.annotations[REASON]
-        return "cordoned (not by NodeMedic)" if self.cordoned else ""
+        if self.cordoned:
+            return "cordoned (not by NodeMedic)"
+        if self.tainted(BURN_IN_TAINT):
+            return burn_in_reason(self.prefix, instance_of_provider_id(self.raw.spec.provider_id or "") or self.name)
+        return ""
 
     @property
     def held(self) -> bool:
-        """Out of scheduling: cordoned, or checked or recovered by HyperPod itself."""
-        return self.cordoned or bool(self.hyperpod_hold)
+        """Out of scheduling: cordoned, held for its burn-in, or checked or recovered by HyperPod."""
+        return self.cordoned or self.tainted(BURN_IN_TAINT) or bool(self.hyperpod_hold)
 
     def status(self, jobs: list[str]) -> NodeStatus:
         state = "ALLOCATED" if jobs else "IDLE"
@@ -210,10 +224,12 @@ class _Node:
                 {"op": "add", "path": "/metadata/annotations", "value": annotations}]
 
 
-def connect(eks: Any, sts: Any, cluster: str, drain_policy: str) -> KubernetesOrchestrator:
+def connect(eks: Any, sts: Any, cluster: str, drain_policy: str, prefix: str = "nodemedic") -> KubernetesOrchestrator:
     """The adapter for the EKS cluster ``cluster``, with the credentials of the ``sts`` client
-    (a function's role, or an operator's) and the drain policy's JSON text."""
-    return KubernetesOrchestrator(eks_auth.api_client(eks, sts, cluster), policy=parse_drain_policy(drain_policy))
+    (a function's role, or an operator's), the drain policy's JSON text and the stack's
+    DrainReasonPrefix."""
+    return KubernetesOrchestrator(eks_auth.api_client(eks, sts, cluster), policy=parse_drain_policy(drain_policy),
+                                  prefix=prefix)
 
 
 def instance_of_provider_id(provider_id: str) -> str | None:
@@ -226,9 +242,10 @@ def instance_of_provider_id(provider_id: str) -> str | None:
 class KubernetesOrchestrator:
     """:class:`~nodemedic.orchestrators.base.Orchestrator` for Kubernetes, through its API server."""
 
-    def __init__(self, api: Any, *, policy: DrainPolicy | None = None,
+    def __init__(self, api: Any, *, policy: DrainPolicy | None = None, prefix: str = "nodemedic",
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._core = k8s.CoreV1Api(api)
+        self._prefix = prefix
         self._api = api
         self._policy = policy or DrainPolicy()
         self._clock = clock
@@ -242,7 +259,7 @@ class KubernetesOrchestrator:
     # -- reads ------------------------------------------------------------------------------
     def _read(self, node: str) -> _Node:
         try:
-            return _Node(self._core.read_node(node))
+            return _Node(self._core.read_node(node), self._prefix)
         except ApiException as exc:
             raise CommandFailedError(f"the API server did not describe node {node}: {exc.status} {exc.reason}") from exc
 
@@ -274,7 +291,7 @@ class KubernetesOrchestrator:
         busy: dict[str, list[Any]] = {}
         for pod in self._running_pods():
             busy.setdefault(pod.spec.node_name or "", []).append(pod)
-        return [_Node(n).status(self._jobs(busy.get(n.metadata.name, []))) for n in self._list_nodes()]
+        return [_Node(n, self._prefix).status(self._jobs(busy.get(n.metadata.name, []))) for n in self._list_nodes()]
 
     def jobs_on(self, node: str) -> list[str]:
         return self._jobs(self._pods_on(node))
@@ -377,14 +394,16 @@ class KubernetesOrchestrator:
         return True
 
     def resume(self, node: str, owner: str = "*") -> bool:
-        """Uncordon ``node`` and remove NodeMedic's taints if ``owner``'s drain holds it (``*``: any
-        cordon, an operator's own resume), checked and acted on in one patch. Others' taints stay."""
+        """Uncordon ``node`` and remove NodeMedic's taints (the burn-in hold's too: the node has
+        been checked) if ``owner``'s drain holds it (``*``: any cordon or burn-in hold, an
+        operator's own resume), checked and acted on in one patch. Others' taints stay."""
 
         def decide(current: _Node) -> list[dict[str, Any]] | None:
-            if not current.cordoned or current.hyperpod_hold or (
-                    owner != "*" and not _owned_by(current.annotations, owner)):
+            if not current.held or current.hyperpod_hold or (
+                    owner != "*" and not (current.cordoned and _owned_by(current.annotations, owner))):
                 return None
-            drop = {DRAIN_TAINT} | ({OUT_OF_SERVICE_TAINT} if OUT_OF_SERVICE_SET in current.annotations else set())
+            drop = {DRAIN_TAINT, BURN_IN_TAINT} | (
+                {OUT_OF_SERVICE_TAINT} if OUT_OF_SERVICE_SET in current.annotations else set())
             annotations = {k: v for k, v in current.annotations.items() if k not in (REASON, OUT_OF_SERVICE_SET)}
             return current.patch(cordoned=False, taints=[t for t in current.taints if t["key"] not in drop],
                                  annotations=annotations)
@@ -567,7 +586,7 @@ class KubernetesOrchestrator:
             if current.hyperpod_hold:
                 return None
             lift = current.cordoned and _owned_by(current.annotations, owner)
-            drop = {DRAIN_TAINT, SPARE_TAINT} if lift else {SPARE_TAINT}
+            drop = {DRAIN_TAINT, BURN_IN_TAINT, SPARE_TAINT} if lift else {SPARE_TAINT}
             taints = [t for t in current.taints if t["key"] not in drop] + [_taint(SPARE_TAINT, "true")]
             annotations = {k: v for k, v in current.annotations.items() if not (lift and k == REASON)}
             return current.patch(cordoned=current.cordoned and not lift, taints=taints, annotations=annotations)

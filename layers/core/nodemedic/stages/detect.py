@@ -61,8 +61,9 @@ def parse_trigger(event: dict[str, object]) -> TriggerEvent:
 def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
     if isinstance(trigger, HealthEventEnvelope):
         d = trigger.detail
-        # the sweeper's and the planned-events function's clock is ours, not a node's
-        sent_at = None if trigger.source in ("nodemedic.sweeper", "nodemedic.planned") else d.sent_at
+        # the sweeper's, the planned-events function's and the reconciler's clock is ours, not a node's
+        sent_at = None if trigger.source in ("nodemedic.sweeper", "nodemedic.planned", "nodemedic.reconciler") \
+            else d.sent_at
         return Fault(trigger.source, d.cluster, d.node.instance_id, d.node.slurm_node or d.node.k8s_node,
                      d.fault_code, d.observed_at, sent_at=sent_at, event_key=f"{trigger.source}/{d.event_id}",
                      evidence=dict(d.evidence))
