@@ -155,6 +155,8 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                                                         "DetailType": "Node Health Event"}]}),
                                   ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]}),
                                   ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "ANNOUNCED#doctor"}}}),
+                                  ("dynamodb", "GetItem", {**table, "Key": {"pk": {"S": "DEFERRED#doctor"}}}),
+                                  ("dynamodb", "UpdateItem", {**table, "Key": {"pk": {"S": "DEFERRED#doctor"}}}),
                                   ("ec2", "DescribeInstanceStatus", {})],  # the sweep of scheduled events
         "SilenceSweeperFunction": [("sqs", "ReceiveMessage", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("sqs", "DeleteMessageBatch", {"QueueUrl": out["HeartbeatQueueUrl"]}),

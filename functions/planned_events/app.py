@@ -5,7 +5,7 @@ this cluster on NodeMedic's bus, so each is handled before AWS acts; everything 
 ignored and counted with the reason. A Capacity Block's end is also said on the escalation topic,
 once for the whole block, however often the warning is delivered."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -15,18 +15,21 @@ from nodemedic import wiring
 from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
-from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, PLANNED_SOURCE
+from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, PLANNED_SOURCE, NodeHealthEvent
 from nodemedic.errors import InvalidEventError, PublishFailedError
 from nodemedic.planned_events import (
     Plan,
+    act_at,
     parse_planned_event,
     plan,
     plan_capacity_end,
     plan_scheduled,
+    released,
     reservation_instances,
     scheduled_events,
 )
 from nodemedic.settings import settings
+from nodemedic.store.deferred import DeferredPlans
 
 logger = Logger(service="planned_events")
 metrics = Metrics()
@@ -68,9 +71,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if isinstance(envelope, ScheduledSweep):
         if s.provider == "hyperpod":  # its instances are in the service's account, not this one
             logger.info("EC2 scheduled events not swept: HyperPod instances are not in this account's EC2")
-            return {"nodes": [], "ignored": []}
-        planned = plan_scheduled(scheduled_events(wiring.client("ec2")), cluster=s.cluster_name,
-                                 provider=wiring.provider(), now=now)
+            planned = Plan()
+        else:
+            planned = plan_scheduled(scheduled_events(wiring.client("ec2")), cluster=s.cluster_name,
+                                     provider=wiring.provider(), now=now)
         what = {"sweep": "EC2 scheduled events"}
     elif isinstance(envelope, AwsHealthEnvelope):
         planned = plan(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
@@ -82,19 +86,45 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                                     instances=lambda block: reservation_instances(ec2, block), now=now)
         what = {"capacity_block": envelope.detail.capacity_reservation_id,
                 "deadline": envelope.detail.termination_starts.isoformat()}
-    entries = [{"Source": PLANNED_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": s.event_bus_name,
-                "Detail": e.model_dump_json(exclude_none=True)} for e in planned.events]
-    for start in range(0, len(entries), PUT_EVENTS_BATCH):
-        batch = entries[start:start + PUT_EVENTS_BATCH]
-        failed = wiring.client("events").put_events(Entries=batch).get("FailedEntryCount", 0)
-        if failed:  # raised: EventBridge retries the invocation; Detect deduplicates what was put already
-            raise PublishFailedError(f"{failed} of {len(batch)} planned-event entries were not put on the bus")
+    store = DeferredPlans(wiring.client("dynamodb"), s.incidents_table, s.cluster_name)
+    due, deferred = _later(planned.events, store, timedelta(hours=s.planned_lead_time_hours), now)
+    came = [d.event for d in store.waiting() if d.act_at <= now] if isinstance(envelope, ScheduledSweep) else []
+    # a sweep may find again what comes out of waiting now: one event per id
+    _publish(list({e.event_id: e for e in [*due, *(released(e, now) for e in came)]}.values()), s.event_bus_name)
+    if came or planned.withdrawn:
+        store.forget([e.event_id for e in came] + planned.withdrawn)
+    if deferred:
+        logger.info("planned events deferred until their lead time", deferred=deferred)
     if planned.ignored:
         logger.info("affected resources ignored", ignored=[f"{entity}: {why}" for entity, why in planned.ignored])
     if isinstance(envelope, CapacityBlockEnvelope) and planned.events and wiring.ledger().first_announcement(
             f"capacity-block/{envelope.detail.capacity_reservation_id}/{envelope.detail.end_date:%Y%m%dT%H%M%SZ}", now):
         _announce_capacity_end(envelope, planned, s.cluster_name, s.escalation_topic_arn)
-    logger.info("planned events published", extra={**what, "nodes": [e.node.slurm_node for e in planned.events]})
-    metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(planned.events))
+    nodes = sorted({str(e.node.slurm_node) for e in [*due, *came]})
+    logger.info("planned events published", extra={**what, "nodes": nodes})
+    metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(nodes))
     metrics.add_metric(name="PlannedIgnored", unit=MetricUnit.Count, value=len(planned.ignored))
-    return {"nodes": [e.node.slurm_node for e in planned.events], "ignored": planned.ignored}
+    return {"nodes": nodes, "deferred": deferred, "ignored": planned.ignored}
+
+
+def _later(events: list[NodeHealthEvent], store: DeferredPlans, lead: timedelta,
+           now: datetime) -> tuple[list[NodeHealthEvent], list[dict[str, str]]]:
+    """The events to publish now, and (node, when) for each kept for its lead time."""
+    due, deferred = [], []
+    for event in events:
+        when = act_at(event, lead)
+        if when > now and store.defer(event, when):
+            deferred.append({"node": str(event.node.slurm_node), "act_at": when.isoformat()})
+        else:
+            due.append(event)
+    return due, deferred
+
+
+def _publish(events: list[NodeHealthEvent], bus: str) -> None:
+    entries = [{"Source": PLANNED_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": bus,
+                "Detail": e.model_dump_json(exclude_none=True)} for e in events]
+    for start in range(0, len(entries), PUT_EVENTS_BATCH):
+        batch = entries[start:start + PUT_EVENTS_BATCH]
+        failed = wiring.client("events").put_events(Entries=batch).get("FailedEntryCount", 0)
+        if failed:  # raised: EventBridge retries the invocation; Detect deduplicates what was put already
+            raise PublishFailedError(f"{failed} of {len(batch)} planned-event entries were not put on the bus")

@@ -8,9 +8,10 @@ import json
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
+from nodemedic.store.deferred import DeferredPlans
 from nodemedic_sandbox.local import LocalMode
 
-from tests.conftest import EVENTS
+from tests.conftest import EVENTS, require_slurm
 from tests.e2e.support import wait_for
 
 
@@ -67,3 +68,42 @@ def test_the_sweep_of_ec2_scheduled_events_finds_what_aws_health_did_not_deliver
     executions = local.wait_for_executions(3)
     assert len(local.incidents()) == 1, "network maintenance is recorded (monitor), no incident"
     assert sorted(local.detect_decision(e) or "" for e in executions) == ["monitor", "monitor", "remediate"]
+
+
+def test_with_a_lead_time_a_far_notice_waits_and_the_sweep_acts_on_it_when_its_time_comes() -> None:
+    """PlannedLeadTimeHours=48: a retirement 14 days out opens nothing yet (the job runs on; a
+    fault meanwhile is a fault like any other); the hourly sweep that comes 48 h (and one sweep)
+    before the deadline publishes it, observed then, and the node is replaced before AWS acts. A
+    notice AWS closes meanwhile is withdrawn."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
+                   extra_parameters={"PlannedLeadTimeHours": "48"}) as local:
+        waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        retiring, other = local.cluster.instance_of("gpu-2"), local.cluster.instance_of("gpu-3")
+        first, second = _retirement([retiring], timedelta(days=14)), _retirement([other], timedelta(days=12))
+        second["detail"]["eventArn"] += "-second"
+        local.emit_as_aws(first)
+        local.emit_as_aws(second)
+        deferred = wait_for(lambda: len(found := waiting.waiting()) == 2 and found, "both notices to wait")
+        deadline = datetime.now(UTC) + timedelta(days=14)
+        assert abs(deferred[-1].act_at - (deadline - timedelta(hours=49))) < timedelta(minutes=5)
+        local.fire_schedule("PlannedEventsFunction")  # a sweep before their time: nothing
+        closed = copy.deepcopy(second)
+        closed["detail"]["statusCode"] = "closed"
+        local.emit_as_aws(closed)  # AWS canceled the second
+        wait_for(lambda: [d.event.node.slurm_node for d in waiting.waiting()] == ["gpu-2"], "the second withdrawn")
+        assert local.executions() == []
+
+        # 12 days later (the stored time moved, as the clock would): the sweep's time has come
+        [kept] = waiting.waiting()
+        waiting.defer(kept.event, datetime.now(UTC) - timedelta(minutes=1))
+        local.fire_schedule("PlannedEventsFunction")
+        [execution] = local.wait_for_executions(1)
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        [incident] = local.incidents()
+        assert (incident.slurm_node, incident.fault_code, incident.status) == ("gpu-2", "PLANNED_RETIREMENT", "closed")
+        evidence = incident.stages["detect"].result["evidence"]
+        assert evidence["noticed_at"] < incident.observed_at.isoformat() < evidence["deadline"]
+        assert local.cluster.instance_of("gpu-2") != retiring and waiting.waiting() == []
+        local.fire_schedule("PlannedEventsFunction")  # published once: nothing more
+        assert len(local.wait_for_executions(1)) == 1

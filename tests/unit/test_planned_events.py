@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError
-from nodemedic.planned_events import parse_planned_event, plan, plan_capacity_end, plan_scheduled
+from nodemedic.planned_events import act_at, parse_planned_event, plan, plan_capacity_end, plan_scheduled, released
 from nodemedic.providers.base import Member
 from nodemedic.stages.detect import parse_trigger
 
@@ -228,3 +228,33 @@ def test_a_sweep_ignores_what_is_over_or_not_ours_with_the_reason() -> None:
     assert reasons[2] == "instance-stop: its window ended at 2026-11-22T00:00:00+00:00"
     assert reasons[3] == "not a member of cluster local"
     assert reasons[4] == "host-error is not one NodeMedic acts on"
+
+
+@pytest.mark.parametrize(("lead_hours", "expected"), [
+    (0, NOW),  # no lead time: at once
+    (24, datetime(2026, 12, 4, 23, tzinfo=UTC)),  # a day before the deadline, at an hourly sweep before that
+    (24 * 30, NOW),  # the deadline is nearer than the lead time: at once
+])
+def test_a_notice_is_acted_on_its_lead_time_before_the_deadline_or_at_once(lead_hours: int, expected: datetime) -> None:
+    [event] = _plan(RETIREMENT).events  # deadline 2026-12-06T00:00Z, noticed 2026-11-22
+    assert act_at(event, timedelta(hours=lead_hours)) == expected
+
+
+def test_a_released_notice_is_observed_when_published_and_keeps_when_it_came() -> None:
+    [event] = _plan(RETIREMENT).events
+    later = datetime(2026, 12, 4, 23, 0, 30, tzinfo=UTC)
+    out = released(event, later)
+    assert (out.observed_at, out.sent_at, out.event_id) == (later, later, event.event_id)  # Detect dedupes it
+    assert out.evidence["noticed_at"] == NOW.isoformat() and out.evidence["deadline"] == event.evidence["deadline"]
+
+
+def test_a_notice_aws_closes_or_cancels_withdraws_the_event_it_would_have_been() -> None:
+    [waiting] = _plan(RETIREMENT).events
+    closed = copy.deepcopy(RETIREMENT)
+    closed["detail"]["statusCode"] = "closed"
+    assert waiting.event_id in _plan(closed).withdrawn
+    [scheduled] = plan_scheduled([_scheduled("system-reboot")], cluster="local", provider=_Cluster(),
+                                 now=NOW).events  # type: ignore[arg-type]
+    canceled = plan_scheduled([_scheduled("system-reboot", description="[Canceled] Scheduled reboot")],
+                              cluster="local", provider=_Cluster(), now=NOW)  # type: ignore[arg-type]
+    assert canceled.withdrawn == [scheduled.event_id]

@@ -10,6 +10,10 @@ before AWS acts. A Capacity Block's end is a retire: every node in the block is 
 checkpointed and moved to a spare outside the block) and left drained; nothing is repaired or
 replaced into capacity that is going away.
 
+With a lead time (``PlannedLeadTimeHours``), a notice whose deadline is further away waits in the
+ledger (:mod:`nodemedic.store.deferred`) and the hourly sweep publishes it once its time has come:
+the first sweep at least the lead time before the deadline (:func:`act_at`).
+
 Every affected entity that is not a node of this cluster is ignored with its reason. The event id
 is derived from the Health event's ARN and the instance, so a redelivery, a later page or an
 update of the same Health event is deduplicated by Detect like any repeated event.
@@ -21,7 +25,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -71,6 +75,7 @@ class Plan:
 
     events: list[NodeHealthEvent] = field(default_factory=list)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (entity, why)
+    withdrawn: list[str] = field(default_factory=list)  # ids of events AWS closed or canceled since
 
     def add(self, provider: Provider, cluster: str, instance: str, key: str, now: datetime, *, check: Check,
             fault_code: str, evidence: dict[str, EvidenceValue]) -> None:
@@ -82,12 +87,35 @@ class Plan:
                                  else "backs no node of the cluster's scheduler"))
             return
         self.events.append(NodeHealthEvent(
-            schema_version="1", event_id=str(uuid.uuid5(_EVENT_IDS, key)), cluster=cluster,
+            schema_version="1", event_id=event_id(key), cluster=cluster,
             node=NodeIdentity(instance_id=instance, hostname=instance, slurm_node=member.slurm_node),
             check=check, fault_code=fault_code, severity="warning", observed_at=now, sent_at=now, evidence=evidence))
 
 
+def event_id(key: str) -> str:
+    """The id of the event for ``key`` (a notice and an instance): the same on every delivery."""
+    return str(uuid.uuid5(_EVENT_IDS, key))
+
+
 CAPACITY_END = "PLANNED_CAPACITY_END"
+SWEEP_PERIOD = timedelta(hours=1)  # the function's schedule: a deferred event waits for a sweep
+
+
+def act_at(event: NodeHealthEvent, lead: timedelta) -> datetime:
+    """When to publish a planned event: at a sweep no later than ``lead`` before its deadline (so
+    one sweep period earlier), or at once (its ``observed_at``) when ``lead`` is 0, it names no
+    deadline, or that moment has passed."""
+    deadline = event.evidence.get("deadline")
+    if not lead or not isinstance(deadline, str):
+        return event.observed_at
+    return max(event.observed_at, datetime.fromisoformat(deadline) - lead - SWEEP_PERIOD)
+
+
+def released(event: NodeHealthEvent, now: datetime) -> NodeHealthEvent:
+    """A deferred event as it is published when its time has come: observed now (Detect refuses
+    an hour-old event), the notice's own time kept in the evidence."""
+    return event.model_copy(update={"observed_at": now, "sent_at": now,
+                                    "evidence": {**event.evidence, "noticed_at": event.observed_at.isoformat()}})
 
 
 def parse_planned_event(event: dict[str, object]) -> AwsHealthEnvelope | CapacityBlockEnvelope:
@@ -115,8 +143,9 @@ def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: 
     entities = [e.entityValue for e in d.affectedEntities]
     if code is None:
         return Plan(ignored=[(e, f"{d.eventTypeCode} is not a scheduled change NodeMedic acts on") for e in entities])
-    if d.statusCode == "closed":
-        return Plan(ignored=[(e, f"{d.eventTypeCode} is closed") for e in entities])
+    if d.statusCode == "closed":  # a notice still waiting for its lead time is withdrawn
+        return Plan(ignored=[(e, f"{d.eventTypeCode} is closed") for e in entities],
+                    withdrawn=[event_id(f"{d.eventArn}/{e}") for e in entities])
     if d.endTime and d.endTime <= now:
         return Plan(ignored=[(e, f"its window ended at {d.endTime.isoformat()}") for e in entities])
     result = Plan()
@@ -177,6 +206,8 @@ def plan_scheduled(events: Iterable[tuple[str, dict[str, Any]]], *, cluster: str
             result.ignored.append((instance, f"{code or 'an event without a code'} is not one NodeMedic acts on"))
         elif description.startswith(ENDED_EVENT):
             result.ignored.append((instance, f"{code} is over: {description[:120]}"))
+            if event.get("InstanceEventId"):
+                result.withdrawn.append(event_id(f"ec2-scheduled/{event['InstanceEventId']}/{instance}"))
         elif isinstance(not_after, datetime) and not_after <= now:
             result.ignored.append((instance, f"{code}: its window ended at {not_after.isoformat()}"))
         elif not event.get("InstanceEventId"):
