@@ -99,9 +99,12 @@ def test_in_approval_mode_a_failed_burn_in_waits_for_an_operator_before_any_rung
                 ("check", False)]
             assert incident.status == "open" and local.cluster.instance_of(node) == before[node]
             assert "DRAIN" in local.scheduler.node(node)["State"]
-        asked = sorted(m["Subject"] for m in local.escalations())
-        assert asked == ["NodeMedic: approve repair of gpu-2?", "NodeMedic: approve repair of gpu-3?"]
-        assert all("(gpu_reset -> reboot -> replace) waits for you" in m["Message"] for m in local.escalations())
+        # each request is recorded, then paged: a page may still be on its way (escalations() drains)
+        pages: list[dict] = []
+        wait_for(lambda: pages.extend(local.escalations()) or len(pages) >= 2, "both approval requests to be paged")
+        assert sorted(m["Subject"] for m in pages) == ["NodeMedic: approve repair of gpu-2?",
+                                                        "NodeMedic: approve repair of gpu-3?"]
+        assert all("(gpu_reset -> reboot -> replace) waits for you" in m["Message"] for m in pages)
 
         operations.answer_approval(local.ledger, sfn, waiting["gpu-3"].incident_id, approve=True, by=OPERATOR,
                                    reason="reset it")

@@ -79,7 +79,10 @@ def test_approval_waits_then_approve_continues_and_deny_ends_with_the_node_drain
         put_all(local, [local.health_event("gpu-1", "XID 79"), local.health_event("gpu-2", "XID 79")])
         waiting = _wait_for_approval_requests(local, 2)
         assert all(e["status"] == "RUNNING" for e in local.executions())
-        asked = [m["Message"] for m in local.escalations()]
+        # each request is recorded, then sent: the second page may still be on its way
+        asked: list[str] = []
+        wait_for(lambda: asked.extend(m["Message"] for m in local.escalations()) or len(asked) >= 2,
+                 "both approval requests to be paged")
         assert len(asked) == 2 and all("nodemedic approve" in m for m in asked)
         assert local.cluster.instance_of("gpu-1") == old  # nothing replaced while waiting
 
