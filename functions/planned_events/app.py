@@ -13,10 +13,11 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
 from nodemedic.aws_retries import throttling_is_retryable
+from nodemedic.bus import publish_health_events
 from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
-from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, PLANNED_SOURCE, NodeHealthEvent
-from nodemedic.errors import InvalidEventError, PublishFailedError
+from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
+from nodemedic.errors import InvalidEventError
 from nodemedic.planned_events import (
     Plan,
     act_at,
@@ -33,7 +34,6 @@ from nodemedic.store.deferred import DeferredPlans
 
 logger = Logger(service="planned_events")
 metrics = Metrics()
-PUT_EVENTS_BATCH = 10  # PutEvents takes at most 10 entries per call
 
 
 class ScheduledSweep:
@@ -89,8 +89,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     store = DeferredPlans(wiring.client("dynamodb"), s.incidents_table, s.cluster_name)
     due, deferred = _later(planned.events, store, timedelta(hours=s.planned_lead_time_hours), now)
     came = [d.event for d in store.waiting() if d.act_at <= now] if isinstance(envelope, ScheduledSweep) else []
-    # a sweep may find again what comes out of waiting now: one event per id
-    _publish(list({e.event_id: e for e in [*due, *(released(e, now) for e in came)]}.values()), s.event_bus_name)
+    # a sweep may find again what comes out of waiting now: one event per id; raised when refused:
+    # EventBridge retries the invocation
+    publish_health_events(wiring.client("events"), s.event_bus_name, PLANNED_SOURCE,
+                          list({e.event_id: e for e in [*due, *(released(e, now) for e in came)]}.values()))
     if came or planned.withdrawn:
         store.forget([e.event_id for e in came] + planned.withdrawn)
     if deferred:
@@ -118,13 +120,3 @@ def _later(events: list[NodeHealthEvent], store: DeferredPlans, lead: timedelta,
         else:
             due.append(event)
     return due, deferred
-
-
-def _publish(events: list[NodeHealthEvent], bus: str) -> None:
-    entries = [{"Source": PLANNED_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": bus,
-                "Detail": e.model_dump_json(exclude_none=True)} for e in events]
-    for start in range(0, len(entries), PUT_EVENTS_BATCH):
-        batch = entries[start:start + PUT_EVENTS_BATCH]
-        failed = wiring.client("events").put_events(Entries=batch).get("FailedEntryCount", 0)
-        if failed:  # raised: EventBridge retries the invocation; Detect deduplicates what was put already
-            raise PublishFailedError(f"{failed} of {len(batch)} planned-event entries were not put on the bus")

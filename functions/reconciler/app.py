@@ -8,7 +8,8 @@ from aws_lambda_powertools import Logger, single_metric
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
-from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, RECONCILER_SOURCE, NodeHealthEvent
+from nodemedic.bus import publish_health_events
+from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent
 from nodemedic.observability import NAMESPACE, utc_now
 from nodemedic.reconciler import execution_arn, reconcile
 from nodemedic.settings import settings
@@ -27,11 +28,7 @@ def execution_status(incident_id: str) -> str | None:
 
 def start_burn_in(event: NodeHealthEvent) -> None:
     """Put the ``NODE_JOINED`` event on the stack's bus: Detect opens the burn-in incident."""
-    out = wiring.client("events").put_events(Entries=[{
-        "Source": RECONCILER_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": settings().event_bus_name,
-        "Detail": event.model_dump_json(exclude_none=True)}])
-    if out.get("FailedEntryCount"):
-        raise RuntimeError(f"EventBridge refused the event: {out['Entries'][0].get('ErrorMessage', '')}")
+    publish_health_events(wiring.client("events"), settings().event_bus_name, RECONCILER_SOURCE, [event])
 
 
 MAX_PAGE_BYTES = 200_000  # SNS allows 256 KB
