@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 SCHEDULER ?= auto
 DEMO_NEEDS := $(if $(filter k8s kubernetes,$(SCHEDULER)),kube,slurm)
 
-.PHONY: help venv slurm kube helm chromium demo test lint unit chaos bench agent-wheel clean
+.PHONY: help venv slurm kube helm chromium demo test lint unit chaos bench gpu-check agent-wheel clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -48,6 +48,11 @@ unit: venv  ## fast tests only (no local stack): units and the stages on in-memo
 
 chaos: venv slurm  ## every chaos scenario (make test runs a bounded subset); the report goes to docs/chaos.md
 	CHAOS_REPORT=docs/chaos.md $(BIN)/pytest tests/chaos -m "" -p no:cacheprovider
+
+GPU_PYTHON ?= python3
+gpu-check:  ## on a GPU machine: the real-GPU tests (tests/gpu), then bench/gpu_node.py (GPU_PYTHON: a python with nvidia-ml-py, pydantic, PyTorch)
+	PYTHONPATH=node_agent:layers/core:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest --noconftest -p no:cacheprovider -o addopts= -rs -v tests/gpu
+	PYTHONPATH=node_agent:layers/core:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_node $(GPU_BENCH_ARGS)
 
 bench: venv  ## run the benchmarks (about 45 min); results in docs/benchmarks.{json,md} and docs/fleet.md
 	$(BIN)/python -m bench.agent_latency --faults 200

@@ -5,7 +5,7 @@ Without a GPU this measures what NodeMedic adds: process start, the agent's chec
 rule (``--settle-seconds 0``: the first clean poll is the verdict; on hardware the instance
 type's settle window comes on top) and the report. The full level's GPU steps (dcgmi diag, the
 GEMM/HBM burn, the NCCL all-reduce) find no tool here and are reported ``not run``, so their
-minutes are not in these figures; the figures from a GPU go beside them when one is available.
+minutes are not in these figures; ``bench/gpu_node.py`` (``make gpu-check``) measures them on a GPU.
 """
 
 from __future__ import annotations

@@ -80,19 +80,25 @@ def cmd_health_check(args: argparse.Namespace) -> int:
     from nodemedic_agent.checks.deep import full_checks, profile, settle
     from nodemedic_agent.checks.polled import PolledChecks
     from nodemedic_agent.hardware import open_hardware
+    from nodemedic_agent.hardware.base import HardwareError
     from nodemedic_agent.identity import resolve_identity
     from nodemedic_agent.report import machine
 
     started = time.monotonic()
     config = _config(args)
     node = profile(args.instance_type or _instance_type(), config.expected.gpus)
-    polled = PolledChecks(open_hardware(config), config)
+    hardware = open_hardware(config)
+    polled = PolledChecks(hardware, config)
     settle_s = node.settle_seconds if args.settle_seconds is None else args.settle_seconds
     results, settled = settle(polled.run_all, settle_s, args.settle_polls, min(config.intervals.poll_seconds, 5.0))
     report = machine(results, args.level, resolve_identity(config).instance_id)
     report["settle"] = settled
     if args.level == "full":
-        measured = [m.report() for m in full_checks(node, args.dcgm_level)]
+        try:
+            visible = len(hardware.gpus())
+        except HardwareError:
+            visible = node.gpus
+        measured = [m.report() for m in full_checks(node, args.dcgm_level, visible)]
         for m in measured:
             if m["ok"] is None and m["name"] in args.require:
                 m.update(ok=False, status="failed", detail=f"required, {m['detail']}")

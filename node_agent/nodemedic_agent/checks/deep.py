@@ -38,6 +38,7 @@ class Profile:
     min_hbm_gbps: float | None
     min_nccl_busbw_gbps: float | None
     settle_seconds: float
+    basis: str = "no thresholds: measured, not judged"  # where the GEMM/HBM thresholds come from
 
 
 @lru_cache(maxsize=1)
@@ -47,13 +48,24 @@ def _types() -> dict[str, Any]:
 
 
 def profile(instance_type: str | None, gpus: int) -> Profile:
+    """The type's thresholds: from its GPU measured healthy on hardware where it was, else from the datasheet."""
     data = _types()
     spec = data["types"].get(instance_type or "", {})
     d = data["defaults"]
-    return Profile(instance_type or "unknown", int(spec.get("gpus", gpus)),
-                   spec["peak_bf16_tflops"] * d["min_gemm_fraction"] if spec else None,
-                   spec["peak_hbm_gbps"] * d["min_hbm_fraction"] if spec else None,
-                   spec.get("min_nccl_busbw_gbps"), float(spec.get("settle_seconds", d["settle_seconds"])))
+    name, count = instance_type or "unknown", int(spec.get("gpus", gpus))
+    settle_s, nccl = float(spec.get("settle_seconds", d["settle_seconds"])), spec.get("min_nccl_busbw_gbps")
+    if not spec:
+        return Profile(name, count, None, None, nccl, settle_s, f"no thresholds for {name}: measured, not judged")
+    measured = data["measured_gpus"].get(spec["gpu"])
+    if measured:
+        f = d["calibrated_fraction"]
+        basis = f"{name} thresholds: {f:.0%} of a healthy {spec['gpu']} as measured {measured['measured']}"
+        return Profile(name, count, round(measured["gemm_bf16_tflops"] * f, 1), round(measured["hbm_copy_gbps"] * f, 1),
+                       nccl, settle_s, basis)
+    return Profile(name, count, round(spec["peak_bf16_tflops"] * d["min_gemm_fraction"], 1),
+                   round(spec["peak_hbm_gbps"] * d["min_hbm_fraction"], 1), nccl, settle_s,
+                   f"{name} thresholds: {d['min_gemm_fraction']:.0%} of the {spec['gpu']} datasheet's BF16 peak, "
+                   f"{d['min_hbm_fraction']:.0%} of its HBM bandwidth (not yet measured on hardware)")
 
 
 @dataclass
@@ -131,8 +143,8 @@ def gpu_burn(p: Profile, seconds: float = 10.0) -> Measured:
                      "threshold": p.min_hbm_gbps})
     below = [f"{r['target']} {r['metric']} {r['value']} < {r['threshold']:.0f}" for r in rows
              if r["threshold"] is not None and r["value"] < r["threshold"]]
-    unjudged = "" if p.min_gemm_tflops else f" (no thresholds for {p.instance_type}: measured only)"
-    return Measured("gpu_burn", not below, ("; ".join(below) if below else f"{len(rows) // 2} GPUs pass") + unjudged, rows)
+    verdict = "; ".join(below) if below else f"{len(rows) // 2} GPUs pass"
+    return Measured("gpu_burn", not below, f"{verdict} ({p.basis})", rows)
 
 
 def _timed(torch: Any, work: Callable[[], None], seconds: float) -> tuple[int, float]:
@@ -165,7 +177,15 @@ def _copy_gbps(torch: Any, seconds: float, size: int = 2 * 2**30) -> float:
     return 2 * size * iters / elapsed / 1e9  # read + write
 
 
+def nccl_busbw(stdout: str) -> float | None:
+    """The ``# Avg bus bandwidth : N`` line of nccl-tests' output, in GB/s."""
+    m = re.search(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.]+)", stdout, re.MULTILINE)
+    return float(m.group(1)) if m else None
+
+
 def nccl_all_reduce(p: Profile, gpus: int, timeout_s: float = 300) -> Measured:
+    if gpus < 2:  # one rank's all-reduce moves nothing: nccl-tests reports a bus bandwidth of 0
+        return Measured("nccl_all_reduce", None, f"not run: {gpus} GPU, an all-reduce needs two")
     binary = shutil.which("all_reduce_perf")
     if binary is None:
         return Measured("nccl_all_reduce", None, "not run: all_reduce_perf (nccl-tests) is not on PATH")
@@ -173,15 +193,18 @@ def nccl_all_reduce(p: Profile, gpus: int, timeout_s: float = 300) -> Measured:
         out = _run([binary, "-b", "1G", "-e", "1G", "-g", str(gpus), "-n", "20"], timeout_s)
     except subprocess.TimeoutExpired:
         return Measured("nccl_all_reduce", False, f"did not finish in {timeout_s:.0f}s")
-    m = re.search(r"Avg bus bandwidth\s*:\s*([0-9.]+)", out.stdout)
-    if out.returncode != 0 or not m:
+    busbw = nccl_busbw(out.stdout)
+    wrong = re.search(r"^#\s*Out of bounds values\s*:\s*([0-9]+)\s+FAILED", out.stdout, re.MULTILINE)
+    if wrong:  # nccl-tests checks every result; a wrong one is a fault whatever the bandwidth
+        return Measured("nccl_all_reduce", False, f"{wrong.group(1)} wrong results (data corruption), exit {out.returncode}")
+    if out.returncode != 0 or busbw is None:
         return Measured("nccl_all_reduce", False, f"exit {out.returncode}: {(out.stderr or out.stdout).strip()[-200:]}")
-    busbw = float(m.group(1))
     row = {"target": f"{gpus} GPUs", "metric": "nccl_busbw_gbps", "value": busbw, "threshold": p.min_nccl_busbw_gbps}
     ok = p.min_nccl_busbw_gbps is None or busbw >= p.min_nccl_busbw_gbps
     return Measured("nccl_all_reduce", ok, f"bus bandwidth {busbw:.1f} GB/s"
                     + (f" (threshold {p.min_nccl_busbw_gbps:g})" if p.min_nccl_busbw_gbps else ""), [row])
 
 
-def full_checks(p: Profile, dcgm_level: int) -> list[Measured]:
-    return [dcgm_diag(dcgm_level), gpu_burn(p), nccl_all_reduce(p, p.gpus)]
+def full_checks(p: Profile, dcgm_level: int, gpus: int) -> list[Measured]:
+    """``gpus``: how many the node shows (a missing GPU fails the quick check's count already)."""
+    return [dcgm_diag(dcgm_level), gpu_burn(p), nccl_all_reduce(p, gpus)]

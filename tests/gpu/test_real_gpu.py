@@ -1,0 +1,113 @@
+"""The agent on a real NVIDIA GPU: NVML read through the agent's own backend, and the quick and full
+health checks the pipeline runs, judged as the pipeline judges them.
+
+Nothing here can run without a GPU, its driver and nvidia-ml-py, so these tests skip (also in CI)
+saying why; they are run on the lent GPU machine (docs/health-checks.md, "On a real GPU"), and
+bench/gpu_node.py records the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+
+
+def _gpu_count() -> tuple[int, str]:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return 0, f"no NVIDIA driver here (NVML: {exc})"
+    try:
+        return pynvml.nvmlDeviceGetCount(), "NVML sees no GPU"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+GPUS, WHY = _gpu_count()
+if not GPUS:
+    pytest.skip(f"needs a real NVIDIA GPU: {WHY}", allow_module_level=True)
+
+from nodemedic_agent.hardware.nvml import NvmlHardware  # noqa: E402 - only once a GPU is known to exist
+
+
+@pytest.fixture
+def hardware():
+    hw = NvmlHardware(dcgm=False)
+    yield hw
+    hw.close()
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text("\n".join([
+        'cluster = "gpu-test"', 'event_bus = "gpu-test"', 'region = "us-east-1"',
+        "[node]", 'instance_id = "i-0123456789abcdef0"', 'slurm_node = "gpu-test"',
+        "[expected]", f"gpus = {GPUS}", "efa_devices = 0",
+        "[kernel_log]", 'source = "off"',
+        "[hardware]", 'backend = "nvml"',
+        "[publish]", f'spool_dir = "{tmp_path / "spool"}"']) + "\n")
+    return path
+
+
+def health_check(config: Path, *args: str) -> tuple[int, dict]:
+    out = subprocess.run([sys.executable, "-m", "nodemedic_agent.cli", "--config", str(config), "health-check",
+                          "--instance-type", "p5.48xlarge", *args], capture_output=True, text=True, timeout=600)
+    assert out.stdout.strip(), out.stderr[-2000:]
+    return out.returncode, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_nvml_backend_reads_every_gpu_as_healthy(hardware) -> None:
+    gpus = hardware.gpus()
+    assert [g.index for g in gpus] == list(range(GPUS))
+    for g in gpus:
+        assert g.uuid.startswith("GPU-") and g.pci_bus_id and not g.lost
+        assert g.ecc_dbe_volatile == 0 and not (g.remap_pending or g.remap_failure or g.retired_pages_pending)
+        assert g.max_sm_clock_mhz > 0 and 0 < g.sm_clock_mhz <= g.max_sm_clock_mhz
+        assert g.pcie_max_width > 0 and g.pcie_width == g.pcie_max_width  # a healthy link trains at full width
+        assert g.nvlink_links_down == 0
+
+
+def test_waiting_for_xids_on_a_quiet_gpu_returns_nothing(hardware) -> None:
+    assert hardware.wait_xid(0.5) == []
+
+
+def test_the_quick_check_passes_a_healthy_gpu_after_settling(config) -> None:
+    code, report = health_check(config, "--level", "quick")
+    assert code == 0 and report["healthy"], report
+    gpu = next(c for c in report["checks"] if c["name"] == "gpu")
+    assert gpu["status"] == "healthy" and not gpu["findings"]
+    assert report["settle"]["clean_in_a_row"] == 3
+
+
+def test_the_full_check_measures_each_gpu_against_its_threshold(config) -> None:
+    pytest.importorskip("torch", reason="the GPU burn needs PyTorch")
+    code, report = health_check(config, "--level", "full")
+    burn = next(c for c in report["checks"] if c["name"] == "gpu_burn")
+    assert burn["status"] == "healthy", burn
+    targets = {(m["target"], m["metric"]) for m in burn["measurements"]}
+    assert targets == {(f"gpu{i}", metric) for i in range(GPUS) for metric in ("gemm_bf16_tflops", "hbm_copy_gbps")}
+    assert all(m["value"] >= m["threshold"] > 0 for m in burn["measurements"])
+    nccl = next(c for c in report["checks"] if c["name"] == "nccl_all_reduce")
+    if GPUS < 2:
+        assert nccl["status"] == "not_run" and "needs two" in nccl["detail"]
+    assert code == 0 and report["healthy"], report
+
+
+def test_a_burn_below_its_threshold_fails_the_node(config) -> None:
+    """The same real measurement judged against a threshold no GPU reaches: the check fails, naming it."""
+    pytest.importorskip("torch", reason="the GPU burn needs PyTorch")
+    from nodemedic_agent.checks.deep import Profile, gpu_burn
+
+    impossible = Profile("bench", GPUS, 1e6, 1e9, None, 0)
+    result = gpu_burn(impossible, seconds=1.0)
+    assert result.ok is False
+    assert "gpu0 gemm_bf16_tflops" in result.detail and "< 1000000" in result.detail
