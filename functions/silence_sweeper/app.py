@@ -44,6 +44,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         summary["watched"] = result.watched
         if result.reported:
             logger.warning("silent nodes reported", instances=result.reported, threshold_s=s.heartbeat_silence_seconds)
+        if result.unpublished:
+            summary.setdefault("unpublished", []).extend(result.unpublished)
+            logger.error("health events EventBridge did not take; the next sweep sends them again",
+                         events=result.unpublished)
         if result.forgotten or result.invalid:
             logger.info("roster changes", forgotten=result.forgotten, invalid_heartbeats=result.invalid)
     return summary

@@ -289,6 +289,38 @@ class Throttle:
                 and self.operation in (None, operation) and (self.caller is None or self.caller in caller))
 
 
+@dataclass
+class EntryFailure:
+    """EventBridge taking a PutEvents call but failing some of its entries, as it does under load:
+    the response's ``FailedEntryCount`` and, per failed entry, an ``ErrorCode`` (``InternalFailure``
+    and ``ThrottlingException`` are the retryable ones; EventBridge API reference,
+    PutEventsResultEntry). The SDK does not retry an entry: the caller must. moto never fails one.
+    The next ``times`` entries with ``source`` fail; the call's other entries go through."""
+
+    source: str
+    times: int = 1
+    code: str = "InternalFailure"
+    failed: list[dict[str, Any]] = field(default_factory=list)  # the entries that failed
+
+
+def _failing_entries(rules: list[EntryFailure],
+                     original: Callable[..., list[dict[str, Any]]]) -> Callable[..., list[dict[str, Any]]]:
+    lock = threading.Lock()
+
+    def put_events(backend: Any, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        failing: dict[int, dict[str, Any]] = {}
+        with lock:
+            for n, entry in enumerate(events):
+                rule = next((r for r in rules if r.source == entry.get("Source") and len(r.failed) < r.times), None)
+                if rule:
+                    rule.failed.append(entry)
+                    failing[n] = {"ErrorCode": rule.code, "ErrorMessage": "injected by the local stack"}
+        passed = [e for n, e in enumerate(events) if n not in failing]
+        done = iter(original(backend, passed) if passed else [])
+        return [failing[n] if n in failing else next(done) for n in range(len(events))]
+    return put_events
+
+
 # each service's throttling error (its API reference); botocore retries all of them
 THROTTLING_CODE = {"ec2": "RequestLimitExceeded", "dynamodb": "ProvisionedThroughputExceededException",
                    "autoscaling": "Throttling", "sns": "Throttling", "sqs": "RequestThrottled"}
@@ -452,6 +484,7 @@ class EmbeddedAWS:
         self.authorized: list[tuple[str, iam.Request]] = []  # (who, request) for every allowed call
         self.state_machine_roles: list[str] = []  # the deployed state machines' roles (deploy.py)
         self.throttles: list[Throttle] = []  # see throttle()
+        self.entry_failures: list[EntryFailure] = []  # see fail_entries()
         self._caller = threading.local()  # the function whose handler runs on this thread
         # what STS knows: each function's credentials (access key -> (secret, caller ARN)), see role_credentials
         self.credentials: dict[str, tuple[str, str]] = {}
@@ -601,7 +634,8 @@ class EmbeddedAWS:
             (SimpleSystemManagerBackend, "send_command", send_command),
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
-            (EventsBackend, "put_events", _refuse_aws_sources(EventsBackend.put_events)),
+            (EventsBackend, "put_events", _failing_entries(self.entry_failures,
+                                                           _refuse_aws_sources(EventsBackend.put_events))),
             (CloudWatchBackend, "get_metric_statistics", get_metric_statistics),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
             # the SDK's own backoff (standard mode, what the functions use) is scaled alike
@@ -780,6 +814,12 @@ class EmbeddedAWS:
         machine"``, the state machine's) calls to ``service`` (``operation`` only, if given)."""
         rule = Throttle(service, operation, caller, times)
         self.throttles.append(rule)
+        return rule
+
+    def fail_entries(self, source: str, *, times: int = 1, code: str = "InternalFailure") -> EntryFailure:
+        """Fail the next ``times`` PutEvents entries with ``source`` (the call itself succeeds)."""
+        rule = EntryFailure(source, times, code)
+        self.entry_failures.append(rule)
         return rule
 
     def before_invoke(self, function: str, action: Callable[[dict[str, Any]], None], *,

@@ -3,6 +3,7 @@ pipeline through the agent, and a node that goes silent is caught by the cloud-s
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 
@@ -52,3 +53,18 @@ def test_a_silent_node_is_detected_by_the_sweeper_and_remediated(fleet: LocalMod
     assert execution["status"] == "SUCCEEDED", execution.get("cause")
     time.sleep(SILENCE_S + 2 * SWEEP_S)
     assert len(fleet.executions()) == 1  # reported once; gpu-3 and the live nodes never
+
+
+def test_a_silent_node_whose_report_eventbridge_failed_is_reported_by_a_later_sweep(fleet: LocalMode) -> None:
+    """PutEvents can take a call and fail entries of it (ThrottlingException, InternalFailure per
+    entry); the sweeper must not count such a node as reported, or its silence is never acted on."""
+    failures = fleet.aws.fail_entries("nodemedic.sweeper", times=2, code="ThrottlingException")
+    fleet.agents.kill("gpu-2")
+    executions = fleet.wait_for_executions(1, timeout=90)
+    assert [json.loads(e["Detail"])["fault_code"] for e in failures.failed] == ["HEARTBEAT_MISSING"] * 2
+    assert {json.loads(e["Detail"])["node"]["slurm_node"] for e in failures.failed} == {"gpu-2"}
+    [incident] = fleet.incidents()
+    assert (incident.slurm_node, incident.fault_code) == ("gpu-2", "HEARTBEAT_MISSING")
+    assert executions[0]["status"] == "SUCCEEDED", executions[0].get("cause")
+    time.sleep(SILENCE_S + 2 * SWEEP_S)
+    assert len(fleet.executions()) == 1  # once taken, reported once

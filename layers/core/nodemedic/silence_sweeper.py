@@ -1,7 +1,9 @@
 """One sweep: take the heartbeats queued since the last one, update the roster, and publish a
 ``HEARTBEAT_MISSING`` health event (source ``nodemedic.sweeper``) for each node gone silent,
 so silence starts the same state machine as any other fault; and a ``FAIL_SLOW`` one for each
-node that became persistently slower than its peers (:mod:`nodemedic.domain.fail_slow`)."""
+node that became persistently slower than its peers (:mod:`nodemedic.domain.fail_slow`). A node
+counts as reported only once EventBridge took its event: one it refused is sent again by the next
+sweep."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from nodemedic.contracts.events import HEALTH_DETAIL_TYPE, SWEEPER_SOURCE, NodeHealthEvent, NodeHeartbeat
+from nodemedic.bus import put_health_events
+from nodemedic.contracts.events import SWEEPER_SOURCE, NodeHealthEvent, NodeHeartbeat
 from nodemedic.domain.fail_slow import slow_event, slow_nodes
 from nodemedic.domain.silence import Roster, missing_event, record, silent
 from nodemedic.providers.base import Provider
@@ -36,6 +39,7 @@ class SweepResult:
     reported: list[str] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
     slow: list[str] = field(default_factory=list)
+    unpublished: list[str] = field(default_factory=list)  # "<instance> <fault>: why EventBridge did not take it"
 
 
 class SilenceSweeper:
@@ -88,33 +92,35 @@ class SilenceSweeper:
             if beat.cluster == self.cluster:
                 record(roster, beat)
                 result.heartbeats += 1
+        missing: list[tuple[str, NodeHealthEvent]] = []
         for instance in silent(roster, now, self.threshold_s):
             member = self.provider.member(instance)
             if member is None or member.state in GONE:  # replaced, scaled in or stopped: not a fault
                 roster.pop(instance)
                 result.forgotten.append(instance)
                 continue
-            self._publish(missing_event(roster, instance, self.cluster, now))
-            roster[instance]["reported_at"] = now.isoformat()
-            result.reported.append(instance)
-        self._report_slow(roster, now, result)
+            missing.append((instance, missing_event(roster, instance, self.cluster, now)))
+        reports = ([(instance, event, "reported_at", result.reported) for instance, event in missing]
+                   + [(instance, event, "slow_reported_at", result.slow) for instance, event in self._newly_slow(roster, now)])
+        errors = put_health_events(self.events, self.bus, SWEEPER_SOURCE, [event for _, event, _, _ in reports])
+        for (instance, event, mark, reported), error in zip(reports, errors, strict=True):
+            if error:  # left unmarked: the next sweep sends it again
+                result.unpublished.append(f"{instance} {event.fault_code}: {error}")
+                continue
+            roster[instance][mark] = now.isoformat()
+            reported.append(instance)
         self.roster.save(roster, version)
         self._delete(messages)  # only once the roster holds them
         result.watched = len(roster)
         return result
 
-    def _publish(self, event: NodeHealthEvent) -> None:
-        self.events.put_events(Entries=[{
-            "Source": SWEEPER_SOURCE, "DetailType": HEALTH_DETAIL_TYPE, "EventBusName": self.bus,
-            "Detail": event.model_dump_json(exclude_none=True)}])
-
-    def _report_slow(self, roster: Roster, now: datetime, result: SweepResult) -> None:
-        """Report each node once per slow spell; one that is no longer slow is re-armed."""
+    def _newly_slow(self, roster: Roster, now: datetime) -> list[tuple[str, NodeHealthEvent]]:
+        """The nodes to report slow: each once per slow spell; one that is no longer slow is re-armed."""
         slow = {s.instance_id: s for s in slow_nodes(roster, below=self.slow_below, samples=self.slow_samples)}
+        report = []
         for instance, entry in roster.items():
             if instance not in slow:
                 entry.pop("slow_reported_at", None)
             elif not entry.get("slow_reported_at"):
-                self._publish(slow_event(roster, slow[instance], self.cluster, now))
-                entry["slow_reported_at"] = now.isoformat()
-                result.slow.append(instance)
+                report.append((instance, slow_event(roster, slow[instance], self.cluster, now)))
+        return report
