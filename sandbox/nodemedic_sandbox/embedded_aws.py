@@ -303,21 +303,23 @@ class EntryFailure:
     failed: list[dict[str, Any]] = field(default_factory=list)  # the entries that failed
 
 
-def _failing_entries(rules: list[EntryFailure],
-                     original: Callable[..., list[dict[str, Any]]]) -> Callable[..., list[dict[str, Any]]]:
-    lock = threading.Lock()
+    def take(self, entry: dict[str, Any]) -> dict[str, str] | None:
+        """The entry's error if this rule fails it (counting it), else None."""
+        if entry.get("Source") != self.source or len(self.failed) >= self.times:
+            return None
+        self.failed.append(entry)
+        return {"ErrorCode": self.code, "ErrorMessage": "injected by the local stack"}
 
+
+def _entries_failing(original: Callable[..., list[dict[str, Any]]],
+                     error_of: Callable[[dict[str, Any]], dict[str, str] | None]) -> Callable[..., list[dict[str, Any]]]:
+    """PutEvents that fails each entry ``error_of`` gives an error (its ``ErrorCode``/``ErrorMessage``)
+    and puts the others, answering in the order of the request as EventBridge does."""
     def put_events(backend: Any, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        failing: dict[int, dict[str, Any]] = {}
-        with lock:
-            for n, entry in enumerate(events):
-                rule = next((r for r in rules if r.source == entry.get("Source") and len(r.failed) < r.times), None)
-                if rule:
-                    rule.failed.append(entry)
-                    failing[n] = {"ErrorCode": rule.code, "ErrorMessage": "injected by the local stack"}
-        passed = [e for n, e in enumerate(events) if n not in failing]
+        errors = [error_of(e) for e in events]
+        passed = [e for e, error in zip(events, errors, strict=True) if error is None]
         done = iter(original(backend, passed) if passed else [])
-        return [failing[n] if n in failing else next(done) for n in range(len(events))]
+        return [error or next(done) for error in errors]
     return put_events
 
 
@@ -433,22 +435,14 @@ def as_aws_service() -> Iterator[None]:
         _AWS_SERVICE.on = previous
 
 
-def _refuse_aws_sources(original: Callable[..., list[dict[str, Any]]]) -> Callable[..., list[dict[str, Any]]]:
+def _aws_source_refused(entry: dict[str, Any]) -> dict[str, str] | None:
     """EventBridge refuses a PutEvents entry whose source starts with ``aws.`` from any caller
     (that entry fails with NotAuthorizedForSourceException; the others go through): only AWS
     services emit those. moto accepts them. (EventBridge API reference, PutEvents; the entry
     error seen on AWS: "NotAuthorizedForSourceException: Not authorized for the source.")"""
-    def aws_source(entry: dict[str, Any]) -> bool:
-        return str(entry.get("Source", "")).startswith("aws.")
-
-    def put_events(backend: Any, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if getattr(_AWS_SERVICE, "on", False) or not any(map(aws_source, events)):
-            return original(backend, events)
-        refused = {"ErrorCode": "NotAuthorizedForSourceException", "ErrorMessage": "Not authorized for the source."}
-        allowed = [e for e in events if not aws_source(e)]
-        done = iter(original(backend, allowed) if allowed else [])
-        return [refused if aws_source(e) else next(done) for e in events]
-    return put_events
+    if getattr(_AWS_SERVICE, "on", False) or not str(entry.get("Source", "")).startswith("aws."):
+        return None
+    return {"ErrorCode": "NotAuthorizedForSourceException", "ErrorMessage": "Not authorized for the source."}
 
 
 class EmbeddedAWS:
@@ -485,6 +479,7 @@ class EmbeddedAWS:
         self.state_machine_roles: list[str] = []  # the deployed state machines' roles (deploy.py)
         self.throttles: list[Throttle] = []  # see throttle()
         self.entry_failures: list[EntryFailure] = []  # see fail_entries()
+        self._entry_failures_lock = threading.Lock()
         self._caller = threading.local()  # the function whose handler runs on this thread
         # what STS knows: each function's credentials (access key -> (secret, caller ARN)), see role_credentials
         self.credentials: dict[str, tuple[str, str]] = {}
@@ -634,8 +629,8 @@ class EmbeddedAWS:
             (SimpleSystemManagerBackend, "send_command", send_command),
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
-            (EventsBackend, "put_events", _failing_entries(self.entry_failures,
-                                                           _refuse_aws_sources(EventsBackend.put_events))),
+            (EventsBackend, "put_events", _entries_failing(
+                EventsBackend.put_events, lambda entry: _aws_source_refused(entry) or self._injected_entry_error(entry))),
             (CloudWatchBackend, "get_metric_statistics", get_metric_statistics),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
             # the SDK's own backoff (standard mode, what the functions use) is scaled alike
@@ -821,6 +816,10 @@ class EmbeddedAWS:
         rule = EntryFailure(source, times, code)
         self.entry_failures.append(rule)
         return rule
+
+    def _injected_entry_error(self, entry: dict[str, Any]) -> dict[str, str] | None:
+        with self._entry_failures_lock:
+            return next((error for rule in self.entry_failures if (error := rule.take(entry))), None)
 
     def before_invoke(self, function: str, action: Callable[[dict[str, Any]], None], *,
                       when: Callable[[dict[str, Any]], bool] = lambda event: True) -> list[dict[str, Any]]:

@@ -8,9 +8,6 @@ bench/gpu_node.py records the figures.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +34,8 @@ if not GPUS:
 
 from nodemedic_agent.hardware.nvml import NvmlHardware  # noqa: E402 - only once a GPU is known to exist
 
+from bench.gpu_node import health_check, write_config  # noqa: E402 - the benchmark's own way to run a check
+
 
 @pytest.fixture
 def hardware():
@@ -47,22 +46,7 @@ def hardware():
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
-    path = tmp_path / "agent.toml"
-    path.write_text("\n".join([
-        'cluster = "gpu-test"', 'event_bus = "gpu-test"', 'region = "us-east-1"',
-        "[node]", 'instance_id = "i-0123456789abcdef0"', 'slurm_node = "gpu-test"',
-        "[expected]", f"gpus = {GPUS}", "efa_devices = 0",
-        "[kernel_log]", 'source = "off"',
-        "[hardware]", 'backend = "nvml"',
-        "[publish]", f'spool_dir = "{tmp_path / "spool"}"']) + "\n")
-    return path
-
-
-def health_check(config: Path, *args: str) -> tuple[int, dict]:
-    out = subprocess.run([sys.executable, "-m", "nodemedic_agent.cli", "--config", str(config), "health-check",
-                          "--instance-type", "p5.48xlarge", *args], capture_output=True, text=True, timeout=600)
-    assert out.stdout.strip(), out.stderr[-2000:]
-    return out.returncode, json.loads(out.stdout.strip().splitlines()[-1])
+    return write_config(tmp_path, GPUS)
 
 
 def test_the_nvml_backend_reads_every_gpu_as_healthy(hardware) -> None:
@@ -81,7 +65,7 @@ def test_waiting_for_xids_on_a_quiet_gpu_returns_nothing(hardware) -> None:
 
 
 def test_the_quick_check_passes_a_healthy_gpu_after_settling(config) -> None:
-    code, report = health_check(config, "--level", "quick")
+    _, report, code = health_check(config, "quick", "p5.48xlarge")
     assert code == 0 and report["healthy"], report
     gpu = next(c for c in report["checks"] if c["name"] == "gpu")
     assert gpu["status"] == "healthy" and not gpu["findings"]
@@ -90,7 +74,7 @@ def test_the_quick_check_passes_a_healthy_gpu_after_settling(config) -> None:
 
 def test_the_full_check_measures_each_gpu_against_its_threshold(config) -> None:
     pytest.importorskip("torch", reason="the GPU burn needs PyTorch")
-    code, report = health_check(config, "--level", "full")
+    _, report, code = health_check(config, "full", "p5.48xlarge")
     burn = next(c for c in report["checks"] if c["name"] == "gpu_burn")
     assert burn["status"] == "healthy", burn
     targets = {(m["target"], m["metric"]) for m in burn["measurements"]}

@@ -52,20 +52,24 @@ def profile(instance_type: str | None, gpus: int) -> Profile:
     data = _types()
     spec = data["types"].get(instance_type or "", {})
     d = data["defaults"]
-    name, count = instance_type or "unknown", int(spec.get("gpus", gpus))
-    settle_s, nccl = float(spec.get("settle_seconds", d["settle_seconds"])), spec.get("min_nccl_busbw_gbps")
+    name = instance_type or "unknown"
+    measured = data["measured_gpus"].get(spec.get("gpu"))
+    gemm: float | None
+    hbm: float | None
     if not spec:
-        return Profile(name, count, None, None, nccl, settle_s, f"no thresholds for {name}: measured, not judged")
-    measured = data["measured_gpus"].get(spec["gpu"])
-    if measured:
+        gemm = hbm = None
+        basis = f"no thresholds for {name}: measured, not judged"
+    elif measured:
         f = d["calibrated_fraction"]
+        gemm, hbm = round(measured["gemm_bf16_tflops"] * f, 1), round(measured["hbm_copy_gbps"] * f, 1)
         basis = f"{name} thresholds: {f:.0%} of a healthy {spec['gpu']} as measured {measured['measured']}"
-        return Profile(name, count, round(measured["gemm_bf16_tflops"] * f, 1), round(measured["hbm_copy_gbps"] * f, 1),
-                       nccl, settle_s, basis)
-    return Profile(name, count, round(spec["peak_bf16_tflops"] * d["min_gemm_fraction"], 1),
-                   round(spec["peak_hbm_gbps"] * d["min_hbm_fraction"], 1), nccl, settle_s,
-                   f"{name} thresholds: {d['min_gemm_fraction']:.0%} of the {spec['gpu']} datasheet's BF16 peak, "
-                   f"{d['min_hbm_fraction']:.0%} of its HBM bandwidth (not yet measured on hardware)")
+    else:
+        gemm = round(spec["peak_bf16_tflops"] * d["min_gemm_fraction"], 1)
+        hbm = round(spec["peak_hbm_gbps"] * d["min_hbm_fraction"], 1)
+        basis = (f"{name} thresholds: {d['min_gemm_fraction']:.0%} of the {spec['gpu']} datasheet's BF16 peak, "
+                 f"{d['min_hbm_fraction']:.0%} of its HBM bandwidth (not yet measured on hardware)")
+    return Profile(name, int(spec.get("gpus", gpus)), gemm, hbm, spec.get("min_nccl_busbw_gbps"),
+                   float(spec.get("settle_seconds", d["settle_seconds"])), basis)
 
 
 @dataclass
