@@ -2,7 +2,7 @@
 # Install and start the NodeMedic agent on a GPU node (run as root from the node's lifecycle /
 # user-data script, as HyperPod lifecycle scripts do).
 #
-#   install-agent.sh --cluster NAME --bus BUS [--region R] [--wheel PATH_OR_S3_URL]
+#   install-agent.sh --cluster NAME --bus BUS [--acknowledgements-table TABLE] [--region R] [--wheel PATH_OR_S3_URL]
 #                    [--gpus 8] [--efa 32] [--shared-mount /fsx] [--slurm-node NAME] [--instance-id ID]
 #                    [--root DIR] [--no-systemd] [--no-burn-in] [--python python3]
 #
@@ -15,12 +15,13 @@ set -euo pipefail
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "install-agent: $*" >&2; exit 2; }
 
-CLUSTER="" BUS="" REGION="" WHEEL="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3
+CLUSTER="" BUS="" ACK_TABLE="" REGION="" WHEEL="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cluster) CLUSTER="$2"; shift 2 ;;
     --bus) BUS="$2"; shift 2 ;;
+    --acknowledgements-table) ACK_TABLE="$2"; shift 2 ;;
     --region) REGION="$2"; shift 2 ;;
     --wheel) WHEEL="$2"; shift 2 ;;
     --gpus) GPUS="$2"; shift 2 ;;
@@ -75,6 +76,7 @@ if [[ ! -f "$ETC/agent.toml" ]]; then
     echo; echo "[storage]"; echo "paths = [\"/\"]"
     printf 'shared_mounts = [%s]\n' "$( ((${#SHARED[@]})) && printf '"%s",' "${SHARED[@]}" | sed 's/,$//')"
     echo; echo "[publish]"; echo "spool_dir = \"$SPOOL\""
+    [[ -n "$ACK_TABLE" ]] && echo "acknowledgements_table = \"$ACK_TABLE\""
   } > "$ETC/agent.toml"
 else
   echo "==> keeping the existing $ETC/agent.toml"

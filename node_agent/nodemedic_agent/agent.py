@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,6 +22,7 @@ import boto3
 from botocore.config import Config
 from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity, PerfSample
 
+from nodemedic_agent.acknowledgements import Acknowledgements
 from nodemedic_agent.burn_in import joined
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error
 from nodemedic_agent.checks.kernel_log import KernelLogFollower, bus_key, message_finding, xid_finding
@@ -33,20 +35,45 @@ from nodemedic_agent.publisher import Publisher
 from nodemedic_agent.spool import Spool
 
 log = logging.getLogger("nodemedic_agent")
+MAX_REASSERT_WAIT_S = 900.0  # with acknowledgements: the longest wait between two looks at an undecided event
 
 
-def events_client(config: AgentConfig) -> Any:
+def events_client(config: AgentConfig, **credentials: str) -> Any:
     """PutEvents client; botocore's own retries are off, the spool and backoff do that job."""
     from nodemedic_agent.identity import resolve_region
 
     cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=5)
-    return boto3.client("events", region_name=resolve_region(config), endpoint_url=config.publish.endpoint_url, config=cfg)
+    return boto3.client("events", region_name=resolve_region(config), endpoint_url=config.publish.endpoint_url,
+                        config=cfg, **credentials)
+
+
+def acknowledgements(config: AgentConfig, **credentials: str) -> Acknowledgements | None:
+    """Where the agent reads the pipeline's decisions on its events; None without
+    ``publish.acknowledgements_table`` (events are then sent again a fixed number of times)."""
+    from nodemedic_agent.identity import resolve_region
+
+    if not config.publish.acknowledgements_table:
+        return None
+    cfg = Config(retries={"total_max_attempts": 2}, connect_timeout=2, read_timeout=5)
+    client = boto3.client("dynamodb", region_name=resolve_region(config),
+                          endpoint_url=config.publish.dynamodb_endpoint_url, config=cfg, **credentials)
+    return Acknowledgements(client, config.publish.acknowledgements_table)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A health event to send again unless the pipeline has decided on it by ``due``."""
+
+    due: float  # time.monotonic()
+    sends: int  # sent again so far
+    first_sent: float  # time.monotonic()
+    event: NodeHealthEvent
 
 
 class Agent:
     def __init__(self, config: AgentConfig, hardware: Hardware, node: NodeIdentity, client: Any,
                  dry_run: bool = False, out: TextIO = sys.stdout,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, acks: Acknowledgements | None = None) -> None:
         self.config = config
         self.hw = hardware
         self.node = node
@@ -62,8 +89,11 @@ class Agent:
         self.published = 0
         self.lost = 0  # events neither spooled nor sent (spool unwritable while the bus was down)
         self.heartbeats = 0
+        self.acks = acks
         self.reasserted = 0
-        self._reasserts: list[tuple[float, int, NodeHealthEvent]] = []  # (due, sends so far, event)
+        self.acknowledged = 0  # events the pipeline decided on while they waited to be sent again
+        self.unacknowledged = 0  # events given up on: no decision within intervals.reassert_within_seconds
+        self._reasserts: list[_Pending] = []
         self._reassert_lock = threading.Lock()
         self._gpu_by_bus: dict[str, int] = {}
         self._threads: list[threading.Thread] = []
@@ -83,31 +113,52 @@ class Agent:
                                   "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
         else:
             self._publish(item, event.event_id)
-            self._schedule_reassert(event, 0)
+            now = time.monotonic()
+            self._schedule_reassert(_Pending(now, 0, now, event))
         self.published += 1
         return True
 
     # -- re-asserting: the same event again, so a delivery the pipeline dropped is not lost --
-    def _schedule_reassert(self, event: NodeHealthEvent, sent: int) -> None:
-        """Send ``event`` again after ``reassert_seconds * 2**sent``, up to ``reasserts`` times. The
-        pipeline remembers each event_id it acted on: a re-send of one it acted on changes nothing;
-        one it never saw (Detect throttled, failed, the event dropped) opens the incident then."""
+    def _schedule_reassert(self, last: _Pending) -> None:
+        """Look at ``last.event`` again ``reassert_seconds * 2**sends`` from now (without an
+        acknowledgements table, only ``reasserts`` times; with one, at most 15 minutes)."""
         intervals = self.config.intervals
-        if sent >= intervals.reasserts or intervals.reassert_seconds <= 0:
+        if intervals.reassert_seconds <= 0 or (self.acks is None and last.sends >= intervals.reasserts):
             return
+        wait = intervals.reassert_seconds * 2 ** last.sends
+        if self.acks is not None:  # looked at until decided: at least every 15 minutes
+            wait = min(wait, max(intervals.reassert_seconds, MAX_REASSERT_WAIT_S))
+        due = time.monotonic() + wait
         with self._reassert_lock:
-            self._reasserts.append((time.monotonic() + intervals.reassert_seconds * 2 ** sent, sent, event))
+            self._reasserts.append(_Pending(due, last.sends, last.first_sent, last.event))
 
     def _reassert(self) -> None:
+        """Send each event that is due again, unless the pipeline has decided on it (read from the
+        acknowledgements table, when there is one) or, with the table, it was first sent more than
+        ``reassert_within_seconds`` ago. The pipeline remembers each event it decided on: a second
+        send of one changes nothing; one it never saw (Detect throttled, failed, the event
+        dropped) opens the incident then."""
         now = time.monotonic()
         with self._reassert_lock:
-            due = [r for r in self._reasserts if r[0] <= now]
-            self._reasserts = [r for r in self._reasserts if r[0] > now]
-        for _, sent, event in due:
+            due = [r for r in self._reasserts if r.due <= now]
+            self._reasserts = [r for r in self._reasserts if r.due > now]
+        window = self.config.intervals.reassert_within_seconds
+        for pending in due:
+            event = pending.event
+            decision = self.acks.decision(event.event_id) if self.acks else None
+            if decision is not None:
+                self.acknowledged += 1
+                log.info("event %s (%s): the pipeline decided %s", event.event_id, event.fault_code, decision)
+                continue
+            if self.acks is not None and now - pending.first_sent > window:
+                self.unacknowledged += 1
+                log.warning("event %s (%s) sent %d time(s) and the pipeline has not decided on it within %g s: "
+                            "not sent again", event.event_id, event.fault_code, pending.sends + 1, window)
+                continue
             again = event.model_copy(update={"sent_at": datetime.now(UTC)})  # the same event, sent now
             self._publish(entry(self.config.event_bus, again), again.event_id)
             self.reasserted += 1
-            self._schedule_reassert(event, sent + 1)
+            self._schedule_reassert(_Pending(now, pending.sends + 1, pending.first_sent, event))
         self.stop_event.wait(min(1.0, self.config.intervals.reassert_seconds or 1.0))
 
     def _publish(self, item: dict[str, Any], event_id: str) -> None:

@@ -23,12 +23,14 @@ def _config(args: argparse.Namespace) -> AgentConfig:
 
 
 def _agent(config: AgentConfig, dry_run: bool):  # noqa: ANN202 - imported lazily (boto3 is slow to import)
-    from nodemedic_agent.agent import Agent, events_client
+    from nodemedic_agent.agent import Agent, acknowledgements, events_client
     from nodemedic_agent.hardware import open_hardware
     from nodemedic_agent.identity import resolve_identity
 
-    client = None if dry_run else events_client(config)  # a dry run needs no AWS access at all
-    return Agent(config, open_hardware(config), resolve_identity(config), client, dry_run=dry_run)
+    if dry_run:  # a dry run needs no AWS access at all
+        return Agent(config, open_hardware(config), resolve_identity(config), None, dry_run=True)
+    return Agent(config, open_hardware(config), resolve_identity(config), events_client(config),
+                 acks=acknowledgements(config))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

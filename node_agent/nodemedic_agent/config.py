@@ -45,7 +45,13 @@ class Intervals(_Section):
     reassert_seconds: float = Field(
         default=60, ge=0, le=3600, description="send a health event again (same event_id) after this, doubling "
                                                "each time: a delivery the pipeline could not act on is not lost")
-    reasserts: int = Field(default=3, ge=0, le=10, description="how many times; 0: never")
+    reasserts: int = Field(default=3, ge=0, le=10, description="how many times, without "
+                                                           "publish.acknowledgements_table; 0: never")
+    reassert_within_seconds: float = Field(
+        default=86400, ge=0, le=14 * 86400,
+        description="with publish.acknowledgements_table: send an event again until the pipeline has "
+                    "decided on it, for up to this long after its first send (the wait doubles from "
+                    "reassert_seconds up to 15 minutes)")
 
 
 class Expected(_Section):
@@ -106,6 +112,11 @@ class Publish(_Section):
     spool_max_events: int = Field(default=10000, ge=10)
     max_backoff_seconds: float = Field(default=30, gt=0, le=600)
     endpoint_url: str | None = Field(default=None, description="EventBridge endpoint (VPC endpoint, tests)")
+    acknowledgements_table: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.-]{3,255}$",
+        description="the stack output IncidentsTableName: the agent reads there whether the pipeline decided "
+                    "on each health event it sent, and sends it again until it has")
+    dynamodb_endpoint_url: str | None = Field(default=None, description="DynamoDB endpoint (VPC endpoint, tests)")
 
 
 class BurnIn(_Section):

@@ -7,20 +7,23 @@ from pathlib import Path
 from typing import Any
 
 from nodemedic.contracts.events import NodeIdentity
-from nodemedic_agent.agent import Agent, events_client
+from nodemedic_agent.agent import Agent, acknowledgements, events_client
 from nodemedic_agent.burn_in import HoldResult, hold
 from nodemedic_agent.config import parse_config
 from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
 
 from nodemedic_sandbox.cluster import SimCluster
+from nodemedic_sandbox.embedded_aws import AGENT_KEY
 from nodemedic_sandbox.node import burn_in_marker
 
 
 class NodeAgents:
     def __init__(self, cluster: SimCluster, bus: str, nodes: list[str], heartbeat_s: float = 15.0,
-                 poll_s: float = 2.0) -> None:
+                 poll_s: float = 2.0, table: str | None = None, reassert_s: float = 60.0) -> None:
         self.cluster = cluster
         self.bus = bus
+        self.table = table  # the stack's ledger: where an agent reads the pipeline's decision on its events
+        self.reassert_s = reassert_s
         self.nodes = nodes
         self.heartbeat_s = heartbeat_s
         self.poll_s = poll_s
@@ -39,16 +42,22 @@ class NodeAgents:
         config = parse_config({
             "cluster": self.cluster.name, "event_bus": self.bus, "region": self.cluster.aws.region,
             "node": {"instance_id": instance_id, "slurm_node": node, "hostname": f"{node}.local"},
-            "intervals": {"heartbeat_seconds": self.heartbeat_s, "poll_seconds": self.poll_s},
+            "intervals": {"heartbeat_seconds": self.heartbeat_s, "poll_seconds": self.poll_s,
+                          "reassert_seconds": self.reassert_s},
             "expected": {"gpus": 8, "efa_devices": 4},
             "kernel_log": {"source": "file", "path": str(sim.kmsg_path)},
             "hardware": {"backend": "simulated", "simulated_dir": str(sim.dir)},
-            "publish": {"spool_dir": str(root / "spool"), "max_backoff_seconds": 2},
+            "publish": {"spool_dir": str(root / "spool"), "max_backoff_seconds": 2,
+                        "acknowledgements_table": self.table},
             "burn_in": {"marker": str(self.marker(node)), "drain_prefix": self.cluster.drain_prefix,
                         "retry_seconds": 10},
         }, origin=f"agent config of {node}")
         identity = NodeIdentity(instance_id=instance_id, hostname=f"{node}.local", slurm_node=node)
-        agent = self.agents[node] = Agent(config, SimulatedHardware(sim.dir), identity, events_client(config))
+        # signed as the nodes' instance role: the local IAM holds the agent to the stack's AgentPublishPolicy
+        credentials = {"aws_access_key_id": AGENT_KEY, "aws_secret_access_key": "local"}
+        agent = self.agents[node] = Agent(config, SimulatedHardware(sim.dir), identity,
+                                          events_client(config, **credentials),
+                                          acks=acknowledgements(config, **credentials))
         return agent.start()
 
     def marker(self, node: str) -> Path:

@@ -147,7 +147,20 @@ def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: d
     _recreate_state_machines(aws, stack_name, cfn, resources)
     _apply_policies(aws, stack_name, cfn)
     outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+    if "AgentPublishPolicyArn" in outputs:
+        aws.agent_roles.append(_agent_role(aws, stack_name, outputs["AgentPublishPolicyArn"]))
     return Stack(stack_name, outputs, resources)
+
+
+def _agent_role(aws: EmbeddedAWS, stack_name: str, policy_arn: str) -> str:
+    """The nodes' instance role as the README says to make it: the stack's agent policy attached.
+    The local node agents' calls are authorized against it (``AGENT_KEY``)."""
+    iam = aws.client("iam")
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                     "Principal": {"Service": "ec2.amazonaws.com"}}]}
+    role = iam.create_role(RoleName=f"{stack_name}-gpu-node", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    iam.attach_role_policy(RoleName=role["RoleName"], PolicyArn=policy_arn)
+    return str(role["Arn"])
 
 
 def _moto_stack(aws: EmbeddedAWS, stack_name: str) -> Any:

@@ -10,6 +10,7 @@ checks every one of them, so a moto upgrade that moves a hooked internal fails l
 from __future__ import annotations
 
 import base64
+import builtins
 import contextlib
 import copy
 import hashlib
@@ -101,6 +102,7 @@ def _warm_service_models() -> None:
 
 
 STATE_MACHINE_KEY = "ak"  # the access key moto's Step Functions interpreter signs with (boto_client.py)
+AGENT_KEY = "nodemedic-agent"  # the access key the local node agents sign with (sandbox/agents.py)
 _PARAMETERS = "nodemedic_api_parameters"
 
 
@@ -388,6 +390,10 @@ class _Capture(io.TextIOBase):
         finally:
             self._local.buffer = previous
 
+    def active(self) -> bool:
+        """This thread runs a Lambda invocation."""
+        return getattr(self._local, "buffer", None) is not None
+
     def write(self, text: str) -> int:
         buffer = getattr(self._local, "buffer", None)
         return (buffer or sys.__stdout__).write(text)
@@ -399,6 +405,24 @@ class _Capture(io.TextIOBase):
 # One per process: powertools loggers are process-global per service name and keep the stream
 # they were created with, so every EmbeddedAWS must hand out the same one.
 _CAPTURE = _Capture()
+# One per process too: a function's environment (os.environ) and the layer's wiring are the
+# process's, so no two invocations run at once, whichever EmbeddedAWS (a stack a test left
+# running) started them.
+_INVOCATIONS = threading.RLock()
+_builtin_print = builtins.print
+
+
+def _print(*args: Any, **kwargs: Any) -> None:
+    """``print`` as a handler calls it (powertools prints its metrics' EMF lines) writes to the
+    invocation's log, whatever ``sys.stdout`` another thread has swapped in meanwhile (a CLI
+    under test, pytest's capture between phases); any other thread's print is untouched. Swapping
+    ``sys.stdout`` per invocation instead lost lines when another swap interleaved with it."""
+    if kwargs.get("file") is None and _CAPTURE.active():
+        kwargs["file"] = _CAPTURE
+    _builtin_print(*args, **kwargs)
+
+
+builtins.print = _print
 
 
 class _ScaledTime:
@@ -466,7 +490,7 @@ class EmbeddedAWS:
         self.delivery_failures: list[dict[str, Any]] = []
         self._modules: dict[str, ModuleType] = {}
         self._capture = _CAPTURE
-        self._lambda_lock = threading.RLock()
+        self._lambda_lock = _INVOCATIONS
         self._stack = contextlib.ExitStack()
         self._schedules: threading.Event | None = None
         self._runs: dict[tuple[str, str], _Run] = {}
@@ -477,6 +501,7 @@ class EmbeddedAWS:
         self.denials: list[Denial] = []
         self.authorized: list[tuple[str, iam.Request]] = []  # (who, request) for every allowed call
         self.state_machine_roles: list[str] = []  # the deployed state machines' roles (deploy.py)
+        self.agent_roles: list[str] = []  # a role with the deployed AgentPublishPolicy attached (deploy.py)
         self.throttles: list[Throttle] = []  # see throttle()
         self.entry_failures: list[EntryFailure] = []  # see fail_entries()
         self._entry_failures_lock = threading.Lock()
@@ -732,9 +757,8 @@ class EmbeddedAWS:
 
     @contextlib.contextmanager
     def lambdas_held(self) -> Iterator[None]:
-        """No Lambda runs inside this block (invocations wait for its end). A Lambda invocation
-        swaps this process's ``sys.stdout`` while it runs; code that captures stdout itself (a
-        CLI under test) must not overlap one."""
+        """No Lambda runs inside this block (invocations wait for its end): the stack holds still
+        while a CLI under test reads it."""
         with self._lambda_lock:
             yield
 
@@ -769,15 +793,18 @@ class EmbeddedAWS:
         return wrapped
 
     def _principal(self, request_signer: Any) -> tuple[str, str] | None:
-        """Who makes this call: the function whose handler runs on this thread, or the state
+        """Who makes this call: the function whose handler runs on this thread, the state
         machine (moto's interpreter signs its Lambda and SDK-integration calls with the key
-        ``ak``); None for the harness and the tests."""
+        ``ak``), or a node agent (its clients sign with ``AGENT_KEY``); None for the harness and
+        the tests."""
         caller: tuple[str, str] | None = getattr(self._caller, "function", None)
         if caller is not None:
             return caller
         credentials = getattr(request_signer, "_credentials", None)
         if credentials is not None and credentials.access_key == STATE_MACHINE_KEY and self.state_machine_roles:
             return ("state machine", self.state_machine_roles[-1])
+        if credentials is not None and credentials.access_key == AGENT_KEY and self.agent_roles:
+            return ("agent", self.agent_roles[-1])  # a node agent: the instance role users attach the policy to
         return None
 
     def _authorize(self, model: Any, context: dict[str, Any], request_signer: Any = None, **_: Any) -> None:
@@ -889,8 +916,7 @@ class EmbeddedAWS:
         env = {**{k: str(v) for k, v in (fn.environment_vars or {}).items()},
                "AWS_LAMBDA_FUNCTION_NAME": fn.function_name,
                "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(fn.memory_size)}
-        with self._lambda_lock, self._capture.into(buffer), \
-                contextlib.redirect_stdout(self._capture), warnings.catch_warnings():
+        with self._lambda_lock, self._capture.into(buffer), warnings.catch_warnings():
             self._set_function_environment(env)
             started = time.perf_counter()
             # Lambda does not surface Python warnings; powertools warns when a run emits no metric

@@ -14,7 +14,7 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 from nodemedic.contracts.events import NodeIdentity
-from nodemedic_agent.agent import Agent, events_client
+from nodemedic_agent.agent import Agent, acknowledgements, events_client
 from nodemedic_agent.config import AgentConfig, parse_config
 from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
 
@@ -101,7 +101,7 @@ def make_agent(sim: SimulatedNode, tmp_path: Path) -> Iterator[Callable[..., Age
 
     def make(start: bool = True, **sections: dict[str, Any]) -> Agent:
         config = agent_config(sim, tmp_path / "spool", **sections)
-        agent = Agent(config, SimulatedHardware(sim.dir), NODE, events_client(config))
+        agent = Agent(config, SimulatedHardware(sim.dir), NODE, events_client(config), acks=acknowledgements(config))
         started.append(agent)
         if start:
             agent.start()

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 
+import boto3
+from nodemedic.store.ledger import Ledger
 from nodemedic_agent.dedupe import Deduper
 from nodemedic_agent.publisher import MAX_BATCH_BYTES, batches, entry_size
 
@@ -28,6 +32,60 @@ def test_a_health_event_is_sent_again_with_its_event_id_so_a_dropped_delivery_is
     assert len({e["event_id"] for e in events}) == 1 and len({e["observed_at"] for e in events}) == 1
     sent = [e["sent_at"] for e in events]
     assert sent == sorted(sent) and len(set(sent)) == 3  # sent now: the pipeline sees no clock skew
+
+
+def _until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _ledger() -> Ledger:
+    """The stack's ledger table, as the agent's acknowledgements read it."""
+    db = boto3.client("dynamodb", region_name="us-east-1")
+    db.create_table(TableName="ledger", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    return Ledger(db, "ledger")
+
+
+def test_with_acknowledgements_an_event_is_sent_again_until_the_pipeline_decided_on_it(bus, sim, make_agent):
+    """Detect down for longer than a fixed number of re-sends: the agent goes on (reasserts is a
+    bound only without the table), and stops at the first look after Detect recorded a decision."""
+    ledger = _ledger()
+    agent = make_agent(intervals={"reassert_seconds": 0.1, "reasserts": 1},
+                       publish={"acknowledgements_table": "ledger"})
+    sim.inject("xid", xid=79, gpu=3)
+    events = bus.wait_health(5, settle=0)  # sent, then after 0.1, 0.2, 0.4, 0.8 s more: no decision yet
+    assert len({e["event_id"] for e in events}) == 1 and agent.reasserted >= 4 and agent.acknowledged == 0
+    ledger.acknowledge_event(f"nodemedic.agent/{events[0]['event_id']}", "remediate", "inc-1", datetime.now(UTC))
+    _until(lambda: agent.acknowledged)
+    sent = len(bus.wait_health(0, settle=4.0))  # the next look would be 3.2 s after the last
+    assert agent.acknowledged == 1 and agent.unacknowledged == 0
+    assert len(bus.health_events()) == sent == agent.reasserted + 1
+
+
+def test_with_acknowledgements_an_event_no_one_decides_on_is_given_up_after_its_window(bus, sim, make_agent):
+    _ledger()
+    agent = make_agent(intervals={"reassert_seconds": 0.1, "reassert_within_seconds": 1.0},
+                       publish={"acknowledgements_table": "ledger"})
+    sim.inject("xid", xid=79, gpu=3)
+    _until(lambda: agent.unacknowledged)
+    events = bus.wait_health(0, settle=2.0)
+    assert agent.unacknowledged == 1 and agent.acknowledged == 0
+    # sent at 0, then at about 0.1, 0.3 and 0.7 s; the look at about 1.5 s is past the window: no more
+    assert 3 <= len(events) == agent.reasserted + 1 <= 4
+
+
+def test_an_acknowledgement_that_cannot_be_read_counts_as_none(bus, sim, make_agent):
+    """The table is missing (or the role lacks the permission): the event is sent again, as
+    without acknowledgements, and the error is kept for the operator."""
+    agent = make_agent(intervals={"reassert_seconds": 0.1, "reassert_within_seconds": 0.5},
+                       publish={"acknowledgements_table": "no-such-table"})
+    sim.inject("xid", xid=79, gpu=3)
+    _until(lambda: agent.unacknowledged)
+    assert agent.reasserted >= 1 and agent.acks is not None and agent.acks.errors == agent.reasserted + 1
+    assert "ResourceNotFoundException" in agent.acks.last_error
 
 
 def test_repeats_are_counted_into_the_next_event_after_the_window():

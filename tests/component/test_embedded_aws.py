@@ -75,6 +75,27 @@ def test_emf_output_becomes_cloudwatch_metrics_and_logs_are_kept(aws: EmbeddedAW
     assert len(streams) == 1
 
 
+def test_a_handlers_output_reaches_its_log_while_another_thread_swaps_stdout(aws: EmbeddedAWS) -> None:
+    """A CLI under test (CliRunner) or pytest swaps ``sys.stdout`` process-wide: what a handler
+    prints meanwhile (its metrics' EMF line) still goes to its invocation's log, not to their
+    stream (a doctor run once missed TimeToRecover that way)."""
+    import contextlib
+    import io
+    import threading
+    import time
+
+    invoked = threading.Thread(target=lambda: aws.client("lambda").invoke(FunctionName="fn", Payload=b'{"sleep": 0.5}'))
+    invoked.start()
+    time.sleep(0.2)  # the handler sleeps, then prints
+    elsewhere = io.StringIO()
+    with contextlib.redirect_stdout(elsewhere):
+        invoked.join(timeout=30)
+    [invocation] = aws.invocations
+    assert any('"TimeToRecover": 12.5' in line for line in invocation.logs), invocation.logs
+    assert elsewhere.getvalue() == ""
+    assert [m["MetricName"] for m in aws.client("cloudwatch").list_metrics(Namespace="T")["Metrics"]] == ["TimeToRecover"]
+
+
 def _state_machine(aws: EmbeddedAWS, definition: dict) -> str:
     return aws.client("stepfunctions").create_state_machine(
         name=f"sm{time.monotonic_ns()}", definition=json.dumps(definition),

@@ -31,7 +31,7 @@ def local() -> Iterator[LocalMode]:
 def cli(local: LocalMode, *args: str, code: int = 0) -> Any:
     """Run ``nodemedic ARGS --json`` against the local stack; return the parsed JSON."""
     target = Target(local.stack.name, session=boto3.Session())
-    with local.aws.lambdas_held():  # a Lambda running meanwhile would swap the stdout CliRunner captures
+    with local.aws.lambdas_held():  # the stack holds still while the CLI reads it
         result = CliRunner().invoke(app, [*args, "--json"], obj=target)
     assert result.exit_code == code, result.output
     try:

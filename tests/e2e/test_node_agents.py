@@ -68,3 +68,38 @@ def test_a_silent_node_whose_report_eventbridge_failed_is_reported_by_a_later_sw
     assert executions[0]["status"] == "SUCCEEDED", executions[0].get("cause")
     time.sleep(SILENCE_S + 2 * SWEEP_S)
     assert len(fleet.executions()) == 1  # once taken, reported once
+
+
+def test_an_agent_sends_its_event_again_until_the_pipeline_has_decided_on_it() -> None:
+    """Detect cannot act (Auto Scaling throttled past every retry) for longer than a fixed number
+    of re-sends covers: the agent goes on sending the same event, reading Detect's decision from
+    the ledger as the stack's agent policy allows (enforced here), until one send opens the
+    incident; then it stops. One fault, one incident."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as local:
+        down = local.aws.throttle("autoscaling", caller="Detect", times=10_000)
+        agents = local.start_agents(heartbeat_s=5.0, poll_s=0.5, reassert_s=0.5)
+        agent = agents.agents["gpu-1"]
+        agents.inject("gpu-1", "xid", xid=79, gpu=4)
+        deadline = time.monotonic() + 120
+        while agent.reasserted < 4 and time.monotonic() < deadline:  # past the 3 re-sends without the ledger
+            time.sleep(0.2)
+        assert agent.reasserted >= 4 and agent.acknowledged == 0 and local.incidents() == []
+        local.aws.throttles.remove(down)
+        deadline = time.monotonic() + 180
+        while not agent.acknowledged and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert agent.acknowledged == 1 and agent.unacknowledged == 0
+        sends = agent.reasserted + 1
+        [incident] = local.incidents()
+        assert (incident.slurm_node, incident.fault_code, incident.source) == ("gpu-1", "XID 79", "nodemedic.agent")
+        executions = local.wait_for_executions(sends, timeout=240)
+        assert len(executions) == sends  # one per send; none after the decision
+        opened = [e for e in executions if e["name"] == incident.incident_id]
+        assert [e["status"] for e in opened] == ["SUCCEEDED"], opened
+        assert {e["status"] for e in executions if e not in opened} <= {"FAILED", "SUCCEEDED"}
+        assert [LocalMode.detect_decision(e) for e in executions if e not in opened and e["status"] == "SUCCEEDED"] \
+            in ([], ["deduplicated"]), "a send after the one that opened it opens nothing"
+        time.sleep(3.0)
+        assert agent.reasserted + 1 == sends and len(local.executions()) == sends
+        assert ("agent", "dynamodb:GetItem") in {(who, r.action) for who, r in local.aws.authorized}

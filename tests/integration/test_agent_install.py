@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -26,12 +27,15 @@ def test_lifecycle_script_installs_a_working_agent(tmp_path: Path) -> None:
     root = tmp_path / "node"
     proc = subprocess.run(
         ["bash", str(ROOT / "node_agent/lifecycle/install-agent.sh"), "--cluster", "local", "--bus", "nodemedic-local",
-         "--region", "us-east-1", "--instance-id", "i-0123456789abcdef0", "--slurm-node", "gpu-1",
+         "--acknowledgements-table", "nodemedic-local-IncidentsTable-1A2B", "--region", "us-east-1",
+         "--instance-id", "i-0123456789abcdef0", "--slurm-node", "gpu-1",
          "--shared-mount", "/", "--wheel", str(wheel), "--root", str(root), "--no-systemd", "--python", sys.executable],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "valid (cluster local, bus nodemedic-local, hardware nvml)" in proc.stdout
     assert "NodeMedic health report: gpu-1 (i-0123456789abcdef0)" in proc.stdout
+    written = tomllib.loads((root / "etc/nodemedic/agent.toml").read_text())
+    assert written["publish"]["acknowledgements_table"] == "nodemedic-local-IncidentsTable-1A2B"
 
     check = subprocess.run([str(root / "opt/nodemedic/bin/deep-health-check"), "--level", "quick",
                             "--settle-seconds", "1"],  # a failing check is repeated for the settle window

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from nodemedic.contracts.events import NodeHeartbeat
 from nodemedic.domain.silence import missing_event, record, silent
 from nodemedic_sandbox.embedded_aws import schedule_period
+from nodemedic_sandbox.iam import Request, evaluate
 from samtranslator.yaml_helper import yaml_parse
 
 T0 = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
@@ -58,9 +60,29 @@ def test_local_mode_fires_rate_schedules_and_refuses_cron():
         schedule_period("cron(0 12 * * ? *)")
 
 
-def test_the_agent_role_may_only_put_agent_events_on_its_own_bus():
+ACCOUNT = "arn:aws:{}:us-east-1:123456789012:{}"
+BUS_ARN, TABLE_ARN = ACCOUNT.format("events", "event-bus/nodemedic-local"), ACCOUNT.format("dynamodb", "table/ledger")
+
+
+def _agent_policy() -> list[dict]:
+    """AgentPublishPolicy with its two references resolved as CloudFormation would."""
     template = yaml_parse((Path(__file__).resolve().parents[2] / "template.yaml").read_text())
-    [statement] = template["Resources"]["AgentPublishPolicy"]["Properties"]["PolicyDocument"]["Statement"]
-    assert statement["Action"] == "events:PutEvents"
-    assert statement["Resource"] == {"Fn::GetAtt": ["EventBus", "Arn"]}
-    assert statement["Condition"] == {"StringEquals": {"events:source": "nodemedic.agent"}}
+    document = json.dumps(template["Resources"]["AgentPublishPolicy"]["Properties"]["PolicyDocument"])
+    document = document.replace(json.dumps({"Fn::GetAtt": ["EventBus", "Arn"]}), json.dumps(BUS_ARN))
+    return [json.loads(document.replace(json.dumps({"Fn::GetAtt": ["IncidentsTable", "Arn"]}), json.dumps(TABLE_ARN)))]
+
+
+@pytest.mark.parametrize(("action", "resource", "context", "allowed"), [
+    ("events:PutEvents", BUS_ARN, {"events:source": ["nodemedic.agent"]}, True),
+    ("events:PutEvents", BUS_ARN, {"events:source": ["nodemedic.sweeper"]}, False),  # no forged sweeper events
+    ("events:PutEvents", ACCOUNT.format("events", "event-bus/default"), {"events:source": ["nodemedic.agent"]},
+     False),
+    ("dynamodb:GetItem", TABLE_ARN, {"dynamodb:leadingkeys": ["EVENT#nodemedic.agent/5f0c"]}, True),
+    ("dynamodb:GetItem", TABLE_ARN, {"dynamodb:leadingkeys": ["EVENT#nodemedic.sweeper/5f0c"]}, False),
+    ("dynamodb:GetItem", TABLE_ARN, {"dynamodb:leadingkeys": ["INCIDENT#a1"]}, False),
+    ("dynamodb:PutItem", TABLE_ARN, {"dynamodb:leadingkeys": ["EVENT#nodemedic.agent/5f0c"]}, False),
+    ("dynamodb:Query", TABLE_ARN, {}, False),
+])
+def test_the_agent_role_may_put_agent_events_on_its_bus_and_read_decisions_on_agent_events_only(
+        action: str, resource: str, context: dict, allowed: bool) -> None:
+    assert evaluate(_agent_policy(), Request(action, resource, context)).allowed is allowed

@@ -35,6 +35,15 @@ OPERATOR_SOURCE = "nodemedic.operator"
 RUNBOOK_DETAIL_TYPE = "Remediation Request"
 ALARM_SOURCE = "aws.cloudwatch"
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
+# Detect records its decision on every event it decided on under this key (the ledger's partition
+# key): a redelivery of an event it acted on changes nothing, and an agent reads whether the
+# pipeline took its event (AgentPublishPolicy allows GetItem on EVENT#nodemedic.agent/* only).
+ACKNOWLEDGEMENT_PREFIX = "EVENT#"
+
+
+def acknowledgement_key(source: str, event_id: str) -> str:
+    """The ledger item holding Detect's decision on event ``event_id`` from ``source``."""
+    return f"{ACKNOWLEDGEMENT_PREFIX}{source}/{event_id}"
 
 SCHEMA_VERSION = "1"
 MAX_EVIDENCE_BYTES = 4096

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from botocore.exceptions import ClientError
 from pydantic import TypeAdapter, ValidationError
 
 from nodemedic.contracts.events import (
@@ -160,8 +161,28 @@ def detect(
     now: datetime,
     limits: Limits = Limits(),
 ) -> DetectOutput:
+    """Decide on the trigger, and record the decision on an event that has an id (the agent that
+    sent it reads that record as the acknowledgement that stops it sending the event again). An
+    event naming an unknown node is not acknowledged: it may be the cluster's once the node joins."""
     trigger = parse_trigger(request.event)
     fault = to_fault(trigger, cluster, now)
+    try:
+        out = _decide(request, trigger, fault, cluster=cluster, overrides_json=overrides_json, provider=provider,
+                      ledger=ledger, control=control, now=now, limits=limits)
+    except InvalidEventError:
+        if fault.event_key:
+            try:
+                ledger.acknowledge_event(fault.event_key, "rejected", None, now)
+            except ClientError:
+                pass  # the rejection stands whatever happens to its record: a re-send is rejected the same way
+        raise
+    if fault.event_key and out.decision != "remediate":  # an incident it opened is recorded as it opens
+        ledger.acknowledge_event(fault.event_key, out.decision, out.existing_incident_id, now)
+    return out
+
+
+def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluster: str, overrides_json: str,
+            provider: Provider, ledger: Ledger, control: ControlStore, now: datetime, limits: Limits) -> DetectOutput:
     # EventBridge's clock; a runbook is started by hand (start-execution), its envelope is the operator's
     bus_time = trigger.time if trigger.time and trigger.time.tzinfo and not isinstance(trigger, RunbookEnvelope) else None
     # EventBridge's time has whole seconds: the event arrived within the second after it
@@ -225,5 +246,5 @@ def detect(
             existing_incident_id=existing,
         )
     if fault.event_key:
-        ledger.mark_event_handled(fault.event_key, request.incident_id, now)
+        ledger.acknowledge_event(fault.event_key, "remediate", request.incident_id, now)
     return DetectOutput(decision="remediate", reason=reason, incident=ref)

@@ -14,6 +14,9 @@ Items (partition key ``pk``):
   has not returned it); the reconciler drains it again if the drain was lost (a controller
   restarted without saving it). Dropped right before the node is returned to service, by the
   incident or by an operator's ``nodemedic remediate <node> --action resume``.
+- ``EVENT#<source>/<event id>``: Detect's decision on an event and the incident that took it,
+  kept ``EVENT_MEMORY``: a redelivery changes nothing, and the agent that sent it reads it as
+  the acknowledgement that stops it sending the event again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from nodemedic.contracts.events import ACKNOWLEDGEMENT_PREFIX
 from nodemedic.contracts.incident import (
     ENDED_STATUSES,
     Bookkeeping,
@@ -404,16 +408,21 @@ class Ledger:
 
     # -- events already acted on, and nodes repaired: what makes a redelivery harmless -----
     def event_handled_by(self, event_key: str) -> str | None:
-        """The incident an event opened, if it opened one within ``EVENT_MEMORY`` (longer than
-        any redelivery: EventBridge retries for 24 h, a dead-letter queue keeps 14 days)."""
-        item = self._db.get_item(TableName=self._table, Key={"pk": {"S": f"EVENT#{event_key}"}},
+        """The incident that took an event (it opened one, or was folded into one) within
+        ``EVENT_MEMORY`` (longer than any redelivery: EventBridge retries for 24 h, a dead-letter
+        queue keeps 14 days)."""
+        item = self._db.get_item(TableName=self._table, Key={"pk": {"S": ACKNOWLEDGEMENT_PREFIX + event_key}},
                                  ConsistentRead=True).get("Item")
-        return str(item["incident_id"]["S"]) if item else None
+        return str(item["incident_id"]["S"]) if item and "incident_id" in item else None
 
-    def mark_event_handled(self, event_key: str, incident_id: str, now: datetime) -> None:
+    def acknowledge_event(self, event_key: str, decision: str, incident_id: str | None, now: datetime) -> None:
+        """Record Detect's decision on an event (``remediate``, ``deduplicated``, ``monitor``,
+        ``rejected``) and the incident that took it, if one did: the item an agent reads to stop
+        sending the event again (``acknowledgement_key``)."""
         self._db.put_item(TableName=self._table, Item={
-            "pk": {"S": f"EVENT#{event_key}"}, "incident_id": {"S": incident_id},
-            "expires_at": _ttl(now + EVENT_MEMORY)})
+            "pk": {"S": ACKNOWLEDGEMENT_PREFIX + event_key}, "decision": {"S": decision},
+            **({"incident_id": {"S": incident_id}} if incident_id else {}),
+            "at": {"S": now.isoformat()}, "expires_at": _ttl(now + EVENT_MEMORY)})
 
     def first_announcement(self, key: str, now: datetime) -> bool:
         """True the first time ``key`` is announced within ``EVENT_MEMORY``: a redelivered event
