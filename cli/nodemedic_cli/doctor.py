@@ -148,7 +148,8 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                       ("states", "SendTaskSuccess", {})],
         "ApprovalFunction": [("dynamodb", "UpdateItem", table),
                              ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]})],
-        "PlannedEventsFunction": [*reads, *names,
+        # the jobs on a node whose notice waits: on Kubernetes this is names' DescribeCluster
+        "PlannedEventsFunction": [*reads, *on_controller(docs.slurm_query),
                                   *([] if describe_instances in reads else [describe_instances]),  # a block's instances
                                   ("events", "PutEvents", {"Entries": [{"EventBusName": out["EventBusName"],
                                                                         "Source": "nodemedic.planned",

@@ -28,12 +28,14 @@ from nodemedic.planned_events import (
     released,
     reservation_instances,
     scheduled_events,
+    slack,
 )
 from nodemedic.settings import settings
-from nodemedic.store.deferred import DeferredPlans
+from nodemedic.store.deferred import Deferred, DeferredPlans
 
 logger = Logger(service="planned_events")
 metrics = Metrics()
+SLACK_LOOKS = 10  # nodes whose jobs one sweep reads (an SSM command each on Slurm): the function's timeout
 
 
 class ScheduledSweep:
@@ -88,11 +90,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 "deadline": envelope.detail.termination_starts.isoformat()}
     store = DeferredPlans(wiring.client("dynamodb"), s.incidents_table, s.cluster_name)
     due, deferred = _later(planned.events, store, timedelta(hours=s.planned_lead_time_hours), now)
-    came = [d.event for d in store.waiting() if d.act_at <= now] if isinstance(envelope, ScheduledSweep) else []
+    waiting = store.waiting() if isinstance(envelope, ScheduledSweep) else []
+    came = [released(d.event, now) for d in waiting if d.act_at <= now]
+    came += [released(d.event, now, early=why) for d, why in _with_slack([d for d in waiting if d.act_at > now])]
     # a sweep may find again what comes out of waiting now: one event per id; raised when refused:
     # EventBridge retries the invocation
     publish_health_events(wiring.client("events"), s.event_bus_name, PLANNED_SOURCE,
-                          list({e.event_id: e for e in [*due, *(released(e, now) for e in came)]}.values()))
+                          list({e.event_id: e for e in [*due, *came]}.values()))
     if came or planned.withdrawn:
         store.forget([e.event_id for e in came] + planned.withdrawn)
     if deferred:
@@ -107,6 +111,25 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(nodes))
     metrics.add_metric(name="PlannedIgnored", unit=MetricUnit.Count, value=len(planned.ignored))
     return {"nodes": nodes, "deferred": deferred, "ignored": planned.ignored}
+
+
+def _with_slack(waiting: list[Deferred]) -> list[tuple[Deferred, str]]:
+    """The notices still waiting for their lead time whose node has slack now (``slack``), the
+    nearest first, looking at ``SLACK_LOOKS`` nodes at most per sweep (one scheduler read each). A
+    node that cannot be read waits for its time."""
+    found = []
+    for d in waiting[:SLACK_LOOKS]:
+        node = str(d.event.node.slurm_node or d.event.node.k8s_node)
+        try:
+            why = slack(wiring.orchestrator().running_jobs(node))
+        except Exception as exc:  # noqa: BLE001 - any failed read: the notice waits for its lead time
+            logger.warning("could not read the jobs on a node waiting for its planned event; it waits",
+                           node=node, error=str(exc))
+            continue
+        if why:
+            logger.info("planned event acted on before its lead time", node=node, why=why)
+            found.append((d, why))
+    return found
 
 
 def _later(events: list[NodeHealthEvent], store: DeferredPlans, lead: timedelta,

@@ -405,10 +405,6 @@ class _Capture(io.TextIOBase):
 # One per process: powertools loggers are process-global per service name and keep the stream
 # they were created with, so every EmbeddedAWS must hand out the same one.
 _CAPTURE = _Capture()
-# One per process too: a function's environment (os.environ) and the layer's wiring are the
-# process's, so no two invocations run at once, whichever EmbeddedAWS (a stack a test left
-# running) started them.
-_INVOCATIONS = threading.RLock()
 _builtin_print = builtins.print
 
 
@@ -490,7 +486,7 @@ class EmbeddedAWS:
         self.delivery_failures: list[dict[str, Any]] = []
         self._modules: dict[str, ModuleType] = {}
         self._capture = _CAPTURE
-        self._lambda_lock = _INVOCATIONS
+        self._lambda_lock = threading.RLock()
         self._stack = contextlib.ExitStack()
         self._schedules: threading.Event | None = None
         self._runs: dict[tuple[str, str], _Run] = {}

@@ -12,7 +12,7 @@ from nodemedic.store.deferred import DeferredPlans
 from nodemedic_sandbox.local import LocalMode
 
 from tests.conftest import EVENTS, require_slurm
-from tests.e2e.support import wait_for
+from tests.e2e.support import job_running, wait_for
 
 
 def _retirement(instances: list[str], starts_in: timedelta) -> dict:
@@ -79,6 +79,7 @@ def test_with_a_lead_time_a_far_notice_waits_and_the_sweep_acts_on_it_when_its_t
     with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
                    extra_parameters={"PlannedLeadTimeHours": "48"}) as local:
         waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        job_running(local, local.scheduler.submit(2, on="gpu-[2-3]"))  # no checkpoint: no slack to act early
         retiring, other = local.cluster.instance_of("gpu-2"), local.cluster.instance_of("gpu-3")
         first, second = _retirement([retiring], timedelta(days=14)), _retirement([other], timedelta(days=12))
         second["detail"]["eventArn"] += "-second"
@@ -107,3 +108,36 @@ def test_with_a_lead_time_a_far_notice_waits_and_the_sweep_acts_on_it_when_its_t
         assert local.cluster.instance_of("gpu-2") != retiring and waiting.waiting() == []
         local.fire_schedule("PlannedEventsFunction")  # published once: nothing more
         assert len(local.wait_for_executions(1)) == 1
+
+
+def test_a_waiting_notice_is_acted_on_early_when_its_node_has_slack() -> None:
+    """PlannedLeadTimeHours=48, a retirement 14 days out for three nodes: gpu-1 runs a job that
+    just reported a checkpoint, gpu-2 one that has reported none, gpu-3 is idle. The next sweep
+    acts on gpu-1 (its job loses at most the minutes since its checkpoint, where at the lead
+    time it could lose a whole interval) and gpu-3 (nothing to lose), each saying why; gpu-2
+    waits for its job's next checkpoint or its lead time."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
+                   extra_parameters={"PlannedLeadTimeHours": "48"}) as local:
+        waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        checkpointed = local.scheduler.submit(1, name="checkpointed", on="gpu-1", body=(
+            'scontrol update jobid="$SLURM_JOB_ID" comment="nodemedic-checkpoint=$(date +%s)"\nsleep 3600'))
+        busy = local.scheduler.submit(1, name="busy", on="gpu-2")
+        for job in (checkpointed, busy):
+            job_running(local, job)
+        wait_for(lambda: "nodemedic-checkpoint=" in local.scheduler.job(checkpointed).get("Comment", ""),
+                 "the job's checkpoint marker")
+        local.emit_as_aws(_retirement([local.cluster.instance_of(n) for n in ("gpu-1", "gpu-2", "gpu-3")],
+                                      timedelta(days=14)))
+        wait_for(lambda: len(waiting.waiting()) == 3, "the three notices to wait")
+
+        local.fire_schedule("PlannedEventsFunction")
+        executions = local.wait_for_executions(2)
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        early = {i.slurm_node: i.stages["detect"].result["evidence"]["early"] for i in local.incidents()}
+        assert early == {"gpu-1": "every job on the node (1) checkpointed within the last 60 min",
+                         "gpu-3": "no job runs on the node"}
+        assert [d.event.node.slurm_node for d in waiting.waiting()] == ["gpu-2"]
+        assert local.scheduler.job(busy)["JobState"] == "RUNNING" and "gpu-2" in local.scheduler.job(busy)["NodeList"]
+        local.fire_schedule("PlannedEventsFunction")  # still no slack on gpu-2: nothing more
+        assert len(local.wait_for_executions(2)) == 2

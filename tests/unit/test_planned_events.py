@@ -12,7 +12,16 @@ from typing import Any
 import pytest
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError
-from nodemedic.planned_events import act_at, parse_planned_event, plan, plan_capacity_end, plan_scheduled, released
+from nodemedic.orchestrators.base import RunningJob
+from nodemedic.planned_events import (
+    act_at,
+    parse_planned_event,
+    plan,
+    plan_capacity_end,
+    plan_scheduled,
+    released,
+    slack,
+)
 from nodemedic.providers.base import Member
 from nodemedic.stages.detect import parse_trigger
 
@@ -246,6 +255,30 @@ def test_a_released_notice_is_observed_when_published_and_keeps_when_it_came() -
     out = released(event, later)
     assert (out.observed_at, out.sent_at, out.event_id) == (later, later, event.event_id)  # Detect dedupes it
     assert out.evidence["noticed_at"] == NOW.isoformat() and out.evidence["deadline"] == event.evidence["deadline"]
+
+
+def _job(marker_ago: float | None, job_id: str = "7") -> RunningJob:
+    now = NOW.timestamp()
+    return RunningJob(job_id, "batch", now - 86400, None if marker_ago is None else now - marker_ago, now)
+
+
+@pytest.mark.parametrize(("jobs", "acts"), [
+    ([], "no job runs on the node"),
+    ([_job(600)], "every job on the node (1) checkpointed within the last 60 min"),  # lose 10 min, not an interval
+    ([_job(600), _job(5400, "8")], None),  # one job's last checkpoint is 90 min old: wait for its next
+    ([_job(None)], None),  # never reported one: wait for the lead time (its CheckpointPolicy then)
+    ([_job(-86400)], None),  # a marker a day ahead of the controller's clock says nothing
+])
+def test_a_waiting_notice_is_acted_on_early_only_when_that_loses_nothing_or_next_to_nothing(
+        jobs: list[RunningJob], acts: str | None) -> None:
+    assert slack(jobs) == acts
+
+
+def test_a_notice_released_early_says_why() -> None:
+    [event] = _plan(RETIREMENT).events
+    out = released(event, NOW + timedelta(days=1), early="no job runs on the node")
+    assert out.evidence["early"] == "no job runs on the node" and out.evidence["noticed_at"] == NOW.isoformat()
+    assert "early" not in released(event, NOW).evidence
 
 
 def test_a_notice_aws_closes_or_cancels_withdraws_the_event_it_would_have_been() -> None:

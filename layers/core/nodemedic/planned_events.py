@@ -12,7 +12,8 @@ replaced into capacity that is going away.
 
 With a lead time (``PlannedLeadTimeHours``), a notice whose deadline is further away waits in the
 ledger (:mod:`nodemedic.store.deferred`) and the hourly sweep publishes it once its time has come:
-the first sweep at least the lead time before the deadline (:func:`act_at`).
+the first sweep at least the lead time before the deadline (:func:`act_at`), or an earlier sweep
+that finds the slack to act at no cost: the node idle, or its jobs just checkpointed (:func:`slack`).
 
 Every affected entity that is not a node of this cluster is ignored with its reason. The event id
 is derived from the Health event's ARN and the instance, so a redelivery, a later page or an
@@ -35,6 +36,7 @@ from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.problems import describe
 from nodemedic.errors import InvalidEventError
+from nodemedic.orchestrators.base import RunningJob
 from nodemedic.providers.base import Provider
 
 # AWS Health event type -> NodeMedic fault code (fault_table.json says what each one does).
@@ -111,11 +113,25 @@ def act_at(event: NodeHealthEvent, lead: timedelta) -> datetime:
     return max(event.observed_at, datetime.fromisoformat(deadline) - lead - SWEEP_PERIOD)
 
 
-def released(event: NodeHealthEvent, now: datetime) -> NodeHealthEvent:
-    """A deferred event as it is published when its time has come: observed now (Detect refuses
-    an hour-old event), the notice's own time kept in the evidence."""
-    return event.model_copy(update={"observed_at": now, "sent_at": now,
-                                    "evidence": {**event.evidence, "noticed_at": event.observed_at.isoformat()}})
+def released(event: NodeHealthEvent, now: datetime, early: str | None = None) -> NodeHealthEvent:
+    """A deferred event as it is published when its time has come (or ``early``, saying why:
+    :func:`slack`): observed now, the notice's own time kept in the evidence."""
+    evidence = {**event.evidence, "noticed_at": event.observed_at.isoformat(), **({"early": early} if early else {})}
+    return event.model_copy(update={"observed_at": now, "sent_at": now, "evidence": evidence})
+
+
+def slack(jobs: list[RunningJob], window: timedelta = SWEEP_PERIOD) -> str | None:
+    """Why a notice still waiting for its lead time is best acted on now: the node runs no job
+    (nothing is lost, and a job that starts there later would be), or every job on it wrote a
+    checkpoint within ``window`` (the last sweep period: requeued now, it loses at most that,
+    where at its lead time it could lose a whole checkpoint interval). None: wait. A marker is
+    the job's own clock against the controller's; one further off than ``window`` either way
+    does not count."""
+    if not jobs:
+        return "no job runs on the node"
+    if all(j.marker is not None and abs(j.now - j.marker) <= window.total_seconds() for j in jobs):
+        return f"every job on the node ({len(jobs)}) checkpointed within the last {window.total_seconds() / 60:.0f} min"
+    return None
 
 
 def parse_planned_event(event: dict[str, object]) -> AwsHealthEnvelope | CapacityBlockEnvelope:
