@@ -111,7 +111,8 @@ def test_the_role_allows_nothing_beyond_remediation(
 
 def test_the_reader_group_names_nodes_and_reads_jobs_but_changes_nothing(
         apiserver: KubeAPIServer, cluster: Cluster, authenticator: EksAuthenticator, rbac: None) -> None:
-    """Detect, Gate and the sweeper (which node an instance backs) and Shadow (what it would do)."""
+    """Detect, Gate and the sweeper (which node an instance backs), Shadow (what it would do) and
+    PlannedEvents (whether a node's jobs leave it slack)."""
     authenticator.credentials[READER_KEY] = (SECRET, READER_ARN)
     authenticator.access_entries[READER_ROLE] = AccessEntry(("nodemedic:reader",))
     node = cluster.node("gpu-1", provider_id="aws:///us-east-1a/i-0a1b2c3d4e5f60789")
@@ -120,6 +121,7 @@ def test_the_reader_group_names_nodes_and_reads_jobs_but_changes_nothing(
     assert orch.node_of("i-0a1b2c3d4e5f60789") == node and orch.instance_of(node) == "i-0a1b2c3d4e5f60789"
     assert orch.node_status(node).state == "ALLOCATED"
     assert orch.jobs_on(node) == [f"{cluster.namespace}/Job/train"]
+    assert [j.job_id for j in orch.running_jobs(node)] == [f"{cluster.namespace}/Job/train"]
     with pytest.raises(DrainFailedError, match="403"):
         orch.drain(node, "nodemedic:inc-9 XID 79")
     with pytest.raises(ApiException) as denied:

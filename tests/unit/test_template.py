@@ -93,9 +93,13 @@ def _wiring_calls(function: str) -> set[str]:
     return {call for call in ("orchestrator", "provider") if f"wiring.{call}()" in code}
 
 
+READS_ONLY = {"ShadowFunction", "PlannedEventsFunction"}
+
+
 def test_on_kubernetes_every_function_that_reaches_the_cluster_has_an_access_entry_with_the_least_group() -> None:
     """Orchestrator kubernetes: a function that changes the cluster (its code asks wiring for the
-    orchestrator; shadow mode only reads what it would do) is a remediator; one that only names
+    orchestrator; shadow mode only reads what it would do, planned events only read a node's jobs
+    for slack) is a remediator; one that only names
     members (the provider, named by the nodes' providerID) is a reader; each may describe the EKS
     cluster, and every group is bound in deploy/kubernetes/rbac.yaml (tests/kube/test_access.py
     runs each group's calls against the real API server)."""
@@ -105,7 +109,7 @@ def test_on_kubernetes_every_function_that_reaches_the_cluster_has_an_access_ent
     assert set(entries) == set(reaching)
     for name, entry in entries.items():
         assert entry["Condition"] == "OnKubernetes"
-        changes = "orchestrator" in reaching[name] and name != "ShadowFunction"
+        changes = "orchestrator" in reaching[name] and name not in READS_ONLY
         expected = "nodemedic:remediator" if changes else "nodemedic:reader"
         assert entry["Properties"]["KubernetesGroups"] == [expected], name
         assert entry["Properties"]["ClusterName"] == {"Ref": "EksClusterName"}
