@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -66,7 +67,7 @@ class _Pending:
 
     due: float  # time.monotonic()
     sends: int  # sent again so far
-    first_sent: float  # time.monotonic()
+    first_sent: float  # time.time(): kept across a restart of the agent
     event: NodeHealthEvent
 
 
@@ -93,8 +94,9 @@ class Agent:
         self.reasserted = 0
         self.acknowledged = 0  # events the pipeline decided on while they waited to be sent again
         self.unacknowledged = 0  # events given up on: no decision within intervals.reassert_within_seconds
-        self._reasserts: list[_Pending] = []
         self._reassert_lock = threading.Lock()
+        self._reassert_file = None if dry_run else self.spool.dir / "reassert.json"
+        self._reasserts = self._load_reasserts()
         self._gpu_by_bus: dict[str, int] = {}
         self._threads: list[threading.Thread] = []
         self._print_lock = threading.Lock()
@@ -113,8 +115,7 @@ class Agent:
                                   "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
         else:
             self._publish(item, event.event_id)
-            now = time.monotonic()
-            self._schedule_reassert(_Pending(now, 0, now, event))
+            self._schedule_reassert(_Pending(time.monotonic(), 0, time.time(), event))
         self.published += 1
         return True
 
@@ -131,6 +132,7 @@ class Agent:
         due = time.monotonic() + wait
         with self._reassert_lock:
             self._reasserts.append(_Pending(due, last.sends, last.first_sent, last.event))
+            self._save_reasserts()
 
     def _reassert(self) -> None:
         """Send each event that is due again, unless the pipeline has decided on it (read from the
@@ -150,7 +152,7 @@ class Agent:
                 self.acknowledged += 1
                 log.info("event %s (%s): the pipeline decided %s", event.event_id, event.fault_code, decision)
                 continue
-            if self.acks is not None and now - pending.first_sent > window:
+            if self.acks is not None and time.time() - pending.first_sent > window:
                 self.unacknowledged += 1
                 log.warning("event %s (%s) sent %d time(s) and the pipeline has not decided on it within %g s: "
                             "not sent again", event.event_id, event.fault_code, pending.sends + 1, window)
@@ -159,7 +161,39 @@ class Agent:
             self._publish(entry(self.config.event_bus, again), again.event_id)
             self.reasserted += 1
             self._schedule_reassert(_Pending(now, pending.sends + 1, pending.first_sent, event))
+        if due:
+            with self._reassert_lock:
+                self._save_reasserts()
         self.stop_event.wait(min(1.0, self.config.intervals.reassert_seconds or 1.0))
+
+    def _load_reasserts(self) -> list[_Pending]:
+        """The events a previous run of the agent was still to send again: looked at again one
+        ``reassert_seconds`` from now (the dedupe memory keeps a still-present condition from being
+        reported anew, so without this an event the pipeline never saw would be lost)."""
+        if self._reassert_file is None or not self._reassert_file.exists():
+            return []
+        soon = time.monotonic() + self.config.intervals.reassert_seconds
+        try:
+            saved = json.loads(self._reassert_file.read_text())
+            return [_Pending(soon, int(p["sends"]), float(p["first_sent"]), NodeHealthEvent.model_validate(p["event"]))
+                    for p in saved]
+        except (OSError, ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+            log.error("the events to send again were not read (%s): %s is ignored", exc, self._reassert_file)
+            return []
+
+    def _save_reasserts(self) -> None:
+        """Write the events still to send again (under ``_reassert_lock``); a failed write is
+        logged, never raised: detection goes on."""
+        if self._reassert_file is None:
+            return
+        saved = [{"sends": p.sends, "first_sent": p.first_sent, "event": p.event.model_dump(mode="json", exclude_none=True)}
+                 for p in self._reasserts]
+        tmp = self._reassert_file.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(saved))
+            os.replace(tmp, self._reassert_file)
+        except OSError as exc:
+            log.error("the events to send again were not saved (%s): a restart would not send them", exc)
 
     def _publish(self, item: dict[str, Any], event_id: str) -> None:
         """Spool, then send. A spool that cannot be written (disk full) must not stop detection:

@@ -77,6 +77,27 @@ def test_with_acknowledgements_an_event_no_one_decides_on_is_given_up_after_its_
     assert 3 <= len(events) == agent.reasserted + 1 <= 4
 
 
+def test_an_event_still_undecided_is_sent_again_by_the_next_run_of_the_agent(bus, sim, make_agent):
+    """The agent restarts (an upgrade, a crash) while the pipeline has not decided on its event:
+    the new run sends it again (its dedupe memory keeps the condition from being reported anew),
+    and stops once the decision is there."""
+    ledger = _ledger()
+    settings = {"intervals": {"reassert_seconds": 0.2}, "publish": {"acknowledgements_table": "ledger"}}
+    first = make_agent(**settings)
+    sim.inject("xid", xid=79, gpu=3)
+    [event] = bus.wait_health(1, settle=0)
+    first.stop(graceful=False)
+    second = make_agent(**settings)
+    _until(lambda: second.reasserted >= 2)
+    assert {e["event_id"] for e in bus.health_events()} == {event["event_id"]}
+    ledger.acknowledge_event(f"nodemedic.agent/{event['event_id']}", "remediate", "inc-1", datetime.now(UTC))
+    _until(lambda: second.acknowledged)
+    assert second.acknowledged == 1
+    third = make_agent(**settings)  # nothing left to send again
+    time.sleep(1.0)
+    assert third.reasserted == 0 and third.acknowledged == 0
+
+
 def test_an_acknowledgement_that_cannot_be_read_counts_as_none(bus, sim, make_agent):
     """The table is missing (or the role lacks the permission): the event is sent again, as
     without acknowledgements, and the error is kept for the operator."""
