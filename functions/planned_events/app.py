@@ -89,10 +89,12 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         what = {"capacity_block": envelope.detail.capacity_reservation_id,
                 "deadline": envelope.detail.termination_starts.isoformat()}
     store = DeferredPlans(wiring.client("dynamodb"), s.incidents_table, s.cluster_name)
-    due, deferred = _later(planned.events, store, timedelta(hours=s.planned_lead_time_hours), now)
+    sweep = timedelta(minutes=s.planned_sweep_minutes)
+    due, deferred = _later(planned.events, store, timedelta(hours=s.planned_lead_time_hours), sweep, now)
     waiting = store.waiting() if isinstance(envelope, ScheduledSweep) else []
     came = [released(d.event, now) for d in waiting if d.act_at <= now]
-    came += [released(d.event, now, early=why) for d, why in _with_slack([d for d in waiting if d.act_at > now])]
+    came += [released(d.event, now, early=why)
+             for d, why in _with_slack([d for d in waiting if d.act_at > now], sweep)]
     # a sweep may find again what comes out of waiting now: one event per id; raised when refused:
     # EventBridge retries the invocation
     publish_health_events(wiring.client("events"), s.event_bus_name, PLANNED_SOURCE,
@@ -113,15 +115,16 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return {"nodes": nodes, "deferred": deferred, "ignored": planned.ignored}
 
 
-def _with_slack(waiting: list[Deferred]) -> list[tuple[Deferred, str]]:
-    """The notices still waiting for their lead time whose node has slack now (``slack``), the
+def _with_slack(waiting: list[Deferred], sweep: timedelta) -> list[tuple[Deferred, str]]:
+    """The notices still waiting for their lead time whose node has slack now (``slack`` within
+    one ``sweep`` period), the
     nearest first, looking at ``SLACK_LOOKS`` nodes at most per sweep (one scheduler read each). A
     node that cannot be read waits for its time."""
     found = []
     for d in waiting[:SLACK_LOOKS]:
         node = str(d.event.node.slurm_node or d.event.node.k8s_node)
         try:
-            why = slack(wiring.orchestrator().running_jobs(node))
+            why = slack(wiring.orchestrator().running_jobs(node), sweep)
         except Exception as exc:  # noqa: BLE001 - any failed read: the notice waits for its lead time
             logger.warning("could not read the jobs on a node waiting for its planned event; it waits",
                            node=node, error=str(exc))
@@ -132,12 +135,12 @@ def _with_slack(waiting: list[Deferred]) -> list[tuple[Deferred, str]]:
     return found
 
 
-def _later(events: list[NodeHealthEvent], store: DeferredPlans, lead: timedelta,
+def _later(events: list[NodeHealthEvent], store: DeferredPlans, lead: timedelta, sweep: timedelta,
            now: datetime) -> tuple[list[NodeHealthEvent], list[dict[str, str]]]:
     """The events to publish now, and (node, when) for each kept for its lead time."""
     due, deferred = [], []
     for event in events:
-        when = act_at(event, lead)
+        when = act_at(event, lead, sweep)
         if when > now and store.defer(event, when):
             deferred.append({"node": str(event.node.slurm_node), "act_at": when.isoformat()})
         else:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from nodemedic_sandbox.iam import wildcard_match  # the same wildcard rules as IAM
@@ -60,3 +61,36 @@ def _grants_service(policy: dict[str, Any], service: str, actions: tuple[str, ..
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+def parameter_problems(declared: dict[str, dict[str, Any]], given: dict[str, str]) -> list[str]:
+    """What CloudFormation refuses in a stack's parameter values before it creates anything: a
+    parameter the template does not declare, a Number that is not one, and a value outside the
+    declared MinValue/MaxValue, MinLength/MaxLength, AllowedValues or AllowedPattern
+    (CloudFormation user guide, "Parameters syntax": properties). moto checks none of them."""
+    problems = []
+    for name, value in given.items():
+        spec = declared.get(name)
+        if spec is None:
+            problems.append(f"Parameters: [{name}] do not exist in the template")
+            continue
+        if spec.get("Type") == "Number":
+            try:
+                number = float(value)
+            except ValueError:
+                problems.append(f"Parameter '{name}' must be a number")
+                continue
+            if "MinValue" in spec and number < float(spec["MinValue"]):
+                problems.append(f"Parameter '{name}' must be a number not less than {spec['MinValue']}")
+            if "MaxValue" in spec and number > float(spec["MaxValue"]):
+                problems.append(f"Parameter '{name}' must be a number not greater than {spec['MaxValue']}")
+        else:
+            if "MinLength" in spec and len(value) < int(spec["MinLength"]):
+                problems.append(f"Parameter '{name}' must contain at least {spec['MinLength']} characters")
+            if "MaxLength" in spec and len(value) > int(spec["MaxLength"]):
+                problems.append(f"Parameter '{name}' must contain at most {spec['MaxLength']} characters")
+            if "AllowedPattern" in spec and not re.fullmatch(spec["AllowedPattern"], value):
+                problems.append(f"Parameter '{name}' must match pattern {spec['AllowedPattern']}")
+        if "AllowedValues" in spec and value not in [str(v) for v in spec["AllowedValues"]]:
+            problems.append(f"Parameter '{name}' must be one of AllowedValues")
+    return problems

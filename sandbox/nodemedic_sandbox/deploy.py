@@ -28,8 +28,8 @@ from samtranslator.translator.managed_policy_translator import ManagedPolicyLoad
 from samtranslator.translator.transform import transform
 from samtranslator.yaml_helper import yaml_parse
 
-from nodemedic_sandbox.aws_rules import alarm_topic_problem, reserved_concurrency_problem
-from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, EmbeddedAWS, FunctionSource
+from nodemedic_sandbox.aws_rules import alarm_topic_problem, parameter_problems, reserved_concurrency_problem
+from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, EmbeddedAWS, FunctionSource, schedule_period
 
 ARTIFACT_BUCKET = "nodemedic-local-artifacts"
 
@@ -120,6 +120,8 @@ def package(template: dict[str, Any], root: Path, aws: EmbeddedAWS) -> tuple[dic
 def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: dict[str, str]) -> Stack:
     root = template_path.parent
     sam = yaml_parse(template_path.read_text())
+    if problems := parameter_problems(sam.get("Parameters", {}), parameters):
+        raise DeploymentRefusedError("; ".join(problems))
     packaged, code_dirs = package(sam, root, aws)
     cfn = transform(packaged, parameters, _NoManagedPolicies())
     reserved = {logical_id: int(r["Properties"]["ReservedConcurrentExecutions"])
@@ -127,6 +129,12 @@ def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: d
                 if r["Type"] == "AWS::Lambda::Function" and "ReservedConcurrentExecutions" in r.get("Properties", {})}
     if problem := reserved_concurrency_problem(reserved, aws.lambda_concurrency_quota):
         raise DeploymentRefusedError(problem)
+    for logical_id, r in cfn["Resources"].items():
+        if r["Type"] == "AWS::Events::Rule" and "ScheduleExpression" in r["Properties"]:
+            try:
+                schedule_period(_with_parameters(r["Properties"]["ScheduleExpression"], cfn, parameters))
+            except ValueError as exc:
+                raise DeploymentRefusedError(f"{logical_id}: {exc}") from exc
     cloudformation = aws.client("cloudformation")
     with _quiet_about_policies():
         cloudformation.create_stack(
@@ -150,6 +158,16 @@ def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: d
     if "AgentPublishPolicyArn" in outputs:
         aws.agent_roles.append(_agent_role(aws, stack_name, outputs["AgentPublishPolicyArn"]))
     return Stack(stack_name, outputs, resources)
+
+
+def _with_parameters(value: str | dict[str, str], cfn: dict[str, Any], parameters: dict[str, str]) -> str:
+    """A string, or an ``Fn::Sub`` of the template's parameters (given, or their defaults)."""
+    if isinstance(value, str):
+        return value
+    text = value["Fn::Sub"]
+    for name, spec in cfn.get("Parameters", {}).items():
+        text = text.replace(f"${{{name}}}", str(parameters.get(name, spec.get("Default", ""))))
+    return text
 
 
 def _agent_role(aws: EmbeddedAWS, stack_name: str, policy_arn: str) -> str:

@@ -489,6 +489,10 @@ class EmbeddedAWS:
         self._lambda_lock = threading.RLock()
         self._stack = contextlib.ExitStack()
         self._schedules: threading.Event | None = None
+        # a command's status event is published while the mocks stand: one that ends after stop()
+        # publishes nothing (it would otherwise go to the real AWS endpoint)
+        self._running = False
+        self._lifecycle = threading.Lock()
         self._runs: dict[tuple[str, str], _Run] = {}
         self.hyperpod = hyperpod.HyperPodEmulation(ACCOUNT_ID, region, on_reboot=self._rebooted)
         self.ec2_capacity = True  # False: StartInstances fails with InsufficientInstanceCapacity
@@ -537,6 +541,7 @@ class EmbeddedAWS:
                              "lambda": {"use_docker": False}})
         )
         self._own = _own_session(self.region)
+        self._running = True
         # the functions' clients come from boto3's default session (nodemedic.wiring.client):
         # every call they make passes through the authorizer first. The session is kept (not made
         # anew): its loader's cache of service models is what a thousand Step Functions threads
@@ -709,6 +714,8 @@ class EmbeddedAWS:
             self.command_host.rebooted(instance_ids)
 
     def stop(self) -> None:
+        with self._lifecycle:
+            self._running = False
         if self._schedules is not None:
             self._schedules.set()
         self._stack.close()
@@ -1091,7 +1098,9 @@ class EmbeddedAWS:
                   "instance-id": instance_id, "requested-date-time": command.requested_date_time.isoformat(),
                   "status": run.outcome.status, "status-details": run.outcome.status}
         try:
-            with as_aws_service():
+            with self._lifecycle, as_aws_service():
+                if not self._running:
+                    return
                 self.client("events").put_events(Entries=[{
                     "Source": "aws.ssm", "DetailType": "EC2 Command Invocation Status-change Notification",
                     "Resources": [f"arn:aws:ec2:{self.region}:{ACCOUNT_ID}:instance/{instance_id}"],
@@ -1175,10 +1184,15 @@ _UNIT_SECONDS = {"minute": 60, "hour": 3600, "day": 86400}
 
 
 def schedule_period(expression: str) -> float:
-    """Seconds between fires of a ``rate(...)`` expression; cron is not emulated."""
-    m = _RATE.match(expression)
-    if not m:
+    """Seconds between fires of a ``rate(...)`` expression; cron is not emulated. EventBridge
+    refuses a rate whose value is not a positive integer, or whose unit is plural for 1 or singular
+    for more ("rate(1 hours)", "rate(5 hour)": EventBridge user guide, "Schedule expressions for
+    rules", rate expressions): ValueError, which the local deploy turns into a refused stack."""
+    if expression.startswith("cron("):
         raise NotImplementedError(f"local mode fires rate(...) schedules only, not {expression!r}")
+    m = _RATE.match(expression)
+    if not m or int(m.group(1)) < 1 or (int(m.group(1)) == 1) == m.group(2).endswith("s"):
+        raise ValueError(f"Parameter ScheduleExpression is not valid: {expression!r}")
     return int(m.group(1)) * _UNIT_SECONDS[m.group(2).rstrip("s")]
 
 

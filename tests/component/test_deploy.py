@@ -91,6 +91,42 @@ def test_reserved_concurrency_is_refused_in_a_low_quota_account() -> None:
     _deploy_edited(reserve, lambda_concurrency_quota=1000)  # a raised quota leaves room
 
 
+def test_parameter_values_outside_the_templates_constraints_are_refused_before_anything_is_created() -> None:
+    """CloudFormation checks MinValue/MaxValue, AllowedValues, AllowedPattern and unknown names
+    before creating a resource; moto checks none of them."""
+    import pytest
+    from nodemedic_sandbox.deploy import DeploymentRefusedError
+
+    for given, why in (({"PlannedSweepMinutes": "1"}, "not less than 5"),
+                       ({"PlannedSweepMinutes": "sixty"}, "must be a number"),
+                       ({"RemediationMode": "yolo"}, "one of AllowedValues"),
+                       ({"ClusterName": "-bad"}, "must match pattern"),
+                       ({"PlannedSweepMinute": "15"}, r"\[PlannedSweepMinute\] do not exist")):
+        with EmbeddedAWS() as aws:
+            with pytest.raises(DeploymentRefusedError, match=why):
+                deploy(aws, TEMPLATE, "s", {**PARAMS, **given})
+            assert aws.client("cloudformation").list_stacks()["StackSummaries"] == []
+
+
+def test_the_planned_events_sweep_runs_at_the_period_the_parameter_sets() -> None:
+    with EmbeddedAWS() as aws:
+        stack = deploy(aws, TEMPLATE, "s", {**PARAMS, "PlannedSweepMinutes": "15"})
+        rules = aws.client("events").list_rules()["Rules"]
+        [sweep] = [r for r in rules if "ScheduledEventsSweep" in r["Name"]]
+        assert sweep["ScheduleExpression"] == "rate(15 minutes)"
+        env = aws.client("lambda").get_function_configuration(FunctionName=stack.resources["PlannedEventsFunction"])
+        assert str(env["Environment"]["Variables"]["PLANNED_SWEEP_MINUTES"]) == "15"
+
+
+def test_a_rate_expression_eventbridge_refuses_is_refused() -> None:
+    """EventBridge: a rate of 1 takes a singular unit, any other a plural one."""
+    import pytest
+    from nodemedic_sandbox.deploy import DeploymentRefusedError
+
+    with pytest.raises(DeploymentRefusedError, match=r"ScheduledEventsSweep: Parameter ScheduleExpression is not valid"):
+        _deploy_edited(lambda t: t.replace("Schedule: !Sub rate(${PlannedSweepMinutes} minutes)", "Schedule: rate(1 hours)"))
+
+
 def test_a_document_refuses_a_value_outside_its_pattern_and_nothing_runs() -> None:
     """SSM checks each value against the document's allowedPattern before sending (InvalidParameters):
     an event field can never become shell text on the controller."""

@@ -29,6 +29,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "events" / "aws-health"
 RETIREMENT = json.loads((SAMPLES / "ec2-instance-retirement-scheduled.json").read_text())
 REBOOT = json.loads((SAMPLES / "ec2-instance-reboot-maintenance-scheduled.json").read_text())
 NOW = datetime(2026, 11, 22, 3, 0, 5, tzinfo=UTC)
+HOURLY = timedelta(hours=1)  # the planned-events sweep's default period (PlannedSweepMinutes)
 OURS, THEIRS = "i-0a1b2c3d4e5f60789", "i-0fedcba9876543210"
 
 
@@ -246,7 +247,12 @@ def test_a_sweep_ignores_what_is_over_or_not_ours_with_the_reason() -> None:
 ])
 def test_a_notice_is_acted_on_its_lead_time_before_the_deadline_or_at_once(lead_hours: int, expected: datetime) -> None:
     [event] = _plan(RETIREMENT).events  # deadline 2026-12-06T00:00Z, noticed 2026-11-22
-    assert act_at(event, timedelta(hours=lead_hours)) == expected
+    assert act_at(event, timedelta(hours=lead_hours), HOURLY) == expected
+
+
+def test_a_shorter_sweep_acts_nearer_the_lead_time() -> None:
+    [event] = _plan(RETIREMENT).events
+    assert act_at(event, timedelta(hours=24), timedelta(minutes=15)) == datetime(2026, 12, 4, 23, 45, tzinfo=UTC)
 
 
 def test_a_released_notice_is_observed_when_published_and_keeps_when_it_came() -> None:
@@ -271,7 +277,14 @@ def _job(marker_ago: float | None, job_id: str = "7") -> RunningJob:
 ])
 def test_a_waiting_notice_is_acted_on_early_only_when_that_loses_nothing_or_next_to_nothing(
         jobs: list[RunningJob], acts: str | None) -> None:
-    assert slack(jobs) == acts
+    assert slack(jobs, HOURLY) == acts
+
+
+def test_a_shorter_sweep_asks_for_a_checkpoint_within_its_own_period() -> None:
+    """Every 15 minutes: a checkpoint 10 minutes old is slack, one 20 minutes old waits for the next."""
+    quarter = timedelta(minutes=15)
+    assert slack([_job(600)], quarter) == "every job on the node (1) checkpointed within the last 15 min"
+    assert slack([_job(1200)], quarter) is None
 
 
 def test_a_notice_released_early_says_why() -> None:

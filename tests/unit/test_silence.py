@@ -60,6 +60,13 @@ def test_local_mode_fires_rate_schedules_and_refuses_cron():
         schedule_period("cron(0 12 * * ? *)")
 
 
+@pytest.mark.parametrize("expression", ["rate(1 hours)", "rate(5 hour)", "rate(0 minutes)", "rate(-1 minutes)",
+                                        "rate(5 weeks)", "rate(5minutes)"])
+def test_a_rate_eventbridge_refuses_is_refused_locally(expression: str) -> None:
+    with pytest.raises(ValueError, match="ScheduleExpression is not valid"):
+        schedule_period(expression)
+
+
 ACCOUNT = "arn:aws:{}:us-east-1:123456789012:{}"
 BUS_ARN, TABLE_ARN = ACCOUNT.format("events", "event-bus/nodemedic-local"), ACCOUNT.format("dynamodb", "table/ledger")
 

@@ -100,17 +100,16 @@ def event_id(key: str) -> str:
 
 
 CAPACITY_END = "PLANNED_CAPACITY_END"
-SWEEP_PERIOD = timedelta(hours=1)  # the function's schedule: a deferred event waits for a sweep
 
 
-def act_at(event: NodeHealthEvent, lead: timedelta) -> datetime:
-    """When to publish a planned event: at a sweep no later than ``lead`` before its deadline (so
-    one sweep period earlier), or at once (its ``observed_at``) when ``lead`` is 0, it names no
-    deadline, or that moment has passed."""
+def act_at(event: NodeHealthEvent, lead: timedelta, sweep: timedelta) -> datetime:
+    """When to publish a planned event: at a sweep (every ``sweep``, the function's schedule) no
+    later than ``lead`` before its deadline (so one sweep period earlier), or at once (its
+    ``observed_at``) when ``lead`` is 0, it names no deadline, or that moment has passed."""
     deadline = event.evidence.get("deadline")
     if not lead or not isinstance(deadline, str):
         return event.observed_at
-    return max(event.observed_at, datetime.fromisoformat(deadline) - lead - SWEEP_PERIOD)
+    return max(event.observed_at, datetime.fromisoformat(deadline) - lead - sweep)
 
 
 def released(event: NodeHealthEvent, now: datetime, early: str | None = None) -> NodeHealthEvent:
@@ -120,7 +119,7 @@ def released(event: NodeHealthEvent, now: datetime, early: str | None = None) ->
     return event.model_copy(update={"observed_at": now, "sent_at": now, "evidence": evidence})
 
 
-def slack(jobs: list[RunningJob], window: timedelta = SWEEP_PERIOD) -> str | None:
+def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
     """Why a notice still waiting for its lead time is best acted on now: the node runs no job
     (nothing is lost, and a job that starts there later would be), or every job on it wrote a
     checkpoint within ``window`` (the last sweep period: requeued now, it loses at most that,

@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     heartbeat_silence_seconds: float = Field(default=45, ge=1, le=3600)
     planned_lead_time_hours: float = Field(
         default=0, ge=0, le=720, description="act on a planned event this long before its deadline; 0: at once")
+    planned_sweep_minutes: int = Field(
+        default=60, ge=5, le=60, description="the planned-events sweep's period (its schedule in the template)")
     silence_sweeps_per_invocation: int = Field(default=6, ge=1, le=6)
     fail_slow_percent: float = Field(default=10, gt=0, lt=100, description="this much under the peers' median: slow")
     fail_slow_samples: int = Field(default=8, ge=2, le=10, description="for this many heartbeats in a row")
