@@ -118,6 +118,31 @@ def test_the_planned_events_sweep_runs_at_the_period_the_parameter_sets() -> Non
         assert str(env["Environment"]["Variables"]["PLANNED_SWEEP_MINUTES"]) == "15"
 
 
+def test_hyperpods_node_health_events_reach_the_state_machine_for_this_cluster_only_and_unhealthy() -> None:
+    """The rule on the default bus, as deployed, against the sample in AWS's documented shape."""
+    from moto.events.models import EventPattern
+
+    sample = json.loads((TEMPLATE.parent / "events/hyperpod/node-health-unhealthy.json").read_text())
+    with EmbeddedAWS() as aws:
+        stack = deploy(aws, TEMPLATE, "s", {**PARAMS, "HyperPodClusterName": "ml-cluster"})
+        events = aws.client("events")
+        [rule] = [r for r in events.list_rules()["Rules"] if "HyperPodNodeHealth" in r["Name"]]
+        [target] = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
+        assert target["Arn"] == stack.state_machine_arn and target["DeadLetterConfig"]["Arn"].startswith("arn:aws:sqs:")
+
+        def matches(**summary: str) -> bool:
+            event = json.loads(json.dumps(sample))
+            cluster = summary.pop("ClusterName", None)
+            event["detail"]["HealthSummary"].update(summary)
+            if cluster:
+                event["detail"]["ClusterName"] = cluster
+            # the local EventBridge's own matcher (moto implements no TestEventPattern)
+            return EventPattern.load(rule["EventPattern"]).matches_event(event)
+
+        assert matches() and matches(RepairAction="Replace")  # Detect decides on HyperPod's own repairs
+        assert not matches(HealthStatus="Healthy") and not matches(ClusterName="someone-elses")
+
+
 def test_a_rate_expression_eventbridge_refuses_is_refused() -> None:
     """EventBridge: a rate of 1 takes a singular unit, any other a plural one."""
     import pytest

@@ -15,7 +15,7 @@ SAMPLES = sorted(p for p in EVENTS.rglob("*.json") if p.parent.name not in ("sch
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_sample_event_parses(path: Path) -> None:
     trigger = parse_trigger(json.loads(path.read_text()))
-    assert trigger.source in ("nodemedic.agent", "nodemedic.sweeper", "aws.cloudwatch", "nodemedic.operator")
+    assert trigger.source in ("nodemedic.agent", "nodemedic.sweeper", "aws.cloudwatch", "aws.sagemaker", "nodemedic.operator")
 
 
 def test_the_sample_heartbeat_parses_and_is_not_a_trigger() -> None:

@@ -1,4 +1,5 @@
-"""The inputs that start a remediation: agent health events, CloudWatch alarms, runbook requests.
+"""The inputs that start a remediation: agent health events, CloudWatch alarms, SageMaker
+HyperPod's node health events, runbook requests.
 
 Every input reaches the state machine as an EventBridge event (``source``, ``detail-type``,
 ``detail``); operators who start an execution by hand send the same envelope. The ``source``
@@ -35,6 +36,10 @@ OPERATOR_SOURCE = "nodemedic.operator"
 RUNBOOK_DETAIL_TYPE = "Remediation Request"
 ALARM_SOURCE = "aws.cloudwatch"
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
+# HyperPod's Health Monitoring Agent (HMA) on a node it finds unhealthy, to the default bus
+# (SageMaker developer guide, "Events that Amazon SageMaker AI sends to Amazon EventBridge")
+HYPERPOD_SOURCE = "aws.sagemaker"
+HYPERPOD_NODE_HEALTH_DETAIL_TYPE = "SageMaker HyperPod Cluster Node Health Event"
 # Detect records its decision on every event it decided on under this key (the ledger's partition
 # key): a redelivery of an event it acted on changes nothing, and an agent reads whether the
 # pipeline took its event (AgentPublishPolicy allows GetItem on EVENT#nodemedic.agent/* only).
@@ -220,6 +225,26 @@ class AlarmDetail(BaseModel):
         return None
 
 
+class HyperPodHealthSummary(BaseModel):
+    """HMA's verdict on a node. ``RepairAction`` is what HyperPod itself does about it (``None``
+    where the cluster's NodeRecovery is not Automatic); ``Recommendation`` is its advice."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    HealthStatus: str = Field(min_length=1, max_length=64)  # noqa: N815 - AWS's field names
+    HealthStatusReason: str = Field(default="", max_length=1024)  # noqa: N815
+    RepairAction: str = Field(default="None", max_length=64)  # noqa: N815
+    Recommendation: str = Field(default="", max_length=1024)  # noqa: N815
+
+
+class HyperPodNodeHealth(BaseModel):
+    """The part of a ``SageMaker HyperPod Cluster Node Health Event`` that NodeMedic reads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    ClusterName: str = Field(pattern=CLUSTER_NAME)  # noqa: N815 - AWS's field names
+    InstanceId: str = Field(pattern=INSTANCE_ID)  # noqa: N815
+    HealthSummary: HyperPodHealthSummary  # noqa: N815
+
+
 class _Envelope(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
     id: str | None = None
@@ -238,6 +263,13 @@ class AlarmEnvelope(_Envelope):
     detail: AlarmDetail
 
 
+class HyperPodNodeHealthEnvelope(_Envelope):
+    source: Literal["aws.sagemaker"]
+    detail_type: Literal["SageMaker HyperPod Cluster Node Health Event"] = Field(alias="detail-type")
+    time: Timestamp  # when HyperPod found it: the event names no other time
+    detail: HyperPodNodeHealth
+
+
 class RunbookEnvelope(_Envelope):
     source: Literal["nodemedic.operator"]
     detail_type: Literal["Remediation Request"] = Field(alias="detail-type")
@@ -245,6 +277,6 @@ class RunbookEnvelope(_Envelope):
 
 
 TriggerEvent = Annotated[
-    HealthEventEnvelope | AlarmEnvelope | RunbookEnvelope, Field(discriminator="source")
+    HealthEventEnvelope | AlarmEnvelope | HyperPodNodeHealthEnvelope | RunbookEnvelope, Field(discriminator="source")
 ]
 

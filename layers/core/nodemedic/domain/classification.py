@@ -104,6 +104,16 @@ def ladder_for(fault_class: str, action: Action) -> tuple[Rung, ...]:
     return tuple(rungs) if rungs else default_ladder(action)
 
 
+def hyperpod_fault_code(repair_action: str, recommendation: str) -> str:
+    """The fault code of an unhealthy verdict of HyperPod's health monitoring agent: HyperPod
+    recovers the node itself when its ``RepairAction`` names a repair (the cluster's NodeRecovery
+    is Automatic), which NodeMedic only records; otherwise the agent's advice, a reboot where it
+    says so, else a replacement."""
+    if repair_action.strip().lower() not in ("", "none"):
+        return "HYPERPOD_SELF_REPAIR"
+    return "HYPERPOD_REBOOT" if "reboot" in recommendation.lower() else "HYPERPOD_REPLACE"
+
+
 def alarm_fault_code(metric_name: str | None) -> str:
     """The fault code of a CloudWatch alarm on ``metric_name`` (``ALARM`` when not in the table)."""
     return str(fault_table()["alarm_metrics"].get(metric_name or "", "ALARM"))

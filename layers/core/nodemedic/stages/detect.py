@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -11,13 +12,14 @@ from pydantic import TypeAdapter, ValidationError
 from nodemedic.contracts.events import (
     AlarmEnvelope,
     HealthEventEnvelope,
+    HyperPodNodeHealthEnvelope,
     RunbookEnvelope,
     TriggerEvent,
 )
 from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, StageRecord, default_ladder
 from nodemedic.contracts.problems import describe
 from nodemedic.contracts.stages import DetectInput, DetectOutput
-from nodemedic.domain.classification import alarm_fault_code, classify, parse_overrides
+from nodemedic.domain.classification import alarm_fault_code, classify, hyperpod_fault_code, parse_overrides
 from nodemedic.domain.freshness import fault_origin, staleness
 from nodemedic.errors import IncidentStateError, InvalidEventError, UnknownNodeError, UnknownNodeQuietError
 from nodemedic.providers.base import Member, Provider
@@ -78,10 +80,28 @@ def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
         return Fault(trigger.source, a.metric_dimension("Cluster") or cluster, instance, None,
                      alarm_fault_code(a.metric_name()), a.state.timestamp,
                      event_key=f"{trigger.source}/{trigger.id}" if trigger.id else None)
+    if isinstance(trigger, HyperPodNodeHealthEnvelope):
+        return _hyperpod_fault(trigger, cluster)
     assert isinstance(trigger, RunbookEnvelope)
     r = trigger.detail
     return Fault(trigger.source, r.cluster, r.instance_id, r.slurm_node, "MANUAL",
                  r.observed_at or now, r.action, f"runbook by {r.requested_by}: {r.reason}")
+
+
+def _hyperpod_fault(trigger: HyperPodNodeHealthEnvelope, cluster: str) -> Fault:
+    """HyperPod's verdict on one of its instances. The rule matches only the stack's HyperPod
+    cluster (HyperPodClusterName), whose nodes the provider's membership names; a node HyperPod
+    finds healthy again needs nothing."""
+    h = trigger.detail.HealthSummary
+    if h.HealthStatus != "Unhealthy":
+        raise InvalidEventError(f"HyperPod reports {trigger.detail.InstanceId} {h.HealthStatus}: nothing to remediate")
+    fault_type = re.search(r"fault type (\w+)", h.HealthStatusReason)
+    evidence: dict[str, object] = {"hyperpod_cluster": trigger.detail.ClusterName, "reason": h.HealthStatusReason,
+                                   "repair_action": h.RepairAction, "recommendation": h.Recommendation,
+                                   **({"hma_fault": fault_type.group(1)} if fault_type else {})}
+    return Fault(trigger.source, cluster, trigger.detail.InstanceId, None,
+                 hyperpod_fault_code(h.RepairAction, h.Recommendation), trigger.time,
+                 event_key=f"{trigger.source}/{trigger.id}" if trigger.id else None, evidence=evidence)
 
 
 def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
