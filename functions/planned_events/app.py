@@ -117,9 +117,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
 def _with_slack(waiting: list[Deferred], sweep: timedelta) -> list[tuple[Deferred, str]]:
     """The notices still waiting for their lead time whose node has slack now (``slack`` within
-    one ``sweep`` period), the
-    nearest first, looking at ``SLACK_LOOKS`` nodes at most per sweep (one scheduler read each). A
-    node that cannot be read waits for its time."""
+    one ``sweep`` period), the nearest first, looking at ``SLACK_LOOKS`` nodes at most per sweep
+    (one scheduler read each). A node that cannot be read waits for its time."""
     found = []
     for d in waiting[:SLACK_LOOKS]:
         node = str(d.event.node.slurm_node or d.event.node.k8s_node)

@@ -11,7 +11,7 @@ checkpointed and moved to a spare outside the block) and left drained; nothing i
 replaced into capacity that is going away.
 
 With a lead time (``PlannedLeadTimeHours``), a notice whose deadline is further away waits in the
-ledger (:mod:`nodemedic.store.deferred`) and the hourly sweep publishes it once its time has come:
+ledger (:mod:`nodemedic.store.deferred`) and the sweep (every ``PlannedSweepMinutes``) publishes it once its time has come:
 the first sweep at least the lead time before the deadline (:func:`act_at`), or an earlier sweep
 that finds the slack to act at no cost: the node idle, or its jobs just checkpointed (:func:`slack`).
 

@@ -36,10 +36,6 @@ OPERATOR_SOURCE = "nodemedic.operator"
 RUNBOOK_DETAIL_TYPE = "Remediation Request"
 ALARM_SOURCE = "aws.cloudwatch"
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
-# HyperPod's Health Monitoring Agent (HMA) on a node it finds unhealthy, to the default bus
-# (SageMaker developer guide, "Events that Amazon SageMaker AI sends to Amazon EventBridge")
-HYPERPOD_SOURCE = "aws.sagemaker"
-HYPERPOD_NODE_HEALTH_DETAIL_TYPE = "SageMaker HyperPod Cluster Node Health Event"
 # Detect records its decision on every event it decided on under this key (the ledger's partition
 # key): a redelivery of an event it acted on changes nothing, and an agent reads whether the
 # pipeline took its event (AgentPublishPolicy allows GetItem on EVENT#nodemedic.agent/* only).
@@ -264,6 +260,9 @@ class AlarmEnvelope(_Envelope):
 
 
 class HyperPodNodeHealthEnvelope(_Envelope):
+    """HyperPod's Health Monitoring Agent (HMA) on a node it finds unhealthy, to the default bus
+    (SageMaker developer guide, "Events that Amazon SageMaker AI sends to Amazon EventBridge")."""
+
     source: Literal["aws.sagemaker"]
     detail_type: Literal["SageMaker HyperPod Cluster Node Health Event"] = Field(alias="detail-type")
     time: Timestamp  # when HyperPod found it: the event names no other time
