@@ -98,8 +98,10 @@ def test_an_agent_sends_its_event_again_until_the_pipeline_has_decided_on_it() -
         opened = [e for e in executions if e["name"] == incident.incident_id]
         assert [e["status"] for e in opened] == ["SUCCEEDED"], opened
         assert {e["status"] for e in executions if e not in opened} <= {"FAILED", "SUCCEEDED"}
-        assert [LocalMode.detect_decision(e) for e in executions if e not in opened and e["status"] == "SUCCEEDED"] \
-            in ([], ["deduplicated"]), "a send after the one that opened it opens nothing"
+        # Sends made while Detect was throttled may still be retrying when the throttle lifts; each
+        # of those ends deduplicated against the incident one of them opened, never a second one.
+        assert {LocalMode.detect_decision(e) for e in executions if e not in opened and e["status"] == "SUCCEEDED"} \
+            <= {"deduplicated"}, "a send other than the one that opened it opens nothing"
         time.sleep(3.0)
         assert agent.reasserted + 1 == sends and len(local.executions()) == sends
         assert ("agent", "dynamodb:GetItem") in {(who, r.action) for who, r in local.aws.authorized}
