@@ -40,14 +40,17 @@ lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in 
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: venv slurm kube helm chromium lint  ## run the whole test suite (it lists the tests over 10 s, to keep it near 15 min)
-	$(BIN)/pytest --durations=25 --durations-min=10
+# make test's pytest workers (pytest-xdist); a test file runs whole on one worker, on its own stack
+TEST_WORKERS ?= 2
+
+test: venv slurm kube helm chromium lint  ## run the whole test suite on TEST_WORKERS workers (it lists the tests over 10 s)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 --durations-min=10
 
 unit: venv  ## fast tests only (no local stack): units and the stages on in-memory Slurm
 	$(BIN)/pytest tests/unit tests/stages
 
 chaos: venv slurm  ## every chaos scenario (make test runs a bounded subset); the report goes to docs/chaos.md
-	CHAOS_REPORT=docs/chaos.md $(BIN)/pytest tests/chaos -m "" -p no:cacheprovider
+	CHAOS_REPORT=docs/chaos.md $(BIN)/pytest tests/chaos -m "" -n $(TEST_WORKERS) -p no:cacheprovider
 
 GPU_PYTHON ?= python3
 gpu-check:  ## on a GPU machine: the real-GPU tests (tests/gpu), then bench/gpu_node.py (GPU_PYTHON: a python with nvidia-ml-py, pydantic, PyTorch)

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -9,6 +10,23 @@ from nodemedic_sandbox.local import LocalMode
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS = ROOT / "events"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After pytest removed a passing run's tmp_path dirs (tmp_path_retention_policy = "failed"),
+    removes their root, /tmp/pytest-of-<user>, when nothing else is left in it: the suite leaves
+    no temporary directories behind. Under pytest-xdist only the controller does this."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    basetemp = getattr(factory, "_basetemp", None)
+    if basetemp is None or hasattr(session.config, "workerinput") or exitstatus != 0:
+        return
+    root = basetemp.parent
+    current = root / "pytest-current"
+    if current.is_symlink() and not current.exists():
+        current.unlink()
+    with contextlib.suppress(OSError):
+        root.rmdir()  # only if empty
 
 
 def require(what: str, why: str | None) -> None:
@@ -35,3 +53,34 @@ def local() -> Iterator[LocalMode]:
 
 def load_event(relative: str) -> dict:
     return json.loads((EVENTS / relative).read_text())
+
+
+# The chaos tier's table (tests/chaos): each scenario records its outcome as a property of its
+# report; the run lists them at its end, and writes them to $CHAOS_REPORT when set (make chaos:
+# docs/chaos.md). Here, not in tests/chaos/conftest.py: under pytest-xdist only the controller
+# prints the summary, it sees the workers' reports, and it loads this conftest but not that one.
+CHAOS_OUTCOMES: list[dict[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    outcome = dict(report.user_properties).get("chaos")
+    if report.when == "call" and outcome:
+        CHAOS_OUTCOMES.append(outcome)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not CHAOS_OUTCOMES:
+        return
+    outcomes = sorted(CHAOS_OUTCOMES, key=lambda o: o["rank"])  # workers finish in any order
+    lines = ["| scenario | incident | node afterwards | job | invariants |", "|---|---|---|---|---|"]
+    lines += [f"| {o['scenario']} | {o['incident']} | {o['node']} | {o['job']} | {o['invariants']} |"
+              for o in outcomes]
+    terminalreporter.write_sep("=", "chaos scenarios")
+    for line in lines:
+        terminalreporter.write_line(line)
+    target = os.environ.get("CHAOS_REPORT")
+    if target:
+        Path(target).write_text(
+            "# Chaos scenarios\n\nWritten by `make chaos` (tests/chaos/test_chaos.py): each fault injected right "
+            "before one stage of a real incident, on the local stack with real Slurm; then the reconciler runs "
+            "once and every invariant is checked.\n\n" + "\n".join(lines) + "\n")
