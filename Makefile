@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 SCHEDULER ?= auto
 DEMO_NEEDS := $(if $(filter k8s kubernetes,$(SCHEDULER)),kube,slurm)
 
-.PHONY: help venv slurm kube helm chromium demo test lint unit chaos bench gpu-check agent-wheel clean
+.PHONY: help venv slurm kube helm chromium demo test lint unit chaos bench gpu-check agent-wheel agent-wheelhouse clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ bench: venv  ## run the benchmarks (about 45 min); results in docs/benchmarks.{j
 
 agent-wheel: venv  ## build the node agent wheel into dist/ (install it with node_agent/lifecycle/install-agent.sh)
 	$(BIN)/pip wheel --quiet --no-deps -w dist node_agent
+
+agent-wheelhouse: venv  ## build the agent and its dependencies into dist/ for CPython 3.10-3.14, x86_64 and aarch64 (install-agent.sh --wheelhouse: no PyPI on the node)
+	node_agent/lifecycle/build-wheelhouse.sh --out dist --python $(BIN)/python
 
 clean:  ## remove the environment and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache build dist *.egg-info node_agent/build node_agent/*.egg-info

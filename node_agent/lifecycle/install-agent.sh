@@ -2,20 +2,24 @@
 # Install and start the NodeMedic agent on a GPU node (run as root from the node's lifecycle /
 # user-data script, as HyperPod lifecycle scripts do).
 #
-#   install-agent.sh --cluster NAME --bus BUS [--acknowledgements-table TABLE] [--region R] [--wheel PATH_OR_S3_URL]
+#   install-agent.sh --cluster NAME --bus BUS [--acknowledgements-table TABLE] [--region R]
+#                    [--wheelhouse PATH_OR_S3_URL | --wheel PATH_OR_S3_URL]
 #                    [--gpus 8] [--efa 32] [--shared-mount /fsx] [--slurm-node NAME] [--instance-id ID]
 #                    [--root DIR] [--no-systemd] [--no-burn-in] [--python python3]
 #
+# --wheelhouse: the tar.gz build-wheelhouse.sh makes; installs with no package index. --wheel: the
+# agent wheel alone; pip fetches its dependencies from PyPI (or the node's pip mirror). Neither:
+# the wheel is built from this checkout.
 # Installs into /opt/nodemedic/agent (a venv), writes /etc/nodemedic/agent.toml unless it exists,
 # links /opt/nodemedic/bin/deep-health-check (the pipeline's DeepHealthCheckCommand), installs
 # and starts the systemd unit, holds each later slurmd start for its burn-in (a slurmd drop-in;
 # --no-burn-in: not), then prints a first health report.
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "install-agent: $*" >&2; exit 2; }
 
-CLUSTER="" BUS="" ACK_TABLE="" REGION="" WHEEL="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3
+CLUSTER="" BUS="" ACK_TABLE="" REGION="" WHEEL="" WHEELHOUSE="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -24,6 +28,7 @@ while [[ $# -gt 0 ]]; do
     --acknowledgements-table) ACK_TABLE="$2"; shift 2 ;;
     --region) REGION="$2"; shift 2 ;;
     --wheel) WHEEL="$2"; shift 2 ;;
+    --wheelhouse) WHEELHOUSE="$2"; shift 2 ;;
     --gpus) GPUS="$2"; shift 2 ;;
     --efa) EFA="$2"; shift 2 ;;
     --shared-mount) SHARED+=("$2"); shift 2 ;;
@@ -39,6 +44,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$CLUSTER" ]] || die "--cluster is required"
 [[ -n "$BUS" ]] || die "--bus is required (the stack output EventBusName)"
+[[ -z "$WHEEL" || -z "$WHEELHOUSE" ]] || die "--wheel and --wheelhouse: give one"
 command -v "$PYTHON" >/dev/null || die "no $PYTHON on PATH: the agent needs Python 3.10 or newer (--python PATH)"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PYTHON is $("$PYTHON" -V 2>&1): the agent \
 needs Python 3.10 or newer. Amazon Linux 2023: dnf install -y python3.11, then --python python3.11; Ubuntu 20.04: \
@@ -49,18 +55,46 @@ its venv module (Debian/Ubuntu: apt-get install -y python3-venv, or python3.X-ve
 PREFIX="$ROOT/opt/nodemedic"
 ETC="$ROOT/etc/nodemedic"
 SPOOL="$ROOT/var/spool/nodemedic-agent"
-if [[ -z "$WHEEL" ]]; then  # from a checkout: build the wheel next to this script
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+fetch() {  # a local path as it is, an s3:// object copied into $WORK
+  if [[ "$1" == s3://* ]]; then
+    aws s3 cp --quiet "$1" "$WORK/" || die "cannot copy $1 (the instance role needs s3:GetObject on it)"
+    echo "$WORK/$(basename "$1")"
+  else
+    [[ -f "$1" ]] || die "no such file: $1"
+    echo "$1"
+  fi
+}
+PIP_ARGS=(--quiet --upgrade --disable-pip-version-check)
+if [[ -n "$WHEELHOUSE" ]]; then  # everything from the wheelhouse, no package index
+  ARCHIVE="$(fetch "$WHEELHOUSE")"
+  tar -xzf "$ARCHIVE" -C "$WORK" || die "$WHEELHOUSE is not a wheelhouse tar.gz (build-wheelhouse.sh)"
+  HOUSE="$WORK/nodemedic-agent-wheelhouse"
+  [[ -f "$HOUSE/wheelhouse.json" ]] || die "$WHEELHOUSE has no nodemedic-agent-wheelhouse/wheelhouse.json (build-wheelhouse.sh)"
+  # before anything is installed: does it hold wheels for this node's Python and CPU?
+  "$PYTHON" - "$HOUSE/wheelhouse.json" <<'PY' || die "$WHEELHOUSE does not serve this node (above)"
+import json, platform, sys
+house = json.load(open(sys.argv[1]))
+python, arch = f"{sys.version_info[0]}.{sys.version_info[1]}", platform.machine()
+if python not in house["pythons"] or arch not in house["archs"]:
+    sys.exit(f"install-agent: the wheelhouse holds CPython {', '.join(house['pythons'])} on {', '.join(house['archs'])}; "
+             f"{sys.executable} is CPython {python} on {arch}. Rebuild it with "
+             f"build-wheelhouse.sh --pythons {python} --archs {arch}, or pass --python with one it holds")
+PY
+  WHEEL="$(ls "$HOUSE"/nodemedic_agent-*.whl)"
+  PIP_ARGS+=(--no-index --find-links "$HOUSE")
+elif [[ -z "$WHEEL" ]]; then  # from a checkout: build the wheel next to this script
   echo "==> building the agent wheel from $HERE/.."
-  WHEEL_DIR="$(mktemp -d)"
-  "$PYTHON" -m pip wheel --quiet --no-deps -w "$WHEEL_DIR" "$HERE/.."
-  WHEEL="$(ls "$WHEEL_DIR"/nodemedic_agent-*.whl)"
-elif [[ "$WHEEL" == s3://* ]]; then
-  aws s3 cp "$WHEEL" /tmp/ && WHEEL="/tmp/$(basename "$WHEEL")"
+  "$PYTHON" -m pip wheel --quiet --no-deps -w "$WORK" "$HERE/.."
+  WHEEL="$(ls "$WORK"/nodemedic_agent-*.whl)"
+else
+  WHEEL="$(fetch "$WHEEL")"
 fi
 
-echo "==> installing $(basename "$WHEEL") into $PREFIX/agent"
+echo "==> installing $(basename "$WHEEL") into $PREFIX/agent${WHEELHOUSE:+ (from the wheelhouse, no package index)}"
 "$PYTHON" -m venv "$PREFIX/agent"
-"$PREFIX/agent/bin/pip" install --quiet --upgrade "$WHEEL"
+"$PREFIX/agent/bin/pip" install "${PIP_ARGS[@]}" "$WHEEL"
 
 mkdir -p "$ETC" "$SPOOL" "$PREFIX/bin"
 if [[ ! -f "$ETC/agent.toml" ]]; then

@@ -1,24 +1,43 @@
-"""The lifecycle script builds the agent wheel, installs it into its own venv, writes a valid
-config and the deep-health-check command the pipeline runs on a node."""
+"""The lifecycle script installs the agent from its self-contained wheelhouse into its own venv,
+with no package index, and writes a valid config and the deep-health-check command the pipeline
+runs on a node."""
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+INSTALL = ROOT / "node_agent/lifecycle/install-agent.sh"
+PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-def test_lifecycle_script_installs_a_working_agent(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels),
-                    str(ROOT / "node_agent")], check=True, timeout=300)
-    [wheel] = wheels.glob("nodemedic_agent-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
+def no_index_env() -> dict[str, str]:
+    """The environment of a node in a private subnet: no pip configuration, no reachable index."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}
+
+
+def test_lifecycle_script_installs_a_working_agent_from_the_wheelhouse_with_no_index(tmp_path: Path) -> None:
+    build = subprocess.run(["bash", str(ROOT / "node_agent/lifecycle/build-wheelhouse.sh"), "--out", str(tmp_path),
+                            "--pythons", PYTHON, "--archs", platform.machine(), "--python", sys.executable],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-2000:]
+    [house] = tmp_path.glob("nodemedic-agent-wheelhouse-*.tar.gz")
+    with tarfile.open(house) as tar:
+        members = {Path(m).name for m in tar.getnames()}
+        manifest = json.load(tar.extractfile("nodemedic-agent-wheelhouse/wheelhouse.json"))
+        [agent] = [m for m in tar.getmembers() if Path(m.name).name.startswith("nodemedic_agent-")]
+        names = zipfile.ZipFile(tar.extractfile(agent)).namelist()
+    assert manifest["pythons"] == [PYTHON] and manifest["archs"] == [platform.machine()]
+    assert any(m.startswith("pydantic_core-") and f"cp{PYTHON.replace('.', '')}" in m for m in members)
     # the node runs the same contract models and fault table as the pipeline
     assert {"nodemedic/contracts/events.py", "nodemedic/domain/fault_table.json", "nodemedic/domain/xid_catalog.csv",
             "nodemedic/domain/nvlink5_decode.csv", "nodemedic/domain/instance_types.json",
@@ -26,12 +45,13 @@ def test_lifecycle_script_installs_a_working_agent(tmp_path: Path) -> None:
 
     root = tmp_path / "node"
     proc = subprocess.run(
-        ["bash", str(ROOT / "node_agent/lifecycle/install-agent.sh"), "--cluster", "local", "--bus", "nodemedic-local",
+        ["bash", str(INSTALL), "--cluster", "local", "--bus", "nodemedic-local",
          "--acknowledgements-table", "nodemedic-local-IncidentsTable-1A2B", "--region", "us-east-1",
-         "--instance-id", "i-0123456789abcdef0", "--slurm-node", "gpu-1",
-         "--shared-mount", "/", "--wheel", str(wheel), "--root", str(root), "--no-systemd", "--python", sys.executable],
-        capture_output=True, text=True, timeout=600)
+         "--instance-id", "i-0123456789abcdef0", "--slurm-node", "gpu-1", "--shared-mount", "/",
+         "--wheelhouse", str(house), "--root", str(root), "--no-systemd", "--python", sys.executable],
+        capture_output=True, text=True, timeout=600, env=no_index_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(from the wheelhouse, no package index)" in proc.stdout
     assert "valid (cluster local, bus nodemedic-local, hardware nvml)" in proc.stdout
     assert "NodeMedic health report: gpu-1 (i-0123456789abcdef0)" in proc.stdout
     written = tomllib.loads((root / "etc/nodemedic/agent.toml").read_text())
@@ -74,10 +94,33 @@ def test_an_old_python_is_refused_with_what_to_install(tmp_path: Path) -> None:
     old = tmp_path / "python3"
     old.write_text("#!/bin/sh\n[ \"$1\" = -V ] && { echo 'Python 3.9.16'; exit 0; }\nexit 1\n")
     old.chmod(0o755)
-    proc = subprocess.run(["bash", str(ROOT / "node_agent/lifecycle/install-agent.sh"), "--cluster", "c", "--bus", "b",
+    proc = subprocess.run(["bash", str(INSTALL), "--cluster", "c", "--bus", "b",
                            "--python", str(old), "--root", str(tmp_path / "node"), "--no-systemd"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "Python 3.9.16" in proc.stderr and "needs Python 3.10 or newer" in proc.stderr
     assert "dnf install -y python3.11" in proc.stderr
     assert not (tmp_path / "node").exists()  # nothing installed
+
+
+def test_a_wheelhouse_for_another_python_is_refused_before_anything_is_installed(tmp_path: Path) -> None:
+    """A wheelhouse built for other Pythons or CPUs would fail inside pip, half installed; the
+    installer reads its manifest first and says what to rebuild."""
+    house = tmp_path / "house.tar.gz"
+    manifest = tmp_path / "wheelhouse.json"
+    manifest.write_text(json.dumps({"agent": "0.1.0", "pythons": ["3.9"], "archs": ["riscv64"]}))
+    with tarfile.open(house, "w:gz") as tar:
+        tar.add(manifest, arcname="nodemedic-agent-wheelhouse/wheelhouse.json")
+    proc = subprocess.run(["bash", str(INSTALL), "--cluster", "c", "--bus", "b", "--wheelhouse", str(house),
+                           "--python", sys.executable, "--root", str(tmp_path / "node"), "--no-systemd"],
+                          capture_output=True, text=True, timeout=120, env=no_index_env())
+    assert proc.returncode == 2, proc.stderr
+    assert f"the wheelhouse holds CPython 3.9 on riscv64; {sys.executable} is CPython {PYTHON} on {platform.machine()}" \
+        in proc.stderr
+    assert f"build-wheelhouse.sh --pythons {PYTHON} --archs {platform.machine()}" in proc.stderr
+    assert not (tmp_path / "node").exists()  # nothing installed
+
+    both = subprocess.run(["bash", str(INSTALL), "--cluster", "c", "--bus", "b", "--wheelhouse", str(house),
+                           "--wheel", "agent.whl", "--root", str(tmp_path / "node"), "--no-systemd"],
+                          capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "--wheel and --wheelhouse: give one" in both.stderr
