@@ -13,6 +13,7 @@ from typing import Annotated, Any, NoReturn
 import boto3
 import typer
 from nodemedic import operations
+from nodemedic.errors import NodeMedicError
 from nodemedic.operations import OperatorError
 from rich.console import Console
 from rich.table import Table
@@ -101,7 +102,7 @@ def _run(ctx: typer.Context, as_json: bool, work: Callable[[Target], Any], show:
     """Run one command: resolve the stack, act, print (rich or JSON); a refusal exits 2 with why."""
     try:
         result = work(_target(ctx))
-    except (OperatorError, TargetError) as exc:
+    except NodeMedicError as exc:  # OperatorError, TargetError, or the cluster refusing an action
         _fail(str(exc), as_json)
     if as_json:
         print(json.dumps(result, indent=2, default=str))
@@ -326,9 +327,10 @@ def _doctor_local() -> list[dict[str, str]]:
 
 @app.command("spares")
 def spares_command(ctx: typer.Context, as_json: AsJson = False) -> None:
-    """The hot-spare pool: its nodes in the Slurm reservation and whether each is ready."""
+    """The hot-spare pool: its nodes (Slurm: in the spare reservation; Kubernetes: with the spare
+    taint) and whether each is ready."""
     def show(r: dict[str, Any]) -> None:
-        console.print(f"hot spares: {r['ready']} ready of target {r['target_size']} (reservation {r['reservation']})")
+        console.print(f"hot spares: {r['ready']} ready of target {r['target_size']} ({r['held_by']})")
         for n in r["nodes"]:
             console.print(f"  {n['node']}: {n['state']}{'' if n['ready'] else ' [yellow](not ready)[/]'}")
     _run(ctx, as_json, operator.spares, show)

@@ -45,7 +45,8 @@ def _known_node(target: Target, node: str) -> Any:
     try:
         return target.orchestrator.node_status(node)
     except CommandFailedError as exc:
-        raise OperatorError(f"node {node!r} is not in cluster {target.cluster}: Slurm does not know it ({exc})") from None
+        raise OperatorError(f"node {node!r} is not in cluster {target.cluster}, or the cluster could not be read: "
+                            f"{exc}") from None
 
 
 def remediate(target: Target, node: str, action: str, reason: str, by: str, level: str = "quick") -> dict[str, Any]:
@@ -185,8 +186,14 @@ def spares(target: Target) -> dict[str, Any]:
     from nodemedic.stages.spares import ready
 
     pool = target.orchestrator.spares()
-    return {"target_size": int(target.parameters.get("HotSpares") or 0),
-            "reservation": target.parameters.get("SpareReservation") or "nodemedic_spares",
+    if target.on_kubernetes:  # a taint holds the spares out
+        from nodemedic.orchestrators.kubernetes import SPARE_TAINT
+
+        reservation, held_by = None, f"taint {SPARE_TAINT}"
+    else:
+        reservation = target.parameters.get("SpareReservation") or "nodemedic_spares"
+        held_by = f"reservation {reservation}"
+    return {"target_size": int(target.parameters.get("HotSpares") or 0), "reservation": reservation, "held_by": held_by,
             "nodes": [{"node": s.name, "state": s.state, "ready": ready(s.state)} for s in pool],
             "ready": sum(ready(s.state) for s in pool)}
 

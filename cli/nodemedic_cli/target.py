@@ -137,12 +137,37 @@ class Target:
     @cached_property
     def kubernetes(self) -> KubernetesOrchestrator:
         """The EKS cluster's API server, with the operator's own credentials (their IAM principal
-        needs an access entry in the cluster)."""
-        from nodemedic.orchestrators.kubernetes import connect  # the Kubernetes client loads only when used
+        needs an access entry in the cluster). One read first, so that a refusal is a
+        :class:`TargetError` saying which access entry to create, not a failure of the command."""
+        from kubernetes import client as k8s  # the Kubernetes client loads only when used
+        from kubernetes.client.rest import ApiException
+        from nodemedic.orchestrators.kubernetes import connect
 
         p = self.parameters
-        return connect(self.client("eks"), self.client("sts"), p["EksClusterName"], p.get("KubernetesDrainPolicy", ""),
-                       p.get("DrainReasonPrefix", "nodemedic"))
+        cluster = p["EksClusterName"]
+        try:
+            orchestrator = connect(self.client("eks"), self.client("sts"), cluster,
+                                   p.get("KubernetesDrainPolicy", ""), p.get("DrainReasonPrefix", "nodemedic"))
+            k8s.CoreV1Api(orchestrator.api).list_node(limit=1)
+        except (BotoCoreError, ClientError) as exc:
+            raise TargetError(f"cannot reach EKS cluster {cluster}: {exc}") from exc
+        except ApiException as exc:
+            if exc.status not in (401, 403):
+                raise TargetError(f"the API server of EKS cluster {cluster} failed: {exc.status} {exc.reason}") from exc
+            raise TargetError(self._no_access(cluster, exc.status, exc.reason)) from exc
+        return orchestrator
+
+    def _no_access(self, cluster: str, status: int, reason: str) -> str:
+        """What an operator refused by the API server needs: an access entry for their principal
+        (401: none; 403: its groups may not read nodes), with the command that creates it."""
+        from nodemedic.orchestrators.eks_auth import principal_of
+
+        principal = principal_of(self.client("sts").get_caller_identity()["Arn"])
+        what = "does not know" if status == 401 else "lets no group of"
+        return (f"the API server of EKS cluster {cluster} {what} {principal} ({status} {reason}). Give it an access "
+                f"entry in NodeMedic's groups: aws eks create-access-entry --cluster-name {cluster} --principal-arn "
+                f"{principal} --kubernetes-groups nodemedic:remediator (nodemedic:reader for the commands that only "
+                f"read)")
 
     @cached_property
     def orchestrator(self) -> Orchestrator:

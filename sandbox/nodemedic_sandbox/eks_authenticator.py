@@ -32,7 +32,8 @@ _ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+
 
 
 def principal_of(caller_arn: str) -> str:
-    """The IAM principal an access entry names for a caller: STS answers a role's session as
+    """EKS's side, kept apart from the CLI's nodemedic.orchestrators.eks_auth.principal_of so that
+    this emulator stays evidence for it. The IAM principal an access entry names for a caller: STS answers a role's session as
     ``arn:aws:sts::<account>:assumed-role/<role>/<session>``; the entry names the role,
     ``arn:aws:iam::<account>:role/<role>``. A user's ARN is its own principal."""
     match = _ASSUMED_ROLE.match(caller_arn)

@@ -953,6 +953,19 @@ class EmbeddedAWS:
         self._ingest_logs(fn.function_name, request_id, record.logs)
         return payload
 
+    def operator_session(self, user: str) -> Any:
+        """A person's credentials, as the operator CLI uses them: an IAM user ``user`` with an
+        access key, known to STS (and so to an EKS cluster's authenticator) from now on. A
+        ``boto3.Session`` that signs with them; their IAM calls are not evaluated (as the harness's)."""
+        import boto3
+
+        iam_client = self.client("iam")
+        arn = iam_client.create_user(UserName=user)["User"]["Arn"]
+        key = iam_client.create_access_key(UserName=user)["AccessKey"]
+        self.credentials[key["AccessKeyId"]] = (key["SecretAccessKey"], arn)
+        return boto3.Session(aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"],
+                             region_name=self.region)
+
     def role_credentials(self, function: str, role_arn: str) -> RoleCredentials:
         """The credentials ``function`` runs with (its execution role's), known to STS from now on."""
         creds = RoleCredentials.of(function, role_arn)

@@ -12,6 +12,7 @@ role), then maps the role through the cluster's access entry to the Kubernetes g
 from __future__ import annotations
 
 import base64
+import re
 import ssl
 import time
 from typing import Any
@@ -23,6 +24,15 @@ TOKEN_PREFIX = "k8s-aws-v1."
 CLUSTER_ID_HEADER = "x-k8s-aws-id"
 PRESIGN_EXPIRES_S = 60
 TOKEN_REFRESH_S = 600.0
+_ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/[^/]+$")
+
+
+def principal_of(caller_arn: str) -> str:
+    """The IAM principal an access entry names for a caller: STS answers a role's session as
+    ``arn:aws:sts::<account>:assumed-role/<role>/<session>``; the entry names the role,
+    ``arn:aws:iam::<account>:role/<role>``. A user's ARN is its own principal."""
+    match = _ASSUMED_ROLE.match(caller_arn)
+    return f"arn:{match[1]}:iam::{match[2]}:role/{match[3]}" if match else caller_arn
 
 
 def token(sts: Any, cluster: str) -> str:

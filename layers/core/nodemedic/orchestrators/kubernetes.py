@@ -44,6 +44,7 @@ kubelet's ``Ready`` condition is not ``True``), ``+RESERVED`` (a spare).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -232,6 +233,16 @@ def connect(eks: Any, sts: Any, cluster: str, drain_policy: str, prefix: str = "
                                   prefix=prefix)
 
 
+def refusal(exc: ApiException) -> str:
+    """An API server's refusal in words: its status and the message of the Status object it
+    answers with (``nodes "gpu-2" is forbidden: User … cannot patch …``), else the raw body."""
+    try:
+        message = json.loads(exc.body or "")["message"]
+    except (ValueError, TypeError, KeyError):
+        message = exc.body
+    return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+
+
 def instance_of_provider_id(provider_id: str) -> str | None:
     """The EC2 instance id a node's ``spec.providerID`` names; None for anything else (Fargate,
     hybrid nodes, another cloud)."""
@@ -359,7 +370,7 @@ class KubernetesOrchestrator:
                     # conflict when the node changed since the read; decide again on what is there now
                     if exc.status == 409 or (exc.status == 422 and self._read(node).version != current.version):
                         continue
-                    raise failure(f"{what} {node}: {exc.status} {exc.reason} {exc.body}") from exc
+                    raise failure(f"{what} {node}: {refusal(exc)}") from exc
         except CommandFailedError as exc:
             raise failure(str(exc)) from exc
         raise failure(f"{what} {node}: the node kept changing ({CONFLICT_RETRIES} tries)")
@@ -439,8 +450,7 @@ class KubernetesOrchestrator:
                 return True
             if exc.status == 429:
                 return False
-            raise CommandFailedError(f"evict {pod.metadata.namespace}/{pod.metadata.name}: "
-                                     f"{exc.status} {exc.reason} {exc.body}") from exc
+            raise CommandFailedError(f"evict {pod.metadata.namespace}/{pod.metadata.name}: {refusal(exc)}") from exc
 
     def _delete(self, pod: Any, grace: int | None) -> None:
         try:
