@@ -163,9 +163,11 @@ class Target:
         from nodemedic.orchestrators.eks_auth import principal_of
 
         principal = principal_of(self.client("sts").get_caller_identity()["Arn"])
-        what = "does not know" if status == 401 else "lets no group of"
-        return (f"the API server of EKS cluster {cluster} {what} {principal} ({status} {reason}). Give it an access "
-                f"entry in NodeMedic's groups: aws eks create-access-entry --cluster-name {cluster} --principal-arn "
+        what = (f"does not know {principal}" if status == 401 else
+                f"knows {principal}, but no group of its access entry may list nodes")
+        verb = "create" if status == 401 else "update"
+        return (f"the API server of EKS cluster {cluster} {what} ({status} {reason}). Put it in NodeMedic's "
+                f"groups: aws eks {verb}-access-entry --cluster-name {cluster} --principal-arn "
                 f"{principal} --kubernetes-groups nodemedic:remediator (nodemedic:reader for the commands that only "
                 f"read)")
 

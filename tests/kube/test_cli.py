@@ -1,8 +1,8 @@
 """The operator CLI against the whole stack on Kubernetes: ``nodemedic`` reaches the real API
 server with the operator's own IAM credentials (a token presigned from STS, as for the
 functions), and the cluster's access entries and deploy/kubernetes/rbac.yaml decide what it may
-do. Three operators: one with no access entry, one in ``nodemedic:reader``, one in
-``nodemedic:remediator``. Each is a separate IAM user: the API server caches a token's review for
+do. Four operators: one with no access entry, one whose entry names no group, one in
+``nodemedic:reader``, one in ``nodemedic:remediator``. Each is a separate IAM user: the API server caches a token's review for
 two minutes (``--authentication-token-webhook-cache-ttl``), so a changed entry is not seen at once."""
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ def test_an_operator_without_an_access_entry_is_told_which_to_create_and_nothing
     assert "DRAIN" not in _kube(local).node("gpu-2")["State"] and local.executions() == []
     rows = {r["check"]: r for r in cli(local, session, "doctor", code=1)}
     assert rows["scheduler"]["status"] == "fail" and "create-access-entry" in rows["scheduler"]["detail"]
+
+
+def test_an_operator_whose_access_entry_has_no_group_is_told_to_update_it(local: LocalMode) -> None:
+    session, arn = operator(local, "dave", [])  # authenticated, but no RBAC binding: 403
+    refused = cli(local, session, "spares", code=2)["error"]
+    assert f"knows {arn}, but no group of its access entry may list nodes (403 Forbidden)" in refused
+    assert f"aws eks update-access-entry --cluster-name {_kube(local).eks_cluster} --principal-arn {arn} " in refused
 
 
 def test_a_reader_sees_the_spare_pool_but_its_drain_is_refused_by_rbac(local: LocalMode) -> None:
