@@ -3,6 +3,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nodemedic_sandbox import slurm_cluster
@@ -19,8 +20,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     no temporary directories behind. Under pytest-xdist only the controller does this."""
     factory = getattr(session.config, "_tmp_path_factory", None)
     basetemp = getattr(factory, "_basetemp", None)
-    if basetemp is None or hasattr(session.config, "workerinput") or exitstatus != 0:
-        return
+    if basetemp is None or hasattr(session.config, "workerinput"):
+        return  # (a failed run keeps its dirs, so the root is not empty and stays)
     root = basetemp.parent
     current = root / "pytest-current"
     if current.is_symlink() and not current.exists():
@@ -59,7 +60,7 @@ def load_event(relative: str) -> dict:
 # report; the run lists them at its end, and writes them to $CHAOS_REPORT when set (make chaos:
 # docs/chaos.md). Here, not in tests/chaos/conftest.py: under pytest-xdist only the controller
 # prints the summary, it sees the workers' reports, and it loads this conftest but not that one.
-CHAOS_OUTCOMES: list[dict[str, str]] = []
+CHAOS_OUTCOMES: list[dict[str, Any]] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

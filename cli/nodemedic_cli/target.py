@@ -141,7 +141,7 @@ class Target:
         :class:`TargetError` saying which access entry to create, not a failure of the command."""
         from kubernetes import client as k8s  # the Kubernetes client loads only when used
         from kubernetes.client.rest import ApiException
-        from nodemedic.orchestrators.kubernetes import connect
+        from nodemedic.orchestrators.kubernetes import connect, refusal
 
         p = self.parameters
         cluster = p["EksClusterName"]
@@ -153,7 +153,7 @@ class Target:
             raise TargetError(f"cannot reach EKS cluster {cluster}: {exc}") from exc
         except ApiException as exc:
             if exc.status not in (401, 403):
-                raise TargetError(f"the API server of EKS cluster {cluster} failed: {exc.status} {exc.reason}") from exc
+                raise TargetError(f"the API server of EKS cluster {cluster} failed: {refusal(exc)}") from exc
             raise TargetError(self._no_access(cluster, exc.status, exc.reason)) from exc
         return orchestrator
 
@@ -163,9 +163,10 @@ class Target:
         from nodemedic.orchestrators.eks_auth import principal_of
 
         principal = principal_of(self.client("sts").get_caller_identity()["Arn"])
-        what = (f"does not know {principal}" if status == 401 else
-                f"knows {principal}, but no group of its access entry may list nodes")
-        verb = "create" if status == 401 else "update"
+        if status == 401:
+            what, verb = f"does not know {principal}", "create"
+        else:
+            what, verb = f"knows {principal}, but no group of its access entry may list nodes", "update"
         return (f"the API server of EKS cluster {cluster} {what} ({status} {reason}). Put it in NodeMedic's "
                 f"groups: aws eks {verb}-access-entry --cluster-name {cluster} --principal-arn "
                 f"{principal} --kubernetes-groups nodemedic:remediator (nodemedic:reader for the commands that only "

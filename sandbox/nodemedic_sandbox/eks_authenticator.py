@@ -32,10 +32,11 @@ _ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+
 
 
 def principal_of(caller_arn: str) -> str:
-    """EKS's side, kept apart from the CLI's nodemedic.orchestrators.eks_auth.principal_of so that
-    this emulator stays evidence for it. The IAM principal an access entry names for a caller: STS answers a role's session as
+    """The IAM principal an access entry names for a caller: STS answers a role's session as
     ``arn:aws:sts::<account>:assumed-role/<role>/<session>``; the entry names the role,
-    ``arn:aws:iam::<account>:role/<role>``. A user's ARN is its own principal."""
+    ``arn:aws:iam::<account>:role/<role>``. A user's ARN is its own principal. EKS's side, kept
+    apart from the CLI's nodemedic.orchestrators.eks_auth.principal_of so that this emulator
+    stays evidence for it."""
     match = _ASSUMED_ROLE.match(caller_arn)
     return f"arn:{match[1]}:iam::{match[2]}:role/{match[3]}" if match else caller_arn
 

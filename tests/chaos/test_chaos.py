@@ -103,7 +103,7 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
             broken.append(f"the fault was never injected ({stage} did not run)")
         record_property("chaos", {  # the run lists it (tests/conftest.py)
             "scenario": f"{fault} @ {stage}",
-            "rank": f"{FAULTS.index(fault)}.{list(STAGES).index(stage)}",  # its place in the table
+            "rank": FAULTS.index(fault) * len(STAGES) + list(STAGES).index(stage),  # its place in the table
             "incident": incident.status + (f" ({incident.failure['stage']}: {incident.failure['error']})"
                                            if incident.failure else ""),
             "node": state["State"] + (f" ({state.get('Reason', '').split(' [')[0]})" if "DRAIN" in state["State"]
