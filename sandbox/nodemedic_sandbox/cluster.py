@@ -1,6 +1,7 @@
-"""A simulated GPU cluster in the embedded AWS: EC2 instances in an Auto Scaling group, each
-backing one node of the local scheduler, plus a Slurm controller instance (on Slurm), or the EKS
-cluster whose API server is the local one (on Kubernetes: :mod:`nodemedic_sandbox.kube_cluster`).
+"""A simulated GPU cluster in the embedded AWS: EC2 instances in an Auto Scaling group (or, on
+Kubernetes with ``provider="karpenter"``, a Karpenter NodePool: :mod:`nodemedic_sandbox.karpenter`),
+each backing one node of the local scheduler, plus a Slurm controller instance (on Slurm), or the
+EKS cluster whose API server is the local one (on Kubernetes: :mod:`nodemedic_sandbox.kube_cluster`).
 
 It is also the local mode's :class:`~nodemedic_sandbox.embedded_aws.CommandHost`: what SSM
 Run Command sends to an instance runs on this machine, against the local scheduler, with
@@ -25,9 +26,12 @@ from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, CommandOutcome, EmbeddedA
 from nodemedic_sandbox.scheduler import Scheduler
 
 if TYPE_CHECKING:
+    from nodemedic_sandbox.karpenter import SimKarpenter
     from nodemedic_sandbox.kube_cluster import KubeScheduler, Machine
 
 INSTANCE_TYPE = "p5.48xlarge"
+IMAGE = "ami-0123456789abcdef0"
+PROVIDERS = ("autoscaling", "karpenter")
 GPUS_PER_INSTANCE = 8
 
 
@@ -48,6 +52,9 @@ class SimCluster:
     scheduler: Scheduler
     name: str = "local"
     asg_name: str = "nodemedic-local-gpu-nodes"
+    provider: str = "autoscaling"  # or karpenter (Kubernetes only): where the instances come from
+    node_pool: str = "nodemedic-local-gpu"  # the Karpenter NodePool (provider karpenter)
+    karpenter: SimKarpenter | None = None  # Karpenter's part (provider karpenter), once created
     controller_id: str = ""
     spares: list[str] = field(default_factory=list)  # nodes that start in the spare reservation
     spare_reservation: str = "nodemedic_spares"
@@ -68,27 +75,16 @@ class SimCluster:
     def create(self) -> None:
         """Launch one instance per scheduler node: on Slurm tagged with its node's name, beside a
         controller instance; on Kubernetes, each node registered with its instance as providerID."""
-        ec2, asg = self.aws.client("ec2"), self.aws.client("autoscaling")
-        image = "ami-0123456789abcdef0"
+        if self.provider not in PROVIDERS or (self.provider == "karpenter" and self.kubernetes is None):
+            raise ValueError(f"the local mode's providers: {', '.join(PROVIDERS)} (karpenter on Kubernetes only)")
+        ec2 = self.aws.client("ec2")
         if self.kubernetes is None:
-            controller = ec2.run_instances(ImageId=image, InstanceType="m7i.xlarge", MinCount=1, MaxCount=1,
+            controller = ec2.run_instances(ImageId=IMAGE, InstanceType="m7i.xlarge", MinCount=1, MaxCount=1,
                                            TagSpecifications=[{"ResourceType": "instance", "Tags": [
                                                {"Key": "Name", "Value": "slurm-controller"},
                                                {"Key": CLUSTER_TAG, "Value": self.name}]}])
             self.controller_id = controller["Instances"][0]["InstanceId"]
-        ec2.create_launch_template(LaunchTemplateName=f"{self.asg_name}-lt",
-                                   LaunchTemplateData={"ImageId": image, "InstanceType": INSTANCE_TYPE})
-        n = len(self.scheduler.nodes)
-        asg.create_auto_scaling_group(
-            AutoScalingGroupName=self.asg_name, MinSize=n, MaxSize=n + 2, DesiredCapacity=n,
-            LaunchTemplate={"LaunchTemplateName": f"{self.asg_name}-lt", "Version": "$Latest"},
-            AvailabilityZones=[f"{self.aws.region}a"],
-            # the tag the functions' SendCommand permission requires, on every instance it launches
-            Tags=[{"Key": CLUSTER_TAG, "Value": self.name, "PropagateAtLaunch": True,
-                   "ResourceId": self.asg_name, "ResourceType": "auto-scaling-group"}],
-        )
-        instances = sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups(
-            AutoScalingGroupNames=[self.asg_name])["AutoScalingGroups"][0]["Instances"])
+        instances = self._karpenter_launch() if self.provider == "karpenter" else self._group_launch()
         self._booted = {i: 0.0 for i in [*instances, *filter(None, [self.controller_id])]}  # up before the pipeline
         nodes = dict(zip(instances, self.scheduler.nodes, strict=True))
         with faults_file.change(self.state_dir) as faults:
@@ -103,6 +99,37 @@ class SimCluster:
                                                            {"Key": CLUSTER_TAG, "Value": self.name}])
         if self.spares:
             self._reserve(self.spares)
+
+    def _group_launch(self) -> list[str]:
+        """The Auto Scaling group of one instance per node; its instances, in id order."""
+        ec2, asg = self.aws.client("ec2"), self.aws.client("autoscaling")
+        ec2.create_launch_template(LaunchTemplateName=f"{self.asg_name}-lt",
+                                   LaunchTemplateData={"ImageId": IMAGE, "InstanceType": INSTANCE_TYPE})
+        n = len(self.scheduler.nodes)
+        asg.create_auto_scaling_group(
+            AutoScalingGroupName=self.asg_name, MinSize=n, MaxSize=n + 2, DesiredCapacity=n,
+            LaunchTemplate={"LaunchTemplateName": f"{self.asg_name}-lt", "Version": "$Latest"},
+            AvailabilityZones=[f"{self.aws.region}a"],
+            # the tag the functions' SendCommand permission requires, on every instance it launches
+            Tags=[{"Key": CLUSTER_TAG, "Value": self.name, "PropagateAtLaunch": True,
+                   "ResourceId": self.asg_name, "ResourceType": "auto-scaling-group"}],
+        )
+        return sorted(i["InstanceId"] for i in asg.describe_auto_scaling_groups(
+            AutoScalingGroupNames=[self.asg_name])["AutoScalingGroups"][0]["Instances"])
+
+    def _karpenter_launch(self) -> list[str]:
+        """The NodeClaim CRD on the API server, and Karpenter's static NodePool of one instance per
+        node (it keeps that many from then on); its instances, in launch order."""
+        from nodemedic_sandbox.karpenter import SimKarpenter, install_crd
+
+        kube = self.kubernetes
+        assert kube is not None
+        install_crd(kube.api)
+        # the EC2NodeClass's spec.tags: the cluster tag the functions' SendCommand permission requires
+        karpenter = self.karpenter = SimKarpenter(
+            self.aws.client("ec2"), kube.api, self.node_pool, len(self.scheduler.nodes),
+            image=IMAGE, zone=f"{self.aws.region}a", tags={CLUSTER_TAG: self.name})
+        return [karpenter.launch()[0] for _ in self.scheduler.nodes]
 
     def _create_kubernetes(self, nodes: dict[str, str]) -> None:
         """EKS's part: the cluster whose endpoint and CA are the local API server's, whose access
@@ -119,6 +146,8 @@ class SimCluster:
         for instance_id, node in nodes.items():
             kube.register(node, machines[instance_id], spare=node in self.spares)
         kube.machines = self._machines
+        if self.karpenter is not None:
+            kube.controllers.append(self.karpenter.reconcile)
         kube.start_playing()
 
     def _machines(self) -> list[Machine]:
@@ -159,13 +188,17 @@ class SimCluster:
 
     def template_parameters(self) -> dict[str, str]:
         node_cmd = f"{sys.executable} -m nodemedic_sandbox.node --state {self.state_dir}"
-        if self.kubernetes is not None:
-            scheduler = {"Orchestrator": "kubernetes", "EksClusterName": self.kubernetes.eks_cluster}
+        if self.kubernetes is not None and self.provider == "karpenter":
+            scheduler = {"Orchestrator": "kubernetes", "EksClusterName": self.kubernetes.eks_cluster,
+                         "Provider": "karpenter", "KarpenterNodePool": self.node_pool}
+        elif self.kubernetes is not None:
+            scheduler = {"Orchestrator": "kubernetes", "EksClusterName": self.kubernetes.eks_cluster,
+                         "AutoScalingGroupName": self.asg_name}
         else:
-            scheduler = {"SlurmControllerInstanceId": self.controller_id, "SpareReservation": self.spare_reservation}
+            scheduler = {"SlurmControllerInstanceId": self.controller_id, "SpareReservation": self.spare_reservation,
+                         "AutoScalingGroupName": self.asg_name}
         return {
             "ClusterName": self.name,
-            "AutoScalingGroupName": self.asg_name,
             **scheduler,
             "NodeJoinCommand": f'{node_cmd} join "$SLURM_NODE"',
             "DeepHealthCheckCommand": f"{node_cmd} health-check --level quick",

@@ -8,6 +8,7 @@ the same way as on EKS, plus the parts of a cluster that cannot run here, played
   ``READY_AFTER_S`` later (on EKS the CNI takes tens of seconds; scaled
   down), not while the instance reboots; the deletion of an evicted pod is confirmed;
 - the cloud node-lifecycle controller: the node of a terminated instance is deleted;
+- any other controller the cluster adds (``controllers``: Karpenter, :mod:`nodemedic_sandbox.karpenter`);
 - a training operator and the scheduler: each training job keeps its pods, a missing pod is made
   again and bound to a node that is ready, not cordoned and carries no taint (a hot spare does
   until NodeMedic takes it), at most one training pod per node. A job is placed on free nodes
@@ -78,6 +79,7 @@ class KubeScheduler:
     eks_cluster: str = "nodemedic-local"
     kind: str = "kubernetes"
     machines: Callable[[], list[Machine]] | None = None  # set by the cluster that owns the instances
+    controllers: list[Callable[[], object]] = field(default_factory=list)  # more controllers to play (Karpenter)
     jobs: dict[str, TrainingJob] = field(default_factory=dict)
     _names: dict[str, str] = field(default_factory=dict)  # instance -> node name
     _ready: dict[str, bool] = field(default_factory=dict)  # node -> its Ready condition, as last set
@@ -216,7 +218,10 @@ class KubeScheduler:
     def _loop(self) -> None:
         while not self._stop.wait(TICK_S):
             try:
+                for controller in self.controllers:
+                    controller()
                 self._kubelets()
+                self._see_spares()
                 self._confirm_deletions()
                 self._reconcile_jobs()
             except Exception as exc:  # noqa: BLE001 - a stopping API server, a race: try again next tick
@@ -245,6 +250,13 @@ class KubeScheduler:
             up = time.monotonic() - self._registered[name] >= READY_AFTER_S
             if self._ready.get(name) != (ready := machine.running and machine.booted and up):
                 self._set_ready(name, ready)
+
+    def _see_spares(self) -> None:
+        """Remember the nodes that are in the spare pool now: a started job's pods may go there once
+        NodeMedic takes the spare (looked at every tick, so a node that joins the pool while no pod
+        waits counts too)."""
+        self._spares_seen |= {str(n.metadata.name) for n in self.core.list_node().items
+                              if any(t.key == SPARE_TAINT for t in n.spec.taints or [])}
 
     def _confirm_deletions(self) -> None:
         """The kubelet confirms an evicted pod's deletion (its containers have stopped)."""
@@ -277,8 +289,8 @@ class KubeScheduler:
         """A node a pod of ``job`` fits on: the job's own or a (former) spare once it has started.
         A real scheduler scores the nodes and breaks ties at random; this one takes the last in
         name order (the local mode names spares last)."""
+        self._see_spares()
         nodes = self.core.list_node().items
-        self._spares_seen |= {str(n.metadata.name) for n in nodes if any(t.key == SPARE_TAINT for t in n.spec.taints or [])}
         busy = {p.spec.node_name for p in self.core.list_namespaced_pod(NAMESPACE).items}
         for node in sorted(nodes, key=lambda n: str(n.metadata.name), reverse=True):
             name = str(node.metadata.name)

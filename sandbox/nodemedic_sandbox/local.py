@@ -32,9 +32,12 @@ class LocalMode:
     def __init__(self, nodes: int = 4, scheduler: str = "auto", retry_time_scale: float = 1.0,
                  stack_name: str = "nodemedic-local", extra_parameters: dict[str, str] | None = None,
                  schedule_scale: float | None = None, task_timeout_scale: float = 1.0, spares: int = 0,
-                 boot_seconds: float = 0.0, expect_denials: bool = False, template: Path = TEMPLATE) -> None:
+                 boot_seconds: float = 0.0, expect_denials: bool = False, template: Path = TEMPLATE,
+                 provider: str = "autoscaling") -> None:
         """``scheduler``: ``auto``, ``slurm``, ``simulated`` or ``kubernetes`` (see
-        :func:`nodemedic_sandbox.scheduler.create`). ``schedule_scale``: fire the template's
+        :func:`nodemedic_sandbox.scheduler.create`). ``provider``: where the instances come from,
+        ``autoscaling`` (an Auto Scaling group) or, on Kubernetes, ``karpenter`` (a static NodePool
+        whose Karpenter the local mode plays). ``schedule_scale``: fire the template's
         scheduled rules (the silence sweeper) with their periods multiplied by it; ``None`` leaves
         them unfired. ``spares``: how many more nodes
         start in the hot-spare reservation. ``boot_seconds``: how long a new or rebooted
@@ -46,6 +49,7 @@ class LocalMode:
         self.node_names = [f"gpu-{i}" for i in range(1, nodes + spares + 1)]
         self.spare_names = self.node_names[nodes:]
         self.boot_seconds = boot_seconds
+        self.provider = provider
         self.prefer = scheduler
         self.stack_name = stack_name
         self.extra_parameters = extra_parameters or {}
@@ -60,7 +64,7 @@ class LocalMode:
             self.scheduler, self.scheduler_note = scheduler_mod.create(self.node_names, prefer=self.prefer)
             self.scheduler.start()
             self.cluster = SimCluster(self.aws, self.scheduler, spares=self.spare_names,
-                                      boot_seconds=self.boot_seconds)
+                                      boot_seconds=self.boot_seconds, provider=self.provider)
             self.cluster.create()
             self.aws.command_host = self.cluster
             params = {**self.cluster.template_parameters(), **self.extra_parameters}

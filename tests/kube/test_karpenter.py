@@ -2,115 +2,62 @@
 node's NodeClaim through the API server, and the replacement is the pool's next launch.
 
 No Karpenter runs here. The NodeClaim CRD is installed on the real API server (a schema that keeps
-what Karpenter writes, with its status subresource), and ``_Karpenter`` plays Karpenter's part and
-says which: it launches an instance tagged as Karpenter tags it (``karpenter.sh/nodepool``,
-``karpenter.sh/nodeclaim``; EC2NodeClass ``spec.tags``), records the NodeClaim's providerID and
-``Launched`` condition, and the kubelet registers the node; for a deleted NodeClaim it terminates
-the instance, and a static NodePool (``spec.replicas``) launches another. The provider's calls to
-the API server run as the Lambda, through its presigned token and the RBAC of
-deploy/kubernetes/rbac.yaml."""
+what Karpenter writes, with its status subresource), and ``_Karpenter``
+(:class:`nodemedic_sandbox.karpenter.SimKarpenter`) plays Karpenter's part: it launches an instance
+tagged as Karpenter tags it (``karpenter.sh/nodepool``, ``karpenter.sh/nodeclaim``; EC2NodeClass
+``spec.tags``), records the NodeClaim's providerID and ``Launched`` condition, and the kubelet
+registers the node; for a deleted NodeClaim it terminates the instance, and a static NodePool
+(``spec.replicas``) launches another. The provider's calls to the API server run as the Lambda,
+through its presigned token and the RBAC of deploy/kubernetes/rbac.yaml. The whole stack with
+``Provider=karpenter``: tests/kube/test_karpenter_stack.py."""
 
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
-from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
 from nodemedic.errors import CapacityError, ReplacementFailedError
 from nodemedic.orchestrators.kubernetes import DRAIN_TAINT, KubernetesOrchestrator
-from nodemedic.providers.karpenter import GROUP, NODECLAIM_TAG, NODECLAIMS, NODEPOOL_TAG, VERSION, KarpenterProvider
+from nodemedic.providers.karpenter import GROUP, NODECLAIMS, NODEPOOL_TAG, VERSION, KarpenterProvider
 from nodemedic.providers.node_names import NamedByOrchestrator
 from nodemedic_sandbox.eks_authenticator import EksAuthenticator
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+from nodemedic_sandbox.karpenter import SimKarpenter, install_crd
 from nodemedic_sandbox.kube_apiserver import KubeAPIServer
 
 from tests.kube.conftest import EKS_CLUSTER, IMAGE, Cluster
 from tests.kube.test_access import _as_lambda, lambda_identity, rbac  # noqa: F401 - fixtures
 
-_names = itertools.count(1)
-CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "nodeclaims.karpenter.sh"},
-    "spec": {"group": GROUP, "scope": "Cluster",
-             "names": {"kind": "NodeClaim", "plural": NODECLAIMS, "singular": "nodeclaim", "listKind": "NodeClaimList"},
-             "versions": [{"name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
-                           "schema": {"openAPIV3Schema": {"type": "object",
-                                                          "x-kubernetes-preserve-unknown-fields": True}}}]}}
+_hosts = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
 def nodeclaim_crd(apiserver: KubeAPIServer) -> None:
-    api = k8s.ApiextensionsV1Api(apiserver.api_client())
-    try:
-        api.create_custom_resource_definition(CRD)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    for _ in range(200):  # the API server serves a new resource within moments of accepting it
-        conditions = api.read_custom_resource_definition("nodeclaims.karpenter.sh").status.conditions or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
-            return
-        time.sleep(0.05)
-    raise RuntimeError("the API server never established the NodeClaim CRD")
+    install_crd(apiserver.api_client())
 
 
-class _Karpenter:
-    """Karpenter's part for one NodePool (see the module's docstring)."""
+class _Karpenter(SimKarpenter):
+    """Karpenter's part for one NodePool, and the kubelet's: each launch registers its node."""
 
     def __init__(self, cluster: Cluster, aws: EmbeddedAWS, pool: str, replicas: int) -> None:
-        self.cluster, self.ec2, self.pool, self.replicas = cluster, aws.client("ec2"), pool, replicas
-        self.custom = k8s.CustomObjectsApi(cluster.api)
-        self.nodes: dict[str, str] = {}  # instance -> node
-        self.nodeclaim: dict[str, str] = {}  # instance -> its NodeClaim
+        super().__init__(aws.client("ec2"), cluster.api, pool, replicas, image=IMAGE, zone="us-east-1a")
+        self.cluster = cluster
+        self.nodes: dict[str, str] = {}  # instance -> node, while it runs
 
     def launch(self) -> tuple[str, str]:
-        """A NodeClaim, its instance and, once the kubelet registers, its node."""
-        name = f"{self.pool}-{next(_names):05d}"
-        instance = self.ec2.run_instances(ImageId=IMAGE, MinCount=1, MaxCount=1, TagSpecifications=[{
-            "ResourceType": "instance", "Tags": [{"Key": NODEPOOL_TAG, "Value": self.pool},
-                                                 {"Key": NODECLAIM_TAG, "Value": name}]}])["Instances"][0]["InstanceId"]
-        provider_id = f"aws:///us-east-1a/{instance}"
-        self.custom.create_cluster_custom_object(GROUP, VERSION, NODECLAIMS, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "NodeClaim",
-            "metadata": {"name": name, "labels": {NODEPOOL_TAG: self.pool}}, "spec": {}})
-        self._status(name, {"providerID": provider_id, "conditions": [{"type": "Launched", "status": "True"}]})
-        self.nodeclaim[instance] = name  # the kubelet names the node after its host, not its NodeClaim
-        self.nodes[instance] = self.cluster.node(f"ip-10-0-0-{next(_names)}.ec2.internal", provider_id=provider_id,
+        """A NodeClaim, its instance and, once the kubelet registers, its node: (instance, node)."""
+        instance, provider_id = super().launch()
+        # the kubelet names the node after its host, not its NodeClaim
+        self.nodes[instance] = self.cluster.node(f"ip-10-0-0-{next(_hosts)}.ec2.internal", provider_id=provider_id,
                                                  labels={NODEPOOL_TAG: self.pool})
         return instance, self.nodes[instance]
 
-    def fail_launch(self, message: str) -> str:
-        """A NodeClaim whose launch EC2 refused."""
-        name = f"{self.pool}-{next(_names):05d}"
-        self.custom.create_cluster_custom_object(GROUP, VERSION, NODECLAIMS, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "NodeClaim",
-            "metadata": {"name": name, "labels": {NODEPOOL_TAG: self.pool}}, "spec": {}})
-        self._status(name, {"conditions": [{"type": "Launched", "status": "False",
-                                            "reason": "LaunchFailed", "message": message}]})
-        return name
-
-    def _status(self, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_cluster_custom_object_status(GROUP, VERSION, NODECLAIMS, name, {"status": status})
-
-    def claims(self) -> dict[str, Any]:
-        listed = self.custom.list_cluster_custom_object(GROUP, VERSION, NODECLAIMS,
-                                                        label_selector=f"{NODEPOOL_TAG}={self.pool}")
-        return {c["metadata"]["name"]: c for c in listed["items"]}
-
     def reconcile(self) -> list[str]:
-        """Terminate the instances whose NodeClaim is gone; a static pool launches up to its replicas."""
-        live = {c["status"]["providerID"].rsplit("/", 1)[-1] for c in self.claims().values()
-                if c.get("status", {}).get("providerID")}
-        gone = [i for i in self.nodes if i not in live]
-        if gone:
-            self.ec2.terminate_instances(InstanceIds=gone)
-            for instance in gone:
-                self.nodes.pop(instance)
-        return [self.launch()[0] for _ in range(self.replicas - len(self.nodes))]
+        launched = super().reconcile()
+        self.nodes = {i: n for i, n in self.nodes.items() if i in self.live}
+        return launched
 
 
 @pytest.fixture

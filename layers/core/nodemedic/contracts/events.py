@@ -34,8 +34,6 @@ HEALTH_DETAIL_TYPE = "Node Health Event"
 HEARTBEAT_DETAIL_TYPE = "Node Heartbeat"
 OPERATOR_SOURCE = "nodemedic.operator"
 RUNBOOK_DETAIL_TYPE = "Remediation Request"
-ALARM_SOURCE = "aws.cloudwatch"
-ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
 # Detect records its decision on every event it decided on under this key (the ledger's partition
 # key): a redelivery of an event it acted on changes nothing, and an agent reads whether the
 # pipeline took its event (AgentPublishPolicy allows GetItem on EVENT#nodemedic.agent/* only).
