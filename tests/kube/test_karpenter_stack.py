@@ -20,6 +20,7 @@ from nodemedic_sandbox.local import LocalMode
 
 from tests.conftest import require
 from tests.e2e.support import OPEN, wait_for
+from tests.kube.test_cli import cli, operator
 
 
 @pytest.fixture
@@ -83,3 +84,11 @@ def test_xid79_on_a_karpenter_node_deletes_its_nodeclaim_and_the_pools_next_laun
     assert len(claims) == 4 and {kube.instance_of(n) for n in kube.node_names()} == backing
     # every call each function made was allowed by its role (leaving the local mode raises otherwise)
     assert local.aws.denials == [] and kube.authenticator.rejected == [] and kube.errors == []
+    # the doctor reads the Karpenter deployment as it is: each function's calls allowed by its role
+    # (on the pool's instances, by their tags), the nodes mapped to their instances, the pool full
+    session, _ = operator(local, "dana", ["nodemedic:remediator"])
+    rows = {r["check"]: r for r in cli(local, session, "doctor", code=0)}
+    assert [r for r in rows.values() if r["status"] == "fail"] == []  # a metric with no data yet only warns
+    assert all(r["status"] == "pass" for name, r in rows.items() if name.startswith(("permissions ", "rule ")))
+    assert rows["nodes mapped"]["status"] == "pass"
+    assert rows["scheduler"]["detail"] == "4 Kubernetes nodes" and rows["spare pool"]["status"] == "pass"
