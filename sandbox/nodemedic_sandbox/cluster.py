@@ -188,18 +188,16 @@ class SimCluster:
 
     def template_parameters(self) -> dict[str, str]:
         node_cmd = f"{sys.executable} -m nodemedic_sandbox.node --state {self.state_dir}"
-        if self.kubernetes is not None and self.provider == "karpenter":
-            scheduler = {"Orchestrator": "kubernetes", "EksClusterName": self.kubernetes.eks_cluster,
-                         "Provider": "karpenter", "KarpenterNodePool": self.node_pool}
-        elif self.kubernetes is not None:
-            scheduler = {"Orchestrator": "kubernetes", "EksClusterName": self.kubernetes.eks_cluster,
-                         "AutoScalingGroupName": self.asg_name}
+        if self.kubernetes is not None:
+            scheduler = {"Orchestrator": "kubernetes", "EksClusterName": self.kubernetes.eks_cluster}
         else:
-            scheduler = {"SlurmControllerInstanceId": self.controller_id, "SpareReservation": self.spare_reservation,
-                         "AutoScalingGroupName": self.asg_name}
+            scheduler = {"SlurmControllerInstanceId": self.controller_id, "SpareReservation": self.spare_reservation}
+        capacity = ({"Provider": "karpenter", "KarpenterNodePool": self.node_pool} if self.provider == "karpenter"
+                    else {"AutoScalingGroupName": self.asg_name})
         return {
             "ClusterName": self.name,
             **scheduler,
+            **capacity,
             "NodeJoinCommand": f'{node_cmd} join "$SLURM_NODE"',
             "DeepHealthCheckCommand": f"{node_cmd} health-check --level quick",
             "FullHealthCheckCommand": f"{node_cmd} health-check --level full",

@@ -63,7 +63,7 @@ class SimKarpenter:
 
     def launch(self) -> tuple[str, str]:
         """A NodeClaim and its instance; returns (instance, providerID)."""
-        name = f"{self.pool}-{next(_names):05d}"
+        name = self._new_claim()
         tags = {**self.tags, NODEPOOL_TAG: self.pool, NODECLAIM_TAG: name}
         instance = self.ec2.run_instances(
             ImageId=self.image, InstanceType=self.instance_type, MinCount=1, MaxCount=1,
@@ -71,9 +71,6 @@ class SimKarpenter:
             TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
         )["Instances"][0]["InstanceId"]
         provider_id = f"aws:///{self.zone}/{instance}"
-        self.custom.create_cluster_custom_object(GROUP, VERSION, NODECLAIMS, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "NodeClaim",
-            "metadata": {"name": name, "labels": {NODEPOOL_TAG: self.pool}}, "spec": {}})
         self._status(name, {"providerID": provider_id, "conditions": [{"type": "Launched", "status": "True"}]})
         self.nodeclaim[instance] = name
         self.live.add(instance)
@@ -81,12 +78,17 @@ class SimKarpenter:
 
     def fail_launch(self, message: str) -> str:
         """A NodeClaim whose launch EC2 refused (its ``Launched`` condition says why)."""
+        name = self._new_claim()
+        self._status(name, {"conditions": [{"type": "Launched", "status": "False",
+                                            "reason": "LaunchFailed", "message": message}]})
+        return name
+
+    def _new_claim(self) -> str:
+        """A NodeClaim of the pool, with no status yet; returns its name."""
         name = f"{self.pool}-{next(_names):05d}"
         self.custom.create_cluster_custom_object(GROUP, VERSION, NODECLAIMS, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "NodeClaim",
             "metadata": {"name": name, "labels": {NODEPOOL_TAG: self.pool}}, "spec": {}})
-        self._status(name, {"conditions": [{"type": "Launched", "status": "False",
-                                            "reason": "LaunchFailed", "message": message}]})
         return name
 
     def _status(self, name: str, status: dict[str, Any]) -> None:

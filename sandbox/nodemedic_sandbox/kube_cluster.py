@@ -221,7 +221,7 @@ class KubeScheduler:
                 for controller in self.controllers:
                     controller()
                 self._kubelets()
-                self._see_spares()
+                self._see_spares(self.core.list_node().items)
                 self._confirm_deletions()
                 self._reconcile_jobs()
             except Exception as exc:  # noqa: BLE001 - a stopping API server, a race: try again next tick
@@ -251,12 +251,11 @@ class KubeScheduler:
             if self._ready.get(name) != (ready := machine.running and machine.booted and up):
                 self._set_ready(name, ready)
 
-    def _see_spares(self) -> None:
-        """Remember the nodes that are in the spare pool now: a started job's pods may go there once
-        NodeMedic takes the spare (looked at every tick, so a node that joins the pool while no pod
-        waits counts too)."""
-        self._spares_seen |= {str(n.metadata.name) for n in self.core.list_node().items
-                              if any(t.key == SPARE_TAINT for t in n.spec.taints or [])}
+    def _see_spares(self, nodes: list[Any]) -> None:
+        """Remember which of ``nodes`` are in the spare pool now: a started job's pods may go there
+        once NodeMedic takes the spare (looked at every tick, so a node that joins the pool while
+        no pod waits counts too)."""
+        self._spares_seen |= {str(n.metadata.name) for n in nodes if any(t.key == SPARE_TAINT for t in n.spec.taints or [])}
 
     def _confirm_deletions(self) -> None:
         """The kubelet confirms an evicted pod's deletion (its containers have stopped)."""
@@ -289,8 +288,8 @@ class KubeScheduler:
         """A node a pod of ``job`` fits on: the job's own or a (former) spare once it has started.
         A real scheduler scores the nodes and breaks ties at random; this one takes the last in
         name order (the local mode names spares last)."""
-        self._see_spares()
         nodes = self.core.list_node().items
+        self._see_spares(nodes)
         busy = {p.spec.node_name for p in self.core.list_namespaced_pod(NAMESPACE).items}
         for node in sorted(nodes, key=lambda n: str(n.metadata.name), reverse=True):
             name = str(node.metadata.name)
