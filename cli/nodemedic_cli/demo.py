@@ -157,20 +157,22 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
         control = ControlStore(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
         labels: dict[str, str] = {}
         console.print("\n[bold]Injecting faults[/] into the nodes' simulated hardware; the agents detect and publish them:")
-        for inj in plan:
+        for done, inj in enumerate(plan):
             console.print(f"  {inj.node}: [bold]{inj.label}[/] - {inj.note}")
             if inj.bad_replacement:
                 local.cluster.fail_replacement_of(inj.node)
-            before = {e["name"] for e in local.executions()}
-            if inj.while_paused:  # let the incidents already started pass the gate first
-                _wait_until_done(local, len(before), timeout=120)
+            if inj.while_paused:
+                # every earlier fault's execution must have started and passed the gate first: on a
+                # loaded machine a hang's silence can take longer to report than the wait below
+                _wait_until_done(local, sum(i.starts_execution for i in plan[:done]), timeout=120)
                 operations.pause(control, "demo-operator", "switch firmware maintenance")
+            before = {e["name"] for e in local.executions()}
             if inj.fault == "die":
                 agents.kill(inj.node)
                 local.cluster.hang(inj.node)
             else:
                 agents.inject(inj.node, inj.fault, **inj.kwargs)
-            wait = 15.0 if inj.starts_execution else 1.5
+            wait = 30.0 if inj.starts_execution else 1.5  # for the label only; it stops at the first execution
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 new = {e["name"] for e in local.executions()} - before
