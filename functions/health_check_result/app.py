@@ -13,9 +13,10 @@ logger = Logger(service="health_check_result")
 
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    detail = event.get("detail") or {}
-    command_id = str(detail.get("command-id", ""))
-    if not command_id:
+    detail = event.get("detail")
+    detail = detail if isinstance(detail, dict) else {}
+    command_id = detail.get("command-id")
+    if not isinstance(command_id, str) or not command_id:
         logger.warning("not an SSM command status event; ignored", detail_type=event.get("detail-type"))
         return {"answered": False}
     out = complete_check(command_id, ssm=wiring.client("ssm"), stepfunctions=wiring.client("stepfunctions"),

@@ -43,6 +43,9 @@ def test_each_stage_twice_acts_once(local: LocalMode) -> None:
     assert sent[0] == sent[1]  # the same command: a retried start sends nothing new
     ssm_event = {"source": "aws.ssm", "detail-type": "EC2 Command Invocation Status-change Notification",
                  "detail": {"command-id": sent[0]["command_id"], "status": "Success"}}
+    # an event not in SSM's shape is ignored, whatever its detail holds; the check still waits
+    for odd in ({"detail": "cmd"}, {"detail": {"command-id": 7}}, {}):
+        assert invoke(local, "HealthCheckResultFunction", odd) == {"answered": False}
     answers = [invoke(local, "HealthCheckResultFunction", ssm_event) for _ in range(2)]
     assert answers[0] == {"answered": True, "healthy": True} and answers[1] == {"answered": False}
     assert len([c for c in local.cluster.commands if "health-check" in c.script]) == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -195,28 +195,51 @@ class AlarmState(BaseModel):
     reason: str = ""
 
 
+class AlarmMetric(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    namespace: str = ""
+    name: str = ""
+    dimensions: dict[str, str] = Field(default_factory=dict)
+
+
+class AlarmMetricStat(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    metric: AlarmMetric
+
+
+class AlarmMetricQuery(BaseModel):
+    """One of an alarm's metrics: a metric (``metricStat``) or metric math (``expression``, no
+    metric of its own)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    metricStat: AlarmMetricStat | None = None  # noqa: N815 - AWS's field name
+
+
+class AlarmConfiguration(BaseModel):
+    """A metric alarm's ``configuration`` (a composite alarm's has an ``alarmRule`` and no metrics).
+    Shape: CloudWatch user guide, "Alarm events and EventBridge"."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    metrics: list[AlarmMetricQuery] = Field(default_factory=list)
+
+
 class AlarmDetail(BaseModel):
     """The part of a CloudWatch ``Alarm State Change`` event that NodeMedic reads."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     alarmName: str = Field(min_length=1)  # noqa: N815 - AWS's field name
     state: AlarmState
-    configuration: dict[str, Any] = Field(default_factory=dict)
+    configuration: AlarmConfiguration = Field(default_factory=AlarmConfiguration)
+
+    def _metrics(self) -> list[AlarmMetric]:
+        return [m.metricStat.metric for m in self.configuration.metrics if m.metricStat]
 
     def metric_dimension(self, name: str) -> str | None:
         """The value of a dimension of the alarm's metric (first metric that has it)."""
-        for metric in self.configuration.get("metrics", []):
-            dims = metric.get("metricStat", {}).get("metric", {}).get("dimensions", {})
-            if name in dims:
-                return str(dims[name])
-        return None
+        return next((m.dimensions[name] for m in self._metrics() if name in m.dimensions), None)
 
     def metric_name(self) -> str | None:
-        for metric in self.configuration.get("metrics", []):
-            name = metric.get("metricStat", {}).get("metric", {}).get("name")
-            if name:
-                return str(name)
-        return None
+        return next((m.name for m in self._metrics() if m.name), None)
 
 
 class HyperPodHealthSummary(BaseModel):

@@ -1,0 +1,133 @@
+"""Property: whatever an event that reaches Detect holds, Detect opens an incident, records it, or
+refuses it with its reason (InvalidEventError, UnknownNodeError, UnknownNodeQuietError). No
+other exception: a crash is no clear error, and the Lambda's retries would run it three times.
+
+Every trigger sample in events/ (the agent's health events, a CloudWatch alarm, HyperPod's node
+health events, the runbooks' requests) with one to three of its fields, at any depth, replaced by
+a value of another JSON type or removed. The planned-event samples (AWS Health, Capacity Block)
+go through their own parser the same way."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nodemedic.contracts.stages import DetectInput
+from nodemedic.errors import InvalidEventError, UnknownNodeError, UnknownNodeQuietError
+from nodemedic.planned_events import parse_planned_event
+from nodemedic.providers.base import Member
+from nodemedic.stages.detect import detect
+from nodemedic.store.control import ControlStore
+from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+
+from tests.stages.memory_provider import MemoryProvider
+
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+TRIGGERS = sorted(p for d in ("health", "alarms", "hyperpod", "runbooks") for p in (EVENTS / d).glob("*.json"))
+PLANNED = sorted(p for d in ("aws-health", "aws-ec2") for p in (EVENTS / d).glob("*.json"))
+REFUSALS = (InvalidEventError, UnknownNodeError, UnknownNodeQuietError)
+MEMBER = Member("i-0a1b2c3d4e5f60789", "gpu-2", "running")  # the node every trigger sample names
+
+json_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False), st.text(max_size=40),
+    st.sampled_from(["", "x" * 3000, "2099-01-01T00:00:00Z", "1970-01-01T00:00:00Z", "ALARM", "Unhealthy",
+                     "i-0123456789abcdef0", "gpu-1", "../../etc/passwd"]),
+    st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=3),
+    st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8)), max_size=3))
+
+
+def _paths(obj: object, prefix: tuple[str | int, ...] = ()) -> Iterator[tuple[str | int, ...]]:
+    if prefix:
+        yield prefix
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, value in items:
+        yield from _paths(value, (*prefix, key))
+
+
+def _fresh(path: Path) -> dict[str, Any]:
+    """The sample as sent now, with a new id, so that only the mutation can make it wrong."""
+    event = json.loads(path.read_text())
+    now = datetime.now(UTC)
+    event["id"], event["time"] = str(uuid.uuid4()), now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    detail = event["detail"]
+    if "observed_at" in detail:
+        detail["observed_at"] = (now - timedelta(seconds=5)).isoformat()
+    if "sent_at" in detail:
+        detail["sent_at"] = now.isoformat()
+    if "event_id" in detail:
+        detail["event_id"] = uuid.uuid4().hex
+    if "state" in detail:  # a CloudWatch alarm's
+        detail["state"]["timestamp"] = now.strftime("%Y-%m-%dT%H:%M:%S.000+0000")
+    return event
+
+
+@st.composite
+def mutated(draw: st.DrawFn, sample: Path) -> dict[str, Any]:
+    event = _fresh(sample)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(list(_paths(event))))
+        parent: Any = event
+        for key in path[:-1]:
+            parent = parent[key]
+        if isinstance(parent, dict) and draw(st.booleans()):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(json_values)
+    return event
+
+
+def _detect(aws: EmbeddedAWS, event: dict[str, Any]) -> str:
+    """Detect on a ledger of its own, for the cluster the samples name, whose member is the node
+    they name: what a mutation changes decides, not an earlier example's incident."""
+    db = aws.client("dynamodb")
+    table = f"incidents-{uuid.uuid4().hex[:12]}"
+    db.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    try:
+        out = detect(DetectInput(event=event, incident_id=f"inc-{uuid.uuid4().hex[:8]}"), cluster="local",
+                     overrides_json="", provider=MemoryProvider(MEMBER), ledger=Ledger(db, table),
+                     control=ControlStore(db, table, "local"), now=datetime.now(UTC))
+    finally:
+        db.delete_table(TableName=table)
+    return out.decision
+
+
+@pytest.mark.parametrize("path", TRIGGERS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_each_trigger_sample_sent_now_is_taken(aws: EmbeddedAWS, path: Path) -> None:
+    """The property below starts from events Detect accepts, so a mutation is what it refuses."""
+    assert _detect(aws, _fresh(path)) in ("remediate", "monitor")
+
+
+@pytest.mark.parametrize("path", TRIGGERS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_detect_decides_or_refuses_a_mutated_trigger_and_never_crashes(aws: EmbeddedAWS, path: Path) -> None:
+    @settings(max_examples=80, deadline=None)
+    @given(event=mutated(path))
+    def check(event: dict[str, Any]) -> None:
+        try:
+            _detect(aws, event)
+        except REFUSALS:
+            pass
+
+    check()
+
+
+@pytest.mark.parametrize("path", PLANNED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_mutated_planned_event_parses_or_is_refused_with_its_reason(path: Path) -> None:
+    @settings(max_examples=80, deadline=None)
+    @given(event=mutated(path))
+    def check(event: dict[str, Any]) -> None:
+        try:
+            parse_planned_event(event)
+        except InvalidEventError:
+            pass
+
+    check()
