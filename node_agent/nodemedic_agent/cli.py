@@ -4,7 +4,6 @@ config, simulate faults."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -84,7 +83,7 @@ def cmd_health_check(args: argparse.Namespace) -> int:
     from nodemedic_agent.hardware import open_hardware
     from nodemedic_agent.hardware.base import HardwareError
     from nodemedic_agent.identity import resolve_identity
-    from nodemedic_agent.report import machine
+    from nodemedic_agent.report import fitted, machine
 
     started = time.monotonic()
     config = _config(args)
@@ -109,7 +108,7 @@ def cmd_health_check(args: argparse.Namespace) -> int:
         report["healthy"] = report["healthy"] and all(m["ok"] is not False for m in measured)
     report["instance_type"] = node.instance_type
     report["duration_s"] = round(time.monotonic() - started, 1)
-    print(json.dumps(report))
+    print(fitted(report))
     return 0 if report["healthy"] else 1
 
 

@@ -10,6 +10,9 @@ from typing import Any
 from nodemedic_sandbox.iam import wildcard_match  # the same wildcard rules as IAM
 
 NEW_ACCOUNT_CONCURRENCY = 10  # a new account's Lambda concurrency quota can be as low as 10
+# GetCommandInvocation returns "the first 24,000 characters written by the plugin to stdout" and
+# "the first 8,000 characters written by the plugin to stderr" (SSM API reference)
+SSM_STDOUT_LIMIT, SSM_STDERR_LIMIT = 24_000, 8_000
 
 
 def reserved_concurrency_problem(reserved: dict[str, int], account_quota: int) -> str | None:

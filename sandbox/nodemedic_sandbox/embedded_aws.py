@@ -62,7 +62,7 @@ from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.utilities.arns import parse_arn
 
 from nodemedic_sandbox import hyperpod, iam
-from nodemedic_sandbox.aws_rules import NEW_ACCOUNT_CONCURRENCY
+from nodemedic_sandbox.aws_rules import NEW_ACCOUNT_CONCURRENCY, SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
@@ -1135,7 +1135,9 @@ class EmbeddedAWS:
         elapsed = (run.ended - run.started).total_seconds()
         response.update(
             Status=outcome.status, StatusDetails=outcome.status, ResponseCode=outcome.exit_code,
-            StandardOutputContent=outcome.stdout[-24000:], StandardErrorContent=outcome.stderr[-8000:],
+            # as AWS, the first characters of each (aws_rules): a long output loses its end
+            StandardOutputContent=outcome.stdout[:SSM_STDOUT_LIMIT],
+            StandardErrorContent=outcome.stderr[:SSM_STDERR_LIMIT],
             ExecutionStartDateTime=run.started.isoformat(), ExecutionElapsedTime=f"PT{elapsed:.3f}S",
             ExecutionEndDateTime=run.ended.isoformat(),
         )

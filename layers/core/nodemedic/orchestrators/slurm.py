@@ -54,12 +54,28 @@ class SlurmViaSSM:
         return node
 
     def nodes(self) -> list[NodeStatus]:
-        """Every node the controller knows."""
-        out = self._query("nodes", "show nodes")
-        records = [parse_scontrol_record(line) for line in out.splitlines() if line.strip()]
-        if not records or any("NodeName" not in r for r in records):
-            raise CommandFailedError(f"scontrol did not list the nodes: {out.strip()[:300]}")
-        return [_node_status(fields) for fields in records]
+        """Every node the controller knows, a page (what fits in SSM's 24,000 characters of
+        output, a few hundred nodes) per command: the document ends each page with
+        ``next <record>`` or ``end <records>``, so a cut or cut-short list is never read as whole."""
+        statuses: list[NodeStatus] = []
+        offset = 0
+        while True:
+            out = self._query("nodes", f"show nodes from {offset}", offset=str(offset))
+            lines = [line for line in out.splitlines() if line.strip()]
+            last = lines.pop().split() if lines else []
+            records = [parse_scontrol_record(line) for line in lines]
+            if len(last) != 2 or last[0] not in ("next", "end") or not last[1].isdigit() \
+                    or any("NodeName" not in r for r in records):
+                raise CommandFailedError(f"scontrol did not list the nodes: {out.strip()[:300]}")
+            statuses += [_node_status(fields) for fields in records]
+            if last[0] == "end":
+                if not statuses or len(statuses) != int(last[1]):
+                    raise CommandFailedError(f"scontrol listed {len(statuses)} of {last[1]} nodes (the list "
+                                             f"changed between pages?): {out.strip()[:300]}")
+                return statuses
+            if int(last[1]) <= offset:
+                raise CommandFailedError(f"the node list did not advance past record {offset}: {out.strip()[:300]}")
+            offset = int(last[1])
 
     def drain(self, node: str, reason: str, takeover: str = "-") -> bool:
         """Drain ``node`` with ``reason`` unless it is drained already by someone whose reason does

@@ -14,6 +14,9 @@ from typing import Any
 from nodemedic.errors import CommandFailedError, CommandPendingError
 
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
+# GetCommandInvocation returns "the first 24,000 characters written by the plugin to stdout" (SSM
+# API reference): an output that long may have lost its end, so nothing is read from it
+SSM_STDOUT_LIMIT = 24_000
 
 
 class _Document:
@@ -56,6 +59,11 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.status == "Success" and self.exit_code == 0
+
+    @property
+    def cut(self) -> bool:
+        """SSM returned only the start of what the command printed."""
+        return len(self.stdout) >= SSM_STDOUT_LIMIT
 
 
 class RunCommand:
@@ -110,6 +118,10 @@ class RunCommand:
                     comment: str = "") -> str:
         """Run and return stdout; raise :class:`CommandFailedError` with the output on failure."""
         result = self.run(instance_id, document, parameters, timeout_s, comment)
+        if result.cut:
+            raise CommandFailedError(
+                f"{comment or 'command'} on {instance_id}: SSM returned only the first {SSM_STDOUT_LIMIT:,} "
+                f"characters of its output; nothing read from a cut answer")
         if not result.ok:
             raise CommandFailedError(
                 f"{comment or 'command'} on {instance_id}: {result.status} "

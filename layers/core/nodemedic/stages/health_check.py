@@ -21,7 +21,7 @@ from typing import Any
 from nodemedic.contracts.incident import IncidentRef, Stage
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import CommandPendingError
-from nodemedic.providers.run_command import TERMINAL, CommandResult, Documents, RunCommand
+from nodemedic.providers.run_command import SSM_STDOUT_LIMIT, TERMINAL, CommandResult, Documents, RunCommand
 from nodemedic.safety.gate import lineage_keys
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -32,6 +32,10 @@ def parse_report(result: CommandResult) -> tuple[bool, list[dict[str, Any]]]:
 
     The node is healthy only if the command succeeded *and* the report says so.
     """
+    if result.cut:  # the report is the last line: SSM kept only the start of the output
+        return False, [{"name": "report", "ok": False,
+                        "detail": f"the check printed more than SSM returns ({SSM_STDOUT_LIMIT:,} characters): its "
+                                  f"report, the last line, was cut off; the check must print only its report"}]
     lines = [line for line in result.stdout.strip().splitlines() if line.strip()]
     try:
         report = json.loads(lines[-1]) if lines else {}
@@ -42,8 +46,9 @@ def parse_report(result: CommandResult) -> tuple[bool, list[dict[str, Any]]]:
                    "detail": f"no health report in the output ({result.status}, exit {result.exit_code}): "
                              f"{(result.stderr or result.stdout).strip()[-300:]}"}]
         return False, checks
-    checks = report["checks"] if isinstance(report.get("checks"), list) else []
-    return bool(report["healthy"]) and result.ok, checks
+    checks = [c for c in report["checks"] if isinstance(c, dict)] if isinstance(report.get("checks"), list) else []
+    # only JSON true is healthy: "false", 1 or a list from a broken check are not
+    return report["healthy"] is True and result.ok, checks
 
 
 def start_check(
