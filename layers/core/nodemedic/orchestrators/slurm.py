@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from nodemedic.domain.scontrol import drain_reason, parse_scontrol_record
+from nodemedic.domain.scontrol import drain_reason, expand_hostlist, parse_scontrol_record
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
 from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus, RunningJob
 from nodemedic.providers.run_command import Documents, RunCommand
@@ -102,7 +102,10 @@ class SlurmViaSSM:
             job, _, nodes = rest.strip().partition(" ")
             if word == "requeued":
                 requeued.append(job)
-                job_nodes[job] = [n for n in nodes.split(",") if n]
+                try:
+                    job_nodes[job] = expand_hostlist(nodes)
+                except ValueError:  # the job is requeued all the same; only its other nodes are unknown
+                    job_nodes[job] = []
             elif word == "not_requeued":
                 not_requeued.append(rest.strip())
         return EvacuationResult(requeued=requeued, not_requeued=not_requeued, job_nodes=job_nodes)
