@@ -80,9 +80,12 @@ class MemoryQueue:
 
     def send(self, bodies: list[str]) -> None:
         with self._lock:
-            self._ready.extend({"Body": b, "ReceiptHandle": str(next(self._handles))} for b in bodies)
+            sent = str(int(time.time() * 1000))  # SQS's SentTimestamp, which dates a heartbeat
+            self._ready.extend({"Body": b, "ReceiptHandle": str(next(self._handles)),
+                                "Attributes": {"SentTimestamp": sent}} for b in bodies)
 
-    def receive_message(self, QueueUrl: str, MaxNumberOfMessages: int, WaitTimeSeconds: int) -> dict[str, Any]:  # noqa: N803
+    def receive_message(self, QueueUrl: str, MaxNumberOfMessages: int, WaitTimeSeconds: int,  # noqa: N803
+                        MessageSystemAttributeNames: list[str]) -> dict[str, Any]:  # noqa: N803
         with self._lock:
             self.calls["sqs.ReceiveMessage"] += 1
             out = [self._ready.popleft() for _ in range(min(MaxNumberOfMessages, len(self._ready)))]

@@ -16,42 +16,69 @@ from samtranslator.yaml_helper import yaml_parse
 T0 = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 
 
-def beat(instance: str, at: datetime, status: str = "running") -> NodeHeartbeat:
-    return NodeHeartbeat(schema_version="1", cluster="local", sent_at=at, status=status, interval_seconds=15,
-                         node={"instance_id": instance, "hostname": "h", "slurm_node": "gpu-1"})
+def beat(instance: str, at: datetime, status: str = "running", skew: timedelta = timedelta(0)) -> tuple[NodeHeartbeat, datetime]:
+    """A heartbeat that reached AWS at ``at``, sent by a node whose clock is off by ``skew``."""
+    return NodeHeartbeat(schema_version="1", cluster="local", sent_at=at + skew, status=status, interval_seconds=15,
+                         node={"instance_id": instance, "hostname": "h", "slurm_node": "gpu-1"}), at
 
 
 def test_a_node_is_silent_after_the_threshold_and_reported_once_until_it_returns():
     roster: dict = {}
-    record(roster, beat("i-00000000000000001", T0))
+    record(roster, *beat("i-00000000000000001", T0))
     assert silent(roster, T0 + timedelta(seconds=45), 45) == []
     assert silent(roster, T0 + timedelta(seconds=46), 45) == ["i-00000000000000001"]
     roster["i-00000000000000001"]["reported_at"] = (T0 + timedelta(seconds=46)).isoformat()
     assert silent(roster, T0 + timedelta(seconds=120), 45) == []  # once per silence
-    record(roster, beat("i-00000000000000001", T0 + timedelta(seconds=130)))  # it came back
+    record(roster, *beat("i-00000000000000001", T0 + timedelta(seconds=130)))  # it came back
     assert silent(roster, T0 + timedelta(seconds=180), 45) == ["i-00000000000000001"]
 
 
 def test_a_late_old_heartbeat_does_not_move_last_seen_back():
     roster: dict = {}
-    record(roster, beat("i-00000000000000001", T0 + timedelta(seconds=30)))
-    record(roster, beat("i-00000000000000001", T0))
+    record(roster, *beat("i-00000000000000001", T0 + timedelta(seconds=30)))
+    record(roster, *beat("i-00000000000000001", T0))
     assert roster["i-00000000000000001"]["last_seen"] == (T0 + timedelta(seconds=30)).isoformat()
 
 
 def test_a_goodbye_stops_watching_the_node():
     roster: dict = {}
-    record(roster, beat("i-00000000000000001", T0))
-    record(roster, beat("i-00000000000000001", T0 + timedelta(seconds=5), status="stopping"))
+    record(roster, *beat("i-00000000000000001", T0))
+    record(roster, *beat("i-00000000000000001", T0 + timedelta(seconds=5), status="stopping"))
     assert roster == {} and silent(roster, T0 + timedelta(hours=1), 45) == []
 
 
 def test_the_missing_event_dates_the_fault_at_the_last_heartbeat():
     roster: dict = {}
-    record(roster, beat("i-00000000000000001", T0))
+    record(roster, *beat("i-00000000000000001", T0))
     event = missing_event(roster, "i-00000000000000001", "local", T0 + timedelta(seconds=50))
     assert (event.fault_code, event.check, event.observed_at) == ("HEARTBEAT_MISSING", "heartbeat", T0)
     assert event.evidence["silent_for_s"] == 50.0
+
+
+@pytest.mark.parametrize("skew", [timedelta(minutes=-10), timedelta(hours=1)], ids=["10 min behind", "1 h ahead"])
+def test_a_nodes_clock_neither_silences_it_nor_delays_its_silence(skew: timedelta):
+    """Dated by AWS's clock: a node whose clock is behind is not silent while it beats, and one
+    whose clock is ahead is silent the threshold after its last heartbeat, not an hour later."""
+    roster: dict = {}
+    for n in range(20):
+        record(roster, *beat("i-00000000000000001", T0 + timedelta(seconds=15 * n), skew=skew))
+        assert silent(roster, T0 + timedelta(seconds=15 * n + 14), 45) == []
+    last = T0 + timedelta(seconds=15 * 19)
+    assert silent(roster, last + timedelta(seconds=46), 45) == ["i-00000000000000001"]
+    event = missing_event(roster, "i-00000000000000001", "local", last + timedelta(seconds=46))
+    assert event.observed_at == last and event.evidence["silent_for_s"] == 46.0
+
+
+def test_a_heartbeat_is_dated_by_sqs_then_eventbridge_never_by_the_node():
+    from nodemedic.silence_sweeper import _arrived_at
+
+    now = T0 + timedelta(minutes=1)
+    queued = {"Attributes": {"SentTimestamp": str(int(T0.timestamp() * 1000) + 250)}}
+    envelope = {"time": "2026-11-22T02:59:59Z", "detail": {"sent_at": "2026-11-22T02:00:00Z"}}
+    assert _arrived_at(queued, envelope, now) == T0 + timedelta(milliseconds=250)
+    assert _arrived_at({}, envelope, now) == datetime(2026, 11, 22, 2, 59, 59, tzinfo=UTC)
+    assert _arrived_at({}, {"time": "2099-01-01T00:00:00Z"}, now) == now  # never later than now
+    assert _arrived_at({"Attributes": {"SentTimestamp": "x"}}, {"time": "soon"}, now) == now
 
 
 def test_local_mode_fires_rate_schedules_and_refuses_cron():

@@ -11,7 +11,7 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -64,7 +64,8 @@ class SilenceSweeper:
             got: list[dict[str, Any]] = []
             while time.monotonic() < deadline:
                 batch = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
-                                                 WaitTimeSeconds=0).get("Messages", [])
+                                                 WaitTimeSeconds=0,
+                                                 MessageSystemAttributeNames=["SentTimestamp"]).get("Messages", [])
                 if not batch:
                     break
                 got.extend(batch)
@@ -85,12 +86,13 @@ class SilenceSweeper:
         roster, version = self.roster.load()
         for m in messages:
             try:
-                beat = NodeHeartbeat.model_validate(json.loads(m["Body"])["detail"])
+                envelope = json.loads(m["Body"])
+                beat = NodeHeartbeat.model_validate(envelope["detail"])
             except (ValueError, KeyError, TypeError, ValidationError):
                 result.invalid += 1
                 continue
             if beat.cluster == self.cluster:
-                record(roster, beat)
+                record(roster, beat, _arrived_at(m, envelope, now))
                 result.heartbeats += 1
         missing: list[tuple[str, NodeHealthEvent]] = []
         for instance in silent(roster, now, self.threshold_s):
@@ -124,3 +126,18 @@ class SilenceSweeper:
             elif not entry.get("slow_reported_at"):
                 report.append((instance, slow_event(roster, slow[instance], self.cluster, now)))
         return report
+
+
+def _arrived_at(message: dict[str, Any], envelope: dict[str, Any], now: datetime) -> datetime:
+    """When the heartbeat reached AWS, by AWS's clocks: SQS's ``SentTimestamp`` (epoch ms, when
+    the queue took it from EventBridge), else the event's ``time`` (EventBridge's, to the second,
+    when the sender gives none: the agent gives none), else ``now``; never later than ``now``."""
+    try:
+        return min(datetime.fromtimestamp(int(message["Attributes"]["SentTimestamp"]) / 1000, UTC), now)
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        pass
+    try:
+        taken = datetime.fromisoformat(str(envelope["time"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return now
+    return min(taken, now) if taken.tzinfo else now

@@ -4,6 +4,10 @@ The roster maps instance id -> what the last heartbeat said. A node is silent on
 heartbeat is older than the silence threshold; it is reported once per silence, and a new
 heartbeat (the node came back) re-arms it. A node that said goodbye (``status: stopping``) is
 no longer watched.
+
+A heartbeat is dated by when it reached AWS (the sweeper reads SQS's ``SentTimestamp``), never by
+the node's clock (``sent_at``): a node whose clock runs behind would read as silent while it
+beats, and one whose clock runs ahead would be found silent that much late.
 """
 
 from __future__ import annotations
@@ -18,16 +22,17 @@ from nodemedic.domain.fail_slow import observe
 Roster = dict[str, dict[str, Any]]
 
 
-def record(roster: Roster, beat: NodeHeartbeat) -> None:
+def record(roster: Roster, beat: NodeHeartbeat, seen_at: datetime) -> None:
+    """``seen_at``: when the heartbeat reached AWS, by AWS's clock."""
     instance = beat.node.instance_id
     if beat.status == "stopping":
         roster.pop(instance, None)
         return
     known = roster.get(instance)
-    if known and datetime.fromisoformat(known["last_seen"]) >= beat.sent_at:
+    if known and datetime.fromisoformat(known["last_seen"]) > seen_at:
         return  # an older heartbeat delivered late
     entry = roster[instance] = {"node": beat.node.model_dump(mode="json", exclude_none=True),
-                                "last_seen": beat.sent_at.isoformat(), "interval_s": beat.interval_seconds,
+                                "last_seen": seen_at.isoformat(), "interval_s": beat.interval_seconds,
                                 "reported_at": None,
                                 **{k: known[k] for k in ("perf", "slow_reported_at") if known and k in known}}
     observe(entry, beat.perf)
