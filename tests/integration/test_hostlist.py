@@ -55,7 +55,7 @@ def test_generated_host_lists_expand_as_slurm_expands_them(scontrol: dict[str, s
     assert expand_hostlist(expression) == _slurm_expands(scontrol, expression)
 
 
-@pytest.mark.parametrize("bad", ["gpu-[1-3", "gpu-1]", "n[[1-2]]", "n[a-b]", "n[1-999999999]"])
+@pytest.mark.parametrize("bad", ["gpu-[1-3", "gpu-1]", "n[[1-2]]", "n[a-b]", "n[1-999999999]", "r[1-99999]-n[1-99999]"])
 def test_what_is_not_a_host_list_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         expand_hostlist(bad)

@@ -1,6 +1,6 @@
 """Reading ``scontrol show ... -o`` records: the pipeline's Slurm adapter and the node agent's
-burn-in hold parse Slurm's answers the same way; and the burn-in hold's drain reason, which the
-agent writes and the pipeline's reconciler reads."""
+burn-in hold parse Slurm's answers the same way; the burn-in hold's drain reason, which the
+agent writes and the pipeline's reconciler reads; and Slurm's compressed host lists."""
 
 from __future__ import annotations
 
@@ -68,10 +68,12 @@ def _expand_part(part: str, expression: str) -> list[str]:
             raise ValueError(f"not a host list: {expression!r}")
         return [part]
     head, rest = part[:found.start()], _expand_part(part[found.end():], expression)
-    hosts = []
+    hosts: list[str] = []
     for item in found.group(1).split(","):
         low, _, high = item.partition("-")
-        if not low.isdigit() or not (high or low).isdigit() or int(high or low) - int(low) > MAX_HOSTS:
+        if not low.isdigit() or not (high or low).isdigit():
             raise ValueError(f"not a host list: {expression!r}")
+        if len(hosts) + (int(high or low) - int(low) + 1) * len(rest) > MAX_HOSTS:  # counted before it is built
+            raise ValueError(f"host list of more than {MAX_HOSTS:,} hosts: {expression[:100]!r}")
         hosts += [f"{head}{n:0{len(low)}d}{tail}" for n in range(int(low), int(high or low) + 1) for tail in rest]
     return hosts
