@@ -55,6 +55,9 @@ from moto.eks.models import eks_backends
 from moto.events.models import EventsBackend, Rule, events_backends
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
+from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
@@ -81,6 +84,7 @@ HOOKED = {
     "ec2 reboot": (InstanceBackend, "reboot_instances"),
     "ec2 start": (InstanceBackend, "start_instances"),
     "asl parse per execution": (ExecutionWorker, "_get_evaluation_entrypoint"),
+    "states.all matching": (ErrorEqualsDecl, "_eval_body"),
     **hyperpod.HOOKED,
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
@@ -185,6 +189,26 @@ def _parsed_program(worker: ExecutionWorker) -> Any:
         if definition not in _PARSED:
             _PARSED[definition] = AmazonStateLanguageParser.parse(definition)[0]
         return _PARSED[definition]
+
+
+# Terminal errors that a Retrier or Catcher on States.ALL does not match (it matches them only by
+# name): "States.ALL ... can't catch the States.DataLimitExceeded terminal error type and runtime
+# error types" (Step Functions developer guide, "Error names"). A state whose output exceeds the
+# 256 KiB payload quota ends the execution, whatever its Catch; moto's States.ALL matched them.
+_TERMINAL = frozenset({StatesErrorNameType.StatesStatesDataLimitExceeded, StatesErrorNameType.StatesRuntime})
+
+
+def _states_all_misses_terminal_errors(decl: ErrorEqualsDecl, env: Any) -> None:
+    error_name = env.stack[-1]
+    if isinstance(error_name, StatesErrorName) and error_name.typ in _TERMINAL \
+            and not any(isinstance(n, StatesErrorName) and n.typ == error_name.typ for n in decl.error_names):
+        env.stack.pop()
+        env.stack.append(False)
+        return
+    _ORIGINAL_ERROR_EQUALS(decl, env)
+
+
+_ORIGINAL_ERROR_EQUALS = ErrorEqualsDecl._eval_body
 
 
 def _atomic(write: Any) -> Any:
@@ -669,6 +693,7 @@ class EmbeddedAWS:
             (InstanceBackend, "start_instances", start_instances),
             (InstanceBackend, "describe_instance_status", describe_instance_status),
             (ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program),
+            (ErrorEqualsDecl, "_eval_body", _states_all_misses_terminal_errors),
             *hyperpod.hooks(self.hyperpod),
             *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name)))
               for name in ("put_item", "update_item", "delete_item")),

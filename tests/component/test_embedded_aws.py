@@ -39,6 +39,7 @@ def aws(tmp_path: Path):
         "def handler(event, context):\n"
         "    if event.get('boom'):\n        raise BoomError('it broke')\n"
         "    if event.get('sleep'):\n        __import__('time').sleep(event['sleep'])\n"
+        "    if event.get('big'):\n        return {'blob': 'x' * event['big']}\n"
         "    print(json.dumps({'_aws': {'Timestamp': 1700000000000, 'CloudWatchMetrics': [{'Namespace': 'T',"
         " 'Dimensions': [['Cluster']], 'Metrics': [{'Name': 'TimeToRecover', 'Unit': 'Seconds'}]}]},"
         " 'Cluster': 'c1', 'TimeToRecover': 12.5}))\n"
@@ -183,6 +184,32 @@ def test_task_timeouts_can_be_lengthened(aws: EmbeddedAWS, scale: float, status:
         time.sleep(0.05)
     assert d["status"] == status
     assert d.get("error", "States.Timeout") == "States.Timeout"
+
+
+def _run(aws: EmbeddedAWS, arn: str, name: str) -> dict:
+    aws.client("stepfunctions").start_execution(stateMachineArn=arn, name=name, input="{}")
+    while (d := aws.client("stepfunctions").describe_execution(
+            executionArn=arn.replace("stateMachine", "execution") + f":{name}"))["status"] == "RUNNING":
+        time.sleep(0.05)
+    return d
+
+
+@pytest.mark.parametrize(("caught_by", "status"), [("States.ALL", "FAILED"), ("States.DataLimitExceeded", "SUCCEEDED")])
+def test_a_result_over_the_payload_quota_ends_the_execution_whatever_catches_states_all(
+        aws: EmbeddedAWS, caught_by: str, status: str) -> None:
+    """A task result over 256 KiB is States.DataLimitExceeded, which States.ALL neither retries nor
+    catches on AWS (it ends the execution); a Catch that names it does."""
+    arn = _state_machine(aws, {"StartAt": "F", "States": {
+        "F": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:123456789012:function:fn",
+              "Parameters": {"big": 300_000}, "End": True,
+              "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 2, "IntervalSeconds": 1}],
+              "Catch": [{"ErrorEquals": [caught_by], "Next": "Caught"}]},
+        "Caught": {"Type": "Pass", "End": True}}})
+    d = _run(aws, arn, "big")
+    assert d["status"] == status
+    if status == "FAILED":
+        assert d["error"] == "States.DataLimitExceeded"
+    assert sum(1 for inv in aws.invocations if inv.function == "fn") == 1, "States.ALL retried it"
 
 
 class _Host:

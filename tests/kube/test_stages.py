@@ -60,7 +60,7 @@ def test_xid79_cordons_evicts_within_the_budget_swaps_a_spare_and_returns_the_no
     cluster.allow("llm", 1)  # the disruption controller: the job tolerates one disruption now
     out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)  # the state machine's retry
     assert out.drained_by_pipeline and out.requeued_jobs == [job]
-    assert out.job_nodes == {job: sorted([node, peer])}
+    assert out.job_sizes == {job: 2} and ledger.interrupted_on(incident.cluster, peer, clock()) == [job]
     assert "llm-worker-0" not in cluster.live_pods(node)
 
     # Spare: untainted for the job's replacement pod

@@ -202,7 +202,7 @@ def test_two_failed_nodes_of_one_job_each_take_a_spare(slurm: MemorySlurm, ledge
     slurm.n["gpu-2"].jobs = ["77"]
     first, second = opened(ledger, "gpu-1"), opened(ledger, "gpu-2")
     drained = drain(first, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
-    assert drained.job_nodes == {"77": ["gpu-1", "gpu-2"]}
+    assert drained.job_sizes == {"77": 2} and ledger.interrupted_on("c1", "gpu-2", clock()) == ["77"]
     assert drain(second, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock).requeued_jobs == []
     taken = [swap_in(i, orchestrator=slurm, provider=MemoryProvider(), ledger=ledger, pool_size=2, clock=clock)
              for i in (first, second)]

@@ -89,7 +89,7 @@ class DrainOutput(_Model):
     drained_by_pipeline: bool = Field(description="False when an operator had drained it first")
     requeued_jobs: list[str]
     jobs_not_requeued: list[str]
-    job_nodes: dict[str, list[str]] = Field(default_factory=dict, description="each requeued job's nodes")
+    job_sizes: dict[str, int] = Field(default_factory=dict, description="how many nodes each requeued job had")
     checkpoint: CheckpointRecord | None = Field(default=None, description="None: no checkpoint policy applied")
 
 

@@ -4,16 +4,20 @@ checkpoint policy says so, stages.checkpoint), and requeue them so they restart 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+
+from pydantic import BaseModel, Field
 
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy
 from nodemedic.errors import EvictionPendingError
-from nodemedic.orchestrators.base import EvacuationResult, Orchestrator
+from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.checkpoint import checkpoint_jobs
 from nodemedic.store.ledger import Ledger
+
+MARKING_WRITERS = 16
 
 
 def drain_reason(prefix: str, incident: IncidentRef) -> str:
@@ -27,21 +31,46 @@ def owner_tag(prefix: str, incident: IncidentRef) -> str:
     return f"{prefix}:{incident.incident_id}"
 
 
+class _Evacuated(BaseModel):
+    """What the drain's invocations have moved so far: the requeued jobs and how many nodes each
+    had (their names are recorded on those nodes, never carried: a job of ~6,000 EKS nodes named
+    ``ip-….compute.internal`` would put its drain result over Step Functions' 256 KiB state quota,
+    which ends the execution whatever its Catch, and over DynamoDB's 400 KB item)."""
+
+    requeued: list[str] = Field(default_factory=list)
+    not_requeued: list[str] = Field(default_factory=list)
+    job_sizes: dict[str, int] = Field(default_factory=dict)
+
+
+def _mark_interrupted(incident: IncidentRef, ledger: Ledger, job_nodes: dict[str, list[str]], now: datetime) -> None:
+    """Record on each other node of each requeued job that this incident requeued it: one of them
+    failing too finds its job requeued already, and still takes a spare for it (stages.spares).
+    One write per node, ``MARKING_WRITERS`` at a time: a 2,000-node job is 2,000 writes."""
+    marks = [(job, node) for job, nodes in job_nodes.items() for node in nodes if node != incident.slurm_node]
+    if not marks:
+        return
+    with ThreadPoolExecutor(min(MARKING_WRITERS, len(marks))) as pool:
+        for _ in pool.map(lambda m: ledger.mark_interrupted(incident.cluster, m[1], m[0], incident.incident_id, now),
+                          marks):
+            pass
+
+
 def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger, started_at: float,
-              progress: dict[str, object]) -> EvacuationResult:
+              now: datetime, progress: dict[str, object]) -> _Evacuated:
     """Evacuate, adding up what earlier invocations moved; while pods are still leaving (a
     Kubernetes PodDisruptionBudget, a namespace that waits for completion) record the progress
     and raise :class:`EvictionPendingError`: the state machine calls again."""
     this = orchestrator.evacuate(incident.slurm_node, started_at)
+    _mark_interrupted(incident, ledger, this.job_nodes, now)
     saved = progress.get("evacuated")
-    before = EvacuationResult(**saved) if isinstance(saved, dict) else EvacuationResult([], [])
-    total = EvacuationResult(
+    before = _Evacuated.model_validate(saved) if isinstance(saved, dict) else _Evacuated()
+    total = _Evacuated(
         requeued=list(dict.fromkeys(before.requeued + this.requeued)),
         not_requeued=list(dict.fromkeys(before.not_requeued + this.not_requeued)),
-        job_nodes={**before.job_nodes, **this.job_nodes}, pending=this.pending)
-    if total.pending:
-        ledger.record_progress(incident, "drain", {"evacuated": {**asdict(total), "pending": []}})
-        raise EvictionPendingError(f"{incident.slurm_node}: still leaving: {'; '.join(total.pending)[:800]}")
+        job_sizes={**before.job_sizes, **{job: len(nodes) for job, nodes in this.job_nodes.items()}})
+    if this.pending:
+        ledger.record_progress(incident, "drain", {"evacuated": total.model_dump()})
+        raise EvictionPendingError(f"{incident.slurm_node}: still leaving: {'; '.join(this.pending)[:800]}")
     return total
 
 
@@ -98,20 +127,14 @@ def drain(
     ours = _drain_node(incident, orchestrator, ledger, prefix, clock, progress)
     checkpoint, requeue = _before_requeue(incident, orchestrator, ledger, checkpoints or CheckpointPolicy(), clock,
                                           progress)
-    evacuated = _evacuate(incident, orchestrator, ledger, record.started_at.timestamp(), progress) if requeue \
-        else EvacuationResult([], [])
-    # the job's other nodes: one of them failing too finds its job requeued already, and still
-    # takes a spare for it (stages.spares)
-    for job, nodes in evacuated.job_nodes.items():
-        for other in nodes:
-            if other != incident.slurm_node:
-                ledger.mark_interrupted(incident.cluster, other, job, incident.incident_id, clock())
+    evacuated = _evacuate(incident, orchestrator, ledger, record.started_at.timestamp(), clock(), progress) \
+        if requeue else _Evacuated()
     out = DrainOutput(
         slurm_node=incident.slurm_node,
         drained_by_pipeline=ours,
         requeued_jobs=evacuated.requeued,
         jobs_not_requeued=evacuated.not_requeued,
-        job_nodes=evacuated.job_nodes,
+        job_sizes=evacuated.job_sizes,
         checkpoint=checkpoint,
     )
     ledger.complete_stage(incident, "drain", clock(), out.model_dump(mode="json"))
