@@ -47,6 +47,7 @@ nodes = json.load(open(os.environ["FAKE_NODES"]))
 args = sys.argv[1:]
 def record(i, n):
     reason = f" Reason={n['reason']} [root@2026-11-25T09:37:54]" if n["reason"] else ""
+    reason += f" Comment={n['comment']}" if n.get("comment") else ""
     print(os.environ["FAKE_RECORD"].format(name=n["name"], i=i % 250, state=n["state"], reason=reason))
 if args[:2] == ["show", "nodes"]:
     for i, n in enumerate(nodes): record(i, n)
@@ -107,14 +108,16 @@ def test_every_node_of_a_2000_node_cluster_is_read_in_pages_each_within_what_ssm
     nodes = [{"name": f"p5-{i:04d}", "state": "IDLE", "reason": ""} for i in range(2000)]
     nodes[7].update(state="IDLE+DRAIN", reason="nodemedic:inc-1 XID 79")
     nodes[1000].update(state="DOWN+DRAIN+NOT_RESPONDING", reason="Not responding")
-    nodes[1999].update(state="ALLOCATED+DRAIN", reason="rma by bob")
+    nodes[1999].update(state="ALLOCATED+DRAIN", reason="rma ticket=42 by bob", comment="rack 4")
     nodes_file.write_text(json.dumps(nodes))
 
     statuses = _slurm(ssm).nodes()
 
     assert [s.name for s in statuses] == [n["name"] for n in nodes]
     assert (statuses[7].state, statuses[7].reason) == ("IDLE+DRAIN", "nodemedic:inc-1 XID 79")
-    assert (statuses[1999].state, statuses[1999].reason) == ("ALLOCATED+DRAIN", "rma by bob")
+    # an operator's reason may hold "word=" and be followed by a Comment: it is read whole
+    assert (statuses[1999].state, statuses[1999].reason) == ("ALLOCATED+DRAIN", "rma ticket=42 by bob")
+    assert _slurm(ssm).node_status("p5-1999").reason == "rma ticket=42 by bob"
     assert statuses[1000].state == "DOWN+DRAIN+NOT_RESPONDING" and statuses[1000].reason == "Not responding"
     pages = list(ssm.invocations.values())
     assert len(pages) >= 2 and all(p["printed"] < SSM_STDOUT_LIMIT for p in pages)

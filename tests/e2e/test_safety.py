@@ -117,7 +117,7 @@ def _wait_for_approval_requests(local: LocalMode, count: int, timeout: float = 6
 
 
 def test_an_operators_drain_survives_an_incident_on_that_node(local: LocalMode) -> None:
-    subprocess.run(["scontrol", "update", "nodename=gpu-3", "state=drain", "reason=maintenance: BIOS update"],
+    subprocess.run(["scontrol", "update", "nodename=gpu-3", "state=drain", "reason=maintenance: BIOS update ticket=42"],
                    env={**os.environ, **local.scheduler.env}, check=True)
     local.put_event(local.health_event("gpu-3", "XID 48"))  # a reboot-class fault
     [execution] = local.wait_for_executions(1)
@@ -126,7 +126,7 @@ def test_an_operators_drain_survives_an_incident_on_that_node(local: LocalMode) 
     incident = local.incident(execution["name"])
     assert incident.status == "closed" and incident.stages["resume"].result["resumed"] is False
     node = local.scheduler.node("gpu-3")
-    assert "DRAIN" in node["State"] and node["Reason"].startswith("maintenance: BIOS update")
+    assert "DRAIN" in node["State"] and node["Reason"].startswith("maintenance: BIOS update ticket=42 [")
 
 
 def test_a_node_returned_to_service_during_repair_is_never_touched() -> None:

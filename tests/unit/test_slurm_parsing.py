@@ -17,6 +17,16 @@ def test_scontrol_record_values_may_contain_spaces() -> None:
     assert fields["Reason"] == "nodemedic:inc-1 XID 79 [root@2026-11-22T01:18:58]"
 
 
+def test_a_drain_reason_runs_to_slurms_stamp_even_with_word_equals_text_in_it() -> None:
+    fields = parse_scontrol_record("NodeName=gpu-2 State=IDLE+DRAIN ExtSensorsTemp=n/s "
+                                   "Reason=rma ticket=42 [bob@2026-11-22T01:18:58] Comment=rack 4 Extra=x=1")
+    assert fields["Reason"] == "rma ticket=42 [bob@2026-11-22T01:18:58]"
+    assert (fields["Comment"], fields["Extra"], fields["State"]) == ("rack 4", "x=1", "IDLE+DRAIN")
+    assert "ticket" not in fields
+    # a job's Reason has no stamp: it ends at the next field as every value does
+    assert parse_scontrol_record("JobId=5 JobState=PENDING Reason=Priority Dependency=(null)")["Reason"] == "Priority"
+
+
 def test_the_pipeline_owns_only_drains_with_its_own_incident_tag() -> None:
     ours = NodeStatus("gpu-1", "IDLE+DRAIN", "nodemedic:inc-1 XID 79")
     assert ours.drained_by("nodemedic:inc-1")

@@ -10,11 +10,20 @@ _FIELD_SPLIT = re.compile(r"\s+(?=[A-Za-z][\w/:]*=)")
 _BRACKETS = re.compile(r"\[([^\[\]]*)\]")
 MAX_HOSTS = 100_000  # more hosts than any cluster has: a malformed range, not a job's nodes
 _REASON_SUFFIX = re.compile(r"\s*\[[^\]]*@[^\]]*\]$")
+_STAMPED_REASON = re.compile(r"(?:^|\s)Reason=(.*?\s\[[^\[\]\s]*@[^\[\]\s]*\])(?=\s|$)")
 
 
 def parse_scontrol_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol show ... -o`` line into ``{key: value}`` (values may hold spaces)."""
+    """Parse one ``scontrol show ... -o`` line into ``{key: value}`` (values may hold spaces).
+
+    A value ends where the next ``Key=`` starts, except a node's drain reason: free text that may
+    hold ``word=`` ("rma ticket=42"), it runs to the ``[user@time]`` stamp Slurm appends to it
+    (``Comment=``/``Extra=`` may follow)."""
     fields: dict[str, str] = {}
+    stamped = _STAMPED_REASON.search(line)
+    if stamped:
+        fields["Reason"] = stamped.group(1)
+        line = line[:stamped.start()] + line[stamped.end():]
     for part in _FIELD_SPLIT.split(line.strip()):
         key, sep, value = part.partition("=")
         if sep:
