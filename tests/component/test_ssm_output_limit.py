@@ -3,7 +3,8 @@
 nodes was listed cut short, its last record cut mid-field. The slurm-query document from
 template.yaml runs here in bash against an scontrol that answers like Slurm 22.05 for a cluster of
 hundreds of nodes, through the real RunCommand, with AWS's cut applied: every node is read, in
-pages; and an answer SSM cut is never read at all."""
+pages; and an answer SSM cut is never read at all. The same harness reads drain reasons as the
+documents do: from the node's Reason field, whatever text an operator's reason or Comment holds."""
 
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ elif args[:2] == ["show", "node"]:
     [record(i, n) for i, n in enumerate(nodes) if n["name"] == args[2]] or sys.exit("node not found")
 elif args[:2] == ["show", "reservation"]:
     print(f"ReservationName={args[2]} Nodes=" + ",".join(n["name"] for n in nodes if n.get("spare")) + " State=ACTIVE")
+elif args[:1] == ["update"]:
+    open(os.environ["FAKE_NODES"] + ".updates", "a").write(" ".join(args[1:]) + "\n")
 elif args[:2] == ["show", "hostnames"]:
     print("\n".join(args[2].split(",")))
 else:
@@ -167,3 +170,18 @@ def test_the_agents_report_fits_what_ssm_returns_whatever_a_tool_printed() -> No
     assert checks[0]["detail"].endswith("...") and checks[1]["measurements_dropped"] == 2000
     small = {"healthy": True, "checks": [{"name": "gpu", "ok": True, "detail": "8 GPUs", "measurements": [{"v": 1}]}]}
     assert json.loads(fitted(small)) == small  # a report that fits is printed as it is
+
+
+@pytest.mark.parametrize("reason", ["hold Reason=nodemedic:inc-5 XID 79", "rma"])
+def test_an_operators_drain_is_not_taken_for_nodemedics_by_reason_text_that_names_an_incident(
+        cluster, reason: str) -> None:
+    """The resume and drain documents read the node's Reason from its field, not from the last
+    "Reason=" in the record: an operator's reason, or a Comment after it, that names an incident
+    does not make the drain NodeMedic's."""
+    nodes_file, ssm = cluster
+    nodes_file.write_text(json.dumps([{"name": "gpu-1", "state": "IDLE+DRAIN", "reason": reason,
+                                       "comment": "was Reason=nodemedic:inc-5 XID 79"}]))
+    slurm = _slurm(ssm)
+    assert slurm.resume("gpu-1", owner="nodemedic:inc-5") is False
+    assert slurm.drain("gpu-1", "nodemedic:inc-6 XID 79", takeover="nodemedic:") is False
+    assert not Path(f"{nodes_file}.updates").exists(), "the operator's drain was changed"
