@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from botocore.exceptions import ClientError
 from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.errors import DrainFailedError
 from nodemedic.reconciler import reconcile
@@ -297,3 +298,54 @@ def test_a_held_replacement_an_open_incident_claimed_is_that_incidents_and_a_fai
     assert reports[1].errors == ["cannot start the burn-in of gpu-2: EventBridge refused the event"]
     assert not reports[1].burn_ins_started and reports[2].burn_ins_unchecked == ["gpu-2"]
     assert "gpu-2 (i-00000000000000002) is held out of service" in reports[2].pages[0]
+
+
+class _ThrottledAfterRequeue(Ledger):
+    """DynamoDB throttled past the retry budget once the jobs are requeued: the node marks and the
+    stage's completion fail (ProvisionedThroughputExceeded, surfaced after the client's retries)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger._db, ledger._table)
+        self.throttled = True
+
+    def _throttle(self) -> None:
+        if self.throttled:
+            raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
+                              "UpdateItem")
+
+    def mark_interrupted(self, *args, **kwargs) -> None:
+        self._throttle()
+        super().mark_interrupted(*args, **kwargs)
+
+    def complete_stage(self, *args, **kwargs):
+        self._throttle()
+        return super().complete_stage(*args, **kwargs)
+
+
+def test_a_drain_retried_after_the_requeue_still_knows_the_jobs_it_moved_and_their_spare_is_taken(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    slurm.n["gpu-1"].jobs = ["77"]
+    slurm.n["gpu-2"].jobs = ["77"]
+    incident = opened(ledger, "gpu-1")
+    throttled = _ThrottledAfterRequeue(ledger)
+    with pytest.raises(ClientError):
+        drain(incident, orchestrator=slurm, ledger=throttled, prefix=PREFIX, clock=clock)
+    assert slurm.n["gpu-2"].jobs == []  # requeued: the retry finds the node empty
+
+    throttled.throttled = False  # Step Functions retries the stage
+    out = drain(incident, orchestrator=slurm, ledger=throttled, prefix=PREFIX, clock=clock)
+    assert out.requeued_jobs == ["77"] and out.job_sizes == {"77": 2}
+    taken = swap_in(incident, orchestrator=slurm, provider=MemoryProvider(), ledger=ledger, pool_size=1, clock=clock)
+    assert taken.spare == "spare-1" and "(77)" in taken.reason
+
+
+def test_a_drain_recorded_by_the_version_that_listed_each_jobs_nodes_is_still_read(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger, "gpu-1")
+    ledger.start_stage(incident, "drain", clock())
+    ledger.complete_stage(incident, "drain", clock(), {
+        "slurm_node": "gpu-1", "drained_by_pipeline": True, "requeued_jobs": ["77"], "jobs_not_requeued": [],
+        "job_nodes": {"77": ["gpu-1", "gpu-2", "gpu-3"]}, "checkpoint": None})
+    out = drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)  # a retry after the upgrade
+    assert out.requeued_jobs == ["77"] and out.job_sizes == {"77": 3}
+    assert slurm.calls == []  # nothing done again

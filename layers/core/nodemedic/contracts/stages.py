@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from nodemedic.contracts.events import TriggerEvent
 from nodemedic.contracts.incident import IncidentRef, IncidentStatus, Rung
@@ -91,6 +91,16 @@ class DrainOutput(_Model):
     jobs_not_requeued: list[str]
     job_sizes: dict[str, int] = Field(default_factory=dict, description="how many nodes each requeued job had")
     checkpoint: CheckpointRecord | None = Field(default=None, description="None: no checkpoint policy applied")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _counts_from_names(cls, data: Any) -> Any:
+        """A drain recorded before the result kept counts listed each job's nodes (``job_nodes``):
+        read as counts, so a retry across an upgrade and the report still read it."""
+        if isinstance(data, dict) and isinstance(names := data.get("job_nodes"), dict) and "job_sizes" not in data:
+            rest = {k: v for k, v in data.items() if k != "job_nodes"}
+            return {**rest, "job_sizes": {job: len(n) if isinstance(n, list) else n for job, n in names.items()}}
+        return data
 
 
 Destination = Literal["service", "pool"]

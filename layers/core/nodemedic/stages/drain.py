@@ -61,15 +61,18 @@ def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger,
     Kubernetes PodDisruptionBudget, a namespace that waits for completion) record the progress
     and raise :class:`EvictionPendingError`: the state machine calls again."""
     this = orchestrator.evacuate(incident.slurm_node, started_at)
-    _mark_interrupted(incident, ledger, this.job_nodes, now)
     saved = progress.get("evacuated")
     before = _Evacuated.model_validate(saved) if isinstance(saved, dict) else _Evacuated()
     total = _Evacuated(
         requeued=list(dict.fromkeys(before.requeued + this.requeued)),
         not_requeued=list(dict.fromkeys(before.not_requeued + this.not_requeued)),
         job_sizes={**before.job_sizes, **{job: len(nodes) for job, nodes in this.job_nodes.items()}})
-    if this.pending:
+    if total != before:
+        # recorded at once, before the marks and the completion: a retried invocation finds the node
+        # empty (its jobs are pending now) and learns from this what it moved, so a spare still goes to them
         ledger.record_progress(incident, "drain", {"evacuated": total.model_dump()})
+    _mark_interrupted(incident, ledger, this.job_nodes, now)
+    if this.pending:
         raise EvictionPendingError(f"{incident.slurm_node}: still leaving: {'; '.join(this.pending)[:800]}")
     return total
 
