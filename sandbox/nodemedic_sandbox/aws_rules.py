@@ -13,6 +13,24 @@ NEW_ACCOUNT_CONCURRENCY = 10  # a new account's Lambda concurrency quota can be 
 # GetCommandInvocation returns "the first 24,000 characters written by the plugin to stdout" and
 # "the first 8,000 characters written by the plugin to stderr" (SSM API reference)
 SSM_STDOUT_LIMIT, SSM_STDERR_LIMIT = 24_000, 8_000
+# PutEvents refuses a request whose entries total more than 1 MB, each entry sized as EventBridge
+# sizes it (EventBridge user guide, "Calculating PutEvents event entry size"; the limit rose from
+# 256 KB to 1 MB on 29 January 2026, AWS What's New "Amazon EventBridge increases event payload
+# size"): "ValidationException: Total size of the entries in the request is over the limit."
+PUT_EVENTS_REQUEST_LIMIT = 1_048_576
+# Step Functions holds an execution's input, like any state's data, to 256 KiB as UTF-8 (Step
+# Functions developer guide, "Quotas": maximum input or output size; StartExecution API reference:
+# input, maximum length 262144). The 1 MB raise did not include it: a 300 KB event that EventBridge
+# takes cannot start an execution, and its rule's target delivery fails (to the rule's DLQ)
+STATES_PAYLOAD_LIMIT = 262_144
+
+
+def put_events_entry_size(entry: dict[str, Any]) -> int:
+    """The size EventBridge counts for a PutEvents entry: Time 14 bytes when given; Source,
+    DetailType, Detail and each Resources entry as UTF-8 (the user guide's formula)."""
+    size = 14 if entry.get("Time") is not None else 0
+    size += sum(len(str(entry.get(key) or "").encode()) for key in ("Source", "DetailType", "Detail"))
+    return size + sum(len(str(r).encode()) for r in entry.get("Resources") or [] if r is not None)
 
 
 def reserved_concurrency_problem(reserved: dict[str, int], account_quota: int) -> str | None:

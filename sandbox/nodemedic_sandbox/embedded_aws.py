@@ -52,9 +52,11 @@ from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import InstanceBackend
 from moto.ec2.utils import filter_dict_attribute_mapping
 from moto.eks.models import eks_backends
+from moto.events.exceptions import ValidationException as EventsValidationException
 from moto.events.models import EventsBackend, Rule, events_backends
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
+from moto.stepfunctions.exceptions import ValidationException as StatesValidationException
 from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
@@ -62,10 +64,18 @@ from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 from moto.utilities.arns import parse_arn
 
 from nodemedic_sandbox import hyperpod, iam
-from nodemedic_sandbox.aws_rules import NEW_ACCOUNT_CONCURRENCY, SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
+from nodemedic_sandbox.aws_rules import (
+    NEW_ACCOUNT_CONCURRENCY,
+    PUT_EVENTS_REQUEST_LIMIT,
+    SSM_STDERR_LIMIT,
+    SSM_STDOUT_LIMIT,
+    STATES_PAYLOAD_LIMIT,
+    put_events_entry_size,
+)
 
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
@@ -85,6 +95,8 @@ HOOKED = {
     "ec2 start": (InstanceBackend, "start_instances"),
     "asl parse per execution": (ExecutionWorker, "_get_evaluation_entrypoint"),
     "states.all matching": (ErrorEqualsDecl, "_eval_body"),
+    "eventbridge request size": (EventsBackend, "put_events"),
+    "step functions input size": (StepFunctionsParserBackend, "start_execution"),
     **hyperpod.HOOKED,
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
@@ -347,6 +359,29 @@ def _entries_failing(original: Callable[..., list[dict[str, Any]]],
         done = iter(original(backend, passed) if passed else [])
         return [error or next(done) for error in errors]
     return put_events
+
+
+def _request_within_limit(original: Callable[..., list[dict[str, Any]]]) -> Callable[..., list[dict[str, Any]]]:
+    """PutEvents refusing a whole request over EventBridge's size limit (aws_rules); moto checks
+    no size."""
+    def put_events(backend: Any, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if sum(put_events_entry_size(e) for e in events) > PUT_EVENTS_REQUEST_LIMIT:
+            raise EventsValidationException("Total size of the entries in the request is over the limit.")
+        return original(backend, events)
+    return put_events
+
+
+def _input_within_quota(original: Callable[..., Any]) -> Callable[..., Any]:
+    """StartExecution refusing an input over Step Functions' payload quota (aws_rules); moto
+    starts any."""
+    def start_execution(backend: Any, state_machine_arn: str, name: Any = None, execution_input: Any = None,
+                        *args: Any, **kwargs: Any) -> Any:
+        if execution_input is not None and len(str(execution_input).encode()) > STATES_PAYLOAD_LIMIT:
+            raise StatesValidationException(
+                "1 validation error detected: Value at 'input' failed to satisfy constraint: "
+                f"Member must have length less than or equal to {STATES_PAYLOAD_LIMIT}")
+        return original(backend, state_machine_arn, name, execution_input, *args, **kwargs)
+    return start_execution
 
 
 # each service's throttling error (its API reference); botocore retries all of them
@@ -679,8 +714,9 @@ class EmbeddedAWS:
             (SimpleSystemManagerBackend, "send_command", send_command),
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
-            (EventsBackend, "put_events", _entries_failing(
-                EventsBackend.put_events, lambda entry: _aws_source_refused(entry) or self._injected_entry_error(entry))),
+            (EventsBackend, "put_events", _request_within_limit(_entries_failing(
+                EventsBackend.put_events, lambda entry: _aws_source_refused(entry) or self._injected_entry_error(entry)))),
+            (StepFunctionsParserBackend, "start_execution", _input_within_quota(StepFunctionsParserBackend.start_execution)),
             (CloudWatchBackend, "get_metric_statistics", get_metric_statistics),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
             # the SDK's own backoff (standard mode, what the functions use) is scaled alike
@@ -1075,7 +1111,7 @@ class EmbeddedAWS:
                 if arn.service == "states":
                     self.client("stepfunctions").start_execution(
                         stateMachineArn=target["Arn"], name=str(uuid.uuid4()),
-                        input=json.dumps(delivered))
+                        input=json.dumps(delivered, separators=(",", ":"), ensure_ascii=False))
                 else:
                     self.client("lambda").invoke(FunctionName=target["Arn"], InvocationType="Event",
                                                  Payload=json.dumps(delivered).encode())

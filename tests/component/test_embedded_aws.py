@@ -13,6 +13,7 @@ from unittest import mock
 
 import moto
 import pytest
+from botocore.exceptions import ClientError
 from nodemedic_sandbox.embedded_aws import HOOKED, CommandOutcome, EmbeddedAWS, FunctionSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +155,38 @@ def test_a_failed_delivery_goes_to_the_dead_letter_queue(aws: EmbeddedAWS) -> No
     [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
     assert json.loads(message["Body"])["source"] == "t"
     assert "ERROR_MESSAGE" in message["MessageAttributes"]
+
+
+def test_eventbridge_takes_a_1_mb_request_but_an_event_over_256_kib_starts_no_execution(aws: EmbeddedAWS) -> None:
+    """EventBridge takes up to 1 MB a request (since January 2026); Step Functions still starts no
+    execution whose input is over 256 KiB, so such an event fails its delivery, to the DLQ."""
+    sqs = aws.client("sqs")
+    url = sqs.create_queue(QueueName="dlq-size")["QueueUrl"]
+    dlq = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    arn = _state_machine(aws, {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}})
+    _rule_to(aws, arn, dlq=dlq)
+    events = aws.client("events")
+
+    out = events.put_events(Entries=[{"Source": "t", "DetailType": "d", "Detail": json.dumps({"pad": "x" * 300_000})}])
+    assert out["FailedEntryCount"] == 0  # taken: under 1 MB
+    assert _executions(aws, arn) == []
+    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    assert "ValidationException" in message["MessageAttributes"]["ERROR_MESSAGE"]["StringValue"]
+
+    with pytest.raises(ClientError) as refused:  # five entries of ~200 KB: the request is over 1 MB
+        events.put_events(Entries=[{"Source": "t", "DetailType": "d", "Detail": json.dumps({"pad": "x" * 210_000})}] * 5)
+    assert refused.value.response["Error"]["Code"] == "ValidationException"
+    assert "over the limit" in refused.value.response["Error"]["Message"]
+    assert len(_executions(aws, arn)) == 0
+
+    sfn = aws.client("stepfunctions")
+    at_quota = json.dumps({"pad": "é" * 131_060}, ensure_ascii=False)  # UTF-8 bytes count, not characters
+    at_quota += " " * (262_144 - len(at_quota.encode()))
+    sfn.start_execution(stateMachineArn=arn, input=at_quota)
+    with pytest.raises(ClientError) as over:
+        sfn.start_execution(stateMachineArn=arn, input=at_quota + " ")
+    assert over.value.response["Error"]["Code"] == "ValidationException"
+    assert len(_executions(aws, arn)) == 1
 
 
 def test_retry_intervals_are_scaled(aws: EmbeddedAWS) -> None:

@@ -1,5 +1,7 @@
 """Bad input opens no incident, touches no node and says why."""
 
+import json
+
 import pytest
 from nodemedic_sandbox.local import LocalMode
 
@@ -65,4 +67,20 @@ def test_a_fault_that_needs_no_node_action_is_only_recorded(local: LocalMode) ->
     [execution] = local.wait_for_executions(1)
     assert execution["status"] == "SUCCEEDED"
     assert local.detect_decision(execution) == "monitor"
+    _assert_nothing_touched(local)
+
+
+def test_an_event_too_large_to_start_an_execution_waits_in_its_rules_dead_letter_queue(local: LocalMode) -> None:
+    """EventBridge takes an event of up to 1 MB; Step Functions starts no execution whose input is
+    over 256 KiB. Such an event's delivery fails: it waits in the rule's DLQ, which the
+    DeadLetterAlarm watches, and nothing is started or touched."""
+    detail = local.health_event("gpu-2", "XID 79")
+    detail["evidence"] = {f"k{i}": "x" * 1_000 for i in range(300)}
+    assert local.put_event(detail)["FailedEntryCount"] == 0
+    assert local.executions() == []
+    sqs = local.aws.client("sqs")
+    url = local.stack.resources["RemediationStateMachineAgentHealthEventQueue"]
+    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    assert json.loads(message["Body"])["detail"]["event_id"] == detail["event_id"]
+    assert "262144" in message["MessageAttributes"]["ERROR_MESSAGE"]["StringValue"]
     _assert_nothing_touched(local)
