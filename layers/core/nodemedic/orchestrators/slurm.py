@@ -23,6 +23,27 @@ def _node_status(fields: dict[str, str]) -> NodeStatus:
     return NodeStatus(name=fields["NodeName"], state=fields.get("State", ""), reason=drain_reason(fields))
 
 
+def _requeue_result(lines: list[str]) -> EvacuationResult:
+    """What the slurm-requeue document printed (``requeued <job> <nodes>``, ``not_requeued <job>
+    <why>``), over one or more commands: a job one of them requeued is requeued."""
+    requeued: list[str] = []
+    refused: dict[str, str] = {}
+    job_nodes: dict[str, list[str]] = {}
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        job, _, nodes = rest.strip().partition(" ")
+        if word == "requeued" and job not in job_nodes:
+            requeued.append(job)
+            try:
+                job_nodes[job] = expand_hostlist(nodes)
+            except ValueError:  # the job is requeued all the same; only its other nodes are unknown
+                job_nodes[job] = []
+        elif word == "not_requeued":
+            refused[job] = rest.strip()
+    not_requeued = [why for job, why in refused.items() if job not in job_nodes]
+    return EvacuationResult(requeued=requeued, not_requeued=not_requeued, job_nodes=job_nodes)
+
+
 class SlurmViaSSM:
     """:class:`~nodemedic.orchestrators.base.Orchestrator` for Slurm, driven with SSM."""
 
@@ -94,21 +115,24 @@ class SlurmViaSSM:
     def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
         """Requeue each job on the node, then release it at once (a requeued job is otherwise held
         until requeue time + cred_expire, 120 s by default); see the slurm-requeue document. Slurm
-        requeues in one command: nothing is ever pending."""
+        requeues in one command: nothing is ever pending.
+
+        A retried drain (``started_at``: its start) first reads the requeue commands it sent since
+        then: a job they requeued has left the node, and an answer the earlier invocation never read
+        (it timed out waiting for a slow controller; SSM was throttled) would be lost with it, and
+        the job's spare with it. One that succeeded is the answer (a command still running is
+        waited for); what a failed one printed is kept, and a new command requeues the rest."""
+        earlier: list[str] = []
+        if started_at is not None:
+            for command_id in self._run.sent_since(self._controller, self._docs.slurm_requeue, {"node": node},
+                                                   started_at):
+                result = self._run.wait(self._controller, command_id, self._timeout)
+                lines = result.stdout.splitlines()
+                if result.ok and not result.cut:
+                    return _requeue_result([*earlier, *lines])
+                earlier += lines[:-1] if result.cut else lines  # a cut answer's last line may be cut too
         out = self._send(self._docs.slurm_requeue, f"requeue jobs on {node}", node=node)
-        requeued, not_requeued, job_nodes = [], [], {}
-        for line in out.splitlines():
-            word, _, rest = line.partition(" ")
-            job, _, nodes = rest.strip().partition(" ")
-            if word == "requeued":
-                requeued.append(job)
-                try:
-                    job_nodes[job] = expand_hostlist(nodes)
-                except ValueError:  # the job is requeued all the same; only its other nodes are unknown
-                    job_nodes[job] = []
-            elif word == "not_requeued":
-                not_requeued.append(rest.strip())
-        return EvacuationResult(requeued=requeued, not_requeued=not_requeued, job_nodes=job_nodes)
+        return _requeue_result([*earlier, *out.splitlines()])
 
     def busy(self, node: str) -> str | None:
         """Why no destructive step may touch ``node`` now (it runs a job, or it is no longer

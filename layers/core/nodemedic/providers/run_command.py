@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from nodemedic.errors import CommandFailedError, CommandPendingError
@@ -17,6 +18,8 @@ TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Term
 # GetCommandInvocation returns "the first 24,000 characters written by the plugin to stdout" (SSM
 # API reference): an output that long may have lost its end, so nothing is read from it
 SSM_STDOUT_LIMIT = 24_000
+# how much earlier than an invocation's own clock says a command it sent may be dated by SSM's
+SSM_CLOCK_MARGIN_S = 2.0
 
 
 class _Document:
@@ -93,9 +96,31 @@ class RunCommand:
         )
         return str(sent["Command"]["CommandId"])
 
+    def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
+        """The ids of the commands sent to ``instance_id`` with ``document`` and these
+        ``parameters`` since ``since`` (epoch seconds), oldest first: what an earlier invocation of
+        a retried stage sent, and may not have read (it timed out; SSM was throttled)."""
+        after = datetime.fromtimestamp(since - SSM_CLOCK_MARGIN_S, UTC)
+        pages = self._ssm.get_paginator("list_commands").paginate(
+            InstanceId=instance_id, Filters=[{"key": "DocumentName", "value": document},
+                                             {"key": "InvokedAfter", "value": after.strftime("%Y-%m-%dT%H:%M:%SZ")}])
+        found = []
+        for page in pages:
+            for command in page.get("Commands", []):
+                at = command["RequestedDateTime"]
+                at = at if at.tzinfo else at.replace(tzinfo=UTC)
+                given = command.get("Parameters") or {}
+                if (command.get("DocumentName") == document and at >= after
+                        and all(given.get(k) == [v] for k, v in parameters.items())):
+                    found.append((at, str(command["CommandId"])))
+        return [command_id for _, command_id in sorted(found)]
+
     def run(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
             comment: str = "") -> CommandResult:
-        command_id = self.send(instance_id, document, parameters, timeout_s, comment)
+        return self.wait(instance_id, self.send(instance_id, document, parameters, timeout_s, comment), timeout_s)
+
+    def wait(self, instance_id: str, command_id: str, timeout_s: int) -> CommandResult:
+        """Poll a sent command until it ends; :class:`CommandPendingError` after ``timeout_s``."""
         deadline = self._clock() + timeout_s
         while True:
             inv = self._invocation(command_id, instance_id)

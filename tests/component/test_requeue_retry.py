@@ -1,0 +1,183 @@
+"""A drain retried after its requeue command was sent reads that command instead of losing it.
+
+The requeue runs on the Slurm controller through SSM. When the invocation that sent it never
+reads its answer (the controller was slow and the wait ran out; SSM's GetCommandInvocation was
+throttled), Step Functions retries the stage, and by then the jobs have left the node: a second
+requeue finds none. Before, the retry reported "no job requeued", so Spare left the pool alone and
+the requeued job waited for a node while a spare sat idle. Here the slurm-requeue document from
+template.yaml runs in bash against a Slurm-shaped squeue/scontrol, through the real RunCommand and
+the Slurm adapter; SSM is played as AWS documents it (ListCommands filters, executionTimeout kills
+the script, GetCommandInvocation says InProgress until the command ends).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nodemedic.errors import CommandPendingError
+from nodemedic.orchestrators.slurm import SlurmViaSSM
+from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic_sandbox.aws_rules import SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
+from nodemedic_sandbox.embedded_aws import check_parameters, render_document
+
+from tests.component.test_ssm_output_limit import DOCUMENTS
+
+FAKE_SLURM = r'''
+import json, os, sys, time
+path = os.environ["FAKE_JOBS"]
+jobs = json.load(open(path))
+args = sys.argv[1:]
+def save():
+    json.dump(jobs, open(path + ".tmp", "w")); os.replace(path + ".tmp", path)
+if os.path.basename(sys.argv[0]) == "squeue":
+    opts = dict(zip(args[1::2], args[2::2])) if args[:1] == ["-h"] else sys.exit(f"fake squeue: {args}")
+    if "-w" in opts:
+        print("\n".join(j for j, v in jobs.items() if v["state"] == "RUNNING" and opts["-w"] in v["nodes"]))
+    elif opts.get("-o") == "%N":
+        print(jobs[opts["-j"]]["list"])
+    elif opts.get("-o") == "%T":
+        print(jobs[opts["-j"]]["state"])
+elif args[:1] == ["requeue"]:
+    if args[1] in os.environ.get("FAKE_HANG", "").split():
+        time.sleep(30)  # the controller does not answer; SSM's executionTimeout kills the script
+    jobs[args[1]]["state"] = "PENDING"
+    save()
+elif args[:1] == ["update"]:
+    pass  # starttime=now+2: releases the requeued job at once
+else:
+    sys.exit(f"fake scontrol: {args}")
+'''
+
+
+class SlowControllerSSM:
+    """SSM for one controller, as AWS answers: SendCommand runs the document in bash (killed at
+    its executionTimeout, whatever it printed kept); ListCommands filters on DocumentName and
+    InvokedAfter; GetCommandInvocation says InProgress for the first ``unanswered`` commands (the
+    invocation that sent them gives up waiting) until they are answered."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.commands: list[dict[str, Any]] = []
+        self.invocations: dict[str, dict[str, Any]] = {}
+        self.unanswered = 0
+
+    def send_command(self, InstanceIds: list[str], DocumentName: str, Parameters: dict[str, list[str]],  # noqa: N803
+                     **_: Any) -> dict[str, Any]:
+        document = DOCUMENTS[DocumentName]
+        check_parameters(DocumentName, document, Parameters)
+        command_id = str(uuid.uuid4())
+        self.commands.append({"CommandId": command_id, "DocumentName": DocumentName, "Parameters": Parameters,
+                              "RequestedDateTime": datetime.now(UTC), "InstanceIds": InstanceIds})
+        shell = subprocess.Popen(["bash", "-c", render_document(document, Parameters)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True)
+        try:
+            out, err = shell.communicate(timeout=int(Parameters["executionTimeout"][0]))
+            status = "Success" if shell.returncode == 0 else "Failed"
+        except subprocess.TimeoutExpired:
+            os.killpg(shell.pid, signal.SIGKILL)
+            out, err = shell.communicate()
+            status = "TimedOut"
+        self.invocations[command_id] = {
+            "Status": status, "ResponseCode": shell.returncode if status != "TimedOut" else -1,
+            "StandardOutputContent": out[:SSM_STDOUT_LIMIT], "StandardErrorContent": err[:SSM_STDERR_LIMIT],
+            "silent": self.unanswered > 0}
+        self.unanswered -= 1
+        return {"Command": {"CommandId": command_id}}
+
+    def get_command_invocation(self, CommandId: str, InstanceId: str) -> dict[str, Any]:  # noqa: N803
+        found = self.invocations[CommandId]
+        return {"Status": "InProgress"} if found["silent"] else found
+
+    def answer_all(self) -> None:
+        for invocation in self.invocations.values():
+            invocation["silent"] = False
+
+    def get_paginator(self, operation: str) -> Any:
+        assert operation == "list_commands"
+        ssm = self
+
+        class _Pages:
+            def paginate(self, InstanceId: str, Filters: list[dict[str, str]]) -> list[dict[str, Any]]:  # noqa: N803
+                wanted = {f["key"]: f["value"] for f in Filters}
+                after = datetime.fromisoformat(wanted["InvokedAfter"].replace("Z", "+00:00"))
+                found = [c for c in ssm.commands if InstanceId in c["InstanceIds"]
+                         and c["DocumentName"] == wanted["DocumentName"] and c["RequestedDateTime"] >= after]
+                return [{"Commands": found[i:i + 2]} for i in range(0, len(found), 2)] or [{"Commands": []}]
+        return _Pages()
+
+    def requeues(self) -> int:
+        return sum(c["DocumentName"].endswith("-slurm-requeue") for c in self.commands)
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> tuple[Path, SlowControllerSSM]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("squeue", "scontrol"):
+        (bin_dir / tool).write_text(f"#!{sys.executable}\n{FAKE_SLURM}")
+        (bin_dir / tool).chmod(0o755)
+    jobs = tmp_path / "jobs.json"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_JOBS": str(jobs)}
+    return jobs, SlowControllerSSM(env)
+
+
+def _slurm(ssm: SlowControllerSSM) -> SlurmViaSSM:
+    ticks = itertools.count()  # the wait runs out after timeout_s polls, without sleeping
+    runner = RunCommand(ssm, poll_interval=0, sleep=lambda _: None, clock=lambda: float(next(ticks)))
+    return SlurmViaSSM(runner, "i-0ctl", 2, Documents("c1"))
+
+
+def _jobs(path: Path, **jobs: list[str]) -> None:
+    path.write_text(json.dumps({job.removeprefix("j"): {"state": "RUNNING", "nodes": nodes,
+                                                        "list": ",".join(nodes)} for job, nodes in jobs.items()}))
+
+
+def _states(path: Path) -> dict[str, str]:
+    return {job: v["state"] for job, v in json.loads(path.read_text()).items()}
+
+
+def test_a_retry_reads_the_requeue_whose_answer_was_lost_and_sends_none_again(controller) -> None:
+    jobs, ssm = controller
+    _jobs(jobs, j11=["gpu-1", "gpu-2"], j12=["gpu-1"], j13=["gpu-3"])
+    started = time.time()
+    ssm.unanswered = 1
+    with pytest.raises(CommandPendingError):
+        _slurm(ssm).evacuate("gpu-1", started)
+    assert _states(jobs) == {"11": "PENDING", "12": "PENDING", "13": "RUNNING"}  # done, but unread
+
+    ssm.answer_all()
+    out = _slurm(ssm).evacuate("gpu-1", started)  # Step Functions retries the drain
+    assert sorted(out.requeued) == ["11", "12"] and out.job_nodes["11"] == ["gpu-1", "gpu-2"]
+    assert ssm.requeues() == 1
+    # another node's requeue, or one sent before this drain started, is not this drain's
+    assert _slurm(ssm).evacuate("gpu-3", started).requeued == ["13"]
+    assert _slurm(ssm).evacuate("gpu-1", time.time() + 10).requeued == []
+
+
+def test_a_retry_keeps_what_a_requeue_killed_part_way_did_and_requeues_the_rest(controller) -> None:
+    jobs, ssm = controller
+    _jobs(jobs, j11=["gpu-1"], j12=["gpu-1", "gpu-4"])
+    ssm.env["FAKE_HANG"] = "12"  # the controller hangs on the second job: SSM kills the script
+    started = time.time()
+    ssm.unanswered = 1
+    with pytest.raises(CommandPendingError):
+        _slurm(ssm).evacuate("gpu-1", started)
+    assert _states(jobs) == {"11": "PENDING", "12": "RUNNING"}
+
+    ssm.env["FAKE_HANG"] = ""
+    ssm.answer_all()
+    out = _slurm(ssm).evacuate("gpu-1", started)
+    assert sorted(out.requeued) == ["11", "12"] and out.job_nodes["12"] == ["gpu-1", "gpu-4"]
+    assert out.not_requeued == [] and ssm.requeues() == 2
+    assert _states(jobs) == {"11": "PENDING", "12": "PENDING"}
