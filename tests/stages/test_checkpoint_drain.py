@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from nodemedic.contracts.incident import Incident
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, parse_checkpoint_policy
-from nodemedic.errors import CheckpointPendingError, PolicyError
+from nodemedic.errors import CheckpointPendingError, CommandPendingError, PolicyError
 from nodemedic.stages.drain import drain
 from nodemedic.store.ledger import Ledger
 
@@ -75,6 +75,31 @@ def test_a_planned_drain_signals_the_job_once_waits_for_its_marker_then_requeues
     stored = ledger.get(incident.incident_id).stages["drain"].result
     assert stored["checkpoint"]["jobs"][0]["outcome"] == "checkpointed"  # the ledger says what was done
     assert slurm.calls.count("drain gpu-1") == 1  # the node was drained once, not on every retry
+
+
+class _SignalAnswerLost(MemorySlurm):
+    """The signal reaches the job, but its answer never comes back: the wait for a slow
+    controller runs out (SSM: CommandPendingError) and Step Functions retries the stage."""
+
+    def request_checkpoint(self, node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
+        super().request_checkpoint(node, job_ids, signal, scope)
+        raise CommandPendingError("command on i-0ctl still running after 60s")
+
+
+def test_a_retry_after_the_signals_answer_was_lost_does_not_signal_the_job_again(ledger: Ledger) -> None:
+    slurm = _SignalAnswerLost(["gpu-1"])
+    incident = _incident(ledger, "PLANNED_RETIREMENT", "planned", "replace")
+    slurm.n["gpu-1"].jobs = ["42"]
+    slurm.markers["42"] = 9_000.0
+    clock = Clock()
+    with pytest.raises(CommandPendingError):
+        _drain(incident, slurm, ledger, clock)
+    slurm.markers["42"] = 9_950.0  # the signal reached it: it checkpointed
+    clock.advance(10)
+    out = _drain(incident, slurm, ledger, clock)  # the retry
+    assert slurm.signalled == [("42", "USR1", "batch")]
+    assert out.requeued_jobs == ["42"] and out.checkpoint is not None
+    assert out.checkpoint.jobs[0].outcome == "checkpointed"
 
 
 def test_no_marker_within_the_grace_requeues_with_the_work_since_the_last_checkpoint_lost(

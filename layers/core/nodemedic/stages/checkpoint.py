@@ -3,7 +3,8 @@ run to checkpoint, and wait for their markers within the policy's grace (domain.
 
 The wait spans invocations of the Drain stage: the first asks and raises
 :class:`CheckpointPendingError`, the state machine calls again, each later one reads the markers.
-What was asked is saved in the stage's progress, so a retried invocation never signals twice.
+What will be asked is saved in the stage's progress before the signal goes out, so a retried
+invocation never signals twice, even one whose answer was lost.
 """
 
 from __future__ import annotations
@@ -39,23 +40,26 @@ class CheckpointProgress(BaseModel):
     not_asked: list[str]  # could not be signalled: requeued without waiting
 
 
-def _ask(incident: IncidentRef, orchestrator: Orchestrator, policy: CheckpointPolicy,
-         now: datetime) -> CheckpointProgress:
-    rules: dict[str, tuple[RunningJob, CheckpointRule]] = {}
+def _plan(incident: IncidentRef, orchestrator: Orchestrator, policy: CheckpointPolicy,
+          now: datetime) -> CheckpointProgress:
+    """The node's jobs that a rule asks to checkpoint, with their markers before the signal."""
+    asked = {}
     for job in orchestrator.running_jobs(incident.slurm_node):
         rule = policy.rule(job.group)
         if rule is not None:
-            rules[job.job_id] = (job, rule)
+            asked[job.job_id] = _Asked(rule=rule, before=job.marker, started_at=job.started_at)
+    return CheckpointProgress(requested_at=now, asked=asked, not_asked=[])
+
+
+def _signal(incident: IncidentRef, orchestrator: Orchestrator, state: CheckpointProgress) -> list[str]:
+    """Signal the planned jobs, one command per signal and scope; those that could not be."""
     by_signal: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for job_id, (_, rule) in rules.items():
-        by_signal[(rule.signal, rule.scope)].append(job_id)
+    for job_id, asked in state.asked.items():
+        by_signal[(asked.rule.signal, asked.rule.scope)].append(job_id)
     failed: list[str] = []
     for (signal, scope), ids in sorted(by_signal.items()):
         failed += orchestrator.request_checkpoint(incident.slurm_node, ids, signal, scope)
-    return CheckpointProgress(
-        requested_at=now, not_asked=failed,
-        asked={j: _Asked(rule=r, before=job.marker, started_at=job.started_at)
-               for j, (job, r) in rules.items() if j not in failed})
+    return failed
 
 
 def _outcome(job_id: str, asked: _Asked, now_job: RunningJob | None) -> JobCheckpoint:
@@ -76,8 +80,15 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
     now = clock()
     saved = progress.get("checkpoint")
     if saved is None:
-        state = _ask(incident, orchestrator, policy, now)
+        state = _plan(incident, orchestrator, policy, now)
+        # recorded before the signal: an invocation that never reads its answer (the controller
+        # was slow, SSM throttled) is retried, and the retry must not signal the jobs again (a
+        # second USR1 can mean a second checkpoint, or a requeue, to a training job)
         ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
+        if failed := _signal(incident, orchestrator, state):
+            state = CheckpointProgress(requested_at=now, not_asked=failed,
+                                       asked={j: a for j, a in state.asked.items() if j not in failed})
+            ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
         if any(a.rule.grace_seconds > 0 for a in state.asked.values()):
             raise CheckpointPendingError(f"{incident.slurm_node}: asked job(s) {', '.join(state.asked)} to checkpoint")
     else:
