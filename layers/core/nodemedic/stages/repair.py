@@ -132,8 +132,14 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, o
         return instance
     if rung["rung"] == "gpu_reset":
         if not rung.get("reset"):
-            _guard(incident, orchestrator)
-            result = runner.run(instance, documents.gpu_reset, {}, timeout_s, f"GPU reset {incident.slurm_node}")
+            # the command is recorded once sent: a retry whose wait ran out waits for that reset
+            # instead of starting a second one on GPUs the first may still be resetting
+            if not rung.get("reset_command"):
+                _guard(incident, orchestrator)
+                rung["reset_command"] = runner.send(instance, documents.gpu_reset, {}, timeout_s,
+                                                    f"GPU reset {incident.slurm_node}")
+                save()
+            result = runner.wait(instance, str(rung["reset_command"]), timeout_s)
             rung["reset"] = {"status": result.status, "exit_code": result.exit_code,
                              "output": (result.stderr or result.stdout).strip()[-300:]}
             save()

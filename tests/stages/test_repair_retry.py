@@ -1,0 +1,60 @@
+"""A repair rung retried while its command still runs does not start it again.
+
+Fast tier: the real Repair stage and RunCommand, the ledger in DynamoDB (embedded), Slurm in
+memory, SSM played as AWS answers (InProgress until the command ends).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from nodemedic.errors import CommandPendingError
+from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.stages.repair import repair
+from nodemedic.store.ledger import Ledger
+
+from tests.stages.conftest import PREFIX, clock, opened
+from tests.stages.memory_provider import MemoryProvider
+from tests.stages.memory_slurm import MemorySlurm
+
+
+class _SlowReset:
+    """SSM whose GPU reset takes longer than the stage waits, then succeeds."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.done = False
+
+    def send_command(self, **request: Any) -> dict[str, Any]:
+        self.sent.append(request)
+        return {"Command": {"CommandId": f"cmd-{len(self.sent)}"}}
+
+    def get_command_invocation(self, CommandId: str, InstanceId: str) -> dict[str, Any]:  # noqa: N803
+        if not self.done:
+            return {"Status": "InProgress"}
+        return {"Status": "Success", "ResponseCode": 0, "StandardOutputContent": "GPU reset", "StandardErrorContent": ""}
+
+
+def test_a_gpu_reset_still_running_when_the_wait_ran_out_is_waited_for_not_sent_again(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    incident = opened(ledger, "gpu-1", ladder=("gpu_reset", "reboot"))
+    slurm.n["gpu-1"].drained = True
+    ssm = _SlowReset()
+    ticks = itertools.count()
+    runner = RunCommand(ssm, poll_interval=0, sleep=lambda _: None, clock=lambda: float(next(ticks)))
+
+    def climb():
+        return repair(incident, "service", provider=MemoryProvider(), orchestrator=slurm, runner=runner,
+                      ledger=ledger, documents=Documents("c1"), timeout_s=30, check_timeout_s=600, prefix=PREFIX,
+                      clock=clock)
+
+    with pytest.raises(CommandPendingError):
+        climb()
+    ssm.done = True  # the reset ends while Step Functions waits to retry
+    out = climb()
+    assert (out.rung, out.attempt) == ("gpu_reset", 1)
+    assert len(ssm.sent) == 1, "a second reset was started on GPUs the first was still resetting"
+    rung = ledger.get(incident.incident_id).stages["repair"].result["rungs"][0]
+    assert rung["reset"]["status"] == "Success"
