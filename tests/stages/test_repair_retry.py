@@ -1,4 +1,4 @@
-"""A repair rung retried while its command still runs does not start it again.
+"""A stage retried after its command's answer was lost neither does the work again nor misreads it.
 
 Fast tier: the real Repair stage and RunCommand, the ledger in DynamoDB (embedded), Slurm in
 memory, SSM played as AWS answers (InProgress until the command ends).
@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 from nodemedic.errors import CommandPendingError
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.stages.drain import drain
 from nodemedic.stages.repair import repair
+from nodemedic.stages.resume import resume
+from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
 from tests.stages.conftest import PREFIX, clock, opened
@@ -58,3 +61,39 @@ def test_a_gpu_reset_still_running_when_the_wait_ran_out_is_waited_for_not_sent_
     assert len(ssm.sent) == 1, "a second reset was started on GPUs the first was still resetting"
     rung = ledger.get(incident.incident_id).stages["repair"].result["rungs"][0]
     assert rung["reset"]["status"] == "Success"
+
+
+class _AnswerLost(MemorySlurm):
+    """The command that returns the node takes effect, but its answer never comes back."""
+
+    lose = True
+
+    def resume(self, node: str, owner: str = "*") -> bool:
+        done = super().resume(node, owner)
+        if self.lose:
+            self.lose = False
+            raise CommandPendingError("command on i-0ctl still running after 60s")
+        return done
+
+
+@pytest.mark.parametrize("destination", ["service", "pool"])
+def test_a_resume_whose_answer_was_lost_is_recorded_as_nodemedic_returning_the_node(
+        ledger: Ledger, destination: str) -> None:
+    slurm = _AnswerLost(["gpu-1", "gpu-2"])
+    incident = opened(ledger, "gpu-1")
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    if destination == "pool":
+        assert ledger.claim(SPARE, "gpu-1", incident.incident_id)
+
+    def back():
+        return resume(incident, destination, orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0,
+                      pool_size=1, clock=clock)
+
+    with pytest.raises(CommandPendingError):
+        back()
+    assert not slurm.n["gpu-1"].drained  # it took effect
+    out = back()  # Step Functions retries the stage
+    assert out.resumed is True and out.destination == destination
+    closed = ledger.get(incident.incident_id)
+    assert closed.status == "closed" and "operator" not in closed.outcome
+    assert ledger.claim(SPARE, "gpu-1", "inc-other"), "the node's spare claim was left behind"

@@ -84,6 +84,13 @@ def resume(
     if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
         resumed = bool(record.result["resumed"])
         destination = record.result.get("destination", destination)  # type: ignore[assignment]
+    elif (returning := record.result.get("returning")) in ("service", "pool") and not status.drained:
+        # retried after the command that returns it took effect and its answer was lost (a slow
+        # controller outlasted the wait, SSM throttled): the node is back, not left to an operator
+        resumed, destination = True, returning
+        if destination == "pool":
+            ledger.release(SPARE, incident.slurm_node)
+        ledger.record_progress(incident, "resume", {"resumed": resumed, "destination": destination})
     elif capacity_ends(current, str(rungs[-1]["instance_id"]) if rungs else incident.instance_id):
         return _retire_repaired(incident, current, destination, status.state, ledger=ledger, clock=clock)
     else:
@@ -93,6 +100,8 @@ def resume(
         resumed = not operators and status.drained_by(owner_tag(prefix, incident))
         if destination == "pool" and len(orchestrator.spares()) >= pool_size:
             destination = "service"
+        if resumed:  # recorded before the command: a retry that finds the node back knows why
+            ledger.record_progress(incident, "resume", {"returning": destination})
         # the read above only chooses; the drain is lifted inside the scheduler command that
         # checks it is still ours (an operator may have drained it again meanwhile)
         if resumed and destination == "pool":
