@@ -33,6 +33,7 @@ class MemorySlurm:
         self.partition: dict[str, str] = {}  # job -> partition (default "gpu")
         self.signalled: list[tuple[str, str, str]] = []  # (job, signal, scope)
         self.checkpoint_takes: float | None = None  # a signalled job writes its marker this much later
+        self.evacuated: dict[tuple[str, float | None], dict[str, list[str]]] = {}  # per drain: job -> its nodes
 
     def _up(self, what: str) -> None:
         self.calls.append(what)
@@ -67,12 +68,17 @@ class MemorySlurm:
         return True
 
     def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
+        """As the real adapter: a later call for the same drain (``started_at``) also reports what
+        the earlier ones requeued (it reads their requeue commands)."""
         self._up(f"requeue {node}")
         jobs = list(self.n[node].jobs)
         job_nodes = {j: [name for name, n in self.n.items() if j in n.jobs] for j in jobs}
         for n in self.n.values():  # a requeued job leaves all its nodes
             n.jobs = [j for j in n.jobs if j not in jobs]
-        return EvacuationResult(requeued=jobs, not_requeued=[], job_nodes=job_nodes)
+        job_nodes = {**self.evacuated.get((node, started_at), {}), **job_nodes}
+        if started_at is not None:
+            self.evacuated[(node, started_at)] = job_nodes
+        return EvacuationResult(requeued=list(job_nodes), not_requeued=[], job_nodes=job_nodes)
 
     def busy(self, node: str) -> str | None:
         self._up(f"guard {node}")

@@ -335,6 +335,7 @@ def test_a_drain_retried_after_the_requeue_still_knows_the_jobs_it_moved_and_the
     throttled.throttled = False  # Step Functions retries the stage
     out = drain(incident, orchestrator=slurm, ledger=throttled, prefix=PREFIX, clock=clock)
     assert out.requeued_jobs == ["77"] and out.job_sizes == {"77": 2}
+    assert ledger.interrupted_on("c1", "gpu-2", clock()) == ["77"]  # the marks the throttle cost are written
     taken = swap_in(incident, orchestrator=slurm, provider=MemoryProvider(), ledger=ledger, pool_size=1, clock=clock)
     assert taken.spare == "spare-1" and "(77)" in taken.reason
 

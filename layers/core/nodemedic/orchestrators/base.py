@@ -63,7 +63,9 @@ class Orchestrator(Protocol):
     def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
         """Requeue the jobs running on ``node`` and make them eligible to start at once. What
         cannot leave yet is ``pending``: the caller calls again (``started_at``: the drain's start,
-        epoch seconds, from which a scheduler's eviction timeouts count)."""
+        epoch seconds, from which a scheduler's eviction timeouts count). Where the scheduler can
+        tell (Slurm: the requeue commands sent since ``started_at``), a later call for the same
+        drain also reports the jobs an earlier one requeued, whose answer may have been lost."""
         ...
 
     def busy(self, node: str) -> str | None:
