@@ -124,6 +124,28 @@ def test_evacuate_evicts_workloads_and_skips_daemonsets_and_mirror_pods(cluster:
     assert orch.jobs_on(node) == [] and orch.busy(node) is None
 
 
+def test_a_retried_evacuate_still_reports_the_workloads_an_earlier_call_evicted(cluster: Cluster) -> None:
+    """The call that evicted the pods never returned its answer (the function timed out; the state
+    machine retries the drain): the pods are terminating, no longer evictable, yet this drain moved
+    their workload, which must still take a spare."""
+    node, other = cluster.node("gpu-1"), cluster.node("gpu-2")
+    cluster.pod("train-0", node, owner=("PyTorchJob", "llm"))
+    cluster.pod("train-1", other, owner=("PyTorchJob", "llm"))
+    orch = _adapter(cluster)
+    assert orch.drain(node, REASON)
+    started = datetime.now(UTC).timestamp()
+    orch.evacuate(node, started_at=started)  # its answer is lost
+    assert "train-0" not in cluster.live_pods(node)
+
+    again = orch.evacuate(node, started_at=started)
+    job = f"{cluster.namespace}/PyTorchJob/llm"
+    assert again.requeued == [job] and again.pending == [] and again.job_nodes == {job: sorted([node, other])}
+    # a drain that started after those evictions did not make them
+    assert orch.evacuate(node, started_at=started + 60).requeued == []
+    cluster.confirm_deletions()
+    assert orch.evacuate(node, started_at=started).requeued == []  # gone: nothing left to read
+
+
 def test_a_budget_blocks_eviction_until_its_timeout_then_the_namespace_mode_applies(cluster: Cluster) -> None:
     node = cluster.node("gpu-1")
     cluster.pod("train-0", node)

@@ -70,6 +70,8 @@ CHECKPOINTED = "nodemedic.io/checkpointed"  # the pod's own report: its checkpoi
 CONDITION = "NodeMedicUnhealthy"
 TRAINING_LABEL = "nodemedic.io/training"
 MIRROR = "kubernetes.io/config.mirror"
+# a deletion timestamp has whole seconds, and the API server's clock is not the function's
+EVICTION_CLOCK_SLACK_S = 2.0
 TRAINING_KINDS = frozenset({"Job", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob",
                             "TrainJob", "JobSet", "LeaderWorkerSet"})
 WORKLOAD_LABELS = (("jobset.sigs.k8s.io/jobset-name", "JobSet"),
@@ -136,11 +138,26 @@ def _live(pod: Any) -> bool:
     return pod.status.phase not in ("Succeeded", "Failed") and pod.metadata.deletion_timestamp is None
 
 
-def _evictable(pod: Any) -> bool:
-    """What a drain moves: a live pod (not finished, not being deleted), not a DaemonSet's, not a mirror pod."""
-    if not _live(pod) or (pod.metadata.annotations or {}).get(MIRROR):
+def _movable(pod: Any) -> bool:
+    """A pod a drain moves, whatever its phase: not a DaemonSet's, not a mirror pod."""
+    if (pod.metadata.annotations or {}).get(MIRROR):
         return False
     return not any(o.kind == "DaemonSet" and o.controller for o in pod.metadata.owner_references or [])
+
+
+def _evictable(pod: Any) -> bool:
+    """What a drain moves: a live pod (not finished, not being deleted), not a DaemonSet's, not a mirror pod."""
+    return _live(pod) and _movable(pod)
+
+
+def _leaving_since(pod: Any, since: float) -> bool:
+    """A running pod whose deletion (an eviction) was asked at ``since`` or later: its deletion
+    timestamp is the request's time plus its grace period (whole seconds)."""
+    deleted = pod.metadata.deletion_timestamp
+    if deleted is None or pod.status.phase in ("Succeeded", "Failed") or not _movable(pod):
+        return False
+    asked: float = deleted.timestamp() - (pod.metadata.deletion_grace_period_seconds or 0)
+    return asked >= since - EVICTION_CLOCK_SLACK_S
 
 
 def _started(pod: Any) -> float | None:
@@ -478,13 +495,17 @@ class KubernetesOrchestrator:
         counted from ``started_at``, the drain's start), delete what the ``delete`` mode says.
         Pods still held (a budget within its timeout, ``wait`` mode) are listed in ``pending``:
         the Drain stage calls again. Evicted training pods' workloads are ``requeued`` (their
-        controller recreates the pods); each with the nodes its pods ran on."""
+        controller recreates the pods); each with the nodes its pods ran on. Pods this drain
+        evicted before (still terminating, evicted since ``started_at``) count too: a retry after
+        a call whose answer was lost still reports their workloads."""
         elapsed = 0.0 if started_at is None else self._clock().timestamp() - started_at
         self._mark_out_of_service(node)  # only if the node is not Ready (decided on the read it patches)
-        requeued: set[str] = set()
+        pods = self._pods_on(node)
+        requeued: set[str] = {workload for pod in pods if started_at is not None and _leaving_since(pod, started_at)
+                              and (workload := workload_of(pod))}
         not_requeued: list[str] = []
         pending: list[str] = []
-        for pod in filter(_evictable, self._pods_on(node)):
+        for pod in filter(_evictable, pods):
             rule = self._policy.rule(pod.metadata.namespace)
             name = f"{pod.metadata.namespace}/{pod.metadata.name}"
             workload = workload_of(pod)
