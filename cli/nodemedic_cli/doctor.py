@@ -142,8 +142,9 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                                                      "Source": "nodemedic.reconciler",
                                                                      "DetailType": "Node Health Event"}]}),
                                *on_controller(docs.slurm_query, docs.slurm_drain)],
+        # adopt, by scheduler: Slurm sends the join (a retry reads the one it sent: ListCommands)
         "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query), send(docs.gpu_reset, member),
-                           *([] if target.on_kubernetes else [send(docs.node_join, member)])],  # adopt, by scheduler
+                           *([] if target.on_kubernetes else [send(docs.node_join, member), ("ssm", "ListCommands", {})])],
         "DeepHealthCheckFunction": [*db, send(docs.health_check, member)],
         "HealthCheckResultFunction": [*db, ("dynamodb", "DeleteItem", table), ("ssm", "GetCommandInvocation", {}),
                                       ("states", "SendTaskSuccess", {})],

@@ -181,3 +181,39 @@ def test_a_retry_keeps_what_a_requeue_killed_part_way_did_and_requeues_the_rest(
     assert sorted(out.requeued) == ["11", "12"] and out.job_nodes["12"] == ["gpu-1", "gpu-4"]
     assert out.not_requeued == [] and ssm.requeues() == 2
     assert _states(jobs) == {"11": "PENDING", "12": "PENDING"}
+
+
+class _SlowJoin:
+    """SSM on a replacement instance whose join outlasts the stage's wait, then succeeds."""
+
+    def __init__(self) -> None:
+        self.commands: list[dict[str, Any]] = []
+        self.done = False
+
+    def send_command(self, InstanceIds: list[str], DocumentName: str, Parameters: dict[str, list[str]],  # noqa: N803
+                     **_: Any) -> dict[str, Any]:
+        check_parameters(DocumentName, DOCUMENTS[DocumentName], Parameters)
+        self.commands.append({"CommandId": f"cmd-{len(self.commands)}", "DocumentName": DocumentName,
+                              "Parameters": Parameters, "RequestedDateTime": datetime.now(UTC),
+                              "InstanceIds": InstanceIds})
+        return {"Command": {"CommandId": self.commands[-1]["CommandId"]}}
+
+    def get_command_invocation(self, CommandId: str, InstanceId: str) -> dict[str, Any]:  # noqa: N803
+        if not self.done:
+            return {"Status": "InProgress"}
+        return {"Status": "Success", "ResponseCode": 0, "StandardOutputContent": "", "StandardErrorContent": ""}
+
+    get_paginator = SlowControllerSSM.get_paginator
+
+
+def test_a_retried_join_waits_for_the_join_this_replacement_sent_and_sends_no_second() -> None:
+    ssm = _SlowJoin()
+    began = time.time()
+    with pytest.raises(CommandPendingError):
+        _slurm(ssm).adopt("gpu-1", "i-0new", "nodemedic:inc-1 XID 79", began)
+    ssm.done = True
+    assert _slurm(ssm).adopt("gpu-1", "i-0new", "nodemedic:inc-1 XID 79", began) == "gpu-1"
+    assert len(ssm.commands) == 1
+    # an instance that keeps its id across a later replacement (EC2 stop/start) joins again
+    assert _slurm(ssm).adopt("gpu-1", "i-0new", "nodemedic:inc-2 XID 79", time.time() + 10) == "gpu-1"
+    assert len(ssm.commands) == 2

@@ -129,7 +129,7 @@ class MemorySlurm:
         self._up(f"take spare {node}")
         self.n[node].reserved = False
 
-    def adopt(self, node: str, instance_id: str, reason: str) -> str | None:
+    def adopt(self, node: str, instance_id: str, reason: str, since: float | None = None) -> str | None:
         self._up(f"join {instance_id} as {node}")
         return node
 

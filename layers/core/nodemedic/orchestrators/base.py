@@ -98,10 +98,12 @@ class Orchestrator(Protocol):
 
     def take_spare(self, node: str) -> None: ...
 
-    def adopt(self, node: str, instance_id: str, reason: str) -> str | None:
+    def adopt(self, node: str, instance_id: str, reason: str, since: float | None = None) -> str | None:
         """The node the replacement ``instance_id`` of ``node`` serves as, drained with ``reason``
         (held out until its check passes); None while it has not joined yet. Slurm: it joins under
-        ``node``'s own name; Kubernetes: it registers under a name of its own (its providerID)."""
+        ``node``'s own name; Kubernetes: it registers under a name of its own (its providerID).
+        ``since``: when this replacement began (epoch seconds), so that a retry can tell what it
+        already did from what an earlier replacement did."""
         ...
 
     def add_spare(self, node: str, owner: str) -> bool: ...

@@ -324,7 +324,7 @@ class KubernetesOrchestrator:
     def jobs_on(self, node: str) -> list[str]:
         return self._jobs(self._pods_on(node))
 
-    def adopt(self, node: str, instance_id: str, reason: str) -> str | None:
+    def adopt(self, node: str, instance_id: str, reason: str, since: float | None = None) -> str | None:
         """The node the replacement registered as (by its providerID), cordoned and tainted with
         ``reason`` at once so no pod lands there before its check; None until it registers."""
         new = self.node_of(instance_id)

@@ -68,10 +68,17 @@ class SlurmViaSSM:
             raise CommandFailedError(f"scontrol did not describe node {node}: {out.strip()[:300]}")
         return _node_status(fields)
 
-    def adopt(self, node: str, instance_id: str, reason: str) -> str | None:
+    def adopt(self, node: str, instance_id: str, reason: str, since: float | None = None) -> str | None:
         """The replacement joins Slurm as ``node`` (the node-join document on the instance); the
-        controller keeps the node's drain across the new slurmd's registration."""
-        self._run.run_checked(instance_id, self._docs.node_join, {"slurmNode": node}, self._timeout, f"join {node}")
+        controller keeps the node's drain across the new slurmd's registration. A retry (the join
+        outlasted the wait; SSM was throttled) reads the join this replacement already sent (since
+        ``since``): done, or waited for, rather than a second join started beside the first; one
+        that failed is sent again."""
+        given = {"slurmNode": node}
+        sent = self._run.sent_since(instance_id, self._docs.node_join, given, since) if since is not None else []
+        if sent and self._run.wait(instance_id, sent[-1], self._timeout).ok:
+            return node
+        self._run.run_checked(instance_id, self._docs.node_join, given, self._timeout, f"join {node}")
         return node
 
     def nodes(self) -> list[NodeStatus]:

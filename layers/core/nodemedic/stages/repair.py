@@ -160,7 +160,8 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, o
     if step.instance_id is None:
         raise ReplacementPendingError(f"the replacement for {instance} ({incident.slurm_node}) is not running yet")
     if not rung.get("joined"):
-        node = orchestrator.adopt(incident.slurm_node, step.instance_id, drain_reason(prefix, incident))
+        began = datetime.fromisoformat(rung["started_at"]).timestamp() if rung.get("started_at") else None
+        node = orchestrator.adopt(incident.slurm_node, step.instance_id, drain_reason(prefix, incident), began)
         if node is None:
             raise ReplacementPendingError(f"the replacement {step.instance_id} for {incident.slurm_node} has not "
                                           "joined the cluster yet")
