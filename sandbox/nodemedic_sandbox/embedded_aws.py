@@ -42,6 +42,7 @@ from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudwatch.models import CloudWatchBackend
 from moto.core.botocore_stubber import MockRawResponse
+from moto.core.responses import ActionResult
 from moto.core.routing import get_service_router
 from moto.core.utils import get_service_model
 from moto.dynamodb import models as dynamodb_models
@@ -56,6 +57,7 @@ from moto.events.exceptions import ValidationException as EventsValidationExcept
 from moto.events.models import EventsBackend, Rule, events_backends
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
+from moto.ssm.responses import SimpleSystemManagerResponse
 from moto.stepfunctions.exceptions import ValidationException as StatesValidationException
 from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
@@ -87,6 +89,7 @@ HOOKED = {
     "ssm command result": (Command, "get_invocation"),
     "ssm command sent": (SimpleSystemManagerBackend, "send_command"),
     "ssm command targets": (Command, "_get_instance_ids_from_targets"),
+    "ssm list commands": (SimpleSystemManagerResponse, "list_commands"),
     "alarm state change": (CloudWatchBackend, "set_alarm_state"),
     "exact metric dimensions": (CloudWatchBackend, "get_metric_statistics"),
     "retry sleep": (retrier_decl, "time"),
@@ -382,6 +385,35 @@ def _input_within_quota(original: Callable[..., Any]) -> Callable[..., Any]:
                 f"Member must have length less than or equal to {STATES_PAYLOAD_LIMIT}")
         return original(backend, state_machine_arn, name, execution_input, *args, **kwargs)
     return start_execution
+
+
+SSM_LIST_PAGE = 50  # ListCommands' MaxResults: 1-50
+
+
+def _list_commands_as_ssm(response: SimpleSystemManagerResponse) -> ActionResult:
+    """ListCommands as SSM answers it: its Filters applied (DocumentName, InvokedAfter,
+    InvokedBefore, Status) and at most MaxResults commands a page, with a NextToken for the rest
+    (SSM API reference, ListCommands and CommandFilter). moto ignores all three: a caller that
+    forgot to page, or relied on a filter moto skipped, would pass here and fail on AWS."""
+    commands = response.ssm_backend.list_commands(response._get_param("CommandId"), response._get_param("InstanceId"))
+    for spec in response._get_param("Filters") or []:
+        key, value = spec["key"], spec["value"]
+        if key == "DocumentName":
+            commands = [c for c in commands if c.document_name == value]
+        elif key in ("InvokedAfter", "InvokedBefore"):
+            bound = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            after = key == "InvokedAfter"
+            commands = [c for c in commands if (c.requested_date_time.replace(tzinfo=UTC) >= bound) == after]
+        elif key == "Status":
+            commands = [c for c in commands if c.status == value]
+        else:
+            raise SSMException("InvalidFilterKey", f"local mode: ListCommands filter {key} is not emulated")
+    size = int(response._get_param("MaxResults") or SSM_LIST_PAGE)
+    start = int(response._get_param("NextToken") or 0)
+    body: dict[str, Any] = {"Commands": [c.response_object() for c in commands[start:start + size]]}
+    if start + size < len(commands):
+        body["NextToken"] = str(start + size)
+    return ActionResult(body)
 
 
 # each service's throttling error (its API reference); botocore retries all of them
@@ -712,6 +744,7 @@ class EmbeddedAWS:
             (Rule, "send_to_targets", send_to_targets),
             (Command, "get_invocation", get_invocation),
             (SimpleSystemManagerBackend, "send_command", send_command),
+            (SimpleSystemManagerResponse, "list_commands", _list_commands_as_ssm),
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
             (EventsBackend, "put_events", _request_within_limit(_entries_failing(

@@ -323,6 +323,29 @@ def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) ->
     assert (inv["Status"], inv["ResponseCode"], inv["StandardOutputContent"]) == ("Failed", 3, "out")
 
 
+def test_ssm_lists_commands_filtered_and_a_page_at_a_time_as_ssm_does(aws: EmbeddedAWS) -> None:
+    """moto ignored ListCommands' Filters and MaxResults: a caller that did not page, or relied on
+    a filter, passed here and failed on AWS."""
+    from nodemedic.providers.run_command import RunCommand
+
+    ec2 = aws.client("ec2")
+    [instance] = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=1,
+                                                             MaxCount=1)["Instances"]]
+    aws.command_host = _Host()
+    ssm = aws.client("ssm")
+    before = time.time()
+    for i in range(55):
+        ssm.send_command(InstanceIds=[instance], DocumentName="AWS-RunShellScript",
+                         Parameters={"commands": [f"echo {i}"]})
+    one = ssm.list_commands(InstanceId=instance, Filters=[{"key": "DocumentName", "value": "AWS-RunShellScript"}])
+    assert len(one["Commands"]) == 50 and "NextToken" in one
+    assert ssm.list_commands(InstanceId=instance, Filters=[{"key": "DocumentName", "value": "other"}])["Commands"] == []
+    later = datetime.fromtimestamp(time.time() + 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert ssm.list_commands(InstanceId=instance, Filters=[{"key": "InvokedAfter", "value": later}])["Commands"] == []
+    sent = RunCommand(ssm, 0).sent_since(instance, "AWS-RunShellScript", {"commands": "echo 54"}, before)
+    assert len(sent) == 1  # found on the second page
+
+
 def test_an_ended_ssm_command_emits_aws_status_change_event(aws: EmbeddedAWS) -> None:
     ec2, sqs, events = aws.client("ec2"), aws.client("sqs"), aws.client("events")
     [instance] = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=1,
