@@ -67,8 +67,17 @@ class _Pending:
 
     due: float  # time.monotonic()
     sends: int  # sent again so far
-    first_sent: float  # time.time(): kept across a restart of the agent
+    first_sent: float  # time.monotonic() of the first send (a restart keeps the age): a step of the
+    # node's clock (NTP correcting an RTC after a reboot) neither ends nor stretches the window
     event: NodeHealthEvent
+
+
+def _age(saved: dict[str, Any]) -> float:
+    """How long ago a saved event was first sent: its ``age_s``, or from the wall-clock
+    ``first_sent`` an earlier version saved. Time the agent was down does not count."""
+    if "age_s" in saved:
+        return max(0.0, float(saved["age_s"]))
+    return max(0.0, time.time() - float(saved["first_sent"]))
 
 
 class Agent:
@@ -115,7 +124,7 @@ class Agent:
                                   "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
         else:
             self._publish(item, event.event_id)
-            self._schedule_reassert(_Pending(time.monotonic(), 0, time.time(), event))
+            self._schedule_reassert(_Pending(time.monotonic(), 0, time.monotonic(), event))
         self.published += 1
         return True
 
@@ -152,7 +161,7 @@ class Agent:
                 self.acknowledged += 1
                 log.info("event %s (%s): the pipeline decided %s", event.event_id, event.fault_code, decision)
                 continue
-            if self.acks is not None and time.time() - pending.first_sent > window:
+            if self.acks is not None and now - pending.first_sent > window:
                 self.unacknowledged += 1
                 log.warning("event %s (%s) sent %d time(s) and the pipeline has not decided on it within %g s: "
                             "not sent again", event.event_id, event.fault_code, pending.sends + 1, window)
@@ -172,10 +181,11 @@ class Agent:
         reported anew, so without this an event the pipeline never saw would be lost)."""
         if self._reassert_file is None or not self._reassert_file.exists():
             return []
-        soon = time.monotonic() + self.config.intervals.reassert_seconds
+        now = time.monotonic()
+        soon = now + self.config.intervals.reassert_seconds
         try:
             saved = json.loads(self._reassert_file.read_text())
-            return [_Pending(soon, int(p["sends"]), float(p["first_sent"]), NodeHealthEvent.model_validate(p["event"]))
+            return [_Pending(soon, int(p["sends"]), now - _age(p), NodeHealthEvent.model_validate(p["event"]))
                     for p in saved]
         except (OSError, ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
             log.error("the events to send again were not read (%s): %s is ignored", exc, self._reassert_file)
@@ -186,8 +196,9 @@ class Agent:
         logged, never raised: detection goes on."""
         if self._reassert_file is None:
             return
-        saved = [{"sends": p.sends, "first_sent": p.first_sent, "event": p.event.model_dump(mode="json", exclude_none=True)}
-                 for p in self._reasserts]
+        now = time.monotonic()
+        saved = [{"sends": p.sends, "age_s": round(now - p.first_sent, 3),
+                  "event": p.event.model_dump(mode="json", exclude_none=True)} for p in self._reasserts]
         tmp = self._reassert_file.with_suffix(".tmp")
         try:
             tmp.write_text(json.dumps(saved))

@@ -77,6 +77,28 @@ def test_with_acknowledgements_an_event_no_one_decides_on_is_given_up_after_its_
     assert 3 <= len(events) == agent.reasserted + 1 <= 4
 
 
+def test_a_step_of_the_nodes_clock_does_not_end_the_window_to_send_again(bus, sim, make_agent, monkeypatch):
+    """After a reboot the node's clock is corrected by an hour (NTP stepping a wrong RTC) just
+    after the agent sent its event: the window to send it again runs on, by elapsed time."""
+    _ledger()
+    agent = make_agent(intervals={"reassert_seconds": 0.1, "reassert_within_seconds": 30.0},
+                       publish={"acknowledgements_table": "ledger"})
+    sim.inject("xid", xid=79, gpu=3)
+    bus.wait_health(1, settle=0)
+    stepped = time.time
+    monkeypatch.setattr(time, "time", lambda: stepped() + 3600)
+    _until(lambda: agent.reasserted >= 2 or agent.unacknowledged)
+    assert agent.unacknowledged == 0 and agent.reasserted >= 2
+
+
+def test_a_saved_event_keeps_its_age_and_one_saved_by_an_earlier_version_is_aged_by_its_wall_time():
+    from nodemedic_agent.agent import _age
+
+    assert _age({"age_s": 12.5}) == 12.5 and _age({"age_s": -3}) == 0.0
+    assert 59 <= _age({"first_sent": time.time() - 60}) <= 61
+    assert _age({"first_sent": time.time() + 3600}) == 0.0  # saved under a clock since stepped back
+
+
 def test_an_event_still_undecided_is_sent_again_by_the_next_run_of_the_agent(bus, sim, make_agent):
     """The agent restarts (an upgrade, a crash) while the pipeline has not decided on its event:
     the new run sends it again (its dedupe memory keeps the condition from being reported anew),
