@@ -183,8 +183,10 @@ def test_a_retry_keeps_what_a_requeue_killed_part_way_did_and_requeues_the_rest(
     assert _states(jobs) == {"11": "PENDING", "12": "PENDING"}
 
 
-class _SlowJoin:
-    """SSM on a replacement instance whose join outlasts the stage's wait, then succeeds."""
+class SlowCommandSSM:
+    """SSM whose commands (a join, a GPU reset) run longer than the stage waits: InProgress until
+    ``done``, then succeeded. Parameters are checked against the stack's documents, and
+    ListCommands answers as SSM does."""
 
     def __init__(self) -> None:
         self.commands: list[dict[str, Any]] = []
@@ -207,7 +209,7 @@ class _SlowJoin:
 
 
 def test_a_retried_join_waits_for_the_join_this_replacement_sent_and_sends_no_second() -> None:
-    ssm = _SlowJoin()
+    ssm = SlowCommandSSM()
     began = time.time()
     with pytest.raises(CommandPendingError):
         _slurm(ssm).adopt("gpu-1", "i-0new", "nodemedic:inc-1 XID 79", began)

@@ -7,7 +7,6 @@ memory, SSM played as AWS answers (InProgress until the command ends).
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import pytest
 from nodemedic.errors import CommandPendingError
@@ -18,33 +17,17 @@ from nodemedic.stages.resume import resume
 from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
+from tests.component.test_requeue_retry import SlowCommandSSM
 from tests.stages.conftest import PREFIX, clock, opened
 from tests.stages.memory_provider import MemoryProvider
 from tests.stages.memory_slurm import MemorySlurm
-
-
-class _SlowReset:
-    """SSM whose GPU reset takes longer than the stage waits, then succeeds."""
-
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-        self.done = False
-
-    def send_command(self, **request: Any) -> dict[str, Any]:
-        self.sent.append(request)
-        return {"Command": {"CommandId": f"cmd-{len(self.sent)}"}}
-
-    def get_command_invocation(self, CommandId: str, InstanceId: str) -> dict[str, Any]:  # noqa: N803
-        if not self.done:
-            return {"Status": "InProgress"}
-        return {"Status": "Success", "ResponseCode": 0, "StandardOutputContent": "GPU reset", "StandardErrorContent": ""}
 
 
 def test_a_gpu_reset_still_running_when_the_wait_ran_out_is_waited_for_not_sent_again(
         slurm: MemorySlurm, ledger: Ledger) -> None:
     incident = opened(ledger, "gpu-1", ladder=("gpu_reset", "reboot"))
     slurm.n["gpu-1"].drained = True
-    ssm = _SlowReset()
+    ssm = SlowCommandSSM()
     ticks = itertools.count()
     runner = RunCommand(ssm, poll_interval=0, sleep=lambda _: None, clock=lambda: float(next(ticks)))
 
@@ -58,7 +41,7 @@ def test_a_gpu_reset_still_running_when_the_wait_ran_out_is_waited_for_not_sent_
     ssm.done = True  # the reset ends while Step Functions waits to retry
     out = climb()
     assert (out.rung, out.attempt) == ("gpu_reset", 1)
-    assert len(ssm.sent) == 1, "a second reset was started on GPUs the first was still resetting"
+    assert len(ssm.commands) == 1, "a second reset was started on GPUs the first was still resetting"
     rung = ledger.get(incident.incident_id).stages["repair"].result["rungs"][0]
     assert rung["reset"]["status"] == "Success"
 

@@ -99,21 +99,15 @@ class RunCommand:
     def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
         """The ids of the commands sent to ``instance_id`` with ``document`` and these
         ``parameters`` since ``since`` (epoch seconds), oldest first: what an earlier invocation of
-        a retried stage sent, and may not have read (it timed out; SSM was throttled)."""
+        a retried stage sent, and may not have read (it timed out; SSM was throttled). SSM filters
+        by document and time; the parameters, which it cannot filter on, are matched here."""
         after = datetime.fromtimestamp(since - SSM_CLOCK_MARGIN_S, UTC)
         pages = self._ssm.get_paginator("list_commands").paginate(
             InstanceId=instance_id, Filters=[{"key": "DocumentName", "value": document},
                                              {"key": "InvokedAfter", "value": after.strftime("%Y-%m-%dT%H:%M:%SZ")}])
-        found = []
-        for page in pages:
-            for command in page.get("Commands", []):
-                at = command["RequestedDateTime"]
-                at = at if at.tzinfo else at.replace(tzinfo=UTC)
-                given = command.get("Parameters") or {}
-                if (command.get("DocumentName") == document and at >= after
-                        and all(given.get(k) == [v] for k, v in parameters.items())):
-                    found.append((at, str(command["CommandId"])))
-        return [command_id for _, command_id in sorted(found)]
+        found = [command for page in pages for command in page.get("Commands", [])
+                 if all((command.get("Parameters") or {}).get(k) == [v] for k, v in parameters.items())]
+        return [str(c["CommandId"]) for c in sorted(found, key=lambda c: c["RequestedDateTime"])]
 
     def run(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
             comment: str = "") -> CommandResult:
