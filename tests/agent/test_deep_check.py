@@ -17,6 +17,8 @@ from nodemedic_agent.cli import main
 
 from tests.agent.conftest import agent_config
 
+DCGM = Path(__file__).parent / "data" / "dcgm"  # dcgmi's reports (tests/agent/test_dcgm.py)
+
 
 @pytest.fixture
 def config_file(sim, tmp_path: Path) -> Path:
@@ -64,7 +66,7 @@ def test_quick_and_full_run_different_checks_and_a_missing_tool_is_not_run(confi
 def test_full_reports_each_measurement_with_its_threshold(config_file, capsys, monkeypatch, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    tool(bin_dir, "dcgmi", 'echo \'{"tests": [{"name": "Memory", "results": [{"status": "Pass"}]}]}\'\n')
+    tool(bin_dir, "dcgmi", f"cat {DCGM / 'diag-4-pass.json'}\n")
     tool(bin_dir, "all_reduce_perf", 'echo "# Avg bus bandwidth    : 412.31"\n')
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     code, full = check(config_file, capsys, "--level", "full", "--settle-seconds", "0")
@@ -73,11 +75,11 @@ def test_full_reports_each_measurement_with_its_threshold(config_file, capsys, m
         {"target": "8 GPUs", "metric": "nccl_busbw_gbps", "value": 412.31, "threshold": 350}]
     assert next(c for c in full["checks"] if c["name"] == "dcgm_diag")["ok"]
     tool(bin_dir, "all_reduce_perf", 'echo "# Avg bus bandwidth    : 97.5"\n')
-    tool(bin_dir, "dcgmi", 'echo \'{"tests": [{"name": "Memory", "status": "Fail"}]}\'\nexit 226\n')
+    tool(bin_dir, "dcgmi", f"cat {DCGM / 'diag-4-fail-gpu.json'}\nexit 226\n")
     code, slow = check(config_file, capsys, "--level", "full", "--settle-seconds", "0")
     failed = {c["name"]: c["detail"] for c in slow["checks"] if c["ok"] is False}
     assert code == 1 and not slow["healthy"]
-    assert "97.5" in failed["nccl_all_reduce"] and "Memory" in failed["dcgm_diag"]
+    assert "97.5" in failed["nccl_all_reduce"] and "memory on GPU 1" in failed["dcgm_diag"]
 
 
 def test_an_nvlink_down_that_clears_within_the_settle_window_is_not_a_failure(sim, config_file, capsys):

@@ -17,6 +17,7 @@ FAULTS = [
     ("nvlink", {"gpu": 0}, "NVLINK_ERRORS", {"nvml"}, "reboot"),
     ("thermal", {"gpu": 6}, "THERMAL_VIOLATION", {"nvml"}, "monitor"),
     ("dcgm", {}, "DCGM_HEALTH", {"dcgm"}, "reboot"),
+    ("dcgm-warning", {"gpu": 4}, "DCGM_HEALTH_WARNING", {"dcgm"}, "monitor"),
     ("efa-down", {"efa": 1}, "EFA_DOWN", {"efa"}, "reboot"),
     ("efa-errors", {"efa": 0}, "EFA_HW_ERRORS", {"efa"}, "monitor"),  # one jump: recorded, not a storm
     ("efa-storm", {"efa": 1}, "EFA_ERROR_RATE", {"efa"}, "reboot"),

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Any
 
 from nodemedic_agent.checks.base import CheckResult
+from nodemedic_agent.hardware.dcgm import parse_diag
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
 
 
 def dcgm_diag(level: int = 3, timeout_s: float = 900) -> Measured:
+    """``dcgmi diag -r LEVEL -j``, read by its structure (:func:`parse_diag`): a test that failed
+    on any entity, an error that stopped the run, a non-zero exit or a report that cannot be
+    read fails the node; a test that warned is said, and passes."""
     if shutil.which("dcgmi") is None:
         return Measured("dcgm_diag", None, "not run: dcgmi (DCGM) is not installed")
     try:
@@ -119,13 +123,17 @@ def dcgm_diag(level: int = 3, timeout_s: float = 900) -> Measured:
     except subprocess.TimeoutExpired:
         return Measured("dcgm_diag", False, f"level {level} did not finish in {timeout_s:.0f}s")
     try:
-        report = json.loads(out.stdout)
-    except json.JSONDecodeError:
-        return Measured("dcgm_diag", False, f"level {level}: exit {out.returncode}, no JSON: {out.stderr.strip()[:200]}")
-    failed = sorted(set(re.findall(r'"(?:name|test_name)"\s*:\s*"([^"]+)"[^{}]*"(?:status|result)"\s*:\s*"Fail',
-                                   json.dumps(report))))
-    ok = out.returncode == 0 and not failed
-    return Measured("dcgm_diag", ok, f"level {level}: " + ("pass" if ok else f"failed {', '.join(failed) or out.returncode}"))
+        report = parse_diag(out.stdout)
+    except ValueError as exc:
+        return Measured("dcgm_diag", False, f"level {level}: exit {out.returncode}, {exc}; "
+                        f"stderr: {out.stderr.strip()[:200]}")
+    ok = out.returncode == 0 and not report.failed
+    warned = f"; warnings: {' | '.join(report.warned)}" if report.warned else ""
+    if ok:
+        detail = f"level {level}: pass ({report.results} results){warned}"
+    else:
+        detail = f"level {level}: failed {' | '.join(report.failed) or f'(exit {out.returncode})'}{warned}"
+    return Measured("dcgm_diag", ok, detail[:2000])
 
 
 def gpu_burn(p: Profile, seconds: float = 10.0) -> Measured:

@@ -85,12 +85,22 @@ class PolledChecks:
         return CheckResult("gpu", f"{len(gpus) - lost}/{expected} GPUs visible", found)
 
     def dcgm(self) -> CheckResult:
-        failures = self.hw.dcgm_health()
-        if failures is None:
+        """DCGM's health watches: a Failure is DCGM_HEALTH, a Warning (PCIe replays, an InfoROM
+        checksum...) is DCGM_HEALTH_WARNING, which the fault table only records."""
+        health = self.hw.dcgm_health()
+        if health is None:
             return CheckResult("dcgm", "DCGM not installed; skipped")
-        found = [self._found("dcgm", "DCGM_HEALTH", "DCGM health watches report a failure",
-                         {"kind": "node"}, {"dcgm": "; ".join(failures)[:1000]})] if failures else []
-        return CheckResult("dcgm", "health watches clean" if not failures else f"{len(failures)} failures", found)
+        found = []
+        for code, incidents, verb in (("DCGM_HEALTH", health.failures, "report a failure"),
+                                      ("DCGM_HEALTH_WARNING", health.warnings, "warn")):
+            if incidents:
+                gpu = health.gpu(incidents)
+                found.append(self._found("dcgm", code, f"DCGM health watches {verb}: {incidents[0]}",
+                                         {"kind": "node"} if gpu is None else _gpu(gpu),
+                                         {"dcgm": "; ".join(map(str, incidents))[:1000]}))
+        said = [f"{len(health.failures)} failures"] * bool(health.failures) + \
+            [f"{len(health.warnings)} warnings"] * bool(health.warnings)
+        return CheckResult("dcgm", ", ".join(said) or "health watches clean", found)
 
     def efa(self) -> CheckResult:
         devices = self.hw.efa_devices()

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from nodemedic_agent.hardware.dcgm import DcgmHealth
+
 
 class HardwareError(Exception):
     """A counter or device could not be read (NVML error, unreadable sysfs file)."""
@@ -65,8 +67,8 @@ class Hardware(Protocol):
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:
         """Block until XID events arrive or ``timeout_s`` passes (event-driven where supported)."""
 
-    def dcgm_health(self) -> list[str] | None:
-        """DCGM health-watch failures; ``None`` when DCGM is not installed."""
+    def dcgm_health(self) -> DcgmHealth | None:
+        """DCGM health watches' failures and warnings; ``None`` when DCGM is not installed."""
 
     def efa_devices(self) -> list[EfaDevice]: ...
 

@@ -7,7 +7,6 @@ other NVML error becomes :class:`HardwareError`, which the agent reports as a ch
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import threading
@@ -16,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, XidEvent
+from nodemedic_agent.hardware.dcgm import DcgmHealth, parse_health
 from nodemedic_agent.hardware.host import OsStorage, SysfsEfa
 
 try:  # nvidia-ml-py; its absence is reported by the GPU checks, not at import
@@ -128,7 +128,7 @@ class NvmlHardware:
             pass
         return [XidEvent(int(data.eventData), index, pci, datetime.now(UTC))]
 
-    def dcgm_health(self) -> list[str] | None:
+    def dcgm_health(self) -> DcgmHealth | None:
         """``dcgmi health -c -j`` (needs health watches set, e.g. ``dcgmi health -s a``)."""
         if not self._dcgm or shutil.which("dcgmi") is None:
             return None
@@ -136,14 +136,13 @@ class NvmlHardware:
             out = subprocess.run(["dcgmi", "health", "-c", "-j"], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise HardwareError(f"dcgmi health: {exc}") from exc
-        if out.returncode != 0:
-            raise HardwareError(f"dcgmi health exited {out.returncode}: {out.stderr.strip()[:200]}")
+        if out.returncode != 0:  # e.g. no watches set: "Error: Health watches not enabled" on stdout
+            said = (out.stderr.strip() or out.stdout.strip())[:200]
+            raise HardwareError(f"dcgmi health exited {out.returncode}: {said}")
         try:
-            report = json.loads(out.stdout)
-        except json.JSONDecodeError as exc:
-            raise HardwareError(f"dcgmi health printed no JSON: {exc}") from exc
-        text = json.dumps(report)
-        return [] if '"Healthy"' in text and "Failure" not in text and "Warning" not in text else [text[:500]]
+            return parse_health(out.stdout)
+        except ValueError as exc:
+            raise HardwareError(str(exc)[:300]) from exc
 
     def efa_devices(self) -> list[EfaDevice]:
         return self._efa.devices()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import textwrap
 import threading
 import time
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, XidEvent
+from nodemedic_agent.hardware.dcgm import DcgmHealth, parse_health
 from nodemedic_agent.hardware.host import EFA_COUNTERS, SysfsEfa
 
 FAULTS = {
@@ -47,7 +49,8 @@ FAULTS = {
     "oom": "an OOM kill in the kernel log",
     "sxid": "an NVSwitch SXID in the kernel log",
     "nvml-error": "NVML itself fails (the GPU checks cannot read counters)",
-    "dcgm": "DCGM health watches report a failure",
+    "dcgm": "DCGM health watches report a failure on GPU k (a volatile double-bit ECC error)",
+    "dcgm-warning": "DCGM health watches warn of GPU k (PCIe replays): recorded, not acted on",
     "clear": "undo every injected fault",
 }
 
@@ -58,6 +61,18 @@ IDLE_GPU = {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "utilization_pct": 0
 
 def _pci(index: int) -> str:
     return f"00000000:{0x10 + index:02X}:00.0"
+
+
+def dcgm_health_report(gpu: int | None = None, value: str = "Healthy", system: str = "", message: str = "",
+                       ) -> dict[str, Any]:
+    """What ``dcgmi health -c -j`` prints (:mod:`nodemedic_agent.hardware.dcgm` has the shape):
+    healthy, or ``value`` for one GPU's ``system``, its message cut in parts as dcgmi cuts it."""
+    body: dict[str, Any] = {"Overall Health": {"value": value}}
+    if gpu is not None:
+        parts = textwrap.wrap(message, 54) or [value]
+        body["GPU"] = {"children": {str(gpu): {"value": value, "children": {"Errors": {"children": {
+            system: {"value": value, "overflow": parts}}}}}}}
+    return {"header": ["Health Monitor Report"], "body": body}
 
 
 class SimulatedNode:
@@ -76,7 +91,7 @@ class SimulatedNode:
         state = {
             "gpus": [dataclasses.asdict(GpuState(index=i, uuid=f"GPU-sim-{i}", pci_bus_id=_pci(i), **IDLE_GPU))
                      for i in range(gpus)],
-            "dcgm": [], "nvml_error": None, "disks": {},
+            "dcgm": None, "nvml_error": None, "disks": {},
             "mounts": {m: {"hung": False, "read_only": False} for m in ("/", *shared_mounts)},
         }
         self._write(state)
@@ -183,7 +198,11 @@ class SimulatedNode:
         elif fault == "nvml-error":
             self._set_top("nvml_error", "NVML_ERROR_UNKNOWN: simulated driver failure")
         elif fault == "dcgm":
-            self._set_top("dcgm", [f"GPU {gpu}: PCIe replay rate exceeded (simulated)"])
+            self._set_top("dcgm", dcgm_health_report(gpu, "Failure", "Memory system",
+                                                     f"A volatile double-bit ECC error has occurred on GPU {gpu}."))
+        elif fault == "dcgm-warning":
+            self._set_top("dcgm", dcgm_health_report(gpu, "Warning", "PCIe system",
+                                                     f"Detected more than 8 PCIe replays per minute for GPU {gpu}: 12"))
         else:  # clear
             keep = self.state()
             self.create(gpus=len(keep["gpus"]), efa=0, shared_mounts=tuple(m for m in keep["mounts"] if m != "/"))
@@ -241,8 +260,9 @@ class SimulatedHardware:
                 return []
             time.sleep(self._poll_s)
 
-    def dcgm_health(self) -> list[str] | None:
-        return list(self._state().get("dcgm") or [])
+    def dcgm_health(self) -> DcgmHealth | None:
+        """What the node's dcgmi prints, read as the real one is read."""
+        return parse_health(json.dumps(self._state().get("dcgm") or dcgm_health_report()))
 
     def efa_devices(self) -> list[EfaDevice]:
         """sysfs as written, plus the counters an injected storm has added since it started."""
