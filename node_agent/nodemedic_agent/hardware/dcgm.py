@@ -12,9 +12,9 @@ The shapes are DCGM's own (github.com/NVIDIA/DCGM, ``dcgmi/Health.cpp``, ``dcgmi
 - diag, DCGM 4: ``{"DCGM Diagnostic": {"test_categories": [{"category", "tests": [{"name",
   "results": [{"entity_group", "entity_id", "status", "warnings": [{"warning", "error_id"...}]}],
   "test_summary": {"status"}}]}], "runtime_error"?}}``; DCGM 3 names the root ``DCGM GPU
-  Diagnostic`` and a result's entity ``gpu_id``. ``status`` is ``Pass``, ``Skip``, ``Warn``,
-  ``Fail`` (DCGM 3 prints a warning as ``Fail``); a test not run has no result. With
-  ``--iterations`` the runs are under ``iterations``.
+  Diagnostic`` and a result's entity ``gpu_id``. ``status`` is ``Pass``, ``Skip`` or ``Fail``:
+  both print a result that only warned as ``Fail`` in JSON (``Warn`` is read too, should a version
+  print it); a test not run has no result. With ``--iterations`` the runs are under ``iterations``.
 
 DCGM's health *Warning* (PCIe replays, an InfoROM checksum, SBE rates) is not a failure: NVIDIA's
 NVSentinel treats it as non-fatal too. Anything that is not one of these shapes is a ValueError:
