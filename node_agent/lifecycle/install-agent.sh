@@ -11,7 +11,8 @@
 # agent wheel alone; pip fetches its dependencies from PyPI (or the node's pip mirror). Neither:
 # the wheel is built from this checkout.
 # Installs into /opt/nodemedic/agent (a venv), writes /etc/nodemedic/agent.toml unless it exists,
-# links /opt/nodemedic/bin/deep-health-check (the pipeline's DeepHealthCheckCommand), installs
+# links /opt/nodemedic/bin/deep-health-check and gpu-reset (the pipeline's DeepHealthCheckCommand
+# and GpuResetCommand), installs
 # and starts the systemd unit, holds each later slurmd start for its burn-in (a slurmd drop-in;
 # --no-burn-in: not), then prints a first health report.
 set -euo pipefail
@@ -123,6 +124,12 @@ cat > "$PREFIX/bin/deep-health-check" <<SH
 exec "$PREFIX/agent/bin/nodemedic-agent" --config "$ETC/agent.toml" health-check "\$@"
 SH
 chmod 755 "$PREFIX/bin/deep-health-check"
+cat > "$PREFIX/bin/gpu-reset" <<SH
+#!/bin/sh
+# GpuResetCommand of the NodeMedic stack: releases, resets and checks the GPUs, then puts back what it stopped
+exec "$PREFIX/agent/bin/nodemedic-agent" --config "$ETC/agent.toml" gpu-reset "\$@"
+SH
+chmod 755 "$PREFIX/bin/gpu-reset"
 
 if [[ "$SYSTEMD" == 1 ]]; then
   echo "==> starting nodemedic-agent.service"

@@ -132,6 +132,13 @@ def cmd_burn_in_hold(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gpu_reset(args: argparse.Namespace) -> int:
+    from nodemedic_agent.gpu_reset import HOLDERS, gpu_reset
+
+    wanted = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else []
+    return gpu_reset(wanted, units=args.stop_unit or HOLDERS, say=lambda line: print(line, flush=True))
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     config = _config(args)
     print(f"{args.config}: valid (cluster {config.cluster}, bus {config.event_bus}, hardware {config.hardware.backend})")
@@ -205,6 +212,18 @@ def parser() -> argparse.ArgumentParser:
     hold.add_argument("--retry-seconds", type=float, default=None,
                       help="retry an unreachable controller this long (default: [burn_in] retry_seconds)")
     hold.set_defaults(func=cmd_burn_in_hold)
+
+    reset = sub.add_parser(
+        "gpu-reset", help="reset GPUs as the repair ladder's first rung (the stack's GpuResetCommand; as root)",
+        description="Refuses while a compute process runs on the GPUs; stops the services that hold them open "
+                    "(the agent, DCGM) and turns persistence mode off, runs nvidia-smi --gpu-reset, checks the GPUs "
+                    "answer, then restores all of that whatever happened. Prints one JSON line last; exit 0: reset "
+                    "and checked, 1: refused or failed, 2: no such GPU.")
+    reset.add_argument("--gpus", help="comma-separated GPU indices or UUIDs (default: every GPU)")
+    reset.add_argument("--stop-unit", action="append", metavar="UNIT",
+                       help="a systemd unit that holds the GPUs, stopped for the reset if running "
+                            "(repeatable; default: nodemedic-agent.service, nvidia-dcgm.service, dcgm.service)")
+    reset.set_defaults(func=cmd_gpu_reset)
 
     val = sub.add_parser("validate", help="validate the configuration file and exit")
     val.set_defaults(func=cmd_validate)

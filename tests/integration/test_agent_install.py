@@ -66,6 +66,11 @@ def test_lifecycle_script_installs_a_working_agent_from_the_wheelhouse_with_no_i
     gpu = next(c for c in report["checks"] if c["name"] == "gpu")
     assert gpu["status"] == "error" and "NVML" in gpu["detail"]
 
+    # the ladder's first rung: with no nvidia-smi here it fails, says why, and touches nothing
+    reset = subprocess.run([str(root / "opt/nodemedic/bin/gpu-reset"), "--gpus", "0"], capture_output=True, text=True,
+                           timeout=60, env={"PATH": str(tmp_path / "empty")})
+    assert reset.returncode == 1 and "nvidia-smi" in json.loads(reset.stdout.strip().splitlines()[-1])["failed"]
+
 
 def test_the_systemd_unit_is_sandboxed_but_keeps_what_the_agent_reads(tmp_path: Path) -> None:
     import re

@@ -1,0 +1,177 @@
+"""``nodemedic-agent gpu-reset``, the ladder's first rung, against a node that behaves as NVIDIA's
+driver does: ``nvidia-smi --gpu-reset`` is refused ("In use by another client") while a process
+holds the GPU open - NodeMedic's own agent, DCGM's host engine - or persistence mode is on
+(NVIDIA/NVSentinel#1690, NVIDIA/gpu-operator#118). The node's ``nvidia-smi`` and ``systemctl``
+are small programs over a state file (no GPU here); every call they get is logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nodemedic_agent.cli import main
+
+NVIDIA_SMI = r'''
+import json, sys
+state_path, log = sys.argv[1], sys.argv[2]
+args = sys.argv[3:]
+state = json.load(open(state_path))
+open(log, "a").write("nvidia-smi " + " ".join(args) + "\n")
+def ids(): return args[args.index("-i") + 1].split(",") if "-i" in args else [g["uuid"] for g in state["gpus"]]
+def chosen(): return [g for g in state["gpus"] if g["uuid"] in ids() or g["index"] in ids()]
+if args[0].startswith("--query-gpu=index"):
+    for g in state["gpus"]:
+        print(f"{g['index']}, {g['uuid']}, {'Enabled' if g['pm'] else 'Disabled'}")
+elif args[0].startswith("--query-gpu=uuid"):
+    lost = [g for g in chosen() if g.get("lost")]
+    if lost:
+        print(f"Unable to determine the device handle for GPU {lost[0]['index']}: GPU is lost", file=sys.stderr)
+        sys.exit(15)
+    for g in chosen(): print(g["uuid"])
+elif args[0].startswith("--query-compute-apps"):
+    for p in state["apps"]: print(f"{p['pid']}, {p['name']}, {p['uuid']}")
+elif args[0] == "-pm":
+    for g in chosen(): g["pm"] = args[1] == "1"
+    print("All done.")
+elif args[0] in ("--gpu-reset", "-r"):
+    holders = [u for u, active in state["units"].items() if active and u in state["holders"]]
+    busy = [g for g in chosen() if g["pm"] or holders or any(p["uuid"] == g["uuid"] for p in state["apps"])]
+    if busy or state.get("reset_fails"):
+        print("The following GPUs could not be reset:")
+        for g in busy or chosen(): print(f"  GPU {g['uuid']}: In use by another client")
+        sys.exit(255)
+    for g in chosen():
+        g["resets"] = g.get("resets", 0) + 1
+        if state.get("lost_after_reset"): g["lost"] = True
+        print(f"GPU {g['uuid']} was successfully reset.")
+    print("All done.")
+json.dump(state, open(state_path, "w"))
+'''
+SYSTEMCTL = r'''
+import json, sys
+state_path, log = sys.argv[1], sys.argv[2]
+args = [a for a in sys.argv[3:] if a != "--quiet"]
+state = json.load(open(state_path))
+open(log, "a").write("systemctl " + " ".join(args) + "\n")
+verb, unit = args
+if verb == "is-active": sys.exit(0 if state["units"].get(unit) else 3)
+state["units"][unit] = verb == "start"
+json.dump(state, open(state_path, "w"))
+'''
+
+
+class Node:
+    """A GPU node's ``nvidia-smi`` and ``systemctl`` on PATH, over ``state.json``."""
+
+    def __init__(self, root: Path, gpus: int = 4) -> None:
+        self.root = root
+        self.state_path, self.log = root / "state.json", root / "calls.log"
+        self.write({"gpus": [{"index": str(i), "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000", "pm": True}
+                             for i in range(gpus)],
+                    "units": {"nodemedic-agent.service": True, "nvidia-dcgm.service": True,
+                              "nvidia-fabricmanager.service": True},
+                    "holders": ["nodemedic-agent.service", "nvidia-dcgm.service"], "apps": []})
+        self.log.write_text("")
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        for name, program in (("nvidia-smi", NVIDIA_SMI), ("systemctl", SYSTEMCTL)):
+            (root / f"{name}.py").write_text(program)
+            tool = bin_dir / name
+            tool.write_text(f'#!/bin/sh\nexec {sys.executable} {root / name}.py {self.state_path} {self.log} "$@"\n')
+            tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+        self.path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+    def state(self) -> dict:
+        return json.loads(self.state_path.read_text())
+
+    def write(self, state: dict) -> None:
+        self.state_path.write_text(json.dumps(state))
+
+    def update(self, **changes) -> None:
+        self.write({**self.state(), **changes})
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch) -> Node:
+    n = Node(tmp_path)
+    monkeypatch.setenv("PATH", n.path)
+    return n
+
+
+def reset(capsys, *args: str) -> tuple[int, dict, str]:
+    code = main(["gpu-reset", *args])
+    out = capsys.readouterr().out.strip().splitlines()
+    return code, json.loads(out[-1]), "\n".join(out[:-1])
+
+
+def test_the_old_default_is_refused_on_a_node_where_the_agent_runs(node):
+    """What the stack's GpuResetCommand was: the agent's own NVML handle, DCGM and persistence
+    mode hold the GPUs, so the first rung failed on every real node."""
+    out = subprocess.run(["nvidia-smi", "--gpu-reset"], capture_output=True, text=True, env={"PATH": node.path})
+    assert out.returncode == 255 and "In use by another client" in out.stdout
+    assert all(g.get("resets", 0) == 0 for g in node.state()["gpus"])
+
+
+def test_the_gpus_are_released_reset_checked_and_everything_is_put_back(node, capsys):
+    code, summary, said = reset(capsys)
+    assert code == 0 and summary == {"ok": True, "gpus": ["0", "1", "2", "3"], "failed": None}
+    state = node.state()
+    assert [g["resets"] for g in state["gpus"]] == [1, 1, 1, 1]
+    assert all(g["pm"] for g in state["gpus"])  # persistence mode back on
+    assert state["units"] == {"nodemedic-agent.service": True, "nvidia-dcgm.service": True,
+                              "nvidia-fabricmanager.service": True}
+    assert "systemctl stop nvidia-fabricmanager.service" not in node.calls()  # NVIDIA's workflow keeps it
+    assert "stopped nodemedic-agent.service" in said and "started nodemedic-agent.service again" in said
+    calls = node.calls()
+    assert calls.index("systemctl start nvidia-dcgm.service") < calls.index("systemctl start nodemedic-agent.service")
+
+
+def test_a_job_still_on_a_gpu_is_never_killed_and_nothing_is_touched(node, capsys):
+    node.update(apps=[{"pid": 4242, "name": "python3", "uuid": node.state()["gpus"][2]["uuid"]}])
+    code, summary, _ = reset(capsys)
+    assert code == 1 and not summary["ok"] and "pid 4242 (python3) on GPU 2" in summary["failed"]
+    assert not [c for c in node.calls() if "--gpu-reset" in c or c.startswith("systemctl stop") or " -pm " in c]
+
+
+def test_only_the_gpus_asked_for_are_reset_and_an_unknown_one_touches_nothing(node, capsys):
+    third = node.state()["gpus"][3]["uuid"]
+    code, summary, _ = reset(capsys, "--gpus", f"1,{third}")
+    assert code == 0 and summary["gpus"] == ["1", "3"]
+    assert [g.get("resets", 0) for g in node.state()["gpus"]] == [0, 1, 0, 1]
+    assert [g["pm"] for g in node.state()["gpus"]] == [True] * 4
+    before = len(node.calls())
+    code, summary, _ = reset(capsys, "--gpus", "1,9")
+    assert code == 2 and "no such GPU: 9" in summary["failed"]
+    assert all(c.startswith("nvidia-smi --query-gpu=index") for c in node.calls()[before:])
+
+
+@pytest.mark.parametrize(("fault", "said"), [({"reset_fails": True}, "--gpu-reset exited 255"),
+                                             ({"lost_after_reset": True}, "do not answer")])
+def test_a_failed_reset_still_puts_everything_back_and_says_why(node, capsys, fault, said):
+    node.update(**fault)
+    code, summary, _ = reset(capsys)
+    assert code == 1 and not summary["ok"] and said in summary["failed"]
+    state = node.state()
+    assert all(g["pm"] for g in state["gpus"]) and all(state["units"].values())
+
+
+def test_a_service_that_was_not_running_is_neither_stopped_nor_started(node, capsys):
+    node.update(units={"nodemedic-agent.service": True, "nvidia-dcgm.service": False})
+    code, _, _ = reset(capsys)
+    assert code == 0
+    assert not [c for c in node.calls() if c.endswith(("stop nvidia-dcgm.service", "start nvidia-dcgm.service"))]
+    assert node.state()["units"]["nvidia-dcgm.service"] is False
+
+
+def test_no_nvidia_smi_is_a_clear_failure(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, summary, _ = reset(capsys)
+    assert code == 1 and "FileNotFoundError" in summary["failed"]
