@@ -14,6 +14,7 @@ FAULTS = [
     ("ecc-dbe", {"gpu": 2}, "ECC_DBE", {"nvml"}, "reboot"),
     ("remap-failure", {"gpu": 2}, "ROW_REMAP_FAILURE", {"nvml"}, "reboot"),
     ("gpu-lost", {"gpu": 5}, "GPU_LOST", {"kernel_log", "nvml"}, "replace"),
+    ("reset-required", {"gpu": 6}, "GPU_RESET_REQUIRED", {"nvml"}, "reboot"),
     ("nvlink", {"gpu": 0}, "NVLINK_ERRORS", {"nvml"}, "reboot"),
     ("thermal", {"gpu": 6}, "THERMAL_VIOLATION", {"nvml"}, "monitor"),
     ("dcgm", {}, "DCGM_HEALTH", {"dcgm"}, "reboot"),

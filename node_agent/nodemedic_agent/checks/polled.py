@@ -56,6 +56,10 @@ class PolledChecks:
                 found.append(self._found("nvml", "GPU_LOST", f"GPU {g.index} is lost (fell off the bus)",
                                          _gpu(g.index), {"pci_bus_id": g.pci_bus_id}))
                 continue
+            if g.reset_required:
+                found.append(self._found("nvml", "GPU_RESET_REQUIRED", f"GPU {g.index} needs a reset: NVML answers "
+                                         "'GPU requires reset'", _gpu(g.index)))
+                continue
             if g.ecc_dbe_volatile > 0:
                 found.append(self._found("nvml", "ECC_DBE", f"GPU {g.index}: {g.ecc_dbe_volatile} double-bit ECC errors",
                                          comp, {"ecc_dbe_volatile": g.ecc_dbe_volatile}))

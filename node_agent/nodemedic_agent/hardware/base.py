@@ -19,6 +19,7 @@ class GpuState:
     uuid: str = ""
     pci_bus_id: str = ""
     lost: bool = False
+    reset_required: bool = False  # NVML answers NVML_ERROR_RESET_REQUIRED: the GPU needs a reset to be used again
     ecc_dbe_volatile: int = 0
     retired_pages_pending: bool = False
     remap_pending: bool = False

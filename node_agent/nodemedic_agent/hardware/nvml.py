@@ -67,12 +67,42 @@ class NvmlHardware:
 
     @staticmethod
     def _gpu(index: int) -> GpuState:
+        """One GPU as NVML reads it. A GPU NVML says is lost, or needs a reset, at any of the reads
+        is that (a finding), not an error of the check."""
         try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            pci = pynvml.nvmlDeviceGetPciInfo(h).busId
+            return NvmlHardware._read(index)
         except pynvml.NVMLError_GpuIsLost:
             return GpuState(index=index, lost=True)
+        except pynvml.NVMLError_ResetRequired:
+            return GpuState(index=index, reset_required=True)
+
+    @staticmethod
+    def _links(h: Any) -> tuple[int, int]:
+        """(error counters summed over the active links, links down). NVML answers only for the
+        links a GPU has: a higher link index is NVML_ERROR_INVALID_ARGUMENT (an A100 has 12 links,
+        an H100 18, and NVML_NVLINK_MAX_LINKS is 36 in nvidia-ml-py 13), a GPU without NVLink says
+        NOT_SUPPORTED."""
+        errors = down = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = pynvml.nvmlDeviceGetNvLinkState(h, link)
+            except pynvml.NVMLError_InvalidArgument:
+                break  # past the GPU's last link
+            except pynvml.NVMLError_NotSupported:
+                continue
+            if not state:
+                down += 1
+                continue
+            for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+                            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA):
+                errors += _supported(lambda lk=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, lk, c), 0)
+        return errors, down
+
+    @staticmethod
+    def _read(index: int) -> GpuState:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = pynvml.nvmlDeviceGetUUID(h)
+        pci = pynvml.nvmlDeviceGetPciInfo(h).busId
         pci = pci.decode() if isinstance(pci, bytes) else str(pci)
         dbe = _supported(lambda: pynvml.nvmlDeviceGetTotalEccErrors(
             h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC), 0)
@@ -80,17 +110,7 @@ class NvmlHardware:
         _, _, remap_pending, remap_failure = _supported(lambda: pynvml.nvmlDeviceGetRemappedRows(h), (0, 0, 0, 0))
         reasons = _supported(lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h), 0)
         thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonSwThermalSlowdown
-        nvlink = links_down = 0
-        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-            state = _supported(lambda lk=link: pynvml.nvmlDeviceGetNvLinkState(h, lk), None)
-            if state is None:  # no such link on this GPU
-                continue
-            if not state:
-                links_down += 1
-                continue
-            for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
-                            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA):
-                nvlink += _supported(lambda lk=link, c=counter: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, lk, c), 0)
+        nvlink, links_down = NvmlHardware._links(h)
         util = _supported(lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, 0)
         return GpuState(
             sm_clock_mhz=int(_supported(lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM), 0)),

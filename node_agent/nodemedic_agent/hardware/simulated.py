@@ -31,6 +31,7 @@ FAULTS = {
     "ecc-dbe": "a double-bit ECC error on GPU k",
     "remap-failure": "a failed row remap on GPU k",
     "gpu-lost": "GPU k falls off the bus (no XID)",
+    "reset-required": "NVML answers 'GPU requires reset' for GPU k",
     "nvlink": "NVLink error counters of GPU k jump",
     "nvlink-down": "2 NVLinks of GPU k are not active (as right after a boot, before they train)",
     "thermal": "GPU k throttles for temperature",
@@ -152,6 +153,8 @@ class SimulatedNode:
         elif fault == "gpu-lost":
             self._update_gpu(gpu, lost=True)
             self.kmsg(f"NVRM: GPU {_pci(gpu)[4:]}: GPU has fallen off the bus.")
+        elif fault == "reset-required":
+            self._update_gpu(gpu, reset_required=True)
         elif fault == "nvlink":
             self._update_gpu(gpu, nvlink_errors=10_000)
         elif fault == "nvlink-down":

@@ -1,0 +1,116 @@
+"""The NVML backend against GPUs that answer as NVML documents, with no GPU here: nvidia-ml-py's
+own error classes and constants, and NVML's functions played per GPU.
+
+- NVML answers only for the NVLinks a GPU has; a higher link index is NVML_ERROR_INVALID_ARGUMENT
+  (NVML API reference, nvmlDeviceGetNvLinkState), and nvidia-ml-py 13 sets NVML_NVLINK_MAX_LINKS
+  to 36: an A100 has 12 links, an H100 18. A GPU without NVLink says NOT_SUPPORTED.
+- A GPU can answer NVML_ERROR_GPU_IS_LOST or NVML_ERROR_RESET_REQUIRED to any read.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+
+from nodemedic_agent.checks.polled import PolledChecks  # noqa: E402
+from nodemedic_agent.hardware import nvml  # noqa: E402
+from nodemedic_agent.hardware.nvml import NvmlHardware  # noqa: E402
+
+from tests.agent.conftest import agent_config  # noqa: E402
+
+
+class FakeNvml:
+    """nvidia-ml-py with its device functions answering for ``gpus`` (per index: ``links``, the
+    NVLinks it has, None for no NVLink; ``down``, links not active; ``fails``, an NVML error code
+    every read after the handle answers)."""
+
+    def __init__(self, gpus: list[dict[str, Any]]) -> None:
+        self.gpus = gpus
+
+    def __getattr__(self, name: str) -> Any:  # constants and error classes: nvidia-ml-py's own
+        return getattr(pynvml, name)
+
+    def _gpu(self, h: int) -> dict[str, Any]:
+        gpu = self.gpus[h]
+        if gpu.get("fails"):
+            raise pynvml.NVMLError(gpu["fails"])
+        return gpu
+
+    def _read(self, h: int, value: Any) -> Any:
+        """``value``, once the GPU answers at all."""
+        self._gpu(h)
+        return value
+
+    def nvmlInit(self) -> None: ...  # noqa: N802 - NVML's names
+    def nvmlShutdown(self) -> None: ...  # noqa: N802
+    def nvmlEventSetCreate(self) -> object: return object()  # noqa: N802
+    def nvmlEventSetFree(self, _: object) -> None: ...  # noqa: N802
+    def nvmlDeviceRegisterEvents(self, *_: object) -> None: ...  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int: return len(self.gpus)  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: int) -> str: return self._read(h, f"GPU-{h:08d}")  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any: return SimpleNamespace(busId=f"00000000:{h + 16:02X}:00.0")  # noqa: N802
+    def nvmlDeviceGetTotalEccErrors(self, h: int, *_: object) -> int: return self._gpu(h).get("dbe", 0)  # noqa: N802
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: int) -> int:  # noqa: N802 - Ampere and later
+        self._gpu(h)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, ...]: return self._read(h, (0, 0, 0, 0))  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int: return self._read(h, 0)  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any: return self._read(h, SimpleNamespace(gpu=0))  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, h: int, _: int) -> int: return self._read(h, 1980)  # noqa: N802
+    def nvmlDeviceGetMaxClockInfo(self, h: int, _: int) -> int: return self._read(h, 1980)  # noqa: N802
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: int) -> int: return self._read(h, 16)  # noqa: N802
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: int) -> int: return self._read(h, 16)  # noqa: N802
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:  # noqa: N802
+        gpu = self._gpu(h)
+        if gpu.get("links") is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= gpu["links"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 0 if link in gpu.get("down", ()) else 1
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:  # noqa: N802
+        return self._gpu(h).get("errors", 0) if counter == pynvml.NVML_NVLINK_ERROR_DL_REPLAY else 0
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def make(gpus: list[dict[str, Any]]) -> NvmlHardware:
+        monkeypatch.setattr(nvml, "pynvml", FakeNvml(gpus))
+        return NvmlHardware(dcgm=False)
+    return make
+
+
+def test_nvidia_ml_py_asks_for_more_links_than_any_gpu_has():
+    assert pynvml.NVML_NVLINK_MAX_LINKS > 18  # the premise of the next tests
+
+
+@pytest.mark.parametrize("links", [12, 18, None], ids=["a100-12-links", "h100-18-links", "no-nvlink"])
+def test_a_healthy_gpu_reads_healthy_whatever_its_nvlink_count(fake, links):
+    gpus = fake([{"links": links}] * 8).gpus()
+    assert len(gpus) == 8 and not any(g.lost or g.reset_required or g.nvlink_links_down for g in gpus)
+
+
+def test_a_link_down_and_link_errors_are_still_read_below_the_gpus_link_count(fake):
+    gpus = fake([{"links": 12, "down": (3, 11), "errors": 5}, {"links": 12}]).gpus()
+    assert gpus[0].nvlink_links_down == 2 and gpus[0].nvlink_errors == 5 * 10  # ten active links
+    assert gpus[1].nvlink_links_down == 0
+
+
+def test_a_gpu_lost_or_needing_a_reset_at_any_read_is_a_finding_not_a_check_error(fake, sim, tmp_path):
+    hardware = fake([{"links": 18}, {"links": 18, "fails": pynvml.NVML_ERROR_GPU_IS_LOST},
+                     {"links": 18, "fails": pynvml.NVML_ERROR_RESET_REQUIRED}])
+    gpus = hardware.gpus()
+    assert [(g.lost, g.reset_required) for g in gpus] == [(False, False), (True, False), (False, True)]
+    config = agent_config(sim, tmp_path / "spool", expected={"gpus": 3})
+    result = PolledChecks(hardware, config).gpu()
+    assert sorted((f.fault_code, f.component["index"]) for f in result.findings) == [
+        ("GPU_LOST", 1), ("GPU_RESET_REQUIRED", 2)]
+    assert all(f.status == "failed" for f in result.findings)
