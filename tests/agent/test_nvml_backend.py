@@ -61,7 +61,12 @@ class FakeNvml:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, ...]: return self._read(h, (0, 0, 0, 0))  # noqa: N802
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int: return self._read(h, 0)  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802 - driver 535 and later
+        if self._gpu(h).get("driver", 535) < 535:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._gpu(h).get("reasons", 0)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int: return self._gpu(h).get("reasons", 0)  # noqa: N802
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any: return self._read(h, SimpleNamespace(gpu=0))  # noqa: N802
     def nvmlDeviceGetClockInfo(self, h: int, _: int) -> int: return self._read(h, 1980)  # noqa: N802
     def nvmlDeviceGetMaxClockInfo(self, h: int, _: int) -> int: return self._read(h, 1980)  # noqa: N802
@@ -114,3 +119,24 @@ def test_a_gpu_lost_or_needing_a_reset_at_any_read_is_a_finding_not_a_check_erro
     assert sorted((f.fault_code, f.component["index"]) for f in result.findings) == [
         ("GPU_LOST", 1), ("GPU_RESET_REQUIRED", 2)]
     assert all(f.status == "failed" for f in result.findings)
+
+
+def test_a_driver_older_than_nvidia_ml_py_is_read_through_the_names_it_has(fake):
+    """nvidia-ml-py 13 calls ClocksEventReasons, which drivers before 535 do not have."""
+    thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    gpus = fake([{"links": 12, "driver": 525, "reasons": thermal}, {"links": 12, "driver": 535}]).gpus()
+    assert [g.thermal_violation for g in gpus] == [True, False]
+
+
+def test_xids_are_waited_for_on_a_driver_without_the_v2_event_wait(fake):
+    hardware = fake([{"links": 12}])
+    api = nvml.pynvml
+
+    def no_v2(*_: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    api.nvmlEventSetWait_v2 = no_v2
+    api.nvmlEventSetWait = lambda events, ms: SimpleNamespace(eventData=79, device=0)
+    api.nvmlDeviceGetIndex = lambda device: device
+    [event] = hardware.wait_xid(0.1)
+    assert (event.xid, event.gpu_index, event.pci_bus_id) == (79, 0, "00000000:10:00.0")

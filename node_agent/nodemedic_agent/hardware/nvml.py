@@ -25,10 +25,23 @@ except ImportError:  # pragma: no cover - the agent package depends on nvidia-ml
 
 
 def _supported(call: Any, default: Any) -> Any:
+    """``call()``, or ``default`` where this GPU does not support it or this driver's NVML does
+    not have the function (nvidia-ml-py is newer than many drivers)."""
     try:
         return call()
-    except pynvml.NVMLError_NotSupported:
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
         return default
+
+
+def _newest(names: tuple[str, ...], *args: Any) -> Any:
+    """The first of NVML's ``names`` for one call (newest first) that this driver has: NVML
+    renamed some (ClocksThrottleReasons became ClocksEventReasons in driver 535)."""
+    for name in names[:-1]:
+        try:
+            return getattr(pynvml, name)(*args)
+        except pynvml.NVMLError_FunctionNotFound:
+            continue
+    return getattr(pynvml, names[-1])(*args)
 
 
 class NvmlHardware:
@@ -108,7 +121,8 @@ class NvmlHardware:
             h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC), 0)
         pending = _supported(lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h), 0)
         _, _, remap_pending, remap_failure = _supported(lambda: pynvml.nvmlDeviceGetRemappedRows(h), (0, 0, 0, 0))
-        reasons = _supported(lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h), 0)
+        reasons = _supported(lambda: _newest(("nvmlDeviceGetCurrentClocksEventReasons",
+                                               "nvmlDeviceGetCurrentClocksThrottleReasons"), h), 0)
         thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonSwThermalSlowdown
         nvlink, links_down = NvmlHardware._links(h)
         util = _supported(lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, 0)
@@ -133,7 +147,7 @@ class NvmlHardware:
             time.sleep(timeout_s)  # reported by the polled GPU check; do not spin
             return []
         try:
-            data = pynvml.nvmlEventSetWait_v2(self._events, int(timeout_s * 1000))
+            data = _newest(("nvmlEventSetWait_v2", "nvmlEventSetWait"), self._events, int(timeout_s * 1000))
         except pynvml.NVMLError_Timeout:
             return []
         except pynvml.NVMLError as exc:
