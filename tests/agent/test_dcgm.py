@@ -171,3 +171,25 @@ def test_the_agent_reports_a_dcgmi_it_cannot_read_as_a_check_error(sim, tmp_path
     checks = PolledChecks(NvmlHardware(str(tmp_path / "sys")), agent_config(sim, tmp_path / "spool"))
     [result] = [r for r in checks.run_all() if r.name == "dcgm"]
     assert [f.fault_code for f in result.findings] == ["CHECK_ERROR"] and "Internal error" in result.findings[0].summary
+
+
+def test_the_agent_sets_dcgms_health_watches_once_where_none_is_set(sim, tmp_path, monkeypatch):
+    """DCGM watches nothing until told; dcgmi then prints an error on stdout and exits non-zero."""
+    from nodemedic_agent.hardware.nvml import NvmlHardware
+
+    watches, calls = tmp_path / "watches", tmp_path / "calls"
+    (tmp_path / "out.json").write_text(report("health-warning-pcie.json"))
+    tool = tmp_path / "dcgmi"
+    tool.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                    f'if [ "$2" = "-s" ]; then touch {watches}; echo "Health monitor systems set successfully."; exit 0; fi\n'
+                    f'if [ ! -f {watches} ]; then echo "Error: Health watches not enabled. Please enable watches. "; '
+                    f'exit 255; fi\ncat {tmp_path / "out.json"}\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    checks = PolledChecks(NvmlHardware(str(tmp_path / "sys")), agent_config(sim, tmp_path / "spool"))
+    assert [f.fault_code for f in checks.dcgm().findings] == ["DCGM_HEALTH_WARNING"]
+    assert [f.fault_code for f in checks.dcgm().findings] == ["DCGM_HEALTH_WARNING"]
+    assert calls.read_text().splitlines() == ["health -c -j", "health -s a", "health -c -j", "health -c -j"]
+    watches.unlink()  # someone cleared them: said, not set again behind the operator's back
+    [result] = [r for r in checks.run_all() if r.name == "dcgm"]
+    assert [f.fault_code for f in result.findings] == ["CHECK_ERROR"] and "watches not enabled" in result.detail

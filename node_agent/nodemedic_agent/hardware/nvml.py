@@ -49,6 +49,7 @@ class NvmlHardware:
         self._efa = SysfsEfa(sysfs_root)
         self._storage = OsStorage()
         self._dcgm = dcgm
+        self._watches_set = False  # the agent set DCGM's health watches (once)
         self._lock = threading.Lock()
         self._ready = False
         self._events: Any = None
@@ -162,15 +163,28 @@ class NvmlHardware:
             pass
         return [XidEvent(int(data.eventData), index, pci, datetime.now(UTC))]
 
+    @staticmethod
+    def _dcgmi(*args: str) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(["dcgmi", *args], capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise HardwareError(f"dcgmi {args[0]}: {exc}") from exc
+
     def dcgm_health(self) -> DcgmHealth | None:
-        """``dcgmi health -c -j`` (needs health watches set, e.g. ``dcgmi health -s a``)."""
+        """``dcgmi health -c -j``. DCGM watches nothing until told: where no watch is set
+        ("Health watches not enabled"), the agent sets them all (``dcgmi health -s a``) once, as
+        NVSentinel's monitor does, and reads again."""
         if not self._dcgm or shutil.which("dcgmi") is None:
             return None
-        try:
-            out = subprocess.run(["dcgmi", "health", "-c", "-j"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise HardwareError(f"dcgmi health: {exc}") from exc
-        if out.returncode != 0:  # e.g. no watches set: "Error: Health watches not enabled" on stdout
+        out = self._dcgmi("health", "-c", "-j")
+        if out.returncode != 0 and "watches not enabled" in out.stdout.lower() and not self._watches_set:
+            self._watches_set = True
+            enabled = self._dcgmi("health", "-s", "a")
+            if enabled.returncode != 0:
+                raise HardwareError(f"DCGM has no health watch set and dcgmi health -s a exited "
+                                    f"{enabled.returncode}: {(enabled.stderr or enabled.stdout).strip()[:200]}")
+            out = self._dcgmi("health", "-c", "-j")
+        if out.returncode != 0:  # e.g. nv-hostengine not running
             said = (out.stderr.strip() or out.stdout.strip())[:200]
             raise HardwareError(f"dcgmi health exited {out.returncode}: {said}")
         try:
