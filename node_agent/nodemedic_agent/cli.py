@@ -136,7 +136,8 @@ def cmd_gpu_reset(args: argparse.Namespace) -> int:
     from nodemedic_agent.gpu_reset import HOLDERS, gpu_reset
 
     wanted = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else []
-    return gpu_reset(wanted, units=args.stop_unit or HOLDERS, say=lambda line: print(line, flush=True))
+    return gpu_reset(wanted, units=args.stop_unit or HOLDERS, say=lambda line: print(line, flush=True),
+                     restore_after_s=args.restore_after)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -166,6 +167,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from nodemedic_agent.gpu_reset import RESTORE_AFTER_S
+
     p = argparse.ArgumentParser(
         prog="nodemedic-agent",
         description="NodeMedic node agent: detects GPU-node faults (NVML XIDs, ECC, NVLink, EFA, kernel log, "
@@ -215,14 +218,18 @@ def parser() -> argparse.ArgumentParser:
 
     reset = sub.add_parser(
         "gpu-reset", help="reset GPUs as the repair ladder's first rung (the stack's GpuResetCommand; as root)",
-        description="Refuses while a compute process runs on the GPUs; stops the services that hold them open "
-                    "(the agent, DCGM) and turns persistence mode off, runs nvidia-smi --gpu-reset, checks the GPUs "
-                    "answer, then restores all of that whatever happened. Prints one JSON line last; exit 0: reset "
+        description="Refuses while a compute process runs on the GPUs; arms a systemd timer that undoes the next "
+                    "step should the reset be killed; stops the services that hold the GPUs open (the agent, DCGM) "
+                    "and turns persistence mode off, runs nvidia-smi --gpu-reset, checks the GPUs answer, then "
+                    "restores all of that whatever happened. Prints one JSON line last; exit 0: reset "
                     "and checked, 1: refused or failed, 2: no such GPU.")
     reset.add_argument("--gpus", help="comma-separated GPU indices or UUIDs (default: every GPU)")
     reset.add_argument("--stop-unit", action="append", metavar="UNIT",
                        help="a systemd unit that holds the GPUs, stopped for the reset if running "
                             "(repeatable; default: nodemedic-agent.service, nvidia-dcgm.service, dcgm.service)")
+    reset.add_argument("--restore-after", type=int, default=RESTORE_AFTER_S, metavar="SECONDS",
+                       help="a systemd timer puts back what the reset stopped after this long, should the reset be "
+                            f"killed (default {RESTORE_AFTER_S})")
     reset.set_defaults(func=cmd_gpu_reset)
 
     val = sub.add_parser("validate", help="validate the configuration file and exit")

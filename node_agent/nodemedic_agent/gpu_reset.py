@@ -8,11 +8,14 @@ So, on the GPUs asked for (all by default):
 
 1. refuse, touching nothing, while a compute process runs on one of them: the node is drained
    before this rung, and a process still there is a job this must not kill;
-2. stop the services that hold the GPUs and are running (``--stop-unit``: the agent and DCGM by
-   default), and turn persistence mode off on the GPUs that have it on;
+2. arm a systemd timer (``systemd-run``) that puts back what the next step changes, should this
+   process be killed (SSM kills a command at its timeout); then stop the services that hold the
+   GPUs and are running (``--stop-unit``: the agent and DCGM by default), and turn persistence
+   mode off on the GPUs that have it on;
 3. ``nvidia-smi --gpu-reset -i <uuids>``, then check that every GPU answers again;
 4. always, whatever failed: persistence mode back on where it was, the stopped services started
-   again (in reverse order).
+   again (in reverse order), and the timer disarmed. A reset whose timer is still pending (one
+   under way, or one killed less than ``--restore-after`` ago) is refused.
 
 Fabric Manager (NVSwitch systems) is left running: NVIDIA's own reset workflow does not stop it.
 Prints each step, then one JSON line (``ok``, ``gpus``, ``failed``); exits 0 only when the reset
@@ -27,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 HOLDERS = ("nodemedic-agent.service", "nvidia-dcgm.service", "dcgm.service")
+RESTORE_UNIT = "nodemedic-gpu-reset-restore"  # the systemd timer that puts things back if this is killed
+RESTORE_AFTER_S = 600
 EXIT_REFUSED, EXIT_BAD_TARGET = 1, 2
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
@@ -57,6 +62,7 @@ class GpuReset:
     say: Callable[[str], None] = print
     stopped: list[str] = field(default_factory=list)
     persistence_off: list[str] = field(default_factory=list)
+    armed: bool = False  # the restore timer is set
 
     def _smi(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.run(["nvidia-smi", *args])
@@ -94,10 +100,25 @@ class GpuReset:
                 found.append(f"pid {parts[0]} ({parts[1]}) on GPU {index[parts[2]]}")
         return found
 
-    def release(self, gpus: list[Gpu], units: Sequence[str]) -> None:
-        for unit in units:
-            if self.run(["systemctl", "is-active", "--quiet", unit]).returncode != 0:
-                continue
+    def release(self, gpus: list[Gpu], units: Sequence[str], restore_after_s: int) -> None:
+        """Stop the running ``units`` and turn persistence mode off, after arming a systemd timer
+        that puts both back in ``restore_after_s`` should this process be killed first (SSM kills
+        a command at its executionTimeout): a node must never be left without its agent."""
+        if self.run(["systemctl", "is-active", "--quiet", f"{RESTORE_UNIT}.timer"]).returncode == 0:
+            raise ResetError(f"a GPU reset is under way or its restore is pending ({RESTORE_UNIT}.timer): "
+                             "nothing done")
+        running = [u for u in units if self.run(["systemctl", "is-active", "--quiet", u]).returncode == 0]
+        pm = [g.uuid for g in gpus if g.persistence]
+        undo = [f"nvidia-smi -pm 1 -i {uuid}" for uuid in pm] + [f"systemctl start {u}" for u in reversed(running)]
+        if undo:
+            armed = self.run(["systemd-run", f"--unit={RESTORE_UNIT}", f"--on-active={restore_after_s}",
+                              "--description=NodeMedic: put back what a killed GPU reset stopped",
+                              "/bin/sh", "-c", "; ".join(undo)])
+            if armed.returncode != 0:
+                raise ResetError(f"cannot arm the restore timer (systemd-run): "
+                                 f"{(armed.stderr or armed.stdout).strip()[:200]}; nothing stopped")
+            self.armed = True
+        for unit in running:
             out = self.run(["systemctl", "stop", unit])
             if out.returncode != 0:
                 raise ResetError(f"cannot stop {unit}, which holds the GPUs: {(out.stderr or out.stdout).strip()[:200]}")
@@ -138,11 +159,13 @@ class GpuReset:
                 problems.append(f"{unit} not started again")
             else:
                 self.say(f"started {unit} again")
+        if self.armed and not problems:  # put back here: the safety net is not needed
+            self.run(["systemctl", "stop", f"{RESTORE_UNIT}.timer"])
         return problems
 
 
 def gpu_reset(wanted: Sequence[str], units: Sequence[str] = HOLDERS, run: Run = _run,
-              say: Callable[[str], None] = print) -> int:
+              say: Callable[[str], None] = print, restore_after_s: int = RESTORE_AFTER_S) -> int:
     """Reset the GPUs ``wanted`` (indices or UUIDs; none: all of them); the exit status."""
     job = GpuReset(run=run, say=say)
     gpus: list[Gpu] = []
@@ -151,7 +174,7 @@ def gpu_reset(wanted: Sequence[str], units: Sequence[str] = HOLDERS, run: Run = 
         gpus = job.targets(wanted)
         if running := job.busy(gpus):
             raise ResetError(f"a job still runs on the GPUs, nothing reset: {'; '.join(running)[:200]}")
-        job.release(gpus, units)
+        job.release(gpus, units, restore_after_s)
         job.reset(gpus)
     except ResetError as exc:
         code, failed = exc.code, str(exc)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,8 @@ elif args[0] == "-pm":
     for g in chosen(): g["pm"] = args[1] == "1"
     print("All done.")
 elif args[0] in ("--gpu-reset", "-r"):
+    if state.get("reset_hangs"):
+        import time; time.sleep(60)
     holders = [u for u, active in state["units"].items() if active and u in state["holders"]]
     busy = [g for g in chosen() if g["pm"] or holders or any(p["uuid"] == g["uuid"] for p in state["apps"])]
     if busy or state.get("reset_fails"):
@@ -59,8 +63,22 @@ args = [a for a in sys.argv[3:] if a != "--quiet"]
 state = json.load(open(state_path))
 open(log, "a").write("systemctl " + " ".join(args) + "\n")
 verb, unit = args
-if verb == "is-active": sys.exit(0 if state["units"].get(unit) else 3)
-state["units"][unit] = verb == "start"
+if unit.endswith(".timer"):  # the transient timer systemd-run made
+    timer = state.get("timers", {}).get(unit)
+    if verb == "is-active": sys.exit(0 if timer else 3)
+    state.get("timers", {}).pop(unit, None)
+elif verb == "is-active": sys.exit(0 if state["units"].get(unit) else 3)
+else: state["units"][unit] = verb == "start"
+json.dump(state, open(state_path, "w"))
+'''
+SYSTEMD_RUN = r'''
+import json, sys
+state_path, log = sys.argv[1], sys.argv[2]
+args = sys.argv[3:]
+state = json.load(open(state_path))
+open(log, "a").write("systemd-run " + " ".join(args[:2]) + "\n")
+unit = next(a.split("=", 1)[1] for a in args if a.startswith("--unit="))
+state.setdefault("timers", {})[unit + ".timer"] = {"after": args[1], "command": args[-1]}
 json.dump(state, open(state_path, "w"))
 '''
 
@@ -79,7 +97,7 @@ class Node:
         self.log.write_text("")
         bin_dir = root / "bin"
         bin_dir.mkdir()
-        for name, program in (("nvidia-smi", NVIDIA_SMI), ("systemctl", SYSTEMCTL)):
+        for name, program in (("nvidia-smi", NVIDIA_SMI), ("systemctl", SYSTEMCTL), ("systemd-run", SYSTEMD_RUN)):
             (root / f"{name}.py").write_text(program)
             tool = bin_dir / name
             tool.write_text(f'#!/bin/sh\nexec {sys.executable} {root / name}.py {self.state_path} {self.log} "$@"\n')
@@ -175,3 +193,46 @@ def test_no_nvidia_smi_is_a_clear_failure(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
     code, summary, _ = reset(capsys)
     assert code == 1 and "FileNotFoundError" in summary["failed"]
+
+
+def test_a_reset_killed_midway_leaves_a_timer_that_puts_the_agent_and_persistence_back(node, tmp_path):
+    """SSM kills a command at its executionTimeout: no finally runs. The node must not be left
+    without its agent (it said goodbye when stopped, so nothing would notice it is silent)."""
+    node.update(reset_hangs=True)
+    agent = [sys.executable, "-m", "nodemedic_agent.cli", "gpu-reset"]
+    proc = subprocess.Popen(agent, stdout=subprocess.DEVNULL, env={**os.environ, "PATH": node.path},
+                            start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not any("--gpu-reset" in c for c in node.calls()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the reset and the nvidia-smi it waits for: as SSM kills them
+    assert proc.wait(10) == -signal.SIGKILL
+    state = node.state()
+    assert not state["units"]["nodemedic-agent.service"] and not any(g["pm"] for g in state["gpus"])
+    timer = state["timers"]["nodemedic-gpu-reset-restore.timer"]
+    assert timer["after"] == "--on-active=600"
+    calls = node.calls()  # armed before anything was stopped
+    assert calls.index(next(c for c in calls if c.startswith("systemd-run"))) < calls.index(
+        "systemctl stop nodemedic-agent.service")
+    # a retry while the restore is pending touches nothing
+    node.update(reset_hangs=False)
+    again = subprocess.run(agent, capture_output=True, text=True, env={**os.environ, "PATH": node.path})
+    assert again.returncode == 1 and "restore is pending" in json.loads(again.stdout.splitlines()[-1])["failed"]
+    # the timer fires: what the killed reset changed is back
+    subprocess.run(["/bin/sh", "-c", timer["command"]], check=True, env={"PATH": node.path})
+    state = node.state()
+    assert all(state["units"].values()) and all(g["pm"] for g in state["gpus"])
+
+
+def test_a_reset_that_ends_disarms_its_timer(node, capsys):
+    code, _, _ = reset(capsys)
+    assert code == 0 and not node.state().get("timers")
+    assert "systemctl stop nodemedic-gpu-reset-restore.timer" in node.calls()
+
+
+def test_without_systemd_run_nothing_is_stopped(node, capsys):
+    tool = Path(node.path.split(os.pathsep)[0]) / "systemd-run"
+    tool.write_text("#!/bin/sh\necho 'Failed to start transient timer unit' >&2\nexit 1\n")
+    code, summary, _ = reset(capsys)
+    assert code == 1 and "cannot arm the restore timer" in summary["failed"]
+    assert not [c for c in node.calls() if c.startswith("systemctl stop") or " -pm 0" in c or "--gpu-reset" in c]
