@@ -25,6 +25,7 @@ and the check after it passed, 2 when a GPU asked for does not exist.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -109,7 +110,8 @@ class GpuReset:
                              "nothing done")
         running = [u for u in units if self.run(["systemctl", "is-active", "--quiet", u]).returncode == 0]
         pm = [g.uuid for g in gpus if g.persistence]
-        undo = [f"nvidia-smi -pm 1 -i {uuid}" for uuid in pm] + [f"systemctl start {u}" for u in reversed(running)]
+        undo = [shlex.join(["nvidia-smi", "-pm", "1", "-i", uuid]) for uuid in pm] + \
+            [shlex.join(["systemctl", "start", u]) for u in reversed(running)]
         if undo:
             armed = self.run(["systemd-run", f"--unit={RESTORE_UNIT}", f"--on-active={restore_after_s}",
                               "--description=NodeMedic: put back what a killed GPU reset stopped",
