@@ -105,7 +105,7 @@ def test_diag_failures_name_the_test_the_entity_and_dcgms_message(name, failed):
 
 def test_a_diag_that_could_not_run_is_a_failure():
     diag = parse_diag(report("diag-4-runtime-error.json"))
-    assert diag.runtime_error is not None and "Unable to connect to host engine" in diag.failed[0]
+    assert diag.runtime_error is not None and "NVVS exited with signal 9" in diag.failed[0]
 
 
 @pytest.mark.parametrize("text", [
@@ -193,3 +193,21 @@ def test_the_agent_sets_dcgms_health_watches_once_where_none_is_set(sim, tmp_pat
     watches.unlink()  # someone cleared them: said, not set again behind the operator's back
     [result] = [r for r in checks.run_all() if r.name == "dcgm"]
     assert [f.fault_code for f in result.findings] == ["CHECK_ERROR"] and "watches not enabled" in result.detail
+
+
+HOST_ENGINE_DOWN = ("Error: unable to establish a connection to the specified host: localhost\n"
+                    "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n")
+
+
+def test_a_dcgm_that_is_not_running_never_fails_a_node(sim, tmp_path, monkeypatch):
+    """nv-hostengine stopped (or not started yet after a boot) says nothing about the GPUs: the
+    deep check's gate must not fail, and the ladder must not climb to a replacement, for it."""
+    from nodemedic_agent.hardware.nvml import NvmlHardware
+    from nodemedic_agent.report import machine
+
+    fake_dcgmi(tmp_path, monkeypatch, HOST_ENGINE_DOWN, code=255)
+    result = PolledChecks(NvmlHardware(str(tmp_path / "sys")), agent_config(sim, tmp_path / "spool")).dcgm()
+    assert [(f.fault_code, f.status) for f in result.findings] == [("DCGM_UNAVAILABLE", "degraded")]
+    assert machine([result], "quick", "i-0123456789abcdef0")["healthy"] is True
+    measured = dcgm_diag(level=3)
+    assert measured.ok is None and measured.detail.startswith("not run: DCGM's host engine is not reachable")

@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Any
 
 from nodemedic_agent.checks.base import CheckResult
-from nodemedic_agent.hardware.dcgm import parse_diag
+from nodemedic_agent.hardware.dcgm import HOST_ENGINE_DOWN, parse_diag
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,9 @@ def dcgm_diag(level: int = 3, timeout_s: float = 900) -> Measured:
         out = _run(["dcgmi", "diag", "-r", str(level), "-j"], timeout_s)
     except subprocess.TimeoutExpired:
         return Measured("dcgm_diag", False, f"level {level} did not finish in {timeout_s:.0f}s")
+    said = " ".join((out.stdout + " " + out.stderr).split())
+    if out.returncode != 0 and HOST_ENGINE_DOWN.search(said):  # DCGM is down, not the GPUs: as if not installed
+        return Measured("dcgm_diag", None, f"not run: DCGM's host engine is not reachable ({said[:200]})")
     try:
         report = parse_diag(out.stdout)
     except ValueError as exc:

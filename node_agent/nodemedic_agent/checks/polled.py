@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error, status_of
 from nodemedic_agent.config import AgentConfig
-from nodemedic_agent.hardware.base import EfaDevice, GpuState, Hardware, HardwareError
+from nodemedic_agent.hardware.base import EfaDevice, GpuState, Hardware, HardwareError, SourceUnavailableError
 
 
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
@@ -90,8 +90,14 @@ class PolledChecks:
 
     def dcgm(self) -> CheckResult:
         """DCGM's health watches: a Failure is DCGM_HEALTH, a Warning (PCIe replays, an InfoROM
-        checksum...) is DCGM_HEALTH_WARNING, which the fault table only records."""
-        health = self.hw.dcgm_health()
+        checksum...) is DCGM_HEALTH_WARNING, which the fault table only records, and a host engine
+        that is not running is DCGM_UNAVAILABLE, recorded too: the check could not run, which
+        must not fail a node's deep check (and climb its ladder) while its GPUs are fine."""
+        try:
+            health = self.hw.dcgm_health()
+        except SourceUnavailableError as exc:  # said, but never fails a node: DCGM is down, not the GPUs
+            return CheckResult("dcgm", f"not run: {exc}"[:300], [self._found(
+                "dcgm", "DCGM_UNAVAILABLE", str(exc)[:300], {"kind": "node"})])
         if health is None:
             return CheckResult("dcgm", "DCGM not installed; skipped")
         found = []

@@ -13,6 +13,11 @@ class HardwareError(Exception):
     """A counter or device could not be read (NVML error, unreadable sysfs file)."""
 
 
+class SourceUnavailableError(HardwareError):
+    """A monitoring daemon the check reads through is not running (DCGM's host engine): the check
+    cannot run, which says nothing about the hardware."""
+
+
 @dataclass(frozen=True)
 class GpuState:
     index: int

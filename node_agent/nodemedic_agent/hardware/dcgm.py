@@ -24,9 +24,12 @@ never read as healthy.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# what dcgmi prints (on stdout) when nv-hostengine is not running (dcgmi/Command.cpp)
+HOST_ENGINE_DOWN = re.compile(r"unable to establish a connection|connect to host engine", re.I)
 HEALTH_VALUES = ("Healthy", "Warning", "Failure")
 OVERALL = "Overall Health"
 DIAG_ROOTS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")  # DCGM 4, DCGM 3

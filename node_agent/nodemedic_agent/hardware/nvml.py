@@ -14,8 +14,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, XidEvent
-from nodemedic_agent.hardware.dcgm import DcgmHealth, parse_health
+from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, SourceUnavailableError, XidEvent
+from nodemedic_agent.hardware.dcgm import HOST_ENGINE_DOWN, DcgmHealth, parse_health
 from nodemedic_agent.hardware.host import OsStorage, SysfsEfa
 
 try:  # nvidia-ml-py; its absence is reported by the GPU checks, not at import
@@ -184,8 +184,10 @@ class NvmlHardware:
                 raise HardwareError(f"DCGM has no health watch set and dcgmi health -s a exited "
                                     f"{enabled.returncode}: {(enabled.stderr or enabled.stdout).strip()[:200]}")
             out = self._dcgmi("health", "-c", "-j")
-        if out.returncode != 0:  # e.g. nv-hostengine not running
-            said = (out.stderr.strip() or out.stdout.strip())[:200]
+        if out.returncode != 0:
+            said = " ".join((out.stderr.strip() or out.stdout.strip()).split())[:200]
+            if HOST_ENGINE_DOWN.search(said):  # nv-hostengine (nvidia-dcgm.service) is not running
+                raise SourceUnavailableError(f"DCGM's host engine is not reachable: {said}")
             raise HardwareError(f"dcgmi health exited {out.returncode}: {said}")
         try:
             return parse_health(out.stdout)
