@@ -103,6 +103,14 @@ def test_diag_failures_name_the_test_the_entity_and_dcgms_message(name, failed):
     assert parse_diag(report(name)).failed == failed
 
 
+def test_a_result_whose_messages_are_one_string_is_still_read():
+    text = report("diag-4-fail-gpu.json").replace(
+        '[ { "error_category" : 3, "error_id" : 45, "error_severity" : 2,\n'
+        '                                                               "warning" : "A memory mismatch was detected on GPU 1, '
+        'but no error was reported by CUDA or NVML." } ]', '"A memory mismatch on GPU 1"')
+    assert parse_diag(text).failed == ["memory on GPU 1: A memory mismatch on GPU 1", "memory"]
+
+
 def test_a_diag_that_could_not_run_is_a_failure():
     diag = parse_diag(report("diag-4-runtime-error.json"))
     assert diag.runtime_error is not None and "NVVS exited with signal 9" in diag.failed[0]

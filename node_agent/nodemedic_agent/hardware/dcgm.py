@@ -143,8 +143,11 @@ def _entity(result: dict[str, Any]) -> str:
 
 
 def _warnings(result: dict[str, Any]) -> list[str]:
+    """A result's messages: only their text is read, so any shape of them is taken (a list of
+    objects, DCGM 3's objects keyed ``warnings``, one string), never a reason to fail a report."""
+    given = result.get("warnings")
     texts = []
-    for w in _list(result.get("warnings"), "warnings"):
+    for w in given if isinstance(given, list) else [given]:
         text = w.get("warning") or w.get("warnings") if isinstance(w, dict) else w
         if text:
             texts.append(str(text).strip())
