@@ -166,6 +166,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> int:
+    """A whole number of seconds from 60 to a day (the restore timer: long enough for a reset)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if not 60 <= value <= 86_400:
+        raise argparse.ArgumentTypeError(f"{value} s: give 60 to 86400")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     from nodemedic_agent.gpu_reset import RESTORE_AFTER_S
 
@@ -227,7 +238,7 @@ def parser() -> argparse.ArgumentParser:
     reset.add_argument("--stop-unit", action="append", metavar="UNIT",
                        help="a systemd unit that holds the GPUs, stopped for the reset if running "
                             "(repeatable; default: nodemedic-agent.service, nvidia-dcgm.service, dcgm.service)")
-    reset.add_argument("--restore-after", type=int, default=RESTORE_AFTER_S, metavar="SECONDS",
+    reset.add_argument("--restore-after", type=_seconds, default=RESTORE_AFTER_S, metavar="SECONDS",
                        help="a systemd timer puts back what the reset stopped after this long, should the reset be "
                             f"killed (default {RESTORE_AFTER_S})")
     reset.set_defaults(func=cmd_gpu_reset)

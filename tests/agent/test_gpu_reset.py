@@ -236,3 +236,11 @@ def test_without_systemd_run_nothing_is_stopped(node, capsys):
     code, summary, _ = reset(capsys)
     assert code == 1 and "cannot arm the restore timer" in summary["failed"]
     assert not [c for c in node.calls() if c.startswith("systemctl stop") or " -pm 0" in c or "--gpu-reset" in c]
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "soon", "100000"])
+def test_a_restore_delay_that_makes_no_sense_is_refused_before_anything_runs(node, capsys, value):
+    with pytest.raises(SystemExit) as stop:
+        main(["gpu-reset", "--restore-after", value])
+    assert stop.value.code == 2 and "--restore-after" in capsys.readouterr().err
+    assert node.calls() == []
