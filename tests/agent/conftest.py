@@ -4,6 +4,7 @@ in an SQS queue the test reads, and agents wired to both."""
 from __future__ import annotations
 
 import json
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -137,3 +138,11 @@ def server(fake_env):
     endpoint.up()
     yield endpoint
     endpoint.down()
+
+
+def tool(bin_dir: Path, name: str, script: str) -> Path:
+    """An executable shell script ``name`` in ``bin_dir``: a program a test puts on PATH."""
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path

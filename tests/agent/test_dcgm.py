@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from nodemedic_agent.checks.deep import dcgm_diag
 from nodemedic_agent.checks.polled import PolledChecks
 from nodemedic_agent.hardware.dcgm import parse_diag, parse_health
 
-from tests.agent.conftest import agent_config
+from tests.agent.conftest import agent_config, tool
 
 DATA = Path(__file__).parent / "data" / "dcgm"
 
@@ -129,9 +128,7 @@ def test_a_diag_report_that_cannot_be_read_is_an_error_never_a_pass(text):
 
 def fake_dcgmi(tmp_path: Path, monkeypatch, stdout: str, code: int = 0) -> None:
     (tmp_path / "out.json").write_text(stdout)
-    tool = tmp_path / "dcgmi"
-    tool.write_text(f"#!/bin/sh\ncat {tmp_path / 'out.json'}\nexit {code}\n")
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    tool(tmp_path, "dcgmi", f"cat {tmp_path / 'out.json'}\nexit {code}\n")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
 
 
@@ -187,12 +184,10 @@ def test_the_agent_sets_dcgms_health_watches_once_where_none_is_set(sim, tmp_pat
 
     watches, calls = tmp_path / "watches", tmp_path / "calls"
     (tmp_path / "out.json").write_text(report("health-warning-pcie.json"))
-    tool = tmp_path / "dcgmi"
-    tool.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
-                    f'if [ "$2" = "-s" ]; then touch {watches}; echo "Health monitor systems set successfully."; exit 0; fi\n'
-                    f'if [ ! -f {watches} ]; then echo "Error: Health watches not enabled. Please enable watches. "; '
-                    f'exit 255; fi\ncat {tmp_path / "out.json"}\n')
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    tool(tmp_path, "dcgmi", f'echo "$*" >> {calls}\n'
+         f'if [ "$2" = "-s" ]; then touch {watches}; echo "Health monitor systems set successfully."; exit 0; fi\n'
+         f'if [ ! -f {watches} ]; then echo "Error: Health watches not enabled. Please enable watches. "; '
+         f'exit 255; fi\ncat {tmp_path / "out.json"}\n')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     checks = PolledChecks(NvmlHardware(str(tmp_path / "sys")), agent_config(sim, tmp_path / "spool"))
     assert [f.fault_code for f in checks.dcgm().findings] == ["DCGM_HEALTH_WARNING"]

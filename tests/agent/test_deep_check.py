@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import threading
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from nodemedic_agent.checks.base import CheckResult, Finding
 from nodemedic_agent.checks.deep import profile, settle
 from nodemedic_agent.cli import main
 
-from tests.agent.conftest import agent_config
+from tests.agent.conftest import agent_config, tool
 
 DCGM = Path(__file__).parent / "data" / "dcgm"  # dcgmi's reports (tests/agent/test_dcgm.py)
 
@@ -39,12 +38,6 @@ def config_file(sim, tmp_path: Path) -> Path:
 def check(config_file: Path, capsys, *args: str) -> tuple[int, dict]:
     code = main(["--config", str(config_file), "health-check", "--instance-type", "p5.48xlarge", *args])
     return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-
-
-def tool(bin_dir: Path, name: str, script: str) -> None:
-    path = bin_dir / name
-    path.write_text("#!/bin/sh\n" + script)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
 def test_quick_and_full_run_different_checks_and_a_missing_tool_is_not_run(config_file, capsys, monkeypatch, tmp_path):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from nodemedic_agent.cli import main
+
+from tests.agent.conftest import tool
 
 NVIDIA_SMI = r'''
 import json, sys
@@ -99,9 +100,7 @@ class Node:
         bin_dir.mkdir()
         for name, program in (("nvidia-smi", NVIDIA_SMI), ("systemctl", SYSTEMCTL), ("systemd-run", SYSTEMD_RUN)):
             (root / f"{name}.py").write_text(program)
-            tool = bin_dir / name
-            tool.write_text(f'#!/bin/sh\nexec {sys.executable} {root / name}.py {self.state_path} {self.log} "$@"\n')
-            tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+            tool(bin_dir, name, f'exec {sys.executable} {root / name}.py {self.state_path} {self.log} "$@"\n')
         self.path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
     def state(self) -> dict:
@@ -231,8 +230,7 @@ def test_a_reset_that_ends_disarms_its_timer(node, capsys):
 
 
 def test_without_systemd_run_nothing_is_stopped(node, capsys):
-    tool = Path(node.path.split(os.pathsep)[0]) / "systemd-run"
-    tool.write_text("#!/bin/sh\necho 'Failed to start transient timer unit' >&2\nexit 1\n")
+    tool(Path(node.path.split(os.pathsep)[0]), "systemd-run", "echo 'Failed to start transient timer unit' >&2\nexit 1\n")
     code, summary, _ = reset(capsys)
     assert code == 1 and "cannot arm the restore timer" in summary["failed"]
     assert not [c for c in node.calls() if c.startswith("systemctl stop") or " -pm 0" in c or "--gpu-reset" in c]
