@@ -158,6 +158,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                                                         "DetailType": "Node Health Event"}]}),
                                   ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]}),
                                   ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "ANNOUNCED#doctor"}}}),
+                                  ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "NOTICE#doctor"}}}),
                                   ("dynamodb", "GetItem", {**table, "Key": {"pk": {"S": "DEFERRED#doctor"}}}),
                                   ("dynamodb", "UpdateItem", {**table, "Key": {"pk": {"S": "DEFERRED#doctor"}}}),
                                   ("ec2", "DescribeInstanceStatus", {})],  # the sweep of scheduled events

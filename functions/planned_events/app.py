@@ -21,6 +21,7 @@ from nodemedic.errors import InvalidEventError
 from nodemedic.planned_events import (
     Plan,
     act_at,
+    notice_kept_until,
     parse_planned_event,
     plan,
     plan_capacity_end,
@@ -29,9 +30,11 @@ from nodemedic.planned_events import (
     reservation_instances,
     scheduled_events,
     slack,
+    superseded,
 )
 from nodemedic.settings import settings
 from nodemedic.store.deferred import Deferred, DeferredPlans
+from nodemedic.store.ledger import EVENT_MEMORY
 
 logger = Logger(service="planned_events")
 metrics = Metrics()
@@ -79,7 +82,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                                      provider=wiring.provider(), now=now)
         what = {"sweep": "EC2 scheduled events"}
     elif isinstance(envelope, AwsHealthEnvelope):
-        planned = plan(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
+        newest = wiring.ledger().newest_notice(envelope.detail.eventArn, envelope.version,
+                                               notice_kept_until(envelope, now, EVENT_MEMORY))
+        planned = plan(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now) if newest \
+            else superseded(envelope)
         what = {"event": envelope.detail.eventArn, "type": envelope.detail.eventTypeCode,
                 "deadline": envelope.detail.startTime.isoformat()}
     else:

@@ -88,3 +88,13 @@ def test_held_incidents_release_their_node_locks_on_request(ledger: Ledger) -> N
     assert ledger.open_incident(incident("later")) == "held-1"  # folded while held
     assert ledger.release_held(held.cluster) == ["held-1"]
     assert ledger.open_incident(incident("after-reset")) is None
+
+
+def test_a_notice_older_than_one_seen_is_refused_and_the_same_version_again_is_not(ledger: Ledger) -> None:
+    keep = datetime(2026, 12, 31, tzinfo=UTC)
+    upcoming, closed = datetime(2026, 11, 22, 3, tzinfo=UTC), datetime(2026, 11, 22, 3, 0, 0, 1, tzinfo=UTC)
+    assert ledger.newest_notice("arn:notice", upcoming, keep)
+    assert ledger.newest_notice("arn:notice", upcoming, keep), "a redelivery (or a retried invocation) goes on"
+    assert ledger.newest_notice("arn:notice", closed, keep)
+    assert not ledger.newest_notice("arn:notice", upcoming, keep), "delivered after the update one microsecond later"
+    assert ledger.newest_notice("arn:other", upcoming, keep), "each notice has its own versions"

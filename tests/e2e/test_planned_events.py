@@ -91,8 +91,18 @@ def test_with_a_lead_time_a_far_notice_waits_and_the_sweep_acts_on_it_when_its_t
         local.fire_schedule("PlannedEventsFunction")  # a sweep before their time: nothing
         closed = copy.deepcopy(second)
         closed["detail"]["statusCode"] = "closed"
+        closed["detail"]["lastUpdatedTime"] = format_datetime(datetime.now(UTC), usegmt=True)
         local.emit_as_aws(closed)  # AWS canceled the second
         wait_for(lambda: [d.event.node.slurm_node for d in waiting.waiting()] == ["gpu-2"], "the second withdrawn")
+        # the notice's first version delivered again after the update (a retried delivery, a
+        # replayed archive): older than the closed one, it changes nothing
+        def ignored() -> float:
+            return sum(local.metric_values("PlannedIgnored", "Sum", Cluster=local.cluster.name))
+
+        before = ignored()
+        local.emit_as_aws(second)
+        wait_for(lambda: ignored() > before or len(waiting.waiting()) > 1, "the late notice handled")
+        assert [d.event.node.slurm_node for d in waiting.waiting()] == ["gpu-2"]
         assert local.executions() == []
 
         # 12 days later (the stored time moved, as the clock would): the sweep's time has come

@@ -17,7 +17,9 @@ that finds the slack to act at no cost: the node idle, or its jobs just checkpoi
 
 Every affected entity that is not a node of this cluster is ignored with its reason. The event id
 is derived from the Health event's ARN and the instance, so a redelivery, a later page or an
-update of the same Health event is deduplicated by Detect like any repeated event.
+update of the same Health event is deduplicated by Detect like any repeated event. A version of a
+notice older than one already seen (its ``lastUpdatedTime``) is ignored: EventBridge may deliver
+it after the update (:func:`superseded`).
 """
 
 from __future__ import annotations
@@ -150,6 +152,21 @@ def reservation_instances(ec2: Any, capacity_reservation_id: str) -> list[str]:
         {"Name": "capacity-reservation-id", "Values": [capacity_reservation_id]},
         {"Name": "instance-state-name", "Values": ["pending", "running"]}])
     return sorted(i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"])
+
+
+def notice_kept_until(envelope: AwsHealthEnvelope, now: datetime, memory: timedelta) -> datetime:
+    """How long the newest version of a notice is remembered: ``memory`` past its window, or past now."""
+    d = envelope.detail
+    return max(now, d.startTime, d.endTime or d.startTime) + memory
+
+
+def superseded(envelope: AwsHealthEnvelope) -> Plan:
+    """A notice older than a version of it already seen plans nothing: acted on, a late
+    ``upcoming`` would undo a ``closed`` (draining a node for maintenance AWS canceled), or put
+    back a window AWS has moved."""
+    d = envelope.detail
+    why = f"an older version of {d.eventArn[-80:]} (updated {envelope.version.isoformat()}) than one already seen"
+    return Plan(ignored=[(e.entityValue[:80], why) for e in d.affectedEntities])
 
 
 def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: datetime) -> Plan:

@@ -5,7 +5,8 @@ Shapes from the AWS Health User Guide, "Reference: AWS Health events Amazon Even
 (https://docs.aws.amazon.com/health/latest/ug/aws-health-events-eventbridge-schema.html):
 ``startTime``/``endTime`` are RFC 1123 dates ("Fri, 27 Jan 2023 06:02:51 GMT"); an event with
 many affected resources arrives as several pages (``page``/``totalPages``), each its own event
-with a part of ``affectedEntities``; the same ``eventArn`` comes again when AWS updates it.
+with a part of ``affectedEntities``; the same ``eventArn`` comes again when AWS updates it, with a
+later ``lastUpdatedTime``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class AwsHealthDetail(BaseModel):
     startTime: HealthTime  # noqa: N815 - when AWS acts: NodeMedic's deadline
     endTime: HealthTime | None = None  # noqa: N815
     statusCode: str = Field(default="upcoming", max_length=32)  # noqa: N815 - upcoming, open, closed
+    lastUpdatedTime: HealthTime | None = None  # noqa: N815 - the version of an updated notice
     affectedEntities: list[AffectedEntity] = Field(default_factory=list, max_length=10_000)  # noqa: N815
 
 
@@ -66,3 +68,9 @@ class AwsHealthEnvelope(BaseModel):
     detail_type: Literal["AWS Health Event"] = Field(alias="detail-type")
     time: HealthTime
     detail: AwsHealthDetail
+
+    @property
+    def version(self) -> datetime:
+        """When AWS last updated the notice (else when it was sent): a later update of the same
+        ``eventArn`` has a later version."""
+        return self.detail.lastUpdatedTime or self.time

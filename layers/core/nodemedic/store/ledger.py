@@ -433,6 +433,18 @@ class Ledger:
             "expires_at": _ttl(now + EVENT_MEMORY)},
             ConditionExpression="attribute_not_exists(pk)")
 
+    def newest_notice(self, key: str, version: datetime, keep_until: datetime) -> bool:
+        """True unless a later version of the notice ``key`` was seen (until ``keep_until``). AWS
+        sends an updated notice (a new status, a new window) under the same key, and EventBridge
+        may deliver an older version after it: a failed delivery is retried for up to an hour, an
+        archive is replayed. The same version again is True: a redelivery (Detect deduplicates
+        it), or the retry of an invocation that failed. One conditional write."""
+        stamp = str(int(version.timestamp() * 1_000_000))
+        return self._conditional("put_item", Item={
+            "pk": {"S": f"NOTICE#{key}"}, "version_us": {"N": stamp}, "expires_at": _ttl(keep_until)},
+            ConditionExpression="attribute_not_exists(pk) OR version_us <= :v",
+            ExpressionAttributeValues={":v": {"N": stamp}})
+
     def repaired_at(self, cluster: str, slurm_node: str) -> datetime | None:
         """When the node's last incident closed (it was back in service or in the spare pool)."""
         item = self._db.get_item(TableName=self._table, Key=_repaired_key(cluster, slurm_node),
