@@ -12,6 +12,7 @@ from kubernetes import client as k8s
 from nodemedic.orchestrators.kubernetes import (
     CONDITION,
     DRAIN_TAINT,
+    EVICTING,
     OUT_OF_SERVICE_TAINT,
     SPARE_TAINT,
     DrainPolicy,
@@ -142,8 +143,11 @@ def test_a_retried_evacuate_still_reports_the_workloads_an_earlier_call_evicted(
     assert again.requeued == [job] and again.pending == [] and again.job_nodes == {job: sorted([node, other])}
     # a drain that started after those evictions did not make them
     assert orch.evacuate(node, started_at=started + 60).requeued == []
-    cluster.confirm_deletions()
-    assert orch.evacuate(node, started_at=started).requeued == []  # gone: nothing left to read
+    cluster.confirm_deletions()  # the pods are gone: the record written before the evictions says
+    gone = orch.evacuate(node, started_at=started)
+    assert gone.requeued == [job] and gone.job_nodes == {job: sorted([node, other])}
+    assert orch.evacuate(node, started_at=started + 60).requeued == [], "another drain's record"
+    assert orch.resume(node, OWNER) and EVICTING not in (cluster.read_node(node).metadata.annotations or {})
 
 
 def test_a_budget_blocks_eviction_until_its_timeout_then_the_namespace_mode_applies(cluster: Cluster) -> None:

@@ -65,6 +65,8 @@ BURN_IN_TAINT = "nodemedic.io/burn-in"  # a joined node's startup taint: out of 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"  # pods and volumes of a dead node move
 REASON = "nodemedic.io/drain-reason"
 OUT_OF_SERVICE_SET = "nodemedic.io/out-of-service"  # NodeMedic set the out-of-service taint
+# the workloads a drain (its start, epoch) evicts from the node, written before it evicts them
+EVICTING = "nodemedic.io/evicting"
 CHECKPOINT_REQUESTED = "nodemedic.io/checkpoint-requested"  # NodeMedic asks the pod to checkpoint (epoch)
 CHECKPOINTED = "nodemedic.io/checkpointed"  # the pod's own report: its checkpoint is durable (epoch)
 CONDITION = "NodeMedicUnhealthy"
@@ -175,6 +177,19 @@ def _marker(pod: Any) -> float | None:
         return float(value)
     except ValueError:
         return None
+
+
+def _evicting_record(value: str, started_at: float) -> set[str]:
+    """The workloads in a node's ``nodemedic.io/evicting`` record if the drain that began at
+    ``started_at`` wrote it; nothing for another drain's record or one that cannot be read."""
+    try:
+        record = json.loads(value)
+        since, workloads = float(record["since"]), record["workloads"]
+    except (ValueError, TypeError, KeyError):
+        return set()
+    if abs(since - started_at) > 1e-3 or not isinstance(workloads, list):
+        return set()
+    return {w for w in workloads if isinstance(w, str)}
 
 
 def _taint(key: str, value: str, effect: str = "NoSchedule") -> dict[str, str]:
@@ -432,7 +447,8 @@ class KubernetesOrchestrator:
                 return None
             drop = {DRAIN_TAINT, BURN_IN_TAINT} | (
                 {OUT_OF_SERVICE_TAINT} if OUT_OF_SERVICE_SET in current.annotations else set())
-            annotations = {k: v for k, v in current.annotations.items() if k not in (REASON, OUT_OF_SERVICE_SET)}
+            annotations = {k: v for k, v in current.annotations.items()
+                           if k not in (REASON, OUT_OF_SERVICE_SET, EVICTING)}
             return current.patch(cordoned=False, taints=[t for t in current.taints if t["key"] not in drop],
                                  annotations=annotations)
 
@@ -490,23 +506,52 @@ class KubernetesOrchestrator:
 
         self._apply(node, decide, "out-of-service taint on")
 
+    def _evicting(self, node: str, started_at: float | None, workloads: set[str]) -> set[str]:
+        """The workloads this drain (``started_at``) recorded on the node as evicting, with
+        ``workloads`` added (one patch, only when it adds one): recorded before the evictions, so
+        a retry after a call whose answer was lost still knows what it moved once the pods are
+        gone. A record of another drain is replaced."""
+        if started_at is None:
+            return set()
+        recorded: set[str] = set()
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            recorded.clear()
+            recorded.update(_evicting_record(current.annotations.get(EVICTING, ""), started_at))
+            if workloads <= recorded:
+                return None
+            value = json.dumps({"since": started_at, "workloads": sorted(recorded | workloads)})
+            return current.patch(cordoned=current.cordoned, taints=current.taints,
+                                 annotations={**current.annotations, EVICTING: value})
+
+        if self._apply(node, decide, "record the evictions on", DrainFailedError) is not None:
+            recorded |= workloads
+        return recorded
+
     def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
         """One pass over the node's pods: evict what may leave now (by each namespace's rule,
         counted from ``started_at``, the drain's start), delete what the ``delete`` mode says.
         Pods still held (a budget within its timeout, ``wait`` mode) are listed in ``pending``:
         the Drain stage calls again. Evicted training pods' workloads are ``requeued`` (their
-        controller recreates the pods); each with the nodes its pods ran on. Pods this drain
-        evicted before (still terminating, evicted since ``started_at``) count too: a retry after
-        a call whose answer was lost still reports their workloads."""
+        controller recreates the pods); each with the nodes its pods ran on. What this drain
+        evicted before counts too, so a retry after a call whose answer was lost still reports
+        those workloads: pods still terminating (evicted since ``started_at``), and the workloads
+        recorded on the node (``nodemedic.io/evicting``) before their evictions, once their pods
+        are gone."""
         elapsed = 0.0 if started_at is None else self._clock().timestamp() - started_at
         self._mark_out_of_service(node)  # only if the node is not Ready (decided on the read it patches)
         pods = self._pods_on(node)
+        moving = [(pod, self._policy.rule(pod.metadata.namespace)) for pod in filter(_evictable, pods)]
+        recorded = self._evicting(node, started_at, {workload for pod, rule in moving
+                                                     if (rule.mode != "wait" or elapsed >= rule.timeout_seconds)
+                                                     and (workload := workload_of(pod))})
         requeued: set[str] = {workload for pod in pods if started_at is not None and _leaving_since(pod, started_at)
                               and (workload := workload_of(pod))}
+        # recorded, and no pod of it left on the node (one that ran to its end still is: not moved)
+        requeued |= recorded - {workload_of(pod) for pod in pods if pod.metadata.deletion_timestamp is None}
         not_requeued: list[str] = []
         pending: list[str] = []
-        for pod in filter(_evictable, pods):
-            rule = self._policy.rule(pod.metadata.namespace)
+        for pod, rule in moving:
             name = f"{pod.metadata.namespace}/{pod.metadata.name}"
             workload = workload_of(pod)
             timed_out = elapsed >= rule.timeout_seconds
