@@ -13,6 +13,18 @@ from nodemedic.stages.spares import ready
     ("DOWN+RESERVED", False),
     ("ALLOCATED+RESERVED", False),  # someone's reservation job runs on it
     ("MIXED", False),
+    ("IDLE*+RESERVED", False),  # the older spelling of not responding
+    ("IDLE+CLOUD+RESERVED", True),  # a cloud node that is up
+    # Slurm's own states of an idle node that cannot take a job now (scontrol(1), NODE STATE)
+    ("IDLE+CLOUD+POWERED_DOWN+RESERVED", False),
+    ("IDLE+CLOUD+POWERING_UP+RESERVED", False),
+    ("IDLE+POWER_DOWN+RESERVED", False),
+    ("IDLE+POWERING_DOWN+RESERVED", False),
+    ("IDLE+REBOOT_REQUESTED+RESERVED", False),
+    ("IDLE+REBOOT_ISSUED+RESERVED", False),
+    ("IDLE+INVALID_REG+RESERVED", False),
+    ("IDLE+MAINTENANCE+RESERVED", False),
+    ("IDLE+PERFCTRS+RESERVED", False),
 ])
 def test_a_spare_is_ready_only_when_idle_and_answering(state: str, usable: bool) -> None:
     assert ready(state) is usable

@@ -25,10 +25,19 @@ SPARE = "spare"
 RETIRED_STAYS = "the node stays drained (its capacity ends)"
 
 
+# Slurm's node state flags (scontrol(1), "NODE STATE") under which an idle node cannot take a job
+# now: powered down or powering (a cloud node to be launched is no hot spare), a reboot pending,
+# registered with less than configured (a GPU missing), in a maintenance reservation, its network
+# counters in use; and drained, down, unanswering or failing
+UNREADY = frozenset({"DRAIN", "DRAINED", "DRAINING", "DOWN", "NOT_RESPONDING", "FAIL", "POWER_DOWN", "POWERED_DOWN",
+                     "POWERING_DOWN", "POWERING_UP", "REBOOT_REQUESTED", "REBOOT_ISSUED", "INVALID_REG",
+                     "MAINTENANCE", "PERFCTRS"})
+
+
 def ready(state: str) -> bool:
-    """A spare can take a job: idle, not drained, down or unanswering."""
+    """A spare can take a job now: idle, and none of the ``UNREADY`` flags."""
     flags = set(state.split("+"))
-    return "IDLE" in flags and not flags & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "NOT_RESPONDING", "FAIL"}
+    return "IDLE" in flags and not flags & UNREADY
 
 
 def _ending_with(incident: IncidentRef, provider: Provider, names: list[str]) -> set[str]:
