@@ -12,6 +12,7 @@ from typing import Annotated, Any, NoReturn
 
 import boto3
 import typer
+from botocore.exceptions import BotoCoreError, ClientError
 from nodemedic import operations
 from nodemedic.errors import NodeMedicError
 from nodemedic.operations import OperatorError
@@ -104,6 +105,11 @@ def _run(ctx: typer.Context, as_json: bool, work: Callable[[Target], Any], show:
         result = work(_target(ctx))
     except NodeMedicError as exc:  # OperatorError, TargetError, or the cluster refusing an action
         _fail(str(exc), as_json)
+    except ClientError as exc:  # AWS refused a call: say which and why (AccessDenied, throttled...), no traceback
+        error = exc.response.get("Error", {})
+        _fail(f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}", as_json)
+    except BotoCoreError as exc:  # no credentials, no network
+        _fail(f"cannot reach AWS: {exc}", as_json)
     if as_json:
         print(json.dumps(result, indent=2, default=str))
     else:

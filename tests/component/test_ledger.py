@@ -3,6 +3,7 @@
 import threading
 from datetime import UTC, datetime
 
+import boto3
 import pytest
 from nodemedic.contracts.incident import Incident
 from nodemedic.store.ledger import Ledger
@@ -98,3 +99,29 @@ def test_a_notice_older_than_one_seen_is_refused_and_the_same_version_again_is_n
     assert ledger.newest_notice("arn:notice", closed, keep)
     assert not ledger.newest_notice("arn:notice", upcoming, keep), "delivered after the update one microsecond later"
     assert ledger.newest_notice("arn:other", upcoming, keep), "each notice has its own versions"
+
+
+@pytest.mark.parametrize(("code", "approve"), [("TaskTimedOut", True), ("TaskDoesNotExist", False),
+                                               ("InvalidToken", True)])
+def test_an_answer_after_the_approval_wait_ended_is_refused_and_recorded_as_late(ledger: Ledger, code: str,
+                                                                                 approve: bool) -> None:
+    """The wait's timeout (or the execution's end) comes as the operator answers: Step Functions
+    refuses the token with one of its documented errors. The operator is told, and the ledger
+    does not say approved."""
+    from botocore.stub import Stubber
+    from nodemedic import operations
+
+    waiting = incident("inc-1")
+    ledger.open_incident(waiting)
+    ledger.start_stage(waiting, "approval", datetime.now(UTC))
+    ledger.record_progress(waiting, "approval", {"task_token": "token-1"})
+    # Step Functions' answer at that moment, through botocore's own stubber (checked against the API model)
+    sfn = boto3.client("stepfunctions", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(sfn) as stub:
+        stub.add_client_error("send_task_success" if approve else "send_task_failure", code,
+                              "Task Timed Out: 'Provided task does not exist anymore'")
+        with pytest.raises(operations.OperatorError, match=r"^too late: .*gpu-1 stays drained"):
+            operations.answer_approval(ledger, sfn, "inc-1", approve=approve, by="oncall", reason="go ahead")
+    approval = ledger.get("inc-1").stages["approval"]
+    assert approval.completed_at and approval.result["decision"] == "timed out"
+    assert approval.result["late_answer"]["decision"] == ("approved" if approve else "denied")

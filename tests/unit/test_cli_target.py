@@ -25,3 +25,29 @@ def test_since_takes_a_duration_ago_or_an_iso_time() -> None:
     assert _since(None) is None
     with pytest.raises(OperatorError, match="--since"):
         _since("yesterday")
+
+
+def test_an_aws_refusal_is_one_line_that_names_the_call_not_a_traceback() -> None:
+    """An operator whose role lacks a permission (or who is throttled) is told which call AWS
+    refused and why, in the --json shape too, exit 2. AWS's answers come through botocore's
+    stubber, checked against the API model."""
+    import json
+
+    import boto3
+    from botocore.stub import Stubber
+    from nodemedic_cli.main import app
+    from nodemedic_cli.target import Target
+    from typer.testing import CliRunner
+
+    session = boto3.Session(region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    target = Target("nodemedic", session=session)
+    with Stubber(target.client("cloudformation")) as stack, Stubber(target.client("dynamodb")) as table:
+        stack.add_response("describe_stacks", {"Stacks": [{
+            "StackName": "nodemedic", "StackStatus": "CREATE_COMPLETE", "CreationTime": datetime.now(UTC),
+            "Outputs": [{"OutputKey": "IncidentsTableName", "OutputValue": "incidents"}]}]})
+        table.add_client_error("scan", "AccessDeniedException", "User: arn:aws:sts::1:assumed-role/oncall "
+                               "is not authorized to perform: dynamodb:Scan")
+        result = CliRunner().invoke(app, ["incidents", "--json"], obj=target)
+    assert result.exit_code == 2, result.exception
+    assert json.loads(result.output) == {"error": "AWS refused Scan: AccessDeniedException: User: arn:aws:sts::1:"
+                                                  "assumed-role/oncall is not authorized to perform: dynamodb:Scan"}

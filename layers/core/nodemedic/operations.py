@@ -11,11 +11,16 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from nodemedic.errors import NodeMedicError
 from nodemedic.store.control import ControlState, ControlStore, Switch
 from nodemedic.store.ledger import Ledger
 
 REASON_MIN = 3
+# Step Functions' answers to a task token whose wait is over: its TimeoutSeconds passed, or the
+# execution ended (SendTaskSuccess/SendTaskFailure, Step Functions API Reference, Errors)
+LATE_ANSWER = frozenset({"TaskTimedOut", "TaskDoesNotExist", "InvalidToken"})
 
 
 class OperatorError(NodeMedicError):
@@ -83,9 +88,22 @@ def answer_approval(ledger: Ledger, sfn: Any, incident_id: str, *, approve: bool
     decision = "approved" if approve else "denied"
     answer = {"decision": decision, "by": by, "reason": reason, "decided_at": datetime.now(UTC).isoformat()}
     ledger.record_progress(incident, "approval", answer)  # recorded before the execution moves on
-    if approve:
-        ledger.complete_stage(incident, "approval", datetime.now(UTC), {**record.result, **answer})  # type: ignore[union-attr]
-        sfn.send_task_success(taskToken=token, output=json.dumps({"approved": True, "by": by, "reason": reason}))
-    else:
-        sfn.send_task_failure(taskToken=token, error="ApprovalDenied", cause=f"denied by {by}: {reason}")
+    try:
+        if approve:
+            ledger.complete_stage(incident, "approval", datetime.now(UTC), {**record.result, **answer})  # type: ignore[union-attr]
+            sfn.send_task_success(taskToken=token, output=json.dumps({"approved": True, "by": by, "reason": reason}))
+        else:
+            sfn.send_task_failure(taskToken=token, error="ApprovalDenied", cause=f"denied by {by}: {reason}")
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code not in LATE_ANSWER:
+            raise
+        # the wait ran out (or its execution ended) before the answer came: the execution ends the
+        # incident denied, the node stays drained; the ledger says the answer came too late
+        late = {"decision": "timed out", "late_answer": answer,
+                "outcome": f"the approval wait had ended ({code}) when {by} answered"}
+        ledger.complete_stage(incident, "approval", datetime.now(UTC), {**record.result, **late})  # type: ignore[union-attr]
+        raise OperatorError(f"too late: incident {incident_id}'s approval wait had ended ({code}) before your "
+                            f"answer; it ends denied and {incident.slurm_node} stays drained. Act on the node "
+                            f"by hand: nodemedic remediate {incident.slurm_node} --action ACTION --reason TEXT") from exc
     return {"incident": incident_id, "decision": decision, "by": by, "reason": reason}
