@@ -50,6 +50,31 @@ def token(sts: Any, cluster: str) -> str:
     return TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
 
 
+# The client sends every request without a timeout (kubernetes.client.rest passes timeout=None when
+# a call names none): a connection the endpoint stopped answering would hold the function until
+# its own timeout. Each request gets these instead.
+API_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
+# A busy or failing-over API server answers 429 (API Priority and Fairness, with Retry-After) or
+# 5xx: retried a few times with backoff, on the methods that are safe to send again (a GET, a
+# DELETE, and NodeMedic's PATCHes: each tests the resourceVersion it read, or sets the same
+# condition again). A POST is not sent again on a status: an eviction's 429 is a
+# PodDisruptionBudget's answer, which the drain handles itself.
+API_RETRIES = urllib3.Retry(total=5, connect=3, read=2, status=3, backoff_factor=0.5, backoff_max=8.0,
+                            status_forcelist=(429, 500, 502, 503, 504),
+                            allowed_methods=frozenset({"GET", "HEAD", "PATCH", "PUT", "DELETE"}),
+                            raise_on_status=False, respect_retry_after_header=True)
+
+
+class _ApiPool(urllib3.PoolManager):
+    """The pool the API client sends through: ``API_TIMEOUT`` for a request sent without one,
+    ``API_RETRIES`` for all."""
+
+    def request(self, method: str, url: str, *args: Any, **kw: Any) -> Any:
+        if kw.get("timeout") is None:
+            kw["timeout"] = API_TIMEOUT
+        return super().request(method, url, *args, **kw)
+
+
 def client_for(host: str, ca_pem: bytes, fresh_token: Any) -> Any:
     """An API client for ``host`` that trusts only ``ca_pem`` and asks ``fresh_token()`` for a
     new token whenever the last one is ``TOKEN_REFRESH_S`` old."""
@@ -67,8 +92,8 @@ def client_for(host: str, ca_pem: bytes, fresh_token: Any) -> Any:
     api = k8s.ApiClient(config)
     # this client version takes a CA only as a file path: trust the cluster's CA from memory instead
     # (no file to write or clean up), with certificate and host name verification as ever
-    api.rest_client.pool_manager = urllib3.PoolManager(
-        num_pools=4, maxsize=config.connection_pool_maxsize,
+    api.rest_client.pool_manager = _ApiPool(
+        num_pools=4, maxsize=config.connection_pool_maxsize, retries=API_RETRIES,
         ssl_context=ssl.create_default_context(cadata=ca_pem.decode()))
     return api
 
