@@ -94,12 +94,21 @@ def test_resources_that_are_not_nodes_of_this_cluster_are_ignored_with_the_reaso
     ({"statusCode": "closed"}, "is closed"),
     ({"endTime": "Sun, 22 Nov 2026 02:00:00 GMT"}, "window ended"),
     ({"eventTypeCode": "AWS_EC2_OPERATIONAL_ISSUE"}, "not a scheduled change"),
+    # no window end, its date long past: an archive replayed after Detect's memory of it lapsed
+    ({"endTime": None, "startTime": "Fri, 06 Nov 2026 00:00:00 GMT"}, "passed more than 15 days ago"),
 ])
 def test_a_closed_past_or_other_event_plans_nothing(change: dict[str, str], why: str) -> None:
     event = copy.deepcopy(RETIREMENT)
     event["detail"].update(change)
     planned = _plan(event)
     assert not planned.events and why in planned.ignored[0][1]
+
+
+def test_a_retirement_whose_date_passed_days_ago_is_still_acted_on() -> None:
+    """AWS stops a retiring instance some time after the date: a node still running it goes."""
+    event = copy.deepcopy(RETIREMENT)
+    event["detail"].update({"endTime": None, "startTime": "Fri, 20 Nov 2026 00:00:00 GMT", "statusCode": "open"})
+    assert [e.node.slurm_node for e in _plan(event).events] == ["gpu-2"]
 
 
 @pytest.mark.parametrize(("path", "value"), [

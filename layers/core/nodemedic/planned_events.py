@@ -40,6 +40,7 @@ from nodemedic.contracts.problems import describe
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
 from nodemedic.providers.base import Provider
+from nodemedic.store.ledger import EVENT_MEMORY
 
 # AWS Health event type -> NodeMedic fault code (fault_table.json says what each one does).
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instances-status-check_sched.html
@@ -180,6 +181,11 @@ def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: 
                     withdrawn=[event_id(f"{d.eventArn}/{e}") for e in entities])
     if d.endTime and d.endTime <= now:
         return Plan(ignored=[(e, f"its window ended at {d.endTime.isoformat()}") for e in entities])
+    if d.endTime is None and d.startTime <= now - EVENT_MEMORY:
+        # a notice with no window end (a retirement: "after" its date) delivered again long after
+        # it (an archive replayed): AWS has acted, and Detect no longer remembers the first delivery
+        return Plan(ignored=[(e, f"its deadline {d.startTime.isoformat()} passed more than "
+                                 f"{EVENT_MEMORY.days} days ago") for e in entities])
     result = Plan()
     for entity in d.affectedEntities:
         instance = entity.entityValue
