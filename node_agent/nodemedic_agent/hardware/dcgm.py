@@ -68,13 +68,13 @@ class DcgmHealth:
 
 @dataclass(frozen=True)
 class DiagReport:
-    """What ``dcgmi diag`` found: tests that failed (with their entities and messages), tests
-    that warned, how many results were read, and the error that stopped it running, if any."""
+    """What ``dcgmi diag`` found: tests that failed (with their entities and messages; an error
+    that stopped it running is one, ``runtime error: ...``), tests that warned, and how many
+    results were read."""
 
     failed: list[str] = field(default_factory=list)
     warned: list[str] = field(default_factory=list)
     results: int = 0
-    runtime_error: str | None = None
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
@@ -154,15 +154,15 @@ def _warnings(result: dict[str, Any]) -> list[str]:
     return texts
 
 
-def _run_report(run: dict[str, Any], failed: list[str], warned: list[str]) -> tuple[int, str | None]:
-    """Adds one run's failed and warned tests; returns how many results it had and its runtime error."""
+def _run_report(run: dict[str, Any], failed: list[str], warned: list[str]) -> int:
+    """Adds one run's failed and warned tests (its runtime error is a failure); returns how many
+    results it had."""
     root = next((run[k] for k in DIAG_ROOTS if k in run), None)
     if root is None:
         raise ValueError(f"dcgmi diag: none of {', '.join(DIAG_ROOTS)} in its JSON")
     root = _object(root, "dcgmi diag")
-    error = str(root["runtime_error"]).strip()[:300] if root.get("runtime_error") else None
-    if error:
-        failed.append(f"runtime error: {error}")
+    if root.get("runtime_error"):
+        failed.append(f"runtime error: {str(root['runtime_error']).strip()[:300]}")
     results = 0
     for category in _list(root.get("test_categories"), "test_categories"):
         for test in _list(_object(category, "category").get("tests"), "tests"):
@@ -181,7 +181,7 @@ def _run_report(run: dict[str, Any], failed: list[str], warned: list[str]) -> tu
                 line = f"{name}{' on ' + entity if entity else ''}"
                 detail = "; ".join(_warnings(result))
                 (failed if status == "Fail" else warned).append(f"{line}: {detail[:300]}" if detail else line)
-    return results, error
+    return results
 
 
 def parse_diag(text: str) -> DiagReport:
@@ -190,14 +190,11 @@ def parse_diag(text: str) -> DiagReport:
     data = _loads(text, "dcgmi diag")
     failed: list[str] = []
     warned: list[str] = []
-    results, error = 0, None
-    for run in _list(data.get("iterations"), "iterations") if "iterations" in data else [data]:
-        count, run_error = _run_report(_object(run, "iteration"), failed, warned)
-        results, error = results + count, error or run_error
+    results = sum(_run_report(_object(run, "iteration"), failed, warned)
+                  for run in (_list(data.get("iterations"), "iterations") if "iterations" in data else [data]))
     if data.get("Overall Result") == "Fail" and not failed:
         failed.append(f"overall: {str(data.get('Warning') or 'Fail')[:300]}")
     if not results and not failed:
         raise ValueError("dcgmi diag: no test gave a result")
     # the same test failing on the same entity in several iterations is one failure
-    return DiagReport(failed=list(dict.fromkeys(failed)), warned=list(dict.fromkeys(warned)), results=results,
-                      runtime_error=error)
+    return DiagReport(failed=list(dict.fromkeys(failed)), warned=list(dict.fromkeys(warned)), results=results)
