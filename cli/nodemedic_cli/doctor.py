@@ -159,6 +159,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                   ("sns", "Publish", {"TopicArn": out["EscalationTopicArn"]}),
                                   ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "ANNOUNCED#doctor"}}}),
                                   ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "NOTICE#doctor"}}}),
+                                  ("dynamodb", "DeleteItem", {**table, "Key": {"pk": {"S": "ANNOUNCED#doctor"}}}),
                                   ("dynamodb", "GetItem", {**table, "Key": {"pk": {"S": "DEFERRED#doctor"}}}),
                                   ("dynamodb", "UpdateItem", {**table, "Key": {"pk": {"S": "DEFERRED#doctor"}}}),
                                   ("ec2", "DescribeInstanceStatus", {})],  # the sweep of scheduled events

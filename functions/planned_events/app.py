@@ -49,15 +49,26 @@ def _is_schedule(event: dict[str, Any]) -> bool:
     return event.get("source") == "aws.events" and event.get("detail-type") == "Scheduled Event"
 
 
-def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, cluster: str, topic_arn: str) -> None:
+def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, cluster: str, topic_arn: str,
+                           now: datetime) -> None:
+    """Say once, however often the warning is delivered, that the block's nodes are drained. The
+    first delivery decides (a conditional write); if SNS cannot be reached it takes that back and
+    fails, so EventBridge's retry of the delivery says it."""
     d = envelope.detail
+    key = f"capacity-block/{d.capacity_reservation_id}/{d.end_date:%Y%m%dT%H%M%SZ}"
+    if not wiring.ledger().first_announcement(key, now):
+        return
     nodes = sorted(str(e.node.slurm_node) for e in planned.events)
     message = (f"Capacity Block {d.capacity_reservation_id} ends at {d.end_date:%Y-%m-%d %H:%M}Z; EC2 begins to "
                f"terminate its instances at {d.termination_starts:%H:%M}Z. NodeMedic drains its {len(nodes)} "
                f"node(s) of cluster {cluster} ({', '.join(nodes)}): each job is checkpointed (per "
                f"the CheckpointPolicy) and moved to a spare outside the block; nothing is repaired or replaced "
                f"into the block. The nodes stay drained: add capacity (a new block) for the jobs that need it.")
-    wiring.client("sns").publish(TopicArn=topic_arn, Subject="NodeMedic: Capacity Block ending", Message=message)
+    try:
+        wiring.client("sns").publish(TopicArn=topic_arn, Subject="NodeMedic: Capacity Block ending", Message=message)
+    except Exception:
+        wiring.ledger().forget_announcement(key)
+        raise
 
 
 @logger.inject_lambda_context
@@ -111,9 +122,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.info("planned events deferred until their lead time", deferred=deferred)
     if planned.ignored:
         logger.info("affected resources ignored", ignored=[f"{entity}: {why}" for entity, why in planned.ignored])
-    if isinstance(envelope, CapacityBlockEnvelope) and planned.events and wiring.ledger().first_announcement(
-            f"capacity-block/{envelope.detail.capacity_reservation_id}/{envelope.detail.end_date:%Y%m%dT%H%M%SZ}", now):
-        _announce_capacity_end(envelope, planned, s.cluster_name, s.escalation_topic_arn)
+    if isinstance(envelope, CapacityBlockEnvelope) and planned.events:
+        _announce_capacity_end(envelope, planned, s.cluster_name, s.escalation_topic_arn, now)
     nodes = sorted({str(e.node.slurm_node) for e in [*due, *came]})
     logger.info("planned events published", extra={**what, "nodes": nodes})
     metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(nodes))

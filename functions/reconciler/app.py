@@ -44,6 +44,25 @@ def page(messages: list[str]) -> str:
     return text + (f"... and {len(messages) - shown} more (see the reconciler's log)" if shown < len(messages) else "")
 
 
+def send_pages(cluster: str, topic_arn: str, pages: list[str]) -> None:
+    """One page per run, however many things it repaired (a controller restart re-drains many),
+    with what earlier runs could not send. A run whose page cannot be sent (SNS unreachable past
+    the SDK's retries) keeps its messages in the ledger and fails: the next run sends them."""
+    ledger = wiring.ledger()
+    earlier = ledger.unsent_pages(cluster)
+    if not earlier and not pages:
+        return
+    late = f" (and {len(earlier)} from earlier runs, not sent then)" if earlier else ""
+    try:
+        wiring.client("sns").publish(TopicArn=topic_arn, Message=page(earlier + pages),
+                                     Subject=f"NodeMedic: the reconciler repaired {len(pages)} thing(s){late}"[:100])
+    except Exception:
+        if pages:
+            ledger.keep_unsent_pages(cluster, pages)
+        raise
+    ledger.sent_pages(cluster, len(earlier))
+
+
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
@@ -54,10 +73,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):
             pass
-    if report.pages:  # one page per run, however many it repaired (a controller restart re-drains many)
-        wiring.client("sns").publish(TopicArn=s.escalation_topic_arn,
-                                     Subject=f"NodeMedic: the reconciler repaired {len(report.pages)} thing(s)",
-                                     Message=page(report.pages))
+    send_pages(s.cluster_name, s.escalation_topic_arn, report.pages)
     if report.errors:
         logger.error("reconciler could not repair everything", errors=report.errors)
     if report.burn_ins_started:

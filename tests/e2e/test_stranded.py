@@ -39,12 +39,21 @@ def test_controller_down_at_drain_then_restarted_without_its_state() -> None:
         assert job_running(local, job)["JobState"] == "RUNNING"
         assert local.reconcile()["drains_reasserted"] == []  # nothing more to do
 
-        # slurmctld restarts without its saved state: the drain is lost, and re-asserted
+        # slurmctld restarts without its saved state: the drain is lost, and re-asserted; SNS cannot
+        # be reached then (past the SDK's retries): the run fails and the next one sends its page
         local.scheduler.stop_controller()
         local.scheduler.start_controller(clear_state=True)
         assert "DRAIN" not in local.scheduler.node(sick)["State"]
-        assert local.reconcile()["drains_reasserted"] == [sick]
+        sns_down = local.aws.throttle("sns", "Publish", times=10_000)
+        with pytest.raises(RuntimeError, match="Throttling"):
+            local.reconcile()
+        sns_down.times = 0  # SNS answers again
         assert "DRAIN" in local.scheduler.node(sick)["State"]
+        assert local.reconcile()["drains_reasserted"] == []
+        [late] = [e for e in local.escalations() if "reconciler" in e.get("Subject", "")]  # since the last look
+        assert late["Subject"].endswith("(and 1 from earlier runs, not sent then)")
+        assert f"drained {sick} again" in late["Message"]
+        assert local.ledger.unsent_pages(local.cluster.name) == []
 
         # the lock was released: the next fault opens a new incident, which takes over the drain,
         # repairs the node and returns it; NodeMedic then holds nothing

@@ -72,6 +72,12 @@ def _hold_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"DRAINHOLD#{cluster}#{slurm_node}"}}
 
 
+def _outbox_key(cluster: str) -> dict[str, Any]:
+    return {"pk": {"S": f"OUTBOX#{cluster}"}}
+
+
+OUTBOX_PAGES = 100  # pages kept while SNS cannot be reached (a DynamoDB item holds 400 KB)
+OUTBOX_PAGE_CHARS = 2000
 EVENT_MEMORY = timedelta(days=15)
 INTERRUPTION_MEMORY = timedelta(hours=1)
 
@@ -432,6 +438,29 @@ class Ledger:
             "pk": {"S": f"ANNOUNCED#{key}"}, "at": {"S": now.isoformat()},
             "expires_at": _ttl(now + EVENT_MEMORY)},
             ConditionExpression="attribute_not_exists(pk)")
+
+    def forget_announcement(self, key: str) -> None:
+        """Undo :meth:`first_announcement` for ``key``: what was to be said could not be sent,
+        so the next delivery says it."""
+        self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"ANNOUNCED#{key}"}})
+
+    # -- pages the reconciler could not send: sent with its next run ---------------------
+    def unsent_pages(self, cluster: str) -> list[str]:
+        item = self._db.get_item(TableName=self._table, Key=_outbox_key(cluster), ConsistentRead=True).get("Item")
+        return [p["S"] for p in item["pages"]["L"]] if item and "pages" in item else []
+
+    def keep_unsent_pages(self, cluster: str, pages: list[str]) -> None:
+        """Keep ``pages`` for the next run (at most ``OUTBOX_PAGES``, the oldest dropped first)."""
+        kept = self.unsent_pages(cluster)
+        start = max(0, len(kept) + len(pages) - OUTBOX_PAGES)
+        self._db.put_item(TableName=self._table, Item={**_outbox_key(cluster), "pages": {"L": [
+            {"S": p[:OUTBOX_PAGE_CHARS]} for p in (kept + pages)[start:]]}})
+
+    def sent_pages(self, cluster: str, count: int) -> None:
+        """The first ``count`` kept pages were sent (others kept meanwhile stay)."""
+        if count:
+            self._db.update_item(TableName=self._table, Key=_outbox_key(cluster),
+                                 UpdateExpression="REMOVE " + ", ".join(f"pages[{i}]" for i in range(count)))
 
     def newest_notice(self, key: str, version: datetime, keep_until: datetime) -> bool:
         """True unless a later version of the notice ``key`` was seen (until ``keep_until``). AWS
