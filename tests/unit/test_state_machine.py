@@ -61,3 +61,17 @@ def test_no_arn_names_a_partition_literally():
     """arn:aws:... breaks GovCloud (aws-us-gov) and China (aws-cn): the partition is substituted."""
     text = (ROOT / "statemachines" / "remediation.asl.json").read_text()
     assert "arn:aws:" not in text and "arn:aws:" not in (ROOT / "template.yaml").read_text()
+
+
+def test_every_page_keeps_trying_sns_for_twenty_minutes():
+    """A page is how someone learns an incident failed or a node is held: SNS unavailable for a
+    while (a regional blip, throttling) must not lose it. Step Functions waits for a retry at no
+    cost; the delays double up to MaxDelaySeconds, with no jitter to shorten them."""
+    pages = {name: state for name, state in STATES.items() if state.get("Resource", "").endswith(":sns:publish")}
+    assert len(pages) >= 7
+    for name, state in pages.items():
+        [retry] = state["Retry"]
+        assert retry["ErrorEquals"] == ["States.ALL"] and "JitterStrategy" not in retry, name
+        delays = [min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry.get("MaxDelaySeconds", 1e9))
+                  for n in range(retry["MaxAttempts"])]
+        assert sum(delays) >= 20 * 60, (name, sum(delays))
