@@ -116,8 +116,12 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # EventBridge retries the invocation
     publish_health_events(wiring.client("events"), s.event_bus_name, PLANNED_SOURCE,
                           list({e.event_id: e for e in [*due, *came]}.values()))
-    if came or planned.withdrawn:
-        store.forget([e.event_id for e in came] + planned.withdrawn)
+    # what was published waits no longer, nor does a notice AWS withdrew: a copy of a due event
+    # kept from an earlier version of its notice (a window AWS has since moved nearer) would come
+    # out again at its old time, maybe after Detect's memory of this one has lapsed
+    gone = [e.event_id for e in [*due, *came]] + planned.withdrawn
+    if gone:
+        store.forget(gone)
     if deferred:
         logger.info("planned events deferred until their lead time", deferred=deferred)
     if planned.ignored:

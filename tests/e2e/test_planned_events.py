@@ -137,8 +137,8 @@ def test_a_waiting_notice_is_acted_on_early_when_its_node_has_slack() -> None:
             job_running(local, job)
         wait_for(lambda: "nodemedic-checkpoint=" in local.scheduler.job(checkpointed).get("Comment", ""),
                  "the job's checkpoint marker")
-        local.emit_as_aws(_retirement([local.cluster.instance_of(n) for n in ("gpu-1", "gpu-2", "gpu-3")],
-                                      timedelta(days=14)))
+        retiring = [local.cluster.instance_of(n) for n in ("gpu-1", "gpu-2", "gpu-3")]
+        local.emit_as_aws(_retirement(retiring, timedelta(days=14)))
         wait_for(lambda: len(waiting.waiting()) == 3, "the three notices to wait")
 
         local.fire_schedule("PlannedEventsFunction")
@@ -151,3 +151,12 @@ def test_a_waiting_notice_is_acted_on_early_when_its_node_has_slack() -> None:
         assert local.scheduler.job(busy)["JobState"] == "RUNNING" and "gpu-2" in local.scheduler.job(busy)["NodeList"]
         local.fire_schedule("PlannedEventsFunction")  # still no slack on gpu-2: nothing more
         assert len(local.wait_for_executions(2)) == 2
+
+        # AWS moves the window near (an update of the notice): gpu-2's event is due, acted on at
+        # once, and the copy kept for the old window is gone: it never comes out a second time
+        moved = _retirement(retiring, timedelta(hours=6))
+        moved["detail"]["lastUpdatedTime"] = format_datetime(datetime.now(UTC), usegmt=True)
+        local.emit_as_aws(moved)
+        executions = local.wait_for_executions(3)
+        assert sorted(i.slurm_node for i in local.incidents()) == ["gpu-1", "gpu-2", "gpu-3"]
+        assert waiting.waiting() == []
