@@ -6,6 +6,7 @@ fall silent on cue."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +16,7 @@ import certifi
 import pytest
 import urllib3
 from kubernetes import client as k8s
+from nodemedic.errors import AwsThrottledError
 from nodemedic.orchestrators import eks_auth
 from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator
 
@@ -31,7 +33,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[str] = []
-        self.busy_answers = 0  # how many of the next node reads are answered 503, 429 in turn
+        self.busy_answers = 0  # how many of the next node reads are answered 503, 429 in turn (-1: all)
         self.silent = threading.Event()  # the first read of node "silent" waits on this
         self.silent_first = True
         self.first_waiting = False
@@ -62,7 +64,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.first_waiting = False
             return
         if self.server.busy_answers:
-            self.server.busy_answers -= 1
+            self.server.busy_answers -= self.server.busy_answers > 0
             if self.server.busy_answers % 2:  # a server failing over: no Retry-After
                 self._answer(503, {**TOO_MANY, "reason": "ServiceUnavailable", "code": 503,
                                    "message": "the server is currently unable to handle the request"})
@@ -117,3 +119,28 @@ def test_a_silent_connection_is_given_up_and_asked_again(server: _Server, monkey
     assert _adapter(server).instance_of("silent") == "i-0123456789abcdef0"
     # the second read came while the first still waited: the client did not wait on it
     assert server.seen == ["GET /api/v1/nodes/silent", "GET /api/v1/nodes/silent while the first waited"]
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(eks_auth, "API_RETRIES", eks_auth.API_RETRIES.new(backoff_factor=0))
+
+
+@pytest.mark.usefixtures("no_backoff")
+def test_a_server_busy_past_the_retries_is_retried_by_the_state_machine_not_a_failure(server: _Server) -> None:
+    """AwsThrottledError is what every stage's Retry names: the stage runs again later, within its
+    budget, instead of failing the incident on an overloaded control plane."""
+    server.busy_answers = -1
+    with pytest.raises(AwsThrottledError, match=r"answered GET /api/v1/nodes/\{name\} with 503"):
+        _adapter(server).instance_of("gpu-1")
+    assert len(server.seen) == 1 + eks_auth.API_RETRIES.status
+
+
+@pytest.mark.usefixtures("no_backoff")
+def test_an_api_server_nobody_answers_at_is_retried_by_the_state_machine() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api = eks_auth.client_for(f"http://127.0.0.1:{port}", certifi.contents().encode(), lambda: "token")
+    with pytest.raises(AwsThrottledError, match="cannot reach the Kubernetes API server"):
+        KubernetesOrchestrator(api).instance_of("gpu-1")

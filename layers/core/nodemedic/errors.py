@@ -113,4 +113,6 @@ RETRYABLE_ERRORS = tuple(cls.__name__ for cls in RetryableError.__subclasses__()
 
 class AwsThrottledError(RetryableError):
     """An AWS call was still throttled (or the service still unavailable) after the SDK's own
-    retries; the state machine retries the stage later, within its budget, then fails it."""
+    retries, or an EKS cluster's API server was still busy or unreachable after the client's
+    (``orchestrators.eks_auth``); the state machine retries the stage later, within its budget,
+    then fails it."""

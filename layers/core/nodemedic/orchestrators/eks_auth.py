@@ -19,6 +19,9 @@ from typing import Any
 
 import urllib3
 from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from nodemedic.errors import AwsThrottledError
 
 TOKEN_PREFIX = "k8s-aws-v1."
 CLUSTER_ID_HEADER = "x-k8s-aws-id"
@@ -65,6 +68,27 @@ API_RETRIES = urllib3.Retry(total=5, connect=3, read=2, status=3, backoff_factor
                             raise_on_status=False, respect_retry_after_header=True)
 
 
+BUSY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class _ApiClient(k8s.ApiClient):  # type: ignore[misc]
+    """An API server still busy or unreachable after the transport's retries is
+    :class:`AwsThrottledError`: the state machine retries the stage later, within its budget, as
+    for a throttled AWS call, instead of failing the incident on an overloaded control plane. An
+    eviction's 429 stays the API server's answer: a PodDisruptionBudget's, which the drain handles."""
+
+    def call_api(self, resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().call_api(resource_path, method, *args, **kwargs)
+        except ApiException as exc:
+            if exc.status in BUSY_STATUSES and not (exc.status == 429 and resource_path.endswith("/eviction")):
+                raise AwsThrottledError(f"the Kubernetes API server answered {method} {resource_path} with "
+                                        f"{exc.status} {exc.reason} after {API_RETRIES.status} retries") from exc
+            raise
+        except urllib3.exceptions.HTTPError as exc:  # refused, reset, timed out, after the transport's retries
+            raise AwsThrottledError(f"cannot reach the Kubernetes API server ({method} {resource_path}): {exc}") from exc
+
+
 class _ApiPool(urllib3.PoolManager):
     """The pool the API client sends through: ``API_TIMEOUT`` for a request sent without one,
     ``API_RETRIES`` for all."""
@@ -89,7 +113,7 @@ def client_for(host: str, ca_pem: bytes, fresh_token: Any) -> Any:
 
     config.refresh_api_key_hook = refresh
     refresh(config)
-    api = k8s.ApiClient(config)
+    api = _ApiClient(config)
     # this client version takes a CA only as a file path: trust the cluster's CA from memory instead
     # (no file to write or clean up), with certificate and host name verification as ever
     api.rest_client.pool_manager = _ApiPool(
