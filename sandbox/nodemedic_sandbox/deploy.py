@@ -215,7 +215,7 @@ def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> N
                                    "Statement": [{"Sid": props["StatementId"], **props["Statement"]}]}))
         elif resource["Type"] == "AWS::CloudWatch::Alarm":
             props = clean_json(props, stack.resource_map)
-            for key in ("Period", "EvaluationPeriods"):
+            for key in ("Period", "EvaluationPeriods", "DatapointsToAlarm"):
                 if key in props:
                     props[key] = int(props[key])
             props["Threshold"] = float(props["Threshold"])

@@ -157,3 +157,29 @@ def test_each_function_that_publishes_health_events_may_publish_only_under_its_o
     [rule] = [e["Properties"]["Pattern"] for r in RESOURCES.values() for name, e in r.get("Properties", {})
               .get("Events", {}).items() if name == "AgentHealthEvent"]  # what starts an incident
     assert sorted(rule["source"]) == sorted(["nodemedic.agent", *sources.values()])
+
+
+def test_every_function_run_by_a_schedule_pages_when_it_keeps_failing() -> None:
+    """A scheduled function runs outside any execution: its failures fail no incident and dead-
+    letter nothing unless it has a dead-letter queue. Each is watched: by the dead-letter alarm
+    (its queue), or by an alarm on its AWS/Lambda Errors; either notifies the escalation topic."""
+    alarms = {name: r["Properties"] for name, r in RESOURCES.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    watched: set[str] = set()
+    for alarm in alarms.values():
+        if alarm.get("AlarmActions") != [{"Ref": "EscalationTopic"}]:
+            continue
+        for query in alarm.get("Metrics", []):
+            metric = query.get("MetricStat", {}).get("Metric", {})
+            [dimension] = metric.get("Dimensions", [{}])
+            value = dimension.get("Value", {})
+            if metric.get("MetricName") == "Errors" and metric.get("Namespace") == "AWS/Lambda":
+                watched.add(value.get("Ref", ""))
+            elif metric.get("Namespace") == "AWS/SQS":
+                queue = value.get("Fn::GetAtt", [""])[0]
+                watched |= {name for name, f in FUNCTIONS.items()
+                            if f["Properties"].get("DeadLetterQueue", {}).get("TargetArn", {}).get("Fn::GetAtt", [""])[0]
+                            == queue}
+    scheduled = {name for name, f in FUNCTIONS.items()
+                 if any(e["Type"] == "Schedule" for e in f["Properties"].get("Events", {}).values())}
+    assert scheduled >= {"SilenceSweeperFunction", "ReconcilerFunction", "PlannedEventsFunction"}
+    assert scheduled <= watched, scheduled - watched
