@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+from nodemedic.orchestrators.eks_auth import budget_refusal
 from nodemedic.orchestrators.kubernetes import (
     CONDITION,
     DRAIN_TAINT,
@@ -162,6 +164,12 @@ def test_a_budget_blocks_eviction_until_its_timeout_then_the_namespace_mode_appl
     first = evict.evacuate(node, started_at=start.timestamp())
     assert first.requeued == [] and len(first.pending) == 1 and "PodDisruptionBudget" in first.pending[0]
     assert "train-0" in cluster.live_pods(node)  # the budget held: the API server answered 429
+    # that 429 says it is the budget's (the functions' client tells it from a busy server's 429)
+    with pytest.raises(ApiException) as refused:
+        k8s.CoreV1Api(cluster.api).create_namespaced_pod_eviction("train-0", cluster.namespace, k8s.V1Eviction(
+            api_version=evict.eviction_version(), kind="Eviction",
+            metadata=k8s.V1ObjectMeta(name="train-0", namespace=cluster.namespace)))
+    assert refused.value.status == 429 and budget_refusal(refused.value)
     clock[0] = start + timedelta(seconds=301)
     late = evict.evacuate(node, started_at=start.timestamp())
     assert late.pending == [] and late.requeued == [] and job in late.not_requeued

@@ -37,6 +37,7 @@ class _Server(ThreadingHTTPServer):
         self.silent = threading.Event()  # the first read of node "silent" waits on this
         self.silent_first = True
         self.first_waiting = False
+        self.evictions_throttled = False
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -77,7 +78,12 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", 0))
         self.rfile.read(length)
         self.server.seen.append(f"POST {self.path}")
-        self._answer(429, {**TOO_MANY, "message": "Cannot evict pod as it would violate the pod's disruption budget."})
+        if self.server.evictions_throttled:  # API Priority and Fairness, not a budget
+            self._answer(429, TOO_MANY, {"Retry-After": "0"})
+            return
+        self._answer(429, {**TOO_MANY, "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                           "details": {"causes": [{"type": "DisruptionBudget", "message": "The disruption budget "
+                                                   "train needs 2 healthy pods and has 2 currently"}]}})
 
 
 @pytest.fixture
@@ -144,3 +150,15 @@ def test_an_api_server_nobody_answers_at_is_retried_by_the_state_machine() -> No
     api = eks_auth.client_for(f"http://127.0.0.1:{port}", certifi.contents().encode(), lambda: "token")
     with pytest.raises(AwsThrottledError, match="cannot reach the Kubernetes API server"):
         KubernetesOrchestrator(api).instance_of("gpu-1")
+
+
+def test_an_eviction_the_api_server_is_too_busy_for_is_not_taken_for_a_budget(server: _Server) -> None:
+    """API Priority and Fairness answers 429 too: that is a busy server, retried by the state
+    machine, not a budget the drain would wait out and then report (or override) as one."""
+    server.evictions_throttled = True
+    orch = _adapter(server)
+    orch._eviction_version = "policy/v1"  # noqa: SLF001 - no discovery on this server
+    pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="train-0", namespace="ml"))
+    with pytest.raises(AwsThrottledError, match="429"):
+        orch._evict(pod, None)  # noqa: SLF001
+    assert server.seen == ["POST /api/v1/namespaces/ml/pods/train-0/eviction"], "the client does not re-send it"

@@ -12,6 +12,7 @@ role), then maps the role through the cluster's access entry to the Kubernetes g
 from __future__ import annotations
 
 import base64
+import json
 import re
 import ssl
 import time
@@ -71,17 +72,38 @@ API_RETRIES = urllib3.Retry(total=5, connect=3, read=2, status=3, backoff_factor
 BUSY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
+def budget_refusal(exc: ApiException) -> bool:
+    """A 429 that is a PodDisruptionBudget refusing an eviction, not a busy API server (API
+    Priority and Fairness answers 429 too). The eviction REST handler says so in its Status: the
+    message "Cannot evict pod as it would violate the pod's disruption budget." and a cause of
+    type ``DisruptionBudget`` (kubernetes pkg/registry/core/pod/storage/eviction.go)."""
+    if exc.status != 429:
+        return False
+    try:
+        status = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(status, dict):
+        return False
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    causes = causes if isinstance(causes, list) else []
+    return "disruption budget" in str(status.get("message", "")).lower() or any(
+        isinstance(c, dict) and "DisruptionBudget" in (c.get("type"), c.get("reason")) for c in causes)
+
+
 class _ApiClient(k8s.ApiClient):  # type: ignore[misc]
     """An API server still busy or unreachable after the transport's retries is
     :class:`AwsThrottledError`: the state machine retries the stage later, within its budget, as
     for a throttled AWS call, instead of failing the incident on an overloaded control plane. An
-    eviction's 429 stays the API server's answer: a PodDisruptionBudget's, which the drain handles."""
+    eviction a PodDisruptionBudget refuses (also a 429) stays the API server's answer, which the
+    drain handles."""
 
     def call_api(self, resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().call_api(resource_path, method, *args, **kwargs)
         except ApiException as exc:
-            if exc.status in BUSY_STATUSES and not (exc.status == 429 and resource_path.endswith("/eviction")):
+            if exc.status in BUSY_STATUSES and not budget_refusal(exc):
                 raise AwsThrottledError(f"the Kubernetes API server answered {method} {resource_path} with "
                                         f"{exc.status} {exc.reason} after {API_RETRIES.status} retries") from exc
             raise
