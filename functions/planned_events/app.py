@@ -34,7 +34,6 @@ from nodemedic.planned_events import (
 )
 from nodemedic.settings import settings
 from nodemedic.store.deferred import Deferred, DeferredPlans
-from nodemedic.store.ledger import EVENT_MEMORY
 
 logger = Logger(service="planned_events")
 metrics = Metrics()
@@ -94,7 +93,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         what = {"sweep": "EC2 scheduled events"}
     elif isinstance(envelope, AwsHealthEnvelope):
         newest = wiring.ledger().newest_notice(envelope.detail.eventArn, envelope.version,
-                                               notice_kept_until(envelope, now, EVENT_MEMORY))
+                                               notice_kept_until(envelope, now))
         planned = plan(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now) if newest \
             else superseded(envelope)
         what = {"event": envelope.detail.eventArn, "type": envelope.detail.eventTypeCode,

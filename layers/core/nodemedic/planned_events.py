@@ -155,10 +155,11 @@ def reservation_instances(ec2: Any, capacity_reservation_id: str) -> list[str]:
     return sorted(i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"])
 
 
-def notice_kept_until(envelope: AwsHealthEnvelope, now: datetime, memory: timedelta) -> datetime:
-    """How long the newest version of a notice is remembered: ``memory`` past its window, or past now."""
+def notice_kept_until(envelope: AwsHealthEnvelope, now: datetime) -> datetime:
+    """How long the newest version of a notice is remembered: ``EVENT_MEMORY`` past its window,
+    or past now."""
     d = envelope.detail
-    return max(now, d.startTime, d.endTime or d.startTime) + memory
+    return max(now, d.startTime, d.endTime or d.startTime) + EVENT_MEMORY
 
 
 def superseded(envelope: AwsHealthEnvelope) -> Plan:

@@ -63,13 +63,11 @@ API_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
 # DELETE, and NodeMedic's PATCHes: each tests the resourceVersion it read, or sets the same
 # condition again). A POST is not sent again on a status: an eviction's 429 is a
 # PodDisruptionBudget's answer, which the drain handles itself.
+BUSY_STATUSES = frozenset({429, 500, 502, 503, 504})
 API_RETRIES = urllib3.Retry(total=5, connect=3, read=2, status=3, backoff_factor=0.5, backoff_max=8.0,
-                            status_forcelist=(429, 500, 502, 503, 504),
+                            status_forcelist=BUSY_STATUSES,
                             allowed_methods=frozenset({"GET", "HEAD", "PATCH", "PUT", "DELETE"}),
                             raise_on_status=False, respect_retry_after_header=True)
-
-
-BUSY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 def budget_refusal(exc: ApiException) -> bool:

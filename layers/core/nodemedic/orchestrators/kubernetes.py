@@ -104,6 +104,10 @@ class DrainRule(BaseModel):
     grace_seconds: int | None = Field(default=None, ge=0, le=3600, description="None: the pod's own")
     timeout_seconds: int = Field(default=600, ge=0, le=3600)
 
+    def waits(self, elapsed: float) -> bool:
+        """``elapsed`` seconds into the drain, the pods still run on (``wait`` mode, before its timeout)."""
+        return self.mode == "wait" and elapsed < self.timeout_seconds
+
 
 class DrainPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -543,8 +547,7 @@ class KubernetesOrchestrator:
         pods = self._pods_on(node)
         moving = [(pod, self._policy.rule(pod.metadata.namespace)) for pod in filter(_evictable, pods)]
         recorded = self._evicting(node, started_at, {workload for pod, rule in moving
-                                                     if (rule.mode != "wait" or elapsed >= rule.timeout_seconds)
-                                                     and (workload := workload_of(pod))})
+                                                     if not rule.waits(elapsed) and (workload := workload_of(pod))})
         requeued: set[str] = {workload for pod in pods if started_at is not None and _leaving_since(pod, started_at)
                               and (workload := workload_of(pod))}
         # recorded, and no pod of it left on the node (one that ran to its end still is: not moved)
@@ -555,7 +558,7 @@ class KubernetesOrchestrator:
             name = f"{pod.metadata.namespace}/{pod.metadata.name}"
             workload = workload_of(pod)
             timed_out = elapsed >= rule.timeout_seconds
-            if rule.mode == "wait" and not timed_out:
+            if rule.waits(elapsed):
                 pending.append(f"{name} (running to completion, up to {rule.timeout_seconds}s)")
             elif self._evict(pod, rule.grace_seconds):
                 requeued.update([workload] if workload else [])
