@@ -240,7 +240,7 @@ def parser() -> argparse.ArgumentParser:
                             "(repeatable; default: nodemedic-agent.service, nvidia-dcgm.service, dcgm.service)")
     reset.add_argument("--restore-after", type=_seconds, default=RESTORE_AFTER_S, metavar="SECONDS",
                        help="a systemd timer puts back what the reset stopped after this long, should the reset be "
-                            f"killed (default {RESTORE_AFTER_S})")
+                            f"killed: 60 to 86400 (default {RESTORE_AFTER_S})")
     reset.set_defaults(func=cmd_gpu_reset)
 
     val = sub.add_parser("validate", help="validate the configuration file and exit")
