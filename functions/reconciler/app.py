@@ -32,6 +32,7 @@ def start_burn_in(event: NodeHealthEvent) -> None:
 
 
 MAX_PAGE_BYTES = 200_000  # SNS allows 256 KB
+UNREAD_NOTE = "(Pages earlier runs could not send were not readable now: a later run sends them.)"
 
 
 def page(messages: list[str]) -> str:
@@ -49,12 +50,22 @@ def send_pages(cluster: str, topic_arn: str, pages: list[str]) -> None:
     with what earlier runs could not send. A run whose page cannot be sent (SNS unreachable past
     the SDK's retries) keeps its messages in the ledger and fails: the next run sends them."""
     ledger = wiring.ledger()
-    earlier = ledger.unsent_pages(cluster)
+    try:
+        earlier = ledger.unsent_pages(cluster)
+    except Exception:
+        if not pages:
+            raise
+        # this run's repairs are done and no later run will find them: they are paged now, and
+        # what earlier runs kept stays kept for the next run
+        logger.exception("could not read the pages earlier runs kept; this run's page goes alone")
+        earlier, unread = [], True
+    else:
+        unread = False
     if not earlier and not pages:
         return
     late = f" (and {len(earlier)} from earlier runs, not sent then)" if earlier else ""
     try:
-        wiring.client("sns").publish(TopicArn=topic_arn, Message=page(earlier + pages),
+        wiring.client("sns").publish(TopicArn=topic_arn, Message=page(earlier + pages) + (UNREAD_NOTE if unread else ""),
                                      Subject=f"NodeMedic: the reconciler repaired {len(pages)} thing(s){late}"[:100])
     except Exception:
         if pages:

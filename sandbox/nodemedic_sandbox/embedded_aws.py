@@ -323,11 +323,13 @@ class Throttle:
     operation: str | None = None  # e.g. "UpdateItem"; None: every operation
     caller: str | None = None  # a part of the function's name ("Drain"), "state machine"; None: any
     times: int = 1
+    containing: str | None = None  # only requests whose body holds this text (a key: "OUTBOX#")
     hits: list[str] = field(default_factory=list)  # "caller service:operation" of each throttled attempt
 
-    def matches(self, caller: str, service: str, operation: str) -> bool:
+    def matches(self, caller: str, service: str, operation: str, body: bytes) -> bool:
         return (self.times > len(self.hits) and service == self.service
-                and self.operation in (None, operation) and (self.caller is None or self.caller in caller))
+                and self.operation in (None, operation) and (self.caller is None or self.caller in caller)
+                and (self.containing is None or self.containing.encode() in body))
 
 
 @dataclass
@@ -928,10 +930,11 @@ class EmbeddedAWS:
                               model.name)
 
     def throttle(self, service: str, operation: str | None = None, *, caller: str | None = None,
-                 times: int = 1) -> Throttle:
+                 times: int = 1, containing: str | None = None) -> Throttle:
         """Throttle the next ``times`` attempts of a deployed function's (or, ``caller="state
-        machine"``, the state machine's) calls to ``service`` (``operation`` only, if given)."""
-        rule = Throttle(service, operation, caller, times)
+        machine"``, the state machine's) calls to ``service`` (``operation`` only, if given; only
+        requests whose body holds ``containing``, if given)."""
+        rule = Throttle(service, operation, caller, times, containing)
         self.throttles.append(rule)
         return rule
 
@@ -965,7 +968,8 @@ class EmbeddedAWS:
         if call is None:
             return None
         caller, service, operation, protocol = call
-        rule = next((r for r in self.throttles if r.matches(caller, service, operation)), None)
+        body = request.body if isinstance(request.body, bytes) else str(request.body or "").encode()
+        rule = next((r for r in self.throttles if r.matches(caller, service, operation, body)), None)
         if rule is None:
             return None
         rule.hits.append(f"{caller} {service}:{operation}")

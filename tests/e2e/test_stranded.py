@@ -55,6 +55,18 @@ def test_controller_down_at_drain_then_restarted_without_its_state() -> None:
         assert f"drained {sick} again" in late["Message"]
         assert local.ledger.unsent_pages(local.cluster.name) == []
 
+        # the drain is lost again, and the pages earlier runs kept cannot be read (DynamoDB
+        # throttled past the SDK's retries on that item): this run's page goes out alone
+        local.scheduler.stop_controller()
+        local.scheduler.start_controller(clear_state=True)
+        outbox_down = local.aws.throttle("dynamodb", "GetItem", caller="Reconciler", containing="OUTBOX#", times=10_000)
+        assert local.reconcile()["drains_reasserted"] == [sick]
+        outbox_down.times = 0
+        assert outbox_down.hits
+        [alone] = [e for e in local.escalations() if "reconciler" in e.get("Subject", "")]
+        assert alone["Subject"].endswith("repaired 1 thing(s)") and f"drained {sick} again" in alone["Message"]
+        assert "a later run sends them" in alone["Message"]
+
         # the lock was released: the next fault opens a new incident, which takes over the drain,
         # repairs the node and returns it; NodeMedic then holds nothing
         local.put_event(local.health_event(sick, "XID 79"))
