@@ -1,6 +1,11 @@
 """Fold a fault that repeats: the first occurrence is published at once; repeats within the
 window are counted, and the next event for that fault after the window carries the count.
 
+The window is measured on the node's wall clock, so that it survives a restart. A clock that
+stepped back (NTP correcting a clock that ran fast, an RTC set wrong) puts a remembered send in
+the future: that memory is no longer evidence of anything, and the fault is published again
+rather than folded until the clock catches up, which could be years.
+
 With a state file the memory survives an agent restart, so a restarted agent does not report
 again a condition that is still present (an ECC counter, a port that is still down)."""
 
@@ -32,9 +37,12 @@ class Deduper:
         if state_file and state_file.exists():
             try:
                 saved = json.loads(state_file.read_text())
-                self._seen = {k: _Seen(**v) for k, v in saved.items() if clock() - v["sent_at"] < window_s}
+                self._seen = {k: _Seen(**v) for k, v in saved.items() if self._within_window(clock() - v["sent_at"])}
             except (OSError, ValueError, TypeError):
                 self._seen = {}  # a corrupt memory only costs one repeated event
+
+    def _within_window(self, elapsed: float) -> bool:
+        return 0 <= elapsed < self.window_s  # negative: the clock stepped back since
 
     def _save(self) -> None:
         if self._state_file is None:
@@ -48,13 +56,13 @@ class Deduper:
         now = self._clock()
         with self._lock:
             seen = self._seen.get(key)
-            if seen is not None and now - seen.sent_at < self.window_s:
+            if seen is not None and self._within_window(now - seen.sent_at):
                 seen.suppressed += 1
                 self.suppressed_total += 1
                 return None
             count = 1 + (seen.suppressed if seen else 0)
             self._seen[key] = _Seen(now)
             if len(self._seen) > 4096:  # forget quiet faults; keep memory flat on a noisy node
-                self._seen = {k: v for k, v in self._seen.items() if now - v.sent_at < self.window_s or v.suppressed}
+                self._seen = {k: v for k, v in self._seen.items() if self._within_window(now - v.sent_at) or v.suppressed}
             self._save()
             return count

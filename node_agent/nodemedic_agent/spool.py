@@ -22,13 +22,16 @@ class Spool:
         for tmp in self.dir.glob("*.tmp"):  # a write cut short by a crash never became an event
             tmp.unlink(missing_ok=True)
         self._names = sorted(p.name for p in self.dir.glob("ev-*.json"))
+        self._last_stamp = max((_stamp(name) for name in self._names), default=0)
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._names)
 
     def put(self, entry: dict[str, Any], key: str) -> None:
-        name = f"ev-{time.time_ns():020d}-{key}.json"
+        with self._lock:  # names sort in the order of the puts, even after the clock stepped back
+            self._last_stamp = max(time.time_ns(), self._last_stamp + 1)
+            name = f"ev-{self._last_stamp:020d}-{key}.json"
         tmp = self.dir / f"{name}.tmp"
         with tmp.open("w") as f:
             json.dump(entry, f)
@@ -74,3 +77,9 @@ class Spool:
                     (self.dead_dir / f"{name}.reason").write_text(reason)
                 if name in self._names:
                     self._names.remove(name)
+
+
+def _stamp(name: str) -> int:
+    """The order stamp in a spool file's name (``ev-<stamp>-<key>.json``)."""
+    stamp = name.split("-", 2)[1]
+    return int(stamp) if stamp.isdigit() else 0

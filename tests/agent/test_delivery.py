@@ -11,6 +11,7 @@ import boto3
 from nodemedic.store.ledger import Ledger
 from nodemedic_agent.dedupe import Deduper
 from nodemedic_agent.publisher import MAX_BATCH_BYTES, batches, entry_size
+from nodemedic_agent.spool import Spool
 
 from .conftest import Bus
 
@@ -141,6 +142,37 @@ def test_repeats_are_counted_into_the_next_event_after_the_window():
     assert dedupe.admit("XID 79|5") == 1  # another GPU is another fault
     now[0] = 301.0
     assert dedupe.admit("XID 79|3") == 5  # this one plus the 4 folded ones
+
+
+def test_a_clock_stepped_back_does_not_fold_a_fault_until_it_catches_up(tmp_path):
+    """NTP corrects a clock that ran years fast (a bad RTC): the fault is published again, not
+    folded as a repeat of a send the clock now puts in the future, in memory or after a restart."""
+    year = 365 * 86400.0
+    now = [2_000_000_000.0 + 10 * year]  # the clock is ten years fast
+    state = tmp_path / "dedupe.json"
+    dedupe = Deduper(window_s=300, clock=lambda: now[0], state_file=state)
+    assert dedupe.admit("XID 79|3") == 1
+    now[0] -= 10 * year  # corrected
+    assert dedupe.admit("XID 79|3") == 1
+    now[0] = 2_000_000_000.0 + 10 * year
+    Deduper(window_s=300, clock=lambda: now[0], state_file=state).admit("XID 48|0")
+    now[0] -= 10 * year  # corrected before the agent restarts
+    assert Deduper(window_s=300, clock=lambda: now[0], state_file=state).admit("XID 48|0") == 1
+
+
+def test_the_spool_keeps_the_order_of_its_events_when_the_clock_steps_back(tmp_path, monkeypatch):
+    """Spooled events go out (and, over the bound, are dropped) oldest first, across a restart,
+    even when the node's clock stepped back between two of them."""
+    clock = [2_000_000_000 * 10**9]
+    monkeypatch.setattr("nodemedic_agent.spool.time.time_ns", lambda: clock[0])
+    spool = Spool(tmp_path, max_events=2)
+    spool.put({"Detail": "first"}, "a")
+    clock[0] -= 3600 * 10**9  # NTP steps the clock back an hour
+    spool.put({"Detail": "second"}, "b")
+    restarted = Spool(tmp_path, max_events=2)
+    assert [e["Detail"] for _, e in restarted.oldest(10)] == ["first", "second"]
+    restarted.put({"Detail": "third"}, "c")  # over the bound: the oldest goes
+    assert [e["Detail"] for _, e in Spool(tmp_path, max_events=2).oldest(10)] == ["second", "third"]
 
 
 def test_batches_respect_ten_entries_and_256_kb():
