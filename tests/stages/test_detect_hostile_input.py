@@ -108,6 +108,15 @@ def test_each_trigger_sample_sent_now_is_taken(aws: EmbeddedAWS, path: Path) -> 
 
 
 @pytest.mark.parametrize("path", TRIGGERS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_an_envelope_id_too_long_for_a_ledger_key_is_refused_with_its_reason(aws: EmbeddedAWS, path: Path) -> None:
+    """The envelope's id names the event's acknowledgement in the ledger: one of 3,000 characters
+    (a hand-made runbook envelope) made DynamoDB refuse the key, and Detect crash, not refuse."""
+    event = {**_fresh(path), "id": "x" * 3000}
+    with pytest.raises(InvalidEventError, match="id"):
+        _detect(aws, event)
+
+
+@pytest.mark.parametrize("path", TRIGGERS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_detect_decides_or_refuses_a_mutated_trigger_and_never_crashes(aws: EmbeddedAWS, path: Path) -> None:
     @settings(max_examples=80, deadline=None)
     @given(event=mutated(path))

@@ -264,7 +264,9 @@ class HyperPodNodeHealth(BaseModel):
 
 class _Envelope(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-    id: str | None = None
+    # EventBridge's ids are UUIDs; a runbook's hand-made envelope may hold anything, and the id
+    # becomes part of a ledger key (DynamoDB: a partition key of at most 2048 bytes)
+    id: str | None = Field(default=None, min_length=1, max_length=128)
     time: datetime | None = None
 
 
