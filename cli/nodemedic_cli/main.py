@@ -245,11 +245,24 @@ def pause(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = Fal
          _status_line)
 
 
+def _reenabled_lines(r: dict[str, Any]) -> None:
+    _status_line(r)
+    released = r["released_held"]
+    if not released:
+        return
+    console.print(f"released {len(released)} held incident(s). Their faults are not looked at again: a node's next "
+                  "event opens a new incident; a fault reported once (an XID) needs a remediation by hand:")
+    for i in released:
+        console.print(f"  {i['node']} ({i['instance_id']}) {i['fault']}: held in {i['incident']} ({i['outcome']})"[:240])
+    console.print("  e.g. `nodemedic remediate <node> --action replace --reason ...` (docs/runbooks/replace-a-node.md)")
+
+
 @app.command("resume")
 def resume_automation(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
-    """Resume automation after a pause."""
-    _run(ctx, as_json, lambda t: (operations.resume_automation(t.control, t.ledger, by or _user(), reason),
-                                  operator.control_status(t))[1], _status_line)
+    """Resume automation after a pause; lists the held incidents it releases (their faults are not
+    looked at again)."""
+    _run(ctx, as_json, lambda t: operator.reenabled(t, operations.resume_automation(t.control, t.ledger, by or _user(),
+                                                                                    reason)), _reenabled_lines)
 
 
 breaker_app = typer.Typer(help="The circuit breaker: status and reset.", no_args_is_help=True)
@@ -264,9 +277,10 @@ def breaker_status(ctx: typer.Context, as_json: AsJson = False) -> None:
 
 @breaker_app.command("reset")
 def breaker_reset(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
-    """Close a tripped breaker; nodes held while it was open take new incidents again."""
-    _run(ctx, as_json, lambda t: (operations.reset_breaker(t.control, t.ledger, by or _user(), reason),
-                                  operator.control_status(t))[1], _status_line)
+    """Close a tripped breaker; nodes held while it was open take new incidents again. Lists the
+    held incidents it releases (their faults are not looked at again)."""
+    _run(ctx, as_json, lambda t: operator.reenabled(t, operations.reset_breaker(t.control, t.ledger, by or _user(),
+                                                                                reason)), _reenabled_lines)
 
 
 @app.command()

@@ -182,6 +182,12 @@ def control_status(target: Target) -> dict[str, Any]:
             "waiting_for_a_slot": sorted(state.waiting_for_slot(open_ids))}  # the breaker counts them too
 
 
+def reenabled(target: Target, change: operations.Reenabled) -> dict[str, Any]:
+    """The status after a resume of automation or a breaker reset, with the held incidents it
+    released."""
+    return {**control_status(target), "released_held": [incident_summary(i) for i in change.released]}
+
+
 def spares(target: Target) -> dict[str, Any]:
     from nodemedic.stages.spares import ready
 

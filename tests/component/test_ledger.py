@@ -87,7 +87,7 @@ def test_held_incidents_release_their_node_locks_on_request(ledger: Ledger) -> N
     assert ledger.open_incident(held) is None
     ledger.end(held, "held", datetime.now(UTC), "breaker: open", release_node=False)
     assert ledger.open_incident(incident("later")) == "held-1"  # folded while held
-    assert ledger.release_held(held.cluster) == ["held-1"]
+    assert [i.incident_id for i in ledger.release_held(held.cluster)] == ["held-1"]
     assert ledger.open_incident(incident("after-reset")) is None
 
 

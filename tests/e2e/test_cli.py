@@ -118,8 +118,24 @@ def test_pause_resume_and_breaker_status(local: LocalMode) -> None:
     assert paused["paused"]["by"] == OPERATOR and paused["paused"]["reason"] == "switch maintenance"
     assert cli(local, "breaker", "status")["paused"] is not None
     assert "already paused" in cli(local, "pause", "--reason", "again", code=2)["error"]
+    local.put_event(local.health_event("gpu-2", "XID 79"))  # recorded and held: nothing is touched
+    wait_for(lambda: any(i.slurm_node == "gpu-2" and i.status == "held" for i in local.incidents()),
+             "the held incident", timeout=60)
     resumed = cli(local, "resume", "--reason", "maintenance done")
     assert resumed["paused"] is None and resumed["breaker"]["state"] == "closed"
+    # the operator is told which faults were held, since a one-off XID is not reported again
+    [held] = resumed["released_held"]
+    assert (held["node"], held["fault"], held["status"]) == ("gpu-2", "XID 79", "held")
+
+    cli(local, "pause", "--reason", "switch maintenance, part two")
+    local.put_event(local.health_event("gpu-3", "ECC_DBE"))
+    wait_for(lambda: any(i.slurm_node == "gpu-3" and i.status == "held" for i in local.incidents()),
+             "the held incident", timeout=60)
+    with local.aws.lambdas_held():
+        said = CliRunner().invoke(app, ["resume", "--reason", "done again"],
+                                  obj=Target(local.stack.name, session=boto3.Session()))
+    assert said.exit_code == 0, said.output
+    assert "released 1 held incident(s)" in said.output and "gpu-3" in said.output and "ECC_DBE" in said.output
 
 
 def test_approve_and_deny_answer_a_waiting_incident(local: LocalMode) -> None:

@@ -57,8 +57,9 @@ def test_a_storm_trips_the_breaker_once_and_an_operator_reset_re_enables_automat
     # an operator resets it: automation acts again, also on a node that was held
     with pytest.raises(operations.OperatorError, match="reason"):
         operations.reset_breaker(control(local), local.ledger, OPERATOR, "")
-    state = operations.reset_breaker(control(local), local.ledger, OPERATOR, "rack-b ToR switch replaced")
+    state, released = operations.reset_breaker(control(local), local.ledger, OPERATOR, "rack-b ToR switch replaced")
     assert state.breaker.state == "closed" and state.breaker.trips == 1
+    assert sorted(i.slurm_node for i in released) == sorted(now["held"])  # the operator is told what was held
     with pytest.raises(operations.OperatorError, match="closed"):
         operations.reset_breaker(control(local), local.ledger, OPERATOR, "twice")
     put_all(local, [local.health_event(n, "XID 79") for n in ("gpu-12", again)])

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from botocore.exceptions import ClientError
 
+from nodemedic.contracts.incident import Incident
 from nodemedic.errors import NodeMedicError
 from nodemedic.store.control import ControlState, ControlStore, Switch
 from nodemedic.store.ledger import Ledger
@@ -25,6 +26,15 @@ LATE_ANSWER = frozenset({"TaskTimedOut", "TaskDoesNotExist", "InvalidToken"})
 
 class OperatorError(NodeMedicError):
     """The operator's request cannot be carried out; nothing was changed."""
+
+
+class Reenabled(NamedTuple):
+    """Automation on again: the new state, and the held incidents whose nodes were released. Their
+    faults are not looked at again: a node's next event opens a new incident, and a fault that
+    was reported once (an XID) must be remediated by hand."""
+
+    state: ControlState
+    released: list[Incident]
 
 
 def _who(by: str, reason: str) -> None:
@@ -46,7 +56,7 @@ def pause(control: ControlStore, by: str, reason: str) -> ControlState:
     return control.change(edit)
 
 
-def resume_automation(control: ControlStore, ledger: Ledger, by: str, reason: str) -> ControlState:
+def resume_automation(control: ControlStore, ledger: Ledger, by: str, reason: str) -> Reenabled:
     """Turn automation back on; nodes held while paused take new incidents again."""
     _who(by, reason)
 
@@ -56,11 +66,10 @@ def resume_automation(control: ControlStore, ledger: Ledger, by: str, reason: st
         state.paused = None
 
     state = control.change(edit)
-    ledger.release_held(control.cluster)
-    return state
+    return Reenabled(state, ledger.release_held(control.cluster))
 
 
-def reset_breaker(control: ControlStore, ledger: Ledger, by: str, reason: str) -> ControlState:
+def reset_breaker(control: ControlStore, ledger: Ledger, by: str, reason: str) -> Reenabled:
     """Close a tripped breaker. Remediations admitted before the reset no longer count, and the
     nodes held while it was open take new incidents again."""
     _who(by, reason)
@@ -72,8 +81,7 @@ def reset_breaker(control: ControlStore, ledger: Ledger, by: str, reason: str) -
         state.breaker.reset = Switch(by=by, reason=reason, at=datetime.now(UTC))
 
     state = control.change(edit)
-    ledger.release_held(control.cluster)
-    return state
+    return Reenabled(state, ledger.release_held(control.cluster))
 
 
 def answer_approval(ledger: Ledger, sfn: Any, incident_id: str, *, approve: bool, by: str,

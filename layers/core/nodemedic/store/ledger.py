@@ -182,9 +182,9 @@ class Ledger:
         item = resp.get("Item")
         return (item["incident_id"]["S"], item.get("slurm_node", {}).get("S", "")) if item else None
 
-    def release_held(self, cluster: str) -> list[str]:
+    def release_held(self, cluster: str) -> list[Incident]:
         """Release the node locks that held incidents keep (after a breaker reset or a resume of
-        automation): the next event for those nodes opens a new incident. Returns their ids."""
+        automation): the next event for those nodes opens a new incident. Returns those incidents."""
         released = []
         for incident in self.list_incidents():
             if incident.status != "held" or incident.cluster != cluster:
@@ -192,7 +192,7 @@ class Ledger:
             lock = NodeLock(instance_id=incident.instance_id, incident_id=incident.incident_id,
                             slurm_node=incident.slurm_node)
             if self.release_lock(lock, cluster):
-                released.append(incident.incident_id)
+                released.append(incident)
         return released
 
     def count_duplicate(self, incident_id: str, event_id: str) -> None:
