@@ -19,7 +19,7 @@ log = logging.getLogger("nodemedic_agent")
 
 class Acknowledgements:
     def __init__(self, client: Any, table: str) -> None:
-        self._db = client
+        self.client = client
         self._table = table
         self.errors = 0
         self.last_error = ""
@@ -28,7 +28,7 @@ class Acknowledgements:
         """Detect's decision on the event; None when there is none yet or it could not be read
         (the event is then sent again: a second send of a decided event changes nothing)."""
         try:
-            item = self._db.get_item(TableName=self._table,
+            item = self.client.get_item(TableName=self._table,
                                      Key={"pk": {"S": acknowledgement_key(AGENT_SOURCE, event_id)}},
                                      ProjectionExpression="#d", ExpressionAttributeNames={"#d": "decision"})
         except (BotoCoreError, ClientError) as exc:

@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,6 +28,7 @@ from nodemedic_agent.burn_in import joined
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error
 from nodemedic_agent.checks.kernel_log import KernelLogFollower, bus_key, message_finding, xid_finding
 from nodemedic_agent.checks.polled import PolledChecks
+from nodemedic_agent.clock import AwsClock, ClockUnknownError
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.dedupe import Deduper
 from nodemedic_agent.events import entry, health_event, heartbeat
@@ -83,8 +84,11 @@ def _age(saved: dict[str, Any]) -> float:
 class Agent:
     def __init__(self, config: AgentConfig, hardware: Hardware, node: NodeIdentity, client: Any,
                  dry_run: bool = False, out: TextIO = sys.stdout,
-                 clock: Callable[[], float] | None = None, acks: Acknowledgements | None = None) -> None:
+                 clock: Callable[[], float] | None = None, acks: Acknowledgements | None = None,
+                 aws_clock: AwsClock | None = None) -> None:
         self.config = config
+        self.clock = aws_clock or AwsClock()  # AWS's time, learned from every answer: signing and stamps
+        self.client = self.clock.attach(client)
         self.hw = hardware
         self.node = node
         self.dry_run = dry_run
@@ -100,6 +104,8 @@ class Agent:
         self.lost = 0  # events neither spooled nor sent (spool unwritable while the bus was down)
         self.heartbeats = 0
         self.acks = acks
+        if acks is not None:
+            self.clock.attach(acks.client)
         self.reasserted = 0
         self.acknowledged = 0  # events the pipeline decided on while they waited to be sent again
         self.unacknowledged = 0  # events given up on: no decision within intervals.reassert_within_seconds
@@ -113,10 +119,12 @@ class Agent:
     # -- findings -> events -------------------------------------------------------------
     def emit(self, finding: Finding) -> bool:
         """Publish ``finding`` unless it repeats within the dedupe window. True if published."""
+        now = self._stamp()  # before the dedupe: a finding that cannot be dated is not counted as sent
         count = self.dedupe.admit(finding.key)
         if count is None:
             return False
-        event = health_event(finding, self.config.cluster, self.node, count)
+        finding = replace(finding, observed_at=self.clock.stamped(finding.observed_at))
+        event = health_event(finding, self.config.cluster, self.node, count, now)
         item = entry(self.config.event_bus, event)
         if self.dry_run:
             with self._print_lock:
@@ -166,7 +174,7 @@ class Agent:
                 log.warning("event %s (%s) sent %d time(s) and the pipeline has not decided on it within %g s: "
                             "not sent again", event.event_id, event.fault_code, pending.sends + 1, window)
                 continue
-            again = event.model_copy(update={"sent_at": datetime.now(UTC)})  # the same event, sent now
+            again = event.model_copy(update={"sent_at": self._stamp()})  # the same event, sent now
             self._publish(entry(self.config.event_bus, again), again.event_id)
             self.reasserted += 1
             self._schedule_reassert(_Pending(now, pending.sends + 1, pending.first_sent, event))
@@ -292,9 +300,21 @@ class Agent:
         return PerfSample(sm_clock_ratio=round(min(ratio, 2.0), 4), utilization_pct=round(min(busy, 100.0), 1),
                           slowest_gpu=slowest, instance_type=self.config.node.instance_type or "")
 
+    def _stamp(self) -> datetime:
+        """Now, as an event sent now carries it. A node clock that cannot date anything (1970)
+        and no AWS answer seen yet: one call, whatever it answers, gives AWS's time."""
+        try:
+            return self.clock.stamp()
+        except ClockUnknownError:
+            try:
+                self.client.describe_event_bus(Name=self.config.event_bus)
+            except Exception:  # noqa: BLE001 - a refusal carries AWS's time too; none at all: unknown still
+                log.warning("could not reach AWS to learn its time", exc_info=True)
+            return self.clock.stamp()
+
     def send_heartbeat(self, status: str = "running") -> bool:
         beat = heartbeat(self.config.cluster, self.node, self.config.intervals.heartbeat_seconds, status,
-                         self.perf())
+                         self.perf(), now=self._stamp())
         if self.dry_run:
             return True
         ok = self.publisher.send_direct([entry(self.config.event_bus, beat)])

@@ -37,8 +37,8 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
 
 
 def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str = "running",
-              perf: PerfSample | None = None) -> NodeHeartbeat:
-    return NodeHeartbeat(schema_version=SCHEMA_VERSION, cluster=cluster, node=node, sent_at=datetime.now(UTC),
+              perf: PerfSample | None = None, now: datetime | None = None) -> NodeHeartbeat:
+    return NodeHeartbeat(schema_version=SCHEMA_VERSION, cluster=cluster, node=node, sent_at=now or datetime.now(UTC),
                          status=status, interval_seconds=interval_s, agent_version=__version__,  # type: ignore[arg-type]
                          perf=perf)
 

@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, Protocol
@@ -424,7 +424,10 @@ THROTTLING_CODE = {"ec2": "RequestLimitExceeded", "dynamodb": "ProvisionedThroug
 
 
 def _throttled_response(url: str, protocol: str, code: str) -> AWSResponse:
-    message = "Rate exceeded (injected by the local stack)"
+    return _error_response(url, protocol, code, "Rate exceeded (injected by the local stack)", 400)
+
+
+def _error_response(url: str, protocol: str, code: str, message: str, status: int) -> AWSResponse:
     if protocol in ("json", "rest-json"):
         body = json.dumps({"__type": code, "message": message})
         headers = {"x-amzn-ErrorType": code, "Content-Type": "application/x-amz-json-1.0"}
@@ -434,7 +437,57 @@ def _throttled_response(url: str, protocol: str, code: str) -> AWSResponse:
     else:  # query
         body = f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code><Message>{message}</Message></Error></ErrorResponse>"
         headers = {"Content-Type": "text/xml"}
-    return AWSResponse(url, 400, headers, MockRawResponse(body))
+    return AWSResponse(url, status, headers, MockRawResponse(body))
+
+
+# AWS refuses a request signed too far from its own time: "a request must reach AWS within five
+# minutes of the time stamp in the request" (IAM User Guide, "AWS Signature Version 4 for API
+# requests"); EC2 allows 15 minutes (EC2 API Reference, "Error codes": RequestExpired). moto never
+# looks at the time stamp, so an agent whose clock is off would reach the fake and not AWS.
+SIGNING_WINDOW = {"ec2": timedelta(minutes=15)}
+SIGNING_WINDOW_DEFAULT = timedelta(minutes=5)
+_EXPIRED_CODE = {"json": ("InvalidSignatureException", 400), "rest-json": ("InvalidSignatureException", 403),
+                 "ec2": ("RequestExpired", 400), "query": ("SignatureDoesNotMatch", 403)}
+
+
+def _signing_time_refusal(request: Any, service: str, protocol: str, now: datetime) -> AWSResponse | None:
+    """AWS's answer to a request whose SigV4 time stamp (``X-Amz-Date``) is outside the window,
+    worded as AWS words it; None when the request is in time (or carries no header stamp)."""
+    stamp = request.headers.get("X-Amz-Date")
+    if not stamp:
+        return None
+    stamp = stamp.decode() if isinstance(stamp, bytes) else str(stamp)
+    try:
+        signed = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    window = SIGNING_WINDOW.get(service, SIGNING_WINDOW_DEFAULT)
+    fmt, minutes = "%Y%m%dT%H%M%SZ", int(window.total_seconds() // 60)
+    if signed < now - window:
+        message = (f"Signature expired: {stamp} is now earlier than {(now - window).strftime(fmt)} "
+                   f"({now.strftime(fmt)} - {minutes} min.)")
+    elif signed > now + window:
+        message = (f"Signature not yet current: {stamp} is still later than {(now + window).strftime(fmt)} "
+                   f"({now.strftime(fmt)} + {minutes} min.)")
+    else:
+        return None
+    code, status = _EXPIRED_CODE.get(protocol, _EXPIRED_CODE["query"])
+    response = _error_response(request.url, protocol, code, message, status)
+    response.headers["Date"] = now.strftime("%a, %d %b %Y %H:%M:%S GMT")  # as every AWS answer has
+    return response
+
+
+def _check_signing_time(request: Any, event_name: str = "", **_: Any) -> AWSResponse | None:
+    service = event_name.split(".")[1] if event_name.count(".") >= 2 else ""
+    headers = request.headers
+    content_type = headers.get("Content-Type") or b""
+    content_type = content_type.decode() if isinstance(content_type, bytes) else str(content_type)
+    protocol = ("json" if headers.get("X-Amz-Target") else "ec2" if service == "ec2"
+                else "query" if content_type.startswith("application/x-www-form-urlencoded") else "rest-json")
+    response = _signing_time_refusal(request, service, protocol, datetime.now(UTC))
+    if response is not None:
+        request.url = "https://refused.nodemedic.invalid/"  # as a throttled call: the backend must not act
+    return response
 
 
 _DENIED_CODE = {"ec2": "UnauthorizedOperation", "sns": "AuthorizationError", "autoscaling": "AccessDenied",
@@ -645,7 +698,9 @@ class EmbeddedAWS:
         session.events.register("before-parameter-build", _remember_parameters)
         session.events.register("before-call", self._authorize)
         session.events.register_first("before-send", self._maybe_throttle)  # ahead of moto's stubber
+        session.events.register_first("before-send", _check_signing_time)  # AWS looks at it first
         self._stack.callback(session.events.unregister, "before-send", self._maybe_throttle)
+        self._stack.callback(session.events.unregister, "before-send", _check_signing_time)
         self._stack.callback(session.events.unregister, "before-parameter-build", _remember_parameters)
         self._stack.callback(session.events.unregister, "before-call", self._authorize)
         from nodemedic import wiring
