@@ -81,7 +81,8 @@ class Cluster:
 
     def pod(self, name: str, node: str, *, owner: tuple[str, str] | None = ("Job", "train"),
             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-            phase: str = "Running", started: datetime | None = None) -> str:
+            phase: str = "Running", started: datetime | None = None, node_selector: dict[str, str] | None = None,
+            affinity: Any = None) -> str:
         """A pod bound to ``node`` (the scheduler's part) in ``phase`` (the kubelet's part)."""
         refs = None
         if owner:
@@ -93,7 +94,8 @@ class Cluster:
         self.core.create_namespaced_pod(self.namespace, k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=name, labels={"app": "train", **(labels or {})}, owner_references=refs,
                                       annotations=annotations),
-            spec=k8s.V1PodSpec(node_name=node, containers=[k8s.V1Container(name="main", image="trainer:1")])))
+            spec=k8s.V1PodSpec(node_name=node, containers=[k8s.V1Container(name="main", image="trainer:1")],
+                               node_selector=node_selector, affinity=affinity)))
         self.set_phase(name, phase, started)
         return name
 
@@ -135,6 +137,18 @@ class Cluster:
                 gone.append(pod.metadata.name)
         return gone
 
+    def remove_daemon_pods_turned_away(self, node: str) -> list[str]:
+        """The DaemonSet controller's part: a daemon pod whose nodeSelector or required node
+        affinity no longer accepts its node's labels is deleted (and, the kubelet's part, gone)."""
+        labels = self.read_node(node).metadata.labels or {}
+        gone = []
+        for pod in self.core.list_namespaced_pod(self.namespace).items:
+            daemon = any(o.kind == "DaemonSet" for o in pod.metadata.owner_references or [])
+            if daemon and pod.spec.node_name == node and not _daemon_accepts(pod.spec, labels):
+                self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
+                gone.append(pod.metadata.name)
+        return sorted(gone)
+
     def operator_cordon(self, node: str) -> None:
         """What ``kubectl cordon`` does."""
         self.core.patch_node(node, {"spec": {"unschedulable": True}})
@@ -149,6 +163,20 @@ class Cluster:
             self.core.delete_namespace(self.namespace)
         except ApiException:
             pass
+
+
+def _daemon_accepts(spec: Any, labels: dict[str, str]) -> bool:
+    """The scheduling predicates the DaemonSet controller applies to a node's labels (nodeSelector;
+    required node affinity: terms ORed, expressions ANDed), for the operators these tests use."""
+    if any(labels.get(k) != v for k, v in (spec.node_selector or {}).items()):
+        return False
+    affinity = spec.affinity.node_affinity if spec.affinity and spec.affinity.node_affinity else None
+    required = affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    if required is None:
+        return True
+    tests = {"In": lambda e: labels.get(e.key) in (e.values or []), "NotIn": lambda e: labels.get(e.key) not in (e.values or []),
+             "Exists": lambda e: e.key in labels, "DoesNotExist": lambda e: e.key not in labels}
+    return any(all(tests[e.operator](e) for e in term.match_expressions or []) for term in required.node_selector_terms)
 
 
 from tests.stages.conftest import aws, ledger  # noqa: E402, F401 - the embedded DynamoDB ledger, for the stage tests

@@ -15,7 +15,9 @@ from nodemedic.orchestrators.kubernetes import (
     CONDITION,
     DRAIN_TAINT,
     EVICTING,
+    GPU_CLIENTS_PAUSED,
     OUT_OF_SERVICE_TAINT,
+    PAUSED_CLIENTS,
     SPARE_TAINT,
     DrainPolicy,
     DrainRule,
@@ -306,3 +308,65 @@ def test_a_node_hyperpod_is_recovering_is_left_to_hyperpod(cluster: Cluster, hea
     assert "HyperPod is checking or recovering" in (orch.busy(node) or "")
     assert not orch.resume(node, "*") and not orch.add_spare(node, OWNER)
     assert cluster.read_node(node).spec.unschedulable and cluster.taints(node) == {}
+
+
+OPERATOR_LABELS = {"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm-exporter": "true",
+                   "nvidia.com/gpu.deploy.dcgm": "false",  # disabled in the ClusterPolicy: left as it is
+                   "nvidia.com/gpu.deploy.driver": "true"}  # the driver itself is never paused
+NVML_CLIENT_AFFINITY = k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
+    required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[
+        k8s.V1NodeSelectorTerm(match_expressions=[k8s.V1NodeSelectorRequirement(
+            key="nvidia.com/gpu.deploy.client", operator="In", values=["true"])]),
+        k8s.V1NodeSelectorTerm(match_expressions=[k8s.V1NodeSelectorRequirement(
+            key="nvidia.com/gpu.deploy.client", operator="DoesNotExist")])])))
+
+
+def _gpu_operator_node(cluster: Cluster, labels: dict[str, str]) -> str:
+    """A node with the GPU operator's daemons (each selecting on its deploy label), the NodeMedic
+    agent (an NVML client: its chart's affinity on gpu.deploy.client) and a log shipper."""
+    node = cluster.node("gpu", labels=labels)
+    for component in ("device-plugin", "dcgm-exporter"):
+        cluster.pod(f"nvidia-{component}-x", node, owner=("DaemonSet", f"nvidia-{component}"),
+                    node_selector={f"nvidia.com/gpu.deploy.{component}": "true"})
+    cluster.pod("nvidia-driver-x", node, owner=("DaemonSet", "nvidia-driver"),
+                node_selector={"nvidia.com/gpu.deploy.driver": "true"})
+    cluster.pod("nodemedic-agent-x", node, owner=("DaemonSet", "nodemedic-agent"), affinity=NVML_CLIENT_AFFINITY)
+    cluster.pod("fluent-bit-x", node, owner=("DaemonSet", "fluent-bit"))
+    return node
+
+
+def test_a_gpu_reset_pauses_the_gpu_clients_by_their_deploy_labels_and_puts_back_only_its_own(cluster: Cluster) -> None:
+    node = _gpu_operator_node(cluster, OPERATOR_LABELS)
+    orch = KubernetesOrchestrator(cluster.api)
+    waiting = orch.pause_gpu_clients(node, "inc-1")
+    assert waiting is not None and "3 GPU client pod(s)" in waiting
+    labels = cluster.read_node(node).metadata.labels
+    assert labels["nvidia.com/gpu.deploy.device-plugin"] == labels["nvidia.com/gpu.deploy.dcgm-exporter"] \
+        == labels["nvidia.com/gpu.deploy.client"] == GPU_CLIENTS_PAUSED  # the client label was absent: added
+    assert labels["nvidia.com/gpu.deploy.dcgm"] == "false" and labels["nvidia.com/gpu.deploy.driver"] == "true"
+    assert orch.gpu_clients_paused() == {node: "inc-1"}
+    # the DaemonSet controller removes the daemons the labels turned away, and only those
+    assert cluster.remove_daemon_pods_turned_away(node) == ["nodemedic-agent-x", "nvidia-dcgm-exporter-x",
+                                                            "nvidia-device-plugin-x"]
+    assert orch.pause_gpu_clients(node, "inc-1") is None  # nothing holds the GPUs now: the reset may go
+    # meanwhile an operator turns dcgm-exporter off for this node: the resume leaves that
+    cluster.core.patch_node(node, {"metadata": {"labels": {"nvidia.com/gpu.deploy.dcgm-exporter": "false"}}})
+    assert orch.resume_gpu_clients(node, "inc-2") is False  # another incident's pause is not this one's to undo
+    assert orch.resume_gpu_clients(node, "inc-1") is True
+    labels = cluster.read_node(node).metadata.labels
+    assert {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.deploy.")} == {
+        **OPERATOR_LABELS, "nvidia.com/gpu.deploy.dcgm-exporter": "false"}  # client: absent again
+    assert PAUSED_CLIENTS not in (cluster.read_node(node).metadata.annotations or {})
+    assert orch.gpu_clients_paused() == {} and orch.resume_gpu_clients(node, "inc-1") is False
+
+
+def test_nothing_is_paused_while_another_operation_has_the_gpu_components_paused(cluster: Cluster) -> None:
+    """NVIDIA's driver-manager is upgrading the driver on the node: no GPU reset now."""
+    upgrading = {**OPERATOR_LABELS, "nvidia.com/gpu.deploy.device-plugin": "paused-for-driver-upgrade"}
+    node = _gpu_operator_node(cluster, upgrading)
+    orch = KubernetesOrchestrator(cluster.api)
+    waiting = orch.pause_gpu_clients(node, "inc-1")
+    assert waiting is not None and "paused-for-driver-upgrade" in waiting
+    labels = cluster.read_node(node).metadata.labels
+    assert labels["nvidia.com/gpu.deploy.dcgm-exporter"] == "true" and "nvidia.com/gpu.deploy.client" not in labels
+    assert orch.gpu_clients_paused() == {}

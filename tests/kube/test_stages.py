@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
-from nodemedic.errors import CheckpointPendingError, EvictionPendingError, ReplacementPendingError
+from nodemedic.errors import (
+    CheckpointPendingError,
+    EvictionPendingError,
+    GpuClientsPendingError,
+    ReplacementPendingError,
+)
 from nodemedic.orchestrators.kubernetes import (
     BURN_IN_TAINT,
     CHECKPOINT_REQUESTED,
@@ -23,10 +28,10 @@ from nodemedic.orchestrators.kubernetes import (
 )
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.node_names import NamedByOrchestrator
-from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.providers.run_command import CommandResult, Documents, RunCommand
 from nodemedic.reconciler import reconcile
 from nodemedic.stages.drain import drain
-from nodemedic.stages.repair import repair
+from nodemedic.stages.repair import GPU_CLIENTS_WAIT_S, repair
 from nodemedic.stages.resume import resume
 from nodemedic.stages.spares import swap_in
 from nodemedic.store.ledger import Ledger
@@ -208,3 +213,76 @@ def test_a_planned_drain_asks_the_pods_to_checkpoint_and_evicts_them_once_they_r
     [job] = out.checkpoint.jobs
     assert job.outcome == "checkpointed" and job.work_saved_s >= 29 * 60  # 30 minutes of training kept
     assert "llm-worker-0" not in cluster.live_pods(node)
+
+
+class _ResettingHost:
+    """The host side of the GPU reset rung (no GPU here): the SSM command, behind RunCommand's
+    interface. It records each reset with the pods on the node at that moment."""
+
+    def __init__(self, cluster: Cluster, node: str) -> None:
+        self.cluster, self.node, self.resets = cluster, node, []  # type: ignore[var-annotated]
+
+    def send(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int, comment: str = "") -> str:
+        self.resets.append(sorted(self.cluster.live_pods(self.node)))
+        return f"cmd-{len(self.resets)}"
+
+    def wait(self, instance_id: str, command_id: str, timeout_s: int) -> CommandResult:
+        return CommandResult(instance_id, command_id, "Success", 0, "GPUs reset", "")
+
+
+@pytest.mark.parametrize("leaves", [True, False], ids=["clients-leave", "clients-stay"])
+def test_the_gpu_reset_waits_for_the_gpu_clients_to_leave_and_brings_them_back(
+        cluster: Cluster, ledger: Ledger, leaves: bool) -> None:
+    """The driver refuses a GPU reset while anything holds the GPUs open: on Kubernetes the GPU
+    operator's daemons and the agent. The rung pauses them by their deploy labels, waits until the
+    DaemonSet controller has removed them, resets, and puts the labels back before the check.
+    Daemons that never leave: after GPU_CLIENTS_WAIT_S the reset is skipped (the ladder goes on)."""
+    from tests.kube.test_orchestrator import OPERATOR_LABELS, _gpu_operator_node
+
+    node = _gpu_operator_node(cluster, OPERATOR_LABELS)
+    orch, host = KubernetesOrchestrator(cluster.api), _ResettingHost(cluster, node)
+    incident = opened(ledger, node, ladder=("gpu_reset", "reboot"))
+    drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    now = [datetime.now(UTC)]
+
+    def climb() -> Any:
+        return repair(incident, "service", provider=MemoryProvider(), orchestrator=orch, runner=host,  # type: ignore[arg-type]
+                      ledger=ledger, documents=Documents("c1"), timeout_s=5, check_timeout_s=60, prefix=PREFIX,
+                      clock=lambda: now[0])
+
+    with pytest.raises(GpuClientsPendingError, match="3 GPU client pod"):
+        climb()
+    assert host.resets == []  # nothing reset while the device plugin, dcgm-exporter and the agent hold the GPUs
+    if leaves:
+        cluster.remove_daemon_pods_turned_away(node)  # the DaemonSet controller
+        out = climb()
+        assert host.resets == [["fluent-bit-x", "nvidia-driver-x"]]
+    else:
+        now[0] += timedelta(seconds=GPU_CLIENTS_WAIT_S + 1)
+        out = climb()
+        assert host.resets == []
+    rung = ledger.get(incident.incident_id).stages["repair"].result["rungs"][0]  # type: ignore[index]
+    assert out.rung == "gpu_reset" and rung["reset"]["status"] == ("Success" if leaves else "Skipped")
+    labels = cluster.read_node(node).metadata.labels
+    assert {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.deploy.")} == OPERATOR_LABELS
+    assert orch.gpu_clients_paused() == {}
+
+
+def test_the_reconciler_brings_back_the_gpu_clients_an_ended_incident_left_paused(
+        cluster: Cluster, ledger: Ledger) -> None:
+    from tests.kube.test_orchestrator import OPERATOR_LABELS, _gpu_operator_node
+
+    node = _gpu_operator_node(cluster, OPERATOR_LABELS)
+    orch = KubernetesOrchestrator(cluster.api)
+    running = opened(ledger, node)
+    orch.pause_gpu_clients(node, running.incident_id)
+    report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
+                       prefix=PREFIX, now=datetime.now(UTC), start_burn_in=lambda _: None)
+    assert report.gpu_clients_resumed == []  # its incident is open: its GPU reset is under way
+    ledger.end(ledger.get(running.incident_id), "failed", datetime.now(UTC), "repair failed", release_node=True)
+    report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "FAILED",
+                       prefix=PREFIX, now=datetime.now(UTC), start_burn_in=lambda _: None)
+    assert report.gpu_clients_resumed == [node] and report.counts()["gpu_clients"] == 1
+    assert any("resumed the GPU clients" in p and node in p for p in report.pages)
+    labels = cluster.read_node(node).metadata.labels
+    assert {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.deploy.")} == OPERATOR_LABELS

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
-from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus, RunningJob
+from nodemedic.orchestrators.base import EvacuationResult, HostGpuClients, JobState, NodeStatus, RunningJob
 
 
 @dataclass
@@ -22,7 +22,7 @@ class _Node:
     reserved: bool = False
 
 
-class MemorySlurm:
+class MemorySlurm(HostGpuClients):
     def __init__(self, names: list[str], spares: tuple[str, ...] = ()) -> None:
         self.n = {name: _Node(reserved=name in spares) for name in names}
         self.down = False

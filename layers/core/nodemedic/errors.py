@@ -99,6 +99,11 @@ class NodeBusyError(RetryableError):
     then the incident ends escalated with the node as it is."""
 
 
+class GpuClientsPendingError(RetryableError):
+    """The pods that hold a Kubernetes node's GPUs open (the GPU operator's components, NVML
+    clients) are still leaving it after their deploy labels were paused; the GPU reset waits."""
+
+
 class NodeDrainingError(RetryableError):
     """A DEGRADED node (slow, not dead) still runs the job it was drained after: its check waits
     until the job ends, retried by the state machine for days, never killing the job."""

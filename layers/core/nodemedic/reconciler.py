@@ -19,7 +19,10 @@ Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then
   ``nodemedic.reconciler``) on the second run that sees it (the first may precede the agent's
   event, or a replace incident's adoption of its replacement). A node whose instance an open
   incident has claimed (a replacement being adopted) is that incident's. If a later run still
-  finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed.
+  finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed;
+- a Kubernetes node whose GPU clients (the GPU operator's components, NVML clients) an incident
+  paused for a GPU reset and that ended before it resumed them (it failed, it was stopped) gets
+  them back.
 
 Each repair is counted by kind (metric ``ReconcilerRepairs``, dimensions Cluster and Kind).
 """
@@ -59,12 +62,14 @@ class ReconcileReport(BaseModel):
     holds_dropped: list[str] = Field(default_factory=list)
     burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
+    gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
     pages: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         return {"incident": len(self.incidents_failed), "lock": len(self.locks_released),
-                "claim": len(self.claims_released), "drain": len(self.drains_reasserted)}
+                "claim": len(self.claims_released), "drain": len(self.drains_reasserted),
+                "gpu_clients": len(self.gpu_clients_resumed)}
 
 
 def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: datetime) -> NodeHealthEvent:
@@ -92,7 +97,28 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
         return report
     _holds(books, ledger, orchestrator, nodes, report)
     _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, start_burn_in, report)
+    _paused_gpu_clients(books, orchestrator, report)
     return report
+
+
+def _paused_gpu_clients(books: Bookkeeping, orchestrator: Orchestrator, report: ReconcileReport) -> None:
+    open_ids = {i.incident_id for i in books.open_incidents}
+    try:
+        paused = orchestrator.gpu_clients_paused()
+    except Exception as exc:  # noqa: BLE001 - the next run tries again
+        report.errors.append(f"cannot read the paused GPU clients: {exc}")
+        return
+    for node, owner in sorted(paused.items()):
+        if owner in open_ids:  # its GPU reset is under way
+            continue
+        try:
+            if orchestrator.resume_gpu_clients(node, owner):
+                report.gpu_clients_resumed.append(node)
+                report.pages.append(f"NodeMedic resumed the GPU clients (GPU operator components, NVML clients) on "
+                                    f"{node}: incident {owner} paused them for a GPU reset and ended before it "
+                                    "resumed them.")
+        except Exception as exc:  # noqa: BLE001
+            report.errors.append(f"resume the GPU clients on {node}: {exc}")
 
 
 def _strays(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator,

@@ -107,3 +107,32 @@ class Orchestrator(Protocol):
         ...
 
     def add_spare(self, node: str, owner: str) -> bool: ...
+
+    def pause_gpu_clients(self, node: str, owner: str) -> str | None:
+        """Before a GPU reset: stop what holds ``node``'s GPUs open outside any job, recorded as
+        ``owner``'s; None once nothing does, else what is still there (call again). Slurm: None
+        (the reset command stops the host's services itself). Kubernetes: the GPU operator's
+        components and NVML clients, paused through their deploy labels."""
+        ...
+
+    def resume_gpu_clients(self, node: str, owner: str = "*") -> bool:
+        """Undo ``owner``'s :meth:`pause_gpu_clients` (``*``: any); True when there was one."""
+        ...
+
+    def gpu_clients_paused(self) -> dict[str, str]:
+        """Node -> owner of every pause of GPU clients not undone yet (the reconciler's list)."""
+        ...
+
+
+class HostGpuClients:
+    """For a scheduler whose GPU reset command stops what holds the GPUs itself (Slurm: the
+    host's services, stopped by gpu-reset): nothing to pause through the scheduler."""
+
+    def pause_gpu_clients(self, node: str, owner: str) -> str | None:
+        return None
+
+    def resume_gpu_clients(self, node: str, owner: str = "*") -> bool:
+        return False
+
+    def gpu_clients_paused(self) -> dict[str, str]:
+        return {}

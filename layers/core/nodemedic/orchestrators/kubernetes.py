@@ -83,6 +83,20 @@ WORKLOAD_LABELS = (("jobset.sigs.k8s.io/jobset-name", "JobSet"),
 HYPERPOD_HEALTH = "sagemaker.amazonaws.com/node-health-status"
 HYPERPOD_HOLDS = frozenset({"Unschedulable", "UnschedulablePendingReplacement", "UnschedulablePendingReboot"})
 CONFLICT_RETRIES = 5
+# What holds a node's GPUs open outside any job, so that the driver refuses a GPU reset: the GPU
+# operator's components, each a DaemonSet whose nodeSelector is its nvidia.com/gpu.deploy.<name>
+# label set to "true", and out-of-tree NVML clients (this agent's DaemonSet), which select on
+# gpu.deploy.client. NVIDIA's own tools pause a component by setting its label to another value
+# (k8s-driver-manager: paused-for-driver-upgrade; mig-manager: paused-for-mig-change): the
+# DaemonSet controller then removes its pod. They set it back to "true" when done.
+GPU_CLIENT_LABELS = tuple(f"nvidia.com/gpu.deploy.{name}" for name in (
+    "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "client"))
+# An NVML client's DaemonSet keeps its pod where gpu.deploy.client is "true" or absent (no GPU
+# operator, or one older than the label): where it is absent, the pause adds it, and the resume
+# takes it away again.
+NVML_CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
+GPU_CLIENTS_PAUSED = "paused-for-nodemedic-gpu-reset"
+PAUSED_CLIENTS = "nodemedic.io/paused-gpu-clients"  # {"owner": incident, "labels": {label: its value before}}
 # The EC2 instance behind a node, at the end of its spec.providerID: "aws:///us-east-1a/i-0abc…"
 # (managed node groups, self-managed, Karpenter) or ".../sagemaker/cluster/hyperpod-<id>-i-0abc…"
 # (HyperPod; https://github.com/kubernetes/autoscaler/pull/8195 describes the form).
@@ -196,6 +210,38 @@ def _evicting_record(value: str, started_at: float) -> set[str]:
     return {w for w in workloads if isinstance(w, str)}
 
 
+def _selects(pod: Any, labels: dict[str, str]) -> bool:
+    """Whether ``pod``'s nodeSelector and required node affinity still accept a node with
+    ``labels``: what the DaemonSet controller asks before it removes a daemon pod from a node."""
+    spec = pod.spec
+    if any(labels.get(k) != v for k, v in (spec.node_selector or {}).items()):
+        return False
+    required = getattr(getattr(getattr(spec, "affinity", None), "node_affinity", None),
+                       "required_during_scheduling_ignored_during_execution", None)
+    terms = (required.node_selector_terms or []) if required is not None else []
+    return not terms or any(all(_matches(e, labels) for e in term.match_expressions or []) for term in terms)
+
+
+def _matches(expression: Any, labels: dict[str, str]) -> bool:
+    value, values = labels.get(expression.key), expression.values or []
+    match expression.operator:
+        case "In":
+            return value in values
+        case "NotIn":
+            return value not in values
+        case "Exists":
+            return value is not None
+        case "DoesNotExist":
+            return value is None
+        case "Gt" | "Lt":
+            try:
+                number, bound = int(value or ""), int(values[0])
+            except (ValueError, IndexError):
+                return False
+            return number > bound if expression.operator == "Gt" else number < bound
+    return False
+
+
 def _taint(key: str, value: str, effect: str = "NoSchedule") -> dict[str, str]:
     return {"key": key, "value": _LABEL_VALUE_UNSAFE.sub("_", value)[:63].strip("_.-") or "true", "effect": effect}
 
@@ -219,7 +265,8 @@ class _Node:
             {k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect)) if v is not None}
             for t in raw.spec.taints or []]
         self.cordoned = bool(raw.spec.unschedulable)
-        health = (raw.metadata.labels or {}).get(HYPERPOD_HEALTH, "")
+        self.labels: dict[str, str] = dict(raw.metadata.labels or {})
+        health = self.labels.get(HYPERPOD_HEALTH, "")
         self.hyperpod_hold = health if health in HYPERPOD_HOLDS else ""
 
     def tainted(self, key: str) -> bool:
@@ -253,12 +300,25 @@ class _Node:
         state += "".join(f"+{flag}" for flag, on in flags if on)
         return NodeStatus(self.name, state, self.reason if self.held else "")
 
-    def patch(self, *, cordoned: bool, taints: list[dict[str, str]], annotations: dict[str, str]) -> list[dict[str, Any]]:
+    def patch(self, *, cordoned: bool, taints: list[dict[str, str]], annotations: dict[str, str],
+              labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
         """A JSON patch that applies only if nothing changed since this read."""
         return [{"op": "test", "path": "/metadata/resourceVersion", "value": self.version},
                 {"op": "add", "path": "/spec/unschedulable", "value": cordoned},
                 {"op": "add", "path": "/spec/taints", "value": taints},
-                {"op": "add", "path": "/metadata/annotations", "value": annotations}]
+                {"op": "add", "path": "/metadata/annotations", "value": annotations},
+                *([{"op": "add", "path": "/metadata/labels", "value": labels}] if labels is not None else [])]
+
+    @property
+    def paused_clients(self) -> tuple[str, dict[str, str | None]] | None:
+        """(owner, {label: its value before}) of NodeMedic's pause of the node's GPU clients; None
+        when there is none (or its record is unreadable)."""
+        try:
+            record = json.loads(self.annotations.get(PAUSED_CLIENTS, ""))
+            before = {str(k): (None if v is None else str(v)) for k, v in dict(record["labels"]).items()}
+            return str(record["owner"]), before
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
 
 
 def connect(eks: Any, sts: Any, cluster: str, drain_policy: str, prefix: str = "nodemedic") -> KubernetesOrchestrator:
@@ -675,3 +735,65 @@ class KubernetesOrchestrator:
         if lifted:
             self._condition(node, False, "NodeMedicSpare", f"checked and held as a hot spare by {owner}")
         return lifted
+
+    # -- the GPU clients a GPU reset must not find -----------------------------------------
+    def pause_gpu_clients(self, node: str, owner: str) -> str | None:
+        """Pause the GPU operator's components and NVML clients on ``node`` (their deploy labels
+        from "true" to ``GPU_CLIENTS_PAUSED``, recorded as ``owner``'s, in one check-and-act
+        patch); None once no daemon pod the labels turned away is left on the node, else what is
+        still there. A label another operation paused (a driver upgrade, a MIG change) is left as
+        it is, and nothing is paused while it lasts."""
+        others: list[str] = []
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            others[:] = [f"{k}={current.labels[k]}" for k in GPU_CLIENT_LABELS
+                         if current.labels.get(k, "true") not in ("true", "false", GPU_CLIENTS_PAUSED)]
+            recorded = current.paused_clients
+            flip: dict[str, str | None] = {k: "true" for k in GPU_CLIENT_LABELS if current.labels.get(k) == "true"}
+            if NVML_CLIENT_LABEL not in current.labels:
+                flip[NVML_CLIENT_LABEL] = None
+            if others or (not flip and recorded is not None and recorded[0] == owner):
+                return None
+            before = {**(recorded[1] if recorded else {}), **flip}  # a failed incident's pause is taken over
+            labels = {**current.labels, **dict.fromkeys(flip, GPU_CLIENTS_PAUSED)}
+            annotations = {**current.annotations, PAUSED_CLIENTS: json.dumps({"owner": owner, "labels": before})}
+            return current.patch(cordoned=current.cordoned, taints=current.taints, annotations=annotations,
+                                 labels=labels)
+
+        self._apply(node, decide, "pause the GPU clients on")
+        if others:
+            return f"another operation paused GPU components on {node} ({', '.join(others)}): waiting for it to end"
+        labels = self._read(node).labels
+        staying = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in self._pods_on(node)
+                         if not _movable(p) and p.status.phase not in ("Succeeded", "Failed") and not _selects(p, labels))
+        return f"waiting for {len(staying)} GPU client pod(s) to leave {node}: {', '.join(staying)[:300]}" if staying else None
+
+    def resume_gpu_clients(self, node: str, owner: str = "*") -> bool:
+        """Undo ``owner``'s pause (``*``: any): each label NodeMedic paused and nobody changed since
+        reads as it did before (a label the pause added goes). True when there was a pause to undo."""
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            recorded = current.paused_clients
+            if PAUSED_CLIENTS not in current.annotations or (recorded and owner not in ("*", recorded[0])):
+                return None
+            # an unreadable record: every label that reads as NodeMedic's pause is taken for one it paused from "true"
+            before = recorded[1] if recorded else {k: "true" for k, v in current.labels.items() if v == GPU_CLIENTS_PAUSED}
+            labels: dict[str, str] = {}
+            for key, value in current.labels.items():
+                restored = before.get(key) if key in before and value == GPU_CLIENTS_PAUSED else value
+                if restored is not None:  # a label the pause added goes again
+                    labels[key] = restored
+            annotations = {k: v for k, v in current.annotations.items() if k != PAUSED_CLIENTS}
+            return current.patch(cordoned=current.cordoned, taints=current.taints, annotations=annotations,
+                                 labels=labels)
+
+        return self._apply(node, decide, "resume the GPU clients on") is not None
+
+    def gpu_clients_paused(self) -> dict[str, str]:
+        """Node -> the owner of NodeMedic's pause of its GPU clients, for every node that has one."""
+        paused = {}
+        for raw in self._list_nodes():
+            node = _Node(raw, self._prefix)
+            if PAUSED_CLIENTS in node.annotations:
+                paused[node.name] = node.paused_clients[0] if node.paused_clients else "?"
+        return paused

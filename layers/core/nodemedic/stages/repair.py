@@ -17,6 +17,7 @@ from nodemedic.contracts.incident import Incident, IncidentRef
 from nodemedic.contracts.stages import Destination, RepairOutput
 from nodemedic.errors import (
     CapacityEndsError,
+    GpuClientsPendingError,
     IncidentStateError,
     NodeBusyError,
     NodeDrainingError,
@@ -29,6 +30,9 @@ from nodemedic.stages.drain import drain_reason
 from nodemedic.store.ledger import Ledger
 
 REPLACEMENT = "replacement"
+# how long a GPU reset waits for the GPU clients (Kubernetes) to leave the node; NVIDIA's
+# k8s-driver-manager gives each component five minutes for the same wait
+GPU_CLIENTS_WAIT_S = 300
 NO_ANSWER = {"healthy": False, "checks": [{"name": "answer", "ok": False,
                                            "detail": "the deep health check did not answer in time"}]}
 
@@ -74,7 +78,8 @@ def repair(
     current["instance_id"] = _climb(incident, current, provider=provider, orchestrator=orchestrator,
                                     runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
                                     prefix=prefix, save=lambda: ledger.record_progress(incident, "repair",
-                                                                                       {"rungs": rungs}))
+                                                                                       {"rungs": rungs}),
+                                    clock=clock)
     current["done_at"] = clock().isoformat()
     ledger.record_progress(incident, "repair", {"rungs": rungs})
     return _output(incident, len(rungs), current, check_timeout_s)
@@ -119,7 +124,7 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
 
 def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, orchestrator: Orchestrator,
            runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int, prefix: str,
-           save: Callable[[], None]) -> str:
+           save: Callable[[], None], clock: Callable[[], datetime]) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
     instance = str(rung["instance_id"])
     if rung["rung"] == "check":  # the node as it is: only its check follows, which disturbs any job
@@ -136,12 +141,27 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, o
             # instead of starting a second one on GPUs the first may still be resetting
             if not rung.get("reset_command"):
                 _guard(incident, orchestrator)
-                rung["reset_command"] = runner.send(instance, documents.gpu_reset, {}, timeout_s,
-                                                    f"GPU reset {incident.slurm_node}")
+                waiting = orchestrator.pause_gpu_clients(incident.slurm_node, incident.incident_id)
+                if waiting:
+                    since = rung.setdefault("clients_wait_since", clock().isoformat())
+                    save()
+                    if (clock() - datetime.fromisoformat(since)).total_seconds() < GPU_CLIENTS_WAIT_S:
+                        raise GpuClientsPendingError(waiting)
+                    # not reset: the check that follows finds the fault still there, and the ladder goes on
+                    rung["reset"] = {"status": "Skipped", "exit_code": -1,
+                                     "output": f"not reset after {GPU_CLIENTS_WAIT_S} s: {waiting}"[-300:]}
+                else:
+                    rung["reset_command"] = runner.send(instance, documents.gpu_reset, {}, timeout_s,
+                                                        f"GPU reset {incident.slurm_node}")
                 save()
-            result = runner.wait(instance, str(rung["reset_command"]), timeout_s)
-            rung["reset"] = {"status": result.status, "exit_code": result.exit_code,
-                             "output": (result.stderr or result.stdout).strip()[-300:]}
+            if not rung.get("reset"):
+                result = runner.wait(instance, str(rung["reset_command"]), timeout_s)
+                rung["reset"] = {"status": result.status, "exit_code": result.exit_code,
+                                 "output": (result.stderr or result.stdout).strip()[-300:]}
+                save()
+        if not rung.get("clients_resumed"):  # reset or not: the node's GPU clients come back before its check
+            orchestrator.resume_gpu_clients(incident.slurm_node, incident.incident_id)
+            rung["clients_resumed"] = True
             save()
         return instance
     if rung["rung"] == "reboot":
