@@ -77,8 +77,12 @@ class AwsClock:
         return local + self.offset
 
     def stamped(self, moment: datetime) -> datetime:
-        """A time this node's clock gave (when a fault was seen), as an event carries it."""
-        return moment if self.plausible(self._local()) else moment + self.offset
+        """A time this node's clock gave (when a fault was seen), as an event carries it. One the
+        clock gave before NTP set it (a burn-in hold at boot, at 1970) is no date at all: now."""
+        local = self._local()
+        if self.plausible(local):
+            return moment if self.plausible(moment) else local
+        return moment + self.offset
 
     def attach(self, client: Any) -> Any:
         """Make ``client`` learn AWS's time from every answer and sign with it (None: a dry run)."""

@@ -105,6 +105,16 @@ def test_a_clock_that_cannot_date_anything_says_so_until_aws_answers() -> None:
     assert clock.stamp() == datetime(2026, 11, 26, 2, 31, 51, tzinfo=UTC)
     clock.observe("not a date")  # ignored
     assert clock.known and clock.stamp().year == 2026
+    assert clock.stamped(datetime(1970, 1, 1, 0, 5, tzinfo=UTC)) == datetime(2026, 11, 26, 2, 36, 51, tzinfo=UTC)
+
+
+def test_a_time_the_clock_gave_before_ntp_set_it_is_sent_as_now() -> None:
+    """The burn-in hold runs at boot, maybe before NTP: its time (1970) would make the contract
+    refuse the NODE_JOINED event the agent sends once the clock is right."""
+    now = datetime(2026, 11, 26, 3, 0, tzinfo=UTC)
+    clock = AwsClock(local=lambda: now)
+    assert clock.stamped(datetime(1970, 1, 1, tzinfo=UTC)) == now
+    assert clock.stamped(now - timedelta(seconds=5)) == now - timedelta(seconds=5)
 
 
 def test_the_agent_signs_exactly_as_botocore_does_at_the_same_time(monkeypatch: pytest.MonkeyPatch) -> None:
