@@ -87,8 +87,8 @@ class Agent:
                  clock: Callable[[], float] | None = None, acks: Acknowledgements | None = None,
                  aws_clock: AwsClock | None = None) -> None:
         self.config = config
-        self.clock = aws_clock or AwsClock()  # AWS's time, learned from every answer: signing and stamps
-        self.client = self.clock.attach(client)
+        self.aws_clock = aws_clock or AwsClock()  # AWS's time, learned from every answer: signing and stamps
+        self.client = self.aws_clock.attach(client)
         self.hw = hardware
         self.node = node
         self.dry_run = dry_run
@@ -105,7 +105,7 @@ class Agent:
         self.heartbeats = 0
         self.acks = acks
         if acks is not None:
-            self.clock.attach(acks.client)
+            self.aws_clock.attach(acks.client)
         self.reasserted = 0
         self.acknowledged = 0  # events the pipeline decided on while they waited to be sent again
         self.unacknowledged = 0  # events given up on: no decision within intervals.reassert_within_seconds
@@ -123,7 +123,7 @@ class Agent:
         count = self.dedupe.admit(finding.key)
         if count is None:
             return False
-        finding = replace(finding, observed_at=self.clock.stamped(finding.observed_at))
+        finding = replace(finding, observed_at=self.aws_clock.stamped(finding.observed_at))
         event = health_event(finding, self.config.cluster, self.node, count, now)
         item = entry(self.config.event_bus, event)
         if self.dry_run:
@@ -304,13 +304,13 @@ class Agent:
         """Now, as an event sent now carries it. A node clock that cannot date anything (1970)
         and no AWS answer seen yet: one call, whatever it answers, gives AWS's time."""
         try:
-            return self.clock.stamp()
+            return self.aws_clock.stamp()
         except ClockUnknownError:
             try:
                 self.client.describe_event_bus(Name=self.config.event_bus)
             except Exception:  # noqa: BLE001 - a refusal carries AWS's time too; none at all: unknown still
                 log.warning("could not reach AWS to learn its time", exc_info=True)
-            return self.clock.stamp()
+            return self.aws_clock.stamp()
 
     def send_heartbeat(self, status: str = "running") -> bool:
         beat = heartbeat(self.config.cluster, self.node, self.config.intervals.heartbeat_seconds, status,
