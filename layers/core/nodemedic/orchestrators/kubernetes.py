@@ -744,6 +744,7 @@ class KubernetesOrchestrator:
         still there. A label another operation paused (a driver upgrade, a MIG change) is left as
         it is, and nothing is paused while it lasts."""
         others: list[str] = []
+        labels: dict[str, str] = {}  # the node's labels once the decision below holds
 
         def decide(current: _Node) -> list[dict[str, Any]] | None:
             others[:] = [f"{k}={current.labels[k]}" for k in GPU_CLIENT_LABELS
@@ -752,18 +753,19 @@ class KubernetesOrchestrator:
             flip: dict[str, str | None] = {k: "true" for k in GPU_CLIENT_LABELS if current.labels.get(k) == "true"}
             if NVML_CLIENT_LABEL not in current.labels:
                 flip[NVML_CLIENT_LABEL] = None
+            labels.clear()
+            labels.update(current.labels)
             if others or (not flip and recorded is not None and recorded[0] == owner):
                 return None
             before = {**(recorded[1] if recorded else {}), **flip}  # a failed incident's pause is taken over
-            labels = {**current.labels, **dict.fromkeys(flip, GPU_CLIENTS_PAUSED)}
+            labels.update(dict.fromkeys(flip, GPU_CLIENTS_PAUSED))
             annotations = {**current.annotations, PAUSED_CLIENTS: json.dumps({"owner": owner, "labels": before})}
             return current.patch(cordoned=current.cordoned, taints=current.taints, annotations=annotations,
-                                 labels=labels)
+                                 labels=dict(labels))
 
         self._apply(node, decide, "pause the GPU clients on")
         if others:
             return f"another operation paused GPU components on {node} ({', '.join(others)}): waiting for it to end"
-        labels = self._read(node).labels
         staying = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in self._pods_on(node)
                          if not _movable(p) and p.status.phase not in ("Succeeded", "Failed") and not _selects(p, labels))
         return f"waiting for {len(staying)} GPU client pod(s) to leave {node}: {', '.join(staying)[:300]}" if staying else None
@@ -795,5 +797,6 @@ class KubernetesOrchestrator:
         for raw in self._list_nodes():
             node = _Node(raw, self._prefix)
             if PAUSED_CLIENTS in node.annotations:
-                paused[node.name] = node.paused_clients[0] if node.paused_clients else "?"
+                recorded = node.paused_clients
+                paused[node.name] = recorded[0] if recorded else "?"
         return paused

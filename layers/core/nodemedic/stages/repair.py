@@ -143,9 +143,10 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, o
                 _guard(incident, orchestrator)
                 waiting = orchestrator.pause_gpu_clients(incident.slurm_node, incident.incident_id)
                 if waiting:
-                    since = rung.setdefault("clients_wait_since", clock().isoformat())
-                    save()
-                    if (clock() - datetime.fromisoformat(since)).total_seconds() < GPU_CLIENTS_WAIT_S:
+                    if "clients_wait_since" not in rung:
+                        rung["clients_wait_since"] = clock().isoformat()
+                        save()
+                    if (clock() - datetime.fromisoformat(rung["clients_wait_since"])).total_seconds() < GPU_CLIENTS_WAIT_S:
                         raise GpuClientsPendingError(waiting)
                     # not reset: the check that follows finds the fault still there, and the ladder goes on
                     rung["reset"] = {"status": "Skipped", "exit_code": -1,
