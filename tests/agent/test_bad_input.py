@@ -69,8 +69,8 @@ def test_unreadable_counter_is_a_check_error(bus, sim, make_agent):
 
 def test_unparsable_kernel_log_lines_are_skipped_and_counted(bus, sim, make_agent):
     agent = make_agent()
-    with sim.kmsg_path.open("a") as f:
-        f.write("this is not a kmsg record\n\x00\x01 binary junk\n SUBSYSTEM=pci\n")  # 2 junk + 1 continuation
+    with sim.kmsg_path.open("a") as f:  # a log file: a line of text is a message, even if no record
+        f.write("\x00\x01 binary junk\nthis is not a kmsg record\n SUBSYSTEM=pci\n\x1b[31m\n")  # 2 junk, 1 text, 1 continuation
     sim.inject("xid", xid=48, gpu=2)
     events = bus.wait_health(1)
     assert [e["fault_code"] for e in events] == ["XID 48"]

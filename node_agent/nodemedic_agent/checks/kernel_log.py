@@ -14,12 +14,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from threading import Event
+from typing import TextIO
 
 from nodemedic.domain.xid import decode_nvlink5, recovery_action_code
 
 from nodemedic_agent.checks.base import Finding, status_of
 
-KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+# one /dev/kmsg record: "pri,seq,usec,flags[,...];text\n", then the message's device dictionary as
+# continuation lines (" SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1b.0\n"): every dev_err()/ibdev_err()
+# message, the EFA driver's included, has one (Documentation/ABI/testing/dev-kmsg)
+KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;\n]*;([^\n]*)(?:\n|$)")
+# the kernel writes a non-printable byte and "\" itself as "\xNN" in a record's text
+KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus." and its
 # variants: no "PCI:" (older drivers), an 8-digit domain, pid without name, pid='<unknown>'
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\):?\s*(\d{1,5})\b,?\s*(.*)$")
@@ -35,6 +41,12 @@ HUNG = re.compile(r"INFO: task (\S+) blocked for more than (\d+) seconds")
 LOCKUP = re.compile(r"soft lockup - CPU#(\d+) stuck")
 READ_ONLY = re.compile(r"(?:Remounting filesystem read-only|remounted read-only|switching to read-only)", re.I)
 OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
+MAX_LINE_BYTES = 65536
+NOT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class KernelLogEndedError(RuntimeError):
+    """The kernel log source stopped giving messages (journalctl exited)."""
 
 
 def bus_key(pci: str) -> str:
@@ -107,18 +119,42 @@ class LogStats:
     lost: int = 0  # records overwritten before we read them (/dev/kmsg EPIPE)
 
 
-def kmsg_message(line: str, stats: LogStats) -> tuple[str, datetime] | None:
-    """(message, observed_at) of one ``/dev/kmsg`` record; continuation lines are ignored."""
-    if not line.strip() or line.startswith(" "):
+def kmsg_message(record: str, stats: LogStats) -> tuple[str, datetime] | None:
+    """(message, observed_at) of one ``/dev/kmsg`` record; its dictionary lines are not the message."""
+    if not record.strip() or record.startswith(" "):
         return None
-    m = KMSG_RECORD.match(line)
+    m = KMSG_RECORD.match(record)
     if not m:
         stats.skipped += 1
         return None
     age = time.monotonic() - int(m.group(3)) / 1e6
     now = datetime.now(UTC)
     observed = now - timedelta(seconds=age) if 0 <= age < 300 else now
-    return m.group(4), observed
+    return KMSG_ESCAPE.sub(lambda e: chr(int(e.group(1), 16)), m.group(4)), observed
+
+
+def log_file_message(line: str, stats: LogStats) -> tuple[str, datetime] | None:
+    """(message, observed_at) of one line of a kernel log file: a kmsg record, or a line as dmesg,
+    syslog or journald writes it (the patterns find the message after any prefix), seen now."""
+    if KMSG_RECORD.match(line):
+        return kmsg_message(line, stats)
+    if not line.strip() or line.startswith(" "):
+        return None
+    text = line.rstrip("\n")
+    if NOT_TEXT.search(text):  # binary junk (a torn write, a corrupt file): no log line
+        stats.skipped += 1
+        return None
+    return text, datetime.now(UTC)
+
+
+def rotated(path: Path, f: TextIO) -> bool:
+    """Whether the file at ``path`` is no longer the one ``f`` reads to its end: truncated
+    (copytruncate), or moved away and a new one created (logrotate's default)."""
+    try:
+        now = path.stat()
+    except FileNotFoundError:  # moved away, the new one not created yet
+        return False
+    return now.st_ino != os.fstat(f.fileno()).st_ino or now.st_size < f.tell()
 
 
 class KernelLogFollower:
@@ -134,10 +170,10 @@ class KernelLogFollower:
         if self.source == "journal":
             yield from self._journal()
             return
-        raw = self._kmsg() if self.source == "kmsg" else self._file()
+        raw, parse = (self._kmsg(), kmsg_message) if self.source == "kmsg" else (self._file(), log_file_message)
         for line in raw:
             self.stats.lines += 1
-            parsed = kmsg_message(line, self.stats)
+            parsed = parse(line, self.stats)
             if parsed:
                 yield parsed
 
@@ -176,26 +212,41 @@ class KernelLogFollower:
                         yield buffer
                         buffer = ""
                     continue
-                if path.exists() and path.stat().st_size < f.tell():  # rotated / truncated
+                if rotated(path, f):
                     f.close()
-                    f = path.open()
+                    f = path.open()  # the new file, from its first line
                 self.stop.wait(idle_s)
         finally:
             f.close()
 
     def _journal(self) -> Iterator[tuple[str, datetime]]:
-        proc = subprocess.Popen(["journalctl", "-k", "-f", "-n", "0", "-o", "cat"],
-                                stdout=subprocess.PIPE, text=True, bufsize=1)
+        """The kernel's messages as journald has them. journalctl writes a burst of messages at
+        once, so its pipe is read as bytes and split here: a line read ahead into a buffer that
+        ``select`` cannot see would wait there for the next message, however long that takes."""
+        proc = subprocess.Popen(["journalctl", "-k", "-f", "-n", "0", "-o", "cat"], stdout=subprocess.PIPE)
         assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        pending = b""
         try:
             while not self.stop.is_set():
-                ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+                ready, _, _ = select.select([fd], [], [], 1.0)
                 if not ready:
                     continue
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                self.stats.lines += 1
-                yield line.rstrip("\n"), datetime.now(UTC)
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise KernelLogEndedError(f"journalctl stopped (exit status {proc.wait(timeout=5)})")
+                *lines, pending = (pending + chunk).split(b"\n")
+                if len(pending) > MAX_LINE_BYTES:  # no end of line in sight: not a message
+                    self.stats.skipped += 1
+                    pending = b""
+                for line in lines:
+                    self.stats.lines += 1
+                    yield line.decode(errors="replace"), datetime.now(UTC)
         finally:
             proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
