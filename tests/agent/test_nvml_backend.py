@@ -49,9 +49,15 @@ class FakeNvml:
     def nvmlShutdown(self) -> None: ...  # noqa: N802
     def nvmlEventSetCreate(self) -> object: return object()  # noqa: N802
     def nvmlEventSetFree(self, _: object) -> None: ...  # noqa: N802
-    def nvmlDeviceRegisterEvents(self, *_: object) -> None: ...  # noqa: N802
     def nvmlDeviceGetCount(self) -> int: return len(self.gpus)  # noqa: N802
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i  # noqa: N802
+
+    def nvmlDeviceRegisterEvents(self, h: int, *_: object) -> None:  # noqa: N802 - GPU_IS_LOST for a lost GPU
+        self._gpu(h)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802 - ``handle_fails``: the handle is refused too
+        if self.gpus[i].get("handle_fails"):
+            raise pynvml.NVMLError(self.gpus[i]["handle_fails"])
+        return i
     def nvmlDeviceGetUUID(self, h: int) -> str: return self._read(h, f"GPU-{h:08d}")  # noqa: N802
     def nvmlDeviceGetPciInfo(self, h: int) -> Any: return SimpleNamespace(busId=f"00000000:{h + 16:02X}:00.0")  # noqa: N802
     def nvmlDeviceGetTotalEccErrors(self, h: int, *_: object) -> int: return self._gpu(h).get("dbe", 0)  # noqa: N802
@@ -119,6 +125,20 @@ def test_a_gpu_lost_or_needing_a_reset_at_any_read_is_a_finding_not_a_check_erro
     assert sorted((f.fault_code, f.component["index"]) for f in result.findings) == [
         ("GPU_LOST", 1), ("GPU_RESET_REQUIRED", 2)]
     assert all(f.status == "failed" for f in result.findings)
+
+
+@pytest.mark.parametrize("lost", [{"fails": pynvml.NVML_ERROR_GPU_IS_LOST},
+                                  {"fails": pynvml.NVML_ERROR_GPU_IS_LOST, "handle_fails": pynvml.NVML_ERROR_GPU_IS_LOST}],
+                         ids=["events-refused", "handle-refused"])
+def test_a_gpu_lost_before_the_agent_started_is_a_finding_and_the_others_are_watched(fake, sim, tmp_path, lost):
+    """An agent restarted after a GPU fell off the bus: NVML refuses to register the lost GPU for
+    events. That failed NVML's start, so every read was a check error and no GPU_LOST was sent."""
+    hardware = fake([{"links": 18}, {"links": 18, **lost}, {"links": 18, "dbe": 2}])
+    config = agent_config(sim, tmp_path / "spool", expected={"gpus": 3})
+    result = PolledChecks(hardware, config).gpu()
+    assert sorted(f.fault_code for f in result.findings if f.component.get("index") == 1) == ["GPU_LOST"]
+    assert any(f.component.get("index") == 2 and f.status == "failed" for f in result.findings)  # the DBE is read too
+    assert not any(f.fault_code == "CHECK_ERROR" for f in result.findings)
 
 
 def test_a_driver_older_than_nvidia_ml_py_is_read_through_the_names_it_has(fake):

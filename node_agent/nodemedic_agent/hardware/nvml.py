@@ -7,6 +7,7 @@ other NVML error becomes :class:`HardwareError`, which the agent reports as a ch
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import threading
@@ -17,6 +18,8 @@ from typing import Any
 from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, SourceUnavailableError, XidEvent
 from nodemedic_agent.hardware.dcgm import HOST_ENGINE_DOWN, DcgmHealth, parse_health
 from nodemedic_agent.hardware.host import OsStorage, SysfsEfa
+
+log = logging.getLogger(__name__)
 
 try:  # nvidia-ml-py; its absence is reported by the GPU checks, not at import
     import pynvml
@@ -65,12 +68,21 @@ class NvmlHardware:
                 pynvml.nvmlInit()
                 self._events = pynvml.nvmlEventSetCreate()
                 for i in range(pynvml.nvmlDeviceGetCount()):
-                    handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                    _supported(lambda h=handle: pynvml.nvmlDeviceRegisterEvents(
-                        h, pynvml.nvmlEventTypeXidCriticalError, self._events), None)
+                    self._watch_xids(i)
             except pynvml.NVMLError as exc:
                 raise HardwareError(f"NVML: {exc}") from exc
             self._ready = True
+
+    def _watch_xids(self, index: int) -> None:
+        """Register GPU ``index`` for XID events. A GPU that fell off the bus before the agent
+        started answers GPU_IS_LOST here (NVML API reference, nvmlDeviceRegisterEvents); it must
+        not keep NVML from starting: the polled check reads it, and reports it lost."""
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            _supported(lambda: pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._events),
+                       None)
+        except pynvml.NVMLError as exc:
+            log.warning("GPU %d: no XID events from NVML (%s); its polled reads go on", index, exc)
 
     def gpus(self) -> list[GpuState]:
         self._start()
