@@ -39,7 +39,7 @@ MEMBER = Member("i-0a1b2c3d4e5f60789", "gpu-2", "running")  # the node every tri
 json_values = st.one_of(
     st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False), st.text(max_size=40),
     st.sampled_from(["", "x" * 3000, "2099-01-01T00:00:00Z", "1970-01-01T00:00:00Z", "ALARM", "Unhealthy",
-                     "i-0123456789abcdef0", "gpu-1", "../../etc/passwd"]),
+                     "i-0123456789abcdef0", "gpu-1", "../../etc/passwd", "\ud800", "a\x00b", "\u202egpu-1"]),
     st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=3),
     st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8)), max_size=3))
 
@@ -114,6 +114,33 @@ def test_an_envelope_id_too_long_for_a_ledger_key_is_refused_with_its_reason(aws
     event = {**_fresh(path), "id": "x" * 3000}
     with pytest.raises(InvalidEventError, match="id"):
         _detect(aws, event)
+
+
+def _strings(event: dict[str, Any]) -> Iterator[tuple[str | int, ...]]:
+    for path in _paths(event):
+        parent: Any = event
+        for key in path:
+            parent = parent[key]
+        if isinstance(parent, str):
+            yield path
+
+
+def _with(event: dict[str, Any], path: tuple[str | int, ...], value: object) -> dict[str, Any]:
+    parent: Any = event
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return event
+
+
+@pytest.mark.parametrize("path", TRIGGERS + PLANNED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_lone_surrogate_anywhere_is_refused_with_its_place(aws: EmbeddedAWS, path: Path) -> None:
+    """JSON's \\u escapes can write half a surrogate pair; UTF-8 cannot encode it, so DynamoDB's
+    request failed and Detect crashed (an agent's evidence, an alarm's reason, a runbook's note)."""
+    for where in _strings(_fresh(path)):
+        event = _with(_fresh(path), where, "gpu\udc80")
+        with pytest.raises(InvalidEventError, match=r"\.".join(map(str, where)) + ": not Unicode text"):
+            _detect(aws, event) if path in TRIGGERS else parse_planned_event(event)
 
 
 @pytest.mark.parametrize("path", TRIGGERS, ids=lambda p: f"{p.parent.name}/{p.stem}")

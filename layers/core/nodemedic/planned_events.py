@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from nodemedic.contracts.aws_health import HEALTH_SOURCE, AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHealthEvent, NodeIdentity
-from nodemedic.contracts.problems import describe
+from nodemedic.contracts.problems import describe, not_unicode
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
 from nodemedic.providers.base import Provider
@@ -139,10 +139,12 @@ def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
 def parse_planned_event(event: dict[str, object]) -> AwsHealthEnvelope | CapacityBlockEnvelope:
     """An AWS Health event, or else a Capacity Block expiry warning; anything else is rejected."""
     health = event.get("source") == HEALTH_SOURCE
+    kind = "AWS Health event" if health else "Capacity Block expiry warning"
+    if where := not_unicode(event, "event"):
+        raise InvalidEventError(f"rejected {kind}: {where}: not Unicode text (a lone surrogate)")
     try:
         return AwsHealthEnvelope.model_validate(event) if health else CapacityBlockEnvelope.model_validate(event)
     except ValidationError as exc:
-        kind = "AWS Health event" if health else "Capacity Block expiry warning"
         raise InvalidEventError(f"rejected {kind}: {describe(exc, 'event')}") from exc
 
 

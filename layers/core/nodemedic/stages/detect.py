@@ -17,7 +17,7 @@ from nodemedic.contracts.events import (
     TriggerEvent,
 )
 from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, StageRecord, default_ladder
-from nodemedic.contracts.problems import describe
+from nodemedic.contracts.problems import describe, not_unicode
 from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, hyperpod_fault_code, parse_overrides
 from nodemedic.domain.freshness import fault_origin, staleness
@@ -55,6 +55,8 @@ class Limits:
 
 
 def parse_trigger(event: dict[str, object]) -> TriggerEvent:
+    if where := not_unicode(event, "event"):
+        raise InvalidEventError(f"rejected event: {where}: not Unicode text (a lone surrogate)")
     try:
         return _TRIGGER.validate_python(event)
     except ValidationError as exc:
