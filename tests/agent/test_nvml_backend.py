@@ -141,6 +141,19 @@ def test_a_gpu_lost_before_the_agent_started_is_a_finding_and_the_others_are_wat
     assert not any(f.fault_code == "CHECK_ERROR" for f in result.findings)
 
 
+def test_a_gpu_nvml_cannot_read_is_its_own_check_error_and_the_others_are_read(fake, sim, tmp_path):
+    """nvidia-smi's "Unable to determine the device handle for GPU ...: Unknown Error": one GPU's
+    error failed the whole read, so a double-bit ECC error on another GPU went unseen."""
+    hardware = fake([{"links": 18, "handle_fails": pynvml.NVML_ERROR_UNKNOWN, "fails": pynvml.NVML_ERROR_UNKNOWN},
+                     {"links": 18, "dbe": 2}])
+    config = agent_config(sim, tmp_path / "spool", expected={"gpus": 2})
+    result = PolledChecks(hardware, config).gpu()
+    assert sorted((f.fault_code, f.status, f.component["index"]) for f in result.findings) == [
+        ("CHECK_ERROR", "error", 0), ("ECC_DBE", "failed", 1)]
+    assert "Unknown Error" in result.findings[0].summary + result.findings[1].summary
+    assert "1 unreadable" in result.detail
+
+
 def test_a_driver_older_than_nvidia_ml_py_is_read_through_the_names_it_has(fake):
     """nvidia-ml-py 13 calls ClocksEventReasons, which drivers before 535 do not have."""
     thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown

@@ -56,6 +56,10 @@ class PolledChecks:
                 found.append(self._found("nvml", "GPU_LOST", f"GPU {g.index} is lost (fell off the bus)",
                                          _gpu(g.index), {"pci_bus_id": g.pci_bus_id}))
                 continue
+            if g.unreadable:
+                found.append(Finding("nvml", "CHECK_ERROR", "error", f"GPU {g.index} could not be read: {g.unreadable}"[:500],
+                                     _gpu(g.index), {"check": "gpu", "error": g.unreadable[:500]}))
+                continue
             if g.reset_required:
                 found.append(self._found("nvml", "GPU_RESET_REQUIRED", f"GPU {g.index} needs a reset: NVML answers "
                                          "'GPU requires reset'", _gpu(g.index)))
@@ -86,7 +90,9 @@ class PolledChecks:
                                          f"GPU {g.index}: {g.nvlink_errors - before} NVLink errors since the last poll", comp,
                                          {"new_errors": g.nvlink_errors - before, "threshold": thr}))
         lost = sum(g.lost for g in gpus)
-        return CheckResult("gpu", f"{len(gpus) - lost}/{expected} GPUs visible", found)
+        unread = sum(bool(g.unreadable) for g in gpus)
+        return CheckResult("gpu", f"{len(gpus) - lost}/{expected} GPUs visible" + (f", {unread} unreadable" if unread else ""),
+                           found)
 
     def dcgm(self) -> CheckResult:
         """DCGM's health watches: a Failure is DCGM_HEALTH, a Warning (PCIe replays, an InfoROM

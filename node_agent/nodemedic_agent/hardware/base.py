@@ -25,6 +25,7 @@ class GpuState:
     pci_bus_id: str = ""
     lost: bool = False
     reset_required: bool = False  # NVML answers NVML_ERROR_RESET_REQUIRED: the GPU needs a reset to be used again
+    unreadable: str = ""  # the error NVML answered for this GPU alone (the other GPUs are read)
     ecc_dbe_volatile: int = 0
     retired_pages_pending: bool = False
     remap_pending: bool = False

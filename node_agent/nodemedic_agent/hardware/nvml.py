@@ -94,13 +94,17 @@ class NvmlHardware:
     @staticmethod
     def _gpu(index: int) -> GpuState:
         """One GPU as NVML reads it. A GPU NVML says is lost, or needs a reset, at any of the reads
-        is that (a finding), not an error of the check."""
+        is that (a finding), not an error of the check. Any other error is this GPU's alone
+        (nvidia-smi's "Unable to determine the device handle for GPU ...: Unknown Error"): it must
+        not keep the other GPUs from being read."""
         try:
             return NvmlHardware._read(index)
         except pynvml.NVMLError_GpuIsLost:
             return GpuState(index=index, lost=True)
         except pynvml.NVMLError_ResetRequired:
             return GpuState(index=index, reset_required=True)
+        except pynvml.NVMLError as exc:
+            return GpuState(index=index, unreadable=f"NVML: {exc}")
 
     @staticmethod
     def _links(h: Any) -> tuple[int, int]:
