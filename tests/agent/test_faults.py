@@ -29,6 +29,8 @@ FAULTS = [
     ("hang", {}, "HUNG_TASK", {"kernel_log"}, "reboot"),
     ("soft-lockup", {}, "SOFT_LOCKUP", {"kernel_log"}, "reboot"),
     ("oom", {}, "OOM_KILL", {"kernel_log"}, "monitor"),
+    ("sxid", {}, "SXID 12028", {"kernel_log"}, "monitor"),
+    ("sxid-fatal", {}, "NVSWITCH_FATAL", {"kernel_log"}, "reboot"),
 ]
 
 

@@ -30,7 +30,10 @@ KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 # variants: no "PCI:" (older drivers), an 8-digit domain, pid without name, pid='<unknown>'
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\):?\s*(\d{1,5})\b,?\s*(.*)$")
 PID_NAME = re.compile(r"^(?:pid=(?:'[^']*'|[^,\s]*),\s*)?(?:name=[^,]*,\s*)?")
-SXID = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
+# "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 24007, Fatal, Link 30 sourcetrack timeout error": the
+# switch driver states the severity; the lines that follow (", Severity 1 Engine instance ...",
+# ", Data {...}") repeat the code without it
+SXID = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(Fatal|Non-fatal)\b)?")
 OFF_BUS = re.compile(r"fallen off the bus")
 GPU_PCI = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)")
 # the efa driver's admin queue stops (it clears its RUNNING bit) on these: the device is unusable until reset
@@ -91,7 +94,11 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
         return xid_finding(int(m.group(2)), m.group(1), gpu_index(m.group(1)), observed_at, evidence,
                            overrides=overrides, detail=PID_NAME.sub("", m.group(3)))
     if m := SXID.search(message):
-        return found(f"SXID {int(m.group(2))}", f"NVSwitch SXID {m.group(2)}", {"kind": "node", "name": f"nvswitch {m.group(1)}"})
+        switch = {"kind": "node", "name": f"nvswitch {m.group(1)}"}
+        if m.group(3) == "Fatal":
+            evidence["sxid"] = int(m.group(2))
+            return found("NVSWITCH_FATAL", f"NVSwitch {m.group(1)}: fatal SXID {int(m.group(2))}", switch)
+        return found(f"SXID {int(m.group(2))}", f"NVSwitch SXID {m.group(2)}", switch)
     if OFF_BUS.search(message):
         pci = m.group(1) if (m := GPU_PCI.search(message)) else ""
         index = gpu_index(pci) if pci else None

@@ -48,7 +48,8 @@ FAULTS = {
     "hang": "a hung task in the kernel log",
     "soft-lockup": "a CPU soft lockup in the kernel log",
     "oom": "an OOM kill in the kernel log",
-    "sxid": "an NVSwitch SXID in the kernel log",
+    "sxid": "a non-fatal NVSwitch SXID in the kernel log",
+    "sxid-fatal": "a fatal NVSwitch SXID in the kernel log",
     "nvml-error": "NVML itself fails (the GPU checks cannot read counters)",
     "dcgm": "DCGM health watches report a failure on GPU k (a volatile double-bit ECC error)",
     "dcgm-warning": "DCGM health watches warn of GPU k (PCIe replays): recorded, not acted on",
@@ -198,6 +199,8 @@ class SimulatedNode:
             self.kmsg("Out of memory: Killed process 4242 (python3) total-vm:123456kB, anon-rss:65432kB")
         elif fault == "sxid":
             self.kmsg("nvidia-nvswitch3: SXid (PCI:0000:c5:00.0): 12028, Non-fatal, Link 40 egress non-posted PRIV error")
+        elif fault == "sxid-fatal":
+            self.kmsg("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up")
         elif fault == "nvml-error":
             self._set_top("nvml_error", "NVML_ERROR_UNKNOWN: simulated driver failure")
         elif fault == "dcgm":
