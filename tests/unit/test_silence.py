@@ -33,6 +33,18 @@ def test_a_node_is_silent_after_the_threshold_and_reported_once_until_it_returns
     assert silent(roster, T0 + timedelta(seconds=180), 45) == ["i-00000000000000001"]
 
 
+def test_an_agent_that_beats_slower_than_the_threshold_allows_is_silent_after_three_of_its_beats():
+    """An agent set to beat every 60 s (it may: up to 300 s) against the stack's 45 s threshold
+    was reported HEARTBEAT_MISSING between any two of its beats."""
+    roster: dict = {}
+    at = T0
+    record(roster, NodeHeartbeat(schema_version="1", cluster="local", sent_at=at, interval_seconds=60,
+                                 node={"instance_id": "i-00000000000000001", "hostname": "h"}), at)
+    assert silent(roster, at + timedelta(seconds=59), 45) == []  # before its next beat is due
+    assert silent(roster, at + timedelta(seconds=180), 45) == []
+    assert silent(roster, at + timedelta(seconds=181), 45) == ["i-00000000000000001"]
+
+
 def test_a_late_old_heartbeat_does_not_move_last_seen_back():
     roster: dict = {}
     record(roster, *beat("i-00000000000000001", T0 + timedelta(seconds=30)))

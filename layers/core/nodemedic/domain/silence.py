@@ -38,12 +38,18 @@ def record(roster: Roster, beat: NodeHeartbeat, seen_at: datetime) -> None:
     observe(entry, beat.perf)
 
 
+MISSED_BEATS = 3  # a node is silent once it missed this many of the heartbeats it said it would send
+
+
 def silent(roster: Roster, now: datetime, threshold_s: float) -> list[str]:
-    """Instances silent for longer than ``threshold_s`` and not yet reported."""
+    """Instances silent for longer than ``threshold_s``, or than three of the heartbeat intervals
+    their agents declare where that is longer, and not yet reported. An agent set to beat every
+    60 s against the stack's 45 s would otherwise be reported silent between any two beats."""
     return sorted(
         instance for instance, seen in roster.items()
         if seen["reported_at"] is None
-        and (now - datetime.fromisoformat(seen["last_seen"])).total_seconds() > threshold_s
+        and (now - datetime.fromisoformat(seen["last_seen"])).total_seconds()
+        > max(threshold_s, MISSED_BEATS * float(seen.get("interval_s") or 0))
     )
 
 

@@ -1,0 +1,53 @@
+"""The silence sweeper against heartbeats a hostile or broken sender put on the queue: each is
+counted invalid and dropped, and never stops the sweep of the rest of the fleet."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import boto3
+import pytest
+from moto import mock_aws
+from nodemedic.providers.base import Member
+from nodemedic.silence_sweeper import SilenceSweeper
+from nodemedic.store.roster import RosterStore
+
+from tests.stages.memory_provider import MemoryProvider
+
+
+def heartbeat(instance_id: str, hostname: str) -> str:
+    now = datetime.now(UTC).isoformat()
+    return json.dumps({"version": "0", "id": "4b1d0c2e-1f3a-4e5b-9c7d-0a1b2c3d4e5f", "detail-type": "Node Heartbeat",
+                       "source": "nodemedic.agent", "time": now[:19] + "Z", "detail": {
+                           "schema_version": "1", "cluster": "prod", "sent_at": now, "interval_seconds": 15,
+                           "node": {"instance_id": instance_id, "hostname": hostname, "slurm_node": "gpu-1"}}})
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch):
+    for key, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        yield
+
+
+@pytest.mark.parametrize("poison", [
+    heartbeat("i-0000000000000000b", "gpu\udc80"),  # JSON writes it as \\udc80: half a surrogate pair, no UTF-8
+    "not json", "null", "[]", json.dumps({"detail": "x"}),
+])
+def test_a_heartbeat_that_cannot_be_stored_is_invalid_and_the_sweep_goes_on(aws: None, poison: str) -> None:
+    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    queue = sqs.create_queue(QueueName="hb")["QueueUrl"]
+    sqs.send_message(QueueUrl=queue, MessageBody=poison)
+    sqs.send_message(QueueUrl=queue, MessageBody=heartbeat("i-0000000000000000a", "ip-10-0-0-1.ec2.internal"))
+    boto3.client("events").create_event_bus(Name="bus")
+    sweeper = SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=RosterStore(db, "t", "prod"),
+                             provider=MemoryProvider(Member("i-0000000000000000a", "gpu-1", "running")),
+                             queue_url=queue, bus="bus", cluster="prod", threshold_s=60)
+    result = sweeper.sweep(datetime.now(UTC))
+    assert (result.heartbeats, result.invalid, result.watched) == (1, 1, 1)
+    assert "Messages" not in sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0)  # neither comes back
