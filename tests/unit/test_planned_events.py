@@ -90,6 +90,18 @@ def test_resources_that_are_not_nodes_of_this_cluster_are_ignored_with_the_reaso
         "i-0aaaaaaaaaaaaaaaa": "AWS marks it resolved"}
 
 
+@pytest.mark.parametrize("resource", [OURS, f"arn:aws:ec2:us-east-1:123456789012:instance/{OURS}"])
+def test_a_notice_without_affected_entities_acts_on_the_instances_its_resources_name(resource: str) -> None:
+    """AWS's schema requires neither list; a notice naming its instance only in ``resources`` was
+    planned as nothing at all, and said nothing."""
+    event = copy.deepcopy(RETIREMENT)
+    event["resources"], event["detail"]["affectedEntities"] = [resource], []
+    assert [e.node.instance_id for e in _plan(event).events] == [OURS]
+    event["resources"] = []
+    planned = _plan(event)
+    assert planned.events == [] and [why for _, why in planned.ignored] == ["names no affected resource"]
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"statusCode": "closed"}, "is closed"),
     ({"endTime": "Sun, 22 Nov 2026 02:00:00 GMT"}, "window ended"),

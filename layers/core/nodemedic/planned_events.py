@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from nodemedic.contracts.aws_health import HEALTH_SOURCE, AwsHealthEnvelope
+from nodemedic.contracts.aws_health import HEALTH_SOURCE, AffectedEntity, AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.problems import describe, not_unicode
@@ -176,7 +176,12 @@ def superseded(envelope: AwsHealthEnvelope) -> Plan:
 def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: datetime) -> Plan:
     d = envelope.detail
     code = PLANNED.get(d.eventTypeCode)
-    entities = [e.entityValue for e in d.affectedEntities]
+    # the entities, else the envelope's resources (an id, or an ARN ending in one): AWS requires neither
+    affected = d.affectedEntities or [AffectedEntity(entityValue=rid) for r in envelope.resources
+                                      if (rid := r.rsplit("/", 1)[-1])]
+    entities = [e.entityValue for e in affected]
+    if not entities:  # neither list names anything: nothing to act on, and it says so
+        return Plan(ignored=[(d.eventArn[:80], "names no affected resource")])
     if code is None:
         return Plan(ignored=[(e, f"{d.eventTypeCode} is not a scheduled change NodeMedic acts on") for e in entities])
     if d.statusCode == "closed":  # a notice still waiting for its lead time is withdrawn
@@ -190,7 +195,7 @@ def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: 
         return Plan(ignored=[(e, f"its deadline {d.startTime.isoformat()} passed more than "
                                  f"{EVENT_MEMORY.days} days ago") for e in entities])
     result = Plan()
-    for entity in d.affectedEntities:
+    for entity in affected:
         instance = entity.entityValue
         if not _INSTANCE.match(instance):
             result.ignored.append((instance[:80], "not an EC2 instance id"))

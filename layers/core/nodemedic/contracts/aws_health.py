@@ -67,6 +67,7 @@ class AwsHealthEnvelope(BaseModel):
     source: Literal["aws.health"]
     detail_type: Literal["AWS Health Event"] = Field(alias="detail-type")
     time: HealthTime
+    resources: list[Annotated[str, Field(max_length=1600)]] = Field(default_factory=list, max_length=10_000)  # "if any"
     detail: AwsHealthDetail
 
     @property
