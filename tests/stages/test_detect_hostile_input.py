@@ -167,3 +167,31 @@ def test_a_mutated_planned_event_parses_or_is_refused_with_its_reason(path: Path
             pass
 
     check()
+
+
+ALARM = EVENTS / "alarms" / "ec2-status-check-failed.json"
+
+
+def _alarm_on(*instances: str) -> dict[str, Any]:
+    """The sample alarm, as metric math over the status check of each of ``instances``."""
+    event = _fresh(ALARM)
+    [metric] = event["detail"]["configuration"]["metrics"]
+    event["detail"]["configuration"]["metrics"] = [
+        {**metric, "id": f"m{n}", "metricStat": {**metric["metricStat"], "metric": {
+            **metric["metricStat"]["metric"], "dimensions": {"InstanceId": instance}}}}
+        for n, instance in enumerate(instances)] + [{"id": "e1", "expression": "MAX(METRICS())", "returnData": True}]
+    return event
+
+
+def test_an_alarm_over_several_instances_is_refused_not_blamed_on_its_first(aws: EmbeddedAWS) -> None:
+    """Metric math over two nodes' status checks does not say which one failed: NodeMedic took the
+    first metric's instance, and would have replaced a node that may be healthy."""
+    assert _detect(aws, _alarm_on(MEMBER.instance_id)) == "remediate"  # one instance: as before
+    with pytest.raises(InvalidEventError, match="watches 2 instances"):
+        _detect(aws, _alarm_on(MEMBER.instance_id, "i-0fedcba9876543210"))
+
+
+@pytest.mark.parametrize("value", ["x" * 3000, "i-../../etc", "I-0A1B2C3D4E5F60789"])
+def test_an_alarm_whose_instance_dimension_is_no_instance_id_is_refused(aws: EmbeddedAWS, value: str) -> None:
+    with pytest.raises(InvalidEventError, match="no EC2 instance id"):
+        _detect(aws, _alarm_on(value))

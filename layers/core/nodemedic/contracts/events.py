@@ -238,6 +238,10 @@ class AlarmDetail(BaseModel):
         """The value of a dimension of the alarm's metric (first metric that has it)."""
         return next((m.dimensions[name] for m in self._metrics() if name in m.dimensions), None)
 
+    def dimension_values(self, name: str) -> set[str]:
+        """Every value a dimension has across the alarm's metrics (metric math may watch several)."""
+        return {m.dimensions[name] for m in self._metrics() if name in m.dimensions}
+
     def metric_name(self) -> str | None:
         return next((m.name for m in self._metrics() if m.name), None)
 

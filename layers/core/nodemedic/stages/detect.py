@@ -10,6 +10,7 @@ from botocore.exceptions import ClientError
 from pydantic import TypeAdapter, ValidationError
 
 from nodemedic.contracts.events import (
+    INSTANCE_ID,
     AlarmEnvelope,
     HealthEventEnvelope,
     HyperPodNodeHealthEnvelope,
@@ -76,9 +77,15 @@ def to_fault(trigger: TriggerEvent, cluster: str, now: datetime) -> Fault:
         a = trigger.detail
         if a.state.value != "ALARM":
             raise InvalidEventError(f"alarm {a.alarmName} is {a.state.value}, not ALARM")
-        instance = a.metric_dimension("InstanceId")
-        if instance is None:
+        instances = a.dimension_values("InstanceId")
+        if not instances:
             raise InvalidEventError(f"alarm {a.alarmName} has no InstanceId dimension")
+        if len(instances) > 1:  # metric math over several: the alarm does not say which one is sick
+            raise InvalidEventError(f"alarm {a.alarmName} watches {len(instances)} instances; NodeMedic acts on "
+                                    "an alarm of one instance")
+        [instance] = instances
+        if not re.match(INSTANCE_ID, instance):
+            raise InvalidEventError(f"alarm {a.alarmName}: InstanceId {instance[:40]!r} is no EC2 instance id")
         return Fault(trigger.source, a.metric_dimension("Cluster") or cluster, instance, None,
                      alarm_fault_code(a.metric_name()), a.state.timestamp,
                      event_key=f"{trigger.source}/{trigger.id}" if trigger.id else None)
