@@ -55,9 +55,14 @@ class Spool:
         out = []
         for name in names:
             try:
-                out.append((name, json.loads((self.dir / name).read_text())))
+                entry = json.loads((self.dir / name).read_text())
             except (OSError, ValueError):  # unreadable: set aside, never block the queue
                 self.dead([name], "unreadable spool file")
+                continue
+            if not is_entry(entry):  # PutEvents would refuse the whole batch it is in, every time
+                self.dead([name], "not a PutEvents entry")
+                continue
+            out.append((name, entry))
         return out
 
     def remove(self, names: list[str]) -> None:
@@ -77,6 +82,14 @@ class Spool:
                     (self.dead_dir / f"{name}.reason").write_text(reason)
                 if name in self._names:
                     self._names.remove(name)
+
+
+ENTRY_FIELDS = ("Source", "DetailType", "Detail", "EventBusName")
+
+
+def is_entry(entry: object) -> bool:
+    """Whether ``entry`` is a PutEvents entry as the agent writes them (``events.entry``)."""
+    return isinstance(entry, dict) and all(isinstance(entry.get(k), str) and entry[k] for k in ENTRY_FIELDS)
 
 
 def _stamp(name: str) -> int:

@@ -166,12 +166,16 @@ def test_the_spool_keeps_the_order_of_its_events_when_the_clock_steps_back(tmp_p
     clock = [2_000_000_000 * 10**9]
     monkeypatch.setattr("nodemedic_agent.spool.time.time_ns", lambda: clock[0])
     spool = Spool(tmp_path, max_events=2)
-    spool.put({"Detail": "first"}, "a")
+
+    def event(detail: str) -> dict[str, str]:
+        return {"Source": "nodemedic.agent", "DetailType": "Node Health Event", "Detail": detail, "EventBusName": "b"}
+
+    spool.put(event("first"), "a")
     clock[0] -= 3600 * 10**9  # NTP steps the clock back an hour
-    spool.put({"Detail": "second"}, "b")
+    spool.put(event("second"), "b")
     restarted = Spool(tmp_path, max_events=2)
     assert [e["Detail"] for _, e in restarted.oldest(10)] == ["first", "second"]
-    restarted.put({"Detail": "third"}, "c")  # over the bound: the oldest goes
+    restarted.put(event("third"), "c")  # over the bound: the oldest goes
     assert [e["Detail"] for _, e in Spool(tmp_path, max_events=2).oldest(10)] == ["second", "third"]
 
 
@@ -182,6 +186,19 @@ def test_batches_respect_ten_entries_and_256_kb():
     sized = batches(big)
     assert [len(b) for b in sized] == [2, 2, 1]
     assert all(sum(entry_size(e) for _, e in b) <= MAX_BATCH_BYTES for b in sized)
+
+
+def test_a_spool_file_that_is_no_event_is_set_aside_and_never_blocks_the_queue(tmp_path):
+    """A file another version wrote, or a disk gave back damaged: a non-entry reached PutEvents,
+    whose parameter check refused the whole batch on every try, and no event behind it was sent."""
+    good = {"Source": "nodemedic.agent", "DetailType": "Node Health Event", "Detail": "{}", "EventBusName": "b"}
+    for n, content in enumerate(["{not json", "null", "[1]", json.dumps({"Detail": "x"}), json.dumps(good)]):
+        (tmp_path / f"ev-{n + 1:020d}-k{n}.json").write_text(content)
+    spool = Spool(tmp_path)
+    assert spool.oldest(10) == [(f"ev-{5:020d}-k4.json", good)]
+    reasons = sorted(p.read_text() for p in spool.dead_dir.glob("*.reason"))
+    assert reasons == ["not a PutEvents entry"] * 3 + ["unreadable spool file"]
+    assert len(spool) == 1
 
 
 def test_outage_spools_events_and_delivers_each_once_across_a_restart(server, sim, make_agent):
