@@ -19,10 +19,11 @@ class Counters:
     def __init__(self) -> None:
         self.value = 0
         self.carrier = True
+        self.operstate: str | None = None  # None: "up" or "down" as the carrier says
 
     def efa_devices(self) -> list[EfaDevice]:
-        return [EfaDevice("rdmap0s0", "ACTIVE", {"rdma_write_wr_err": self.value}, "eth1",
-                          "up" if self.carrier else "down", self.carrier)]
+        operstate = self.operstate or ("up" if self.carrier else "down")
+        return [EfaDevice("rdmap0s0", "ACTIVE", {"rdma_write_wr_err": self.value}, "eth1", operstate, self.carrier)]
 
 
 @pytest.fixture
@@ -65,3 +66,17 @@ def test_the_example_config_is_valid_and_a_bad_counter_name_is_refused() -> None
     assert parse_config(example).thresholds.efa_debounce_polls == 3
     with pytest.raises(ConfigError, match="unknown EFA counters"):
         parse_config({**example, "thresholds": {"efa_error_rates": {"rdma_write_errs": 1}}})
+
+
+@pytest.mark.parametrize(("operstate", "carrier", "down"), [
+    ("unknown", True, False),  # a driver that never sets the state: usable (operstates.rst)
+    ("up", True, False), ("down", False, True), ("lowerlayerdown", True, True), ("dormant", True, True),
+    ("unknown", False, True),
+])
+def test_the_link_is_down_by_the_kernels_operational_states_not_by_any_word_but_up(checks, operstate: str, carrier: bool,
+                                                                                  down: bool) -> None:
+    """The kernel's IF_OPER_UNKNOWN "must be considered for user data": a driver that does not set
+    the operational state reads "unknown" while it carries traffic. It read as EFA_DOWN (a reboot)."""
+    poll, hw = checks
+    hw.operstate, hw.carrier = operstate, carrier
+    assert poll(0) == (["EFA_DOWN"] if down else [])

@@ -9,6 +9,11 @@ from nodemedic_agent.checks.base import CheckResult, Finding, check_error, statu
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.hardware.base import EfaDevice, GpuState, Hardware, HardwareError, SourceUnavailableError
 
+# the operational states (RFC 2863, the kernel's Documentation/networking/operstates.rst) in which
+# an interface carries no traffic; "unknown" is a driver that does not set it, and "must be
+# considered for user data": its carrier decides
+LINK_DOWN = frozenset({"down", "lowerlayerdown", "notpresent", "dormant", "testing"})
+
 
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
     return {"kind": "gpu", "index": index, **({"uuid": uuid} if uuid else {})}
@@ -134,7 +139,7 @@ class PolledChecks:
             if dev.port_state != "ACTIVE":
                 found.append(self._found("efa", "EFA_DOWN", f"{dev.name} port 1 is {dev.port_state}", comp,
                                          {"port_state": dev.port_state}))
-            elif dev.netdev is not None and (dev.operstate != "up" or dev.carrier is False):
+            elif dev.netdev is not None and (dev.operstate in LINK_DOWN or dev.carrier is False):
                 found.append(self._found("efa", "EFA_DOWN", f"{dev.name} link is down ({dev.netdev} "
                                          f"{dev.operstate}, carrier {'on' if dev.carrier else 'off'})", comp,
                                          {"netdev": dev.netdev, "operstate": dev.operstate, "carrier": dev.carrier}))
