@@ -84,6 +84,9 @@ def test_its_configuration_is_one_the_agent_accepts_and_the_journal_option_mount
 
     config = parse_config(_agent_toml(objects), "the chart's ConfigMap")
     assert (config.expected.gpus, config.expected.efa_devices, config.region) == (8, 32, "us-west-2")
+    # the container's own root is read-only (readOnlyRootFilesystem): the storage check judges the
+    # spool's host file system, the one the pod writes, or it would report FS_READONLY on every node
+    assert config.storage.paths == ["/var/spool/nodemedic-agent"] and config.storage.min_free_percent == 5
     assert config.kernel_log.source == "journal" and config.fault_overrides == {"XID 74": "monitor"}
     assert config.storage.shared_mounts == ["/fsx"] and config.thresholds.efa_error_rates == {"rx_drops": 500.0}
     assert not any(k.startswith("ClusterRole") for k in objects)  # rbac.create=false
@@ -110,6 +113,7 @@ def test_a_changed_configuration_rolls_the_agents() -> None:
     ((), "config.cluster is required: the stack's ClusterName"),
     (("--set", "config.cluster=prod-a"), "config.event_bus is required: the stack output EventBusName"),
     ((*REQUIRED, "--set", "config.kernel_log.source=file"), "config.kernel_log.source must be kmsg, journal or off"),
+    ((*REQUIRED, "--set", "config.storage.paths={/}"), "config.storage.paths may name only the spool directory"),
 ])
 def test_a_missing_or_impossible_value_stops_the_install_and_names_it(args: tuple[str, ...], why: str) -> None:
     done = helm.run("template", "nodemedic", str(helm.CHART), *args)
