@@ -61,6 +61,9 @@ def test_by_default_it_installs_what_the_plain_manifests_do() -> None:
     pod, plain_pod = (o["DaemonSet/nodemedic-agent"]["spec"]["template"]["spec"] for o in (chart, plain))
     plain_pod["containers"][0]["imagePullPolicy"] = "IfNotPresent"  # the API server's default for a tagged image
     assert pod == plain_pod
+    # the agent learns its instance id, region and credentials from IMDSv2, which answers one hop
+    # away where the hop limit is 1 (Karpenter's default): from a pod network it could not start
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     assert _agent_toml(chart) == tomllib.loads(plain["ConfigMap/nodemedic-agent"]["data"]["agent.toml"])
     assert chart["ServiceAccount/nodemedic-agent"]["automountServiceAccountToken"] is False
     for kind in ("ClusterRole", "ClusterRoleBinding"):
