@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
+from nodemedic.store.roster import RosterStore
 from nodemedic_cli.main import app
 from nodemedic_cli.target import Target
 from nodemedic_sandbox.local import TEMPLATE, LocalMode
@@ -122,3 +123,21 @@ def test_a_node_whose_instance_is_gone_fails_the_mapping_row() -> None:
         assert code == 1 and rows["nodes mapped"]["status"] == "fail" and gone in rows["nodes mapped"]["detail"]
         assert all(r["status"] != "fail" for k, r in rows.items() if k != "nodes mapped")
     assert shutil.which("scontrol")  # the real Slurm the rows were read from
+
+
+def test_a_node_whose_agent_was_never_heard_is_named_in_the_agents_row() -> None:
+    """An agent that never started (not installed, no instance metadata, no credentials) never
+    enters the roster, so the sweeper cannot find its node silent; the doctor compares the nodes
+    with the roster. The roster is written as the sweeper writes it, from three agents of four."""
+    with deployed() as local:
+        unheard = local.node_names[2]
+        now = datetime.now(UTC).isoformat()
+        RosterStore(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name).save({
+            local.cluster.instance_of(name): {"node": {"instance_id": local.cluster.instance_of(name), "hostname": name,
+                                                       "slurm_node": name},
+                                              "last_seen": now, "interval_s": 15.0, "reported_at": None}
+            for name in local.node_names if name != unheard}, 0)
+        _, rows = doctor(local)
+        assert rows["agents"]["status"] == "warn" and rows["agents"]["detail"].endswith(f"never: {unheard}")
+        assert "AgentPublishPolicy" in rows["agents"]["fix"]
+        assert rows["heartbeats"]["status"] == "pass"  # the three it heard are not silent
