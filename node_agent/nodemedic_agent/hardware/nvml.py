@@ -1,8 +1,9 @@
 """A real GPU node: NVML (nvidia-ml-py) for GPUs and XID events, sysfs for EFA, the OS for disks.
 
 XIDs come from NVML's event set (``nvmlEventSetWait``): the thread blocks in the driver until an
-event arrives, nothing polls. A counter NVML does not support on this GPU reads as healthy; any
-other NVML error becomes :class:`HardwareError`, which the agent reports as a check error.
+event arrives, nothing polls. A counter NVML does not support on this GPU reads as healthy; an
+error for one GPU is that GPU's check error (the others are read); any other NVML error becomes
+:class:`HardwareError`, which the agent reports as a check error.
 """
 
 from __future__ import annotations
