@@ -63,7 +63,8 @@ def test_by_default_it_installs_what_the_plain_manifests_do() -> None:
     assert pod == plain_pod
     # the agent learns its instance id, region and credentials from IMDSv2, which answers one hop
     # away where the hop limit is 1 (Karpenter's default): from a pod network it could not start
-    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    # and it resolves AWS's names with the node's resolver, not cluster DNS, which may run on the sick node
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "Default")
     assert _agent_toml(chart) == tomllib.loads(plain["ConfigMap/nodemedic-agent"]["data"]["agent.toml"])
     assert chart["ServiceAccount/nodemedic-agent"]["automountServiceAccountToken"] is False
     for kind in ("ClusterRole", "ClusterRoleBinding"):
