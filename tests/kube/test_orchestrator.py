@@ -12,6 +12,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from nodemedic.orchestrators.eks_auth import budget_refusal
 from nodemedic.orchestrators.kubernetes import (
+    AUTOSCALER_HOLDS,
     CONDITION,
     DRAIN_TAINT,
     EVICTING,
@@ -238,6 +239,36 @@ def test_spares_are_the_tainted_nodes_and_move_in_and_out_of_the_pool(cluster: C
     after = cluster.read_node(node)
     assert not after.spec.unschedulable and cluster.taints(node) == {SPARE_TAINT: "true:NoSchedule"}
     assert node in {s.name for s in orch.spares()}
+
+
+def _holds(cluster: Cluster, node: str) -> dict[str, str]:
+    annotations = cluster.read_node(node).metadata.annotations or {}
+    return {k: v for k, v in annotations.items() if k in AUTOSCALER_HOLDS}
+
+
+KEPT = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}
+
+
+def test_a_node_nodemedic_holds_is_kept_from_the_autoscalers_until_it_lets_it_go(cluster: Cluster) -> None:
+    """A drained node and a hot spare run no workload: Karpenter's consolidation (an empty node)
+    and the Cluster Autoscaler's scale-down would remove them, mid-repair or out of the pool."""
+    node, spare = cluster.node("gpu-1"), cluster.node("gpu-2")
+    orch = _adapter(cluster)
+    assert orch.drain(node, REASON) and _holds(cluster, node) == KEPT
+    assert orch.resume(node, OWNER) and _holds(cluster, node) == {}
+    assert orch.drain(spare, REASON) and orch.add_spare(spare, OWNER)
+    assert _holds(cluster, spare) == KEPT  # the drain is lifted; the spare is still held
+    orch.take_spare(spare)
+    assert _holds(cluster, spare) == {}  # the pods land there: the autoscalers may manage it again
+
+
+def test_an_autoscaler_hold_someone_else_set_is_never_lifted(cluster: Cluster) -> None:
+    node = cluster.node("gpu-1")
+    cluster.core.patch_node(node, {"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}})
+    orch = _adapter(cluster)
+    assert orch.drain(node, REASON) and _holds(cluster, node) == KEPT
+    assert orch.resume(node, OWNER)
+    assert _holds(cluster, node) == {"karpenter.sh/do-not-disrupt": "true"}  # the operator's stays
 
 
 def test_add_spare_never_lifts_an_operators_cordon(cluster: Cluster) -> None:

@@ -68,6 +68,13 @@ OUT_OF_SERVICE_SET = "nodemedic.io/out-of-service"  # NodeMedic set the out-of-s
 # the workloads a drain (its start, epoch) evicts from the node, written before it evicts them
 EVICTING = "nodemedic.io/evicting"
 CHECKPOINT_REQUESTED = "nodemedic.io/checkpoint-requested"  # NodeMedic asks the pod to checkpoint (epoch)
+# A drained node and a hot spare run no workload, so Karpenter's consolidation (an empty node) and
+# the Cluster Autoscaler's scale-down would remove them: mid-repair, or the pool's spares. Each
+# honours a node annotation that keeps it away (Karpenter: "Node-Level Controls"; the Cluster
+# Autoscaler FAQ: scale-down-disabled); NodeMedic sets the ones absent while it holds the node,
+# records which in KEPT_FROM_AUTOSCALERS, and removes only those when it lets the node go.
+AUTOSCALER_HOLDS = {"karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}
+KEPT_FROM_AUTOSCALERS = "nodemedic.io/kept-from-autoscalers"
 CHECKPOINTED = "nodemedic.io/checkpointed"  # the pod's own report: its checkpoint is durable (epoch)
 CONDITION = "NodeMedicUnhealthy"
 TRAINING_LABEL = "nodemedic.io/training"
@@ -244,6 +251,21 @@ def _matches(expression: Any, labels: dict[str, str]) -> bool:
 
 def _taint(key: str, value: str, effect: str = "NoSchedule") -> dict[str, str]:
     return {"key": key, "value": _LABEL_VALUE_UNSAFE.sub("_", value)[:63].strip("_.-") or "true", "effect": effect}
+
+
+def _kept(annotations: dict[str, str]) -> dict[str, str]:
+    """``annotations`` with the autoscalers' hold on the node, and which of its keys NodeMedic set."""
+    ours = set(filter(None, annotations.get(KEPT_FROM_AUTOSCALERS, "").split(",")))
+    ours |= {key for key in AUTOSCALER_HOLDS if key not in annotations}
+    return {**annotations, **{k: v for k, v in AUTOSCALER_HOLDS.items() if k in ours},
+            **({KEPT_FROM_AUTOSCALERS: ",".join(sorted(ours))} if ours else {})}
+
+
+def _released(annotations: dict[str, str]) -> dict[str, str]:
+    """``annotations`` without the autoscaler holds NodeMedic set (one someone else set stays)."""
+    ours = set(annotations.get(KEPT_FROM_AUTOSCALERS, "").split(","))
+    return {k: v for k, v in annotations.items()
+            if k != KEPT_FROM_AUTOSCALERS and not (k in ours and k in AUTOSCALER_HOLDS and v == AUTOSCALER_HOLDS[k])}
 
 
 def _owned_by(annotations: dict[str, str], owner: str) -> bool:
@@ -493,7 +515,7 @@ class KubernetesOrchestrator:
             if current.cordoned and (takeover == "-" or not current.annotations.get(REASON, "").startswith(takeover)):
                 return None  # someone else's cordon (an operator's, or another open incident's)
             taints = [t for t in current.taints if t["key"] != DRAIN_TAINT] + [_taint(DRAIN_TAINT, fault)]
-            return current.patch(cordoned=True, taints=taints, annotations={**current.annotations, REASON: reason})
+            return current.patch(cordoned=True, taints=taints, annotations=_kept({**current.annotations, REASON: reason}))
 
         if self._apply(node, decide, "drain", DrainFailedError) is None:
             return False
@@ -513,8 +535,10 @@ class KubernetesOrchestrator:
                 {OUT_OF_SERVICE_TAINT} if OUT_OF_SERVICE_SET in current.annotations else set())
             annotations = {k: v for k, v in current.annotations.items()
                            if k not in (REASON, OUT_OF_SERVICE_SET, EVICTING)}
-            return current.patch(cordoned=False, taints=[t for t in current.taints if t["key"] not in drop],
-                                 annotations=annotations)
+            taints = [t for t in current.taints if t["key"] not in drop]
+            return current.patch(cordoned=False, taints=taints,  # a spare stays held from the autoscalers
+                                 annotations=annotations if any(t["key"] == SPARE_TAINT for t in taints)
+                                 else _released(annotations))
 
         if self._apply(node, decide, "resume", ResumeFailedError) is None:
             return False
@@ -712,7 +736,8 @@ class KubernetesOrchestrator:
         def decide(current: _Node) -> list[dict[str, Any]] | None:
             if not current.tainted(SPARE_TAINT):
                 return None
-            return current.patch(cordoned=current.cordoned, annotations=current.annotations,
+            return current.patch(cordoned=current.cordoned,
+                                 annotations=current.annotations if current.cordoned else _released(current.annotations),
                                  taints=[t for t in current.taints if t["key"] != SPARE_TAINT])
 
         self._apply(node, decide, "take spare")
@@ -727,7 +752,7 @@ class KubernetesOrchestrator:
             lift = current.cordoned and _owned_by(current.annotations, owner)
             drop = {DRAIN_TAINT, BURN_IN_TAINT, SPARE_TAINT} if lift else {SPARE_TAINT}
             taints = [t for t in current.taints if t["key"] not in drop] + [_taint(SPARE_TAINT, "true")]
-            annotations = {k: v for k, v in current.annotations.items() if not (lift and k == REASON)}
+            annotations = _kept({k: v for k, v in current.annotations.items() if not (lift and k == REASON)})
             return current.patch(cordoned=current.cordoned and not lift, taints=taints, annotations=annotations)
 
         before = self._apply(node, decide, "add spare")
