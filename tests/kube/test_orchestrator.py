@@ -186,6 +186,27 @@ def test_a_budget_blocks_eviction_until_its_timeout_then_the_namespace_mode_appl
     assert "train-0" not in cluster.live_pods(node)
 
 
+def test_a_pod_two_budgets_select_is_blocked_until_the_timeout_then_the_namespace_mode_applies(cluster: Cluster) -> None:
+    """The Eviction API refuses a pod that several budgets select (500, "more than one
+    PodDisruptionBudget"). That failed the Drain stage outright, whatever the namespace's rule."""
+    node = cluster.node("gpu-1")
+    cluster.pod("train-0", node)
+    cluster.pdb("train-a", allowed=1)
+    cluster.pdb("train-b", allowed=1)  # both would allow it: the API server refuses all the same
+    start = datetime.now(UTC)
+    clock = [start]
+    orch = _adapter(cluster, parse_drain_policy(
+        f'{{"namespaces": {{"{cluster.namespace}": {{"mode": "delete", "timeout_seconds": 300}}}}}}'),
+        clock=lambda: clock[0])
+    assert orch.drain(node, REASON)
+    first = orch.evacuate(node, started_at=start.timestamp())
+    assert first.requeued == [] and len(first.pending) == 1 and "more than one PodDisruptionBudget" in first.pending[0]
+    assert "train-0" in cluster.live_pods(node)
+    clock[0] = start + timedelta(seconds=301)
+    late = orch.evacuate(node, started_at=start.timestamp())
+    assert late.requeued == [f"{cluster.namespace}/Job/train"] and "train-0" not in cluster.live_pods(node)
+
+
 def test_a_budget_that_allows_a_disruption_lets_the_eviction_through(cluster: Cluster) -> None:
     node = cluster.node("gpu-1")
     cluster.pod("train-0", node)

@@ -557,20 +557,24 @@ class KubernetesOrchestrator:
             self._eviction_version = "policy/v1" if "policy/v1" in served else "policy/v1beta1"
         return self._eviction_version
 
-    def _evict(self, pod: Any, grace: int | None) -> bool:
-        """True when the API server accepted the eviction (or the pod is gone); False when a
-        PodDisruptionBudget blocks it now (429)."""
+    def _evict(self, pod: Any, grace: int | None) -> str | None:
+        """None when the API server accepted the eviction (or the pod is gone); else why it is
+        blocked now: a PodDisruptionBudget (429), or several budgets selecting the pod, which the
+        Eviction API refuses outright (500, "more than one PodDisruptionBudget") until their owners
+        fix them. Either way the namespace's timeout and mode decide, as for any blocked eviction."""
         body = k8s.V1Eviction(api_version=self.eviction_version(), kind="Eviction",
                               metadata=k8s.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace),
                               delete_options=k8s.V1DeleteOptions(grace_period_seconds=grace))
         try:
             self._core.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, body)
-            return True
+            return None
         except ApiException as exc:
             if exc.status == 404:
-                return True
+                return None
             if exc.status == 429:
-                return False
+                return "eviction blocked by a PodDisruptionBudget"
+            if exc.status == 500 and "more than one PodDisruptionBudget" in refusal(exc):
+                return "eviction refused: more than one PodDisruptionBudget selects the pod"
             raise CommandFailedError(f"evict {pod.metadata.namespace}/{pod.metadata.name}: {refusal(exc)}") from exc
 
     def _delete(self, pod: Any, grace: int | None) -> None:
@@ -644,15 +648,15 @@ class KubernetesOrchestrator:
             timed_out = elapsed >= rule.timeout_seconds
             if rule.waits(elapsed):
                 pending.append(f"{name} (running to completion, up to {rule.timeout_seconds}s)")
-            elif self._evict(pod, rule.grace_seconds):
+            elif (blocked := self._evict(pod, rule.grace_seconds)) is None:
                 requeued.update([workload] if workload else [])
             elif not timed_out:
-                pending.append(f"{name} (eviction blocked by a PodDisruptionBudget)")
+                pending.append(f"{name} ({blocked})")
             elif rule.mode == "delete":
                 self._delete(pod, rule.grace_seconds)
                 requeued.update([workload] if workload else [])
             else:
-                not_requeued.append(f"{name}: eviction blocked by a PodDisruptionBudget for {rule.timeout_seconds}s")
+                not_requeued.append(f"{name}: {blocked} for {rule.timeout_seconds}s")
                 not_requeued.extend([workload] if workload else [])
         return EvacuationResult(requeued=sorted(requeued), not_requeued=not_requeued,
                                 job_nodes=self._job_nodes(requeued, node), pending=pending)
