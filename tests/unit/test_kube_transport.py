@@ -116,7 +116,7 @@ def test_an_eviction_a_budget_refuses_is_not_sent_again_by_the_client(server: _S
     orch = _adapter(server)
     orch._eviction_version = "policy/v1"  # noqa: SLF001 - no discovery on this server
     pod = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="train-0", namespace="ml"))
-    assert orch._evict(pod, None) is False  # noqa: SLF001 - the drain's own answer to a budget
+    assert orch._evict(pod, None) == "eviction blocked by a PodDisruptionBudget"  # noqa: SLF001 - the drain's answer
     assert server.seen == ["POST /api/v1/namespaces/ml/pods/train-0/eviction"]
 
 
