@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
-from nodemedic.domain.silence import MISSED_BEATS
+from nodemedic.domain.silence import is_silent
 from nodemedic.errors import NodeMedicError
 from nodemedic.providers.base import Member
 from nodemedic.providers.run_command import Documents
@@ -344,9 +344,7 @@ def check_heartbeats(target: Target, now: datetime, mapped: dict[str, Member | N
                   "install the agent on the GPU nodes (node_agent/lifecycle/install-agent.sh)")
         return
     threshold = float(target.parameters.get("HeartbeatSilenceSeconds") or 45)
-    silent = sorted(i for i, seen in roster.items()
-                    if (now - datetime.fromisoformat(seen["last_seen"])).total_seconds()
-                    > max(threshold, MISSED_BEATS * float(seen.get("interval_s") or 0)))
+    silent = sorted(i for i, seen in roster.items() if is_silent(seen, now, threshold))
     yield Row("heartbeats", "fail" if silent else "pass",
               f"{len(roster) - len(silent)} of {len(roster)} agents heard within {threshold:.0f} s"
               + (f"; silent: {', '.join(silent)}" if silent else ""),

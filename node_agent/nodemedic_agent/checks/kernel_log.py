@@ -126,27 +126,31 @@ class LogStats:
     lost: int = 0  # records overwritten before we read them (/dev/kmsg EPIPE)
 
 
-def kmsg_message(record: str, stats: LogStats) -> tuple[str, datetime] | None:
-    """(message, observed_at) of one ``/dev/kmsg`` record; its dictionary lines are not the message."""
-    if not record.strip() or record.startswith(" "):
-        return None
-    m = KMSG_RECORD.match(record)
-    if not m:
-        stats.skipped += 1
-        return None
+def _record(m: re.Match[str]) -> tuple[str, datetime]:
+    """(message, observed_at) of a matched kmsg record: its text unescaped, dated by its age."""
     age = time.monotonic() - int(m.group(3)) / 1e6
     now = datetime.now(UTC)
     observed = now - timedelta(seconds=age) if 0 <= age < 300 else now
     return KMSG_ESCAPE.sub(lambda e: chr(int(e.group(1), 16)), m.group(4)), observed
 
 
+def kmsg_message(record: str, stats: LogStats) -> tuple[str, datetime] | None:
+    """(message, observed_at) of one ``/dev/kmsg`` record; its dictionary lines are not the message."""
+    if not record.strip() or record.startswith(" "):
+        return None
+    if m := KMSG_RECORD.match(record):
+        return _record(m)
+    stats.skipped += 1
+    return None
+
+
 def log_file_message(line: str, stats: LogStats) -> tuple[str, datetime] | None:
     """(message, observed_at) of one line of a kernel log file: a kmsg record, or a line as dmesg,
     syslog or journald writes it (the patterns find the message after any prefix), seen now."""
-    if KMSG_RECORD.match(line):
-        return kmsg_message(line, stats)
     if not line.strip() or line.startswith(" "):
         return None
+    if m := KMSG_RECORD.match(line):
+        return _record(m)
     text = line.rstrip("\n")
     if NOT_TEXT.search(text):  # binary junk (a torn write, a corrupt file): no log line
         stats.skipped += 1

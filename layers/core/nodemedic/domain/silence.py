@@ -41,16 +41,18 @@ def record(roster: Roster, beat: NodeHeartbeat, seen_at: datetime) -> None:
 MISSED_BEATS = 3  # a node is silent once it missed this many of the heartbeats it said it would send
 
 
+def is_silent(seen: dict[str, Any], now: datetime, threshold_s: float) -> bool:
+    """Whether a roster entry's node has been silent for longer than ``threshold_s``, or than three
+    of the heartbeat intervals its agent declares where that is longer. An agent set to beat every
+    60 s against the stack's 45 s would otherwise be silent between any two beats."""
+    return ((now - datetime.fromisoformat(seen["last_seen"])).total_seconds()
+            > max(threshold_s, MISSED_BEATS * float(seen.get("interval_s") or 0)))
+
+
 def silent(roster: Roster, now: datetime, threshold_s: float) -> list[str]:
-    """Instances silent for longer than ``threshold_s``, or than three of the heartbeat intervals
-    their agents declare where that is longer, and not yet reported. An agent set to beat every
-    60 s against the stack's 45 s would otherwise be reported silent between any two beats."""
-    return sorted(
-        instance for instance, seen in roster.items()
-        if seen["reported_at"] is None
-        and (now - datetime.fromisoformat(seen["last_seen"])).total_seconds()
-        > max(threshold_s, MISSED_BEATS * float(seen.get("interval_s") or 0))
-    )
+    """Instances silent (:func:`is_silent`) and not yet reported."""
+    return sorted(instance for instance, seen in roster.items()
+                  if seen["reported_at"] is None and is_silent(seen, now, threshold_s))
 
 
 def missing_event(roster: Roster, instance: str, cluster: str, now: datetime) -> NodeHealthEvent:

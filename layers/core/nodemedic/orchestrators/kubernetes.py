@@ -253,17 +253,21 @@ def _taint(key: str, value: str, effect: str = "NoSchedule") -> dict[str, str]:
     return {"key": key, "value": _LABEL_VALUE_UNSAFE.sub("_", value)[:63].strip("_.-") or "true", "effect": effect}
 
 
+def _holds_set(annotations: dict[str, str]) -> set[str]:
+    """The autoscaler holds NodeMedic recorded that it set on the node."""
+    return set(filter(None, annotations.get(KEPT_FROM_AUTOSCALERS, "").split(",")))
+
+
 def _kept(annotations: dict[str, str]) -> dict[str, str]:
     """``annotations`` with the autoscalers' hold on the node, and which of its keys NodeMedic set."""
-    ours = set(filter(None, annotations.get(KEPT_FROM_AUTOSCALERS, "").split(",")))
-    ours |= {key for key in AUTOSCALER_HOLDS if key not in annotations}
+    ours = _holds_set(annotations) | {key for key in AUTOSCALER_HOLDS if key not in annotations}
     return {**annotations, **{k: v for k, v in AUTOSCALER_HOLDS.items() if k in ours},
             **({KEPT_FROM_AUTOSCALERS: ",".join(sorted(ours))} if ours else {})}
 
 
 def _released(annotations: dict[str, str]) -> dict[str, str]:
     """``annotations`` without the autoscaler holds NodeMedic set (one someone else set stays)."""
-    ours = set(annotations.get(KEPT_FROM_AUTOSCALERS, "").split(","))
+    ours = _holds_set(annotations)
     return {k: v for k, v in annotations.items()
             if k != KEPT_FROM_AUTOSCALERS and not (k in ours and k in AUTOSCALER_HOLDS and v == AUTOSCALER_HOLDS[k])}
 
