@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.domain.classification import classify
+from nodemedic_agent.checks.polled import PolledChecks
+
+from tests.agent.conftest import agent_config
 
 FAULTS = [
     # injected fault, kwargs, expected fault code, expected check, action the pipeline takes
@@ -66,3 +69,23 @@ def test_healthy_node_sends_heartbeats_and_no_health_events(bus, make_agent):
     assert len(beats) >= 3
     assert beats[-1]["status"] == "stopping" and all(b["status"] == "running" for b in beats[:-1])
     assert beats[0]["interval_seconds"] == 0.2 and beats[0]["node"]["slurm_node"] == "gpu-1"
+
+
+class SizelessDisk:
+    """A file system that states no size (statvfs gives 0 blocks, as pseudo and some FUSE file
+    systems do), writable and mounted."""
+
+    @staticmethod
+    def disk_usage(path: str) -> tuple[int, int]:
+        return 0, 0
+
+    @staticmethod
+    def mount_read_only(path: str) -> bool:
+        return False
+
+
+def test_a_file_system_that_states_no_size_is_not_full(sim, tmp_path):
+    cfg = agent_config(sim, tmp_path / "spool", storage={"shared_mounts": []})
+    result = PolledChecks(SizelessDisk(), cfg).storage()  # type: ignore[arg-type]
+    assert result.findings == []
+    assert "states no size" in result.detail

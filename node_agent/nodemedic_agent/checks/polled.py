@@ -177,8 +177,12 @@ class PolledChecks:
         notes = []
         for path in cfg.paths:
             total, free = self.hw.disk_usage(path)
-            pct = 100.0 * free / total if total else 0.0
-            notes.append(f"{path} {pct:.0f}% free")
+            if total <= 0:  # a pseudo or network file system that states no size: nothing to judge
+                notes.append(f"{path} states no size")
+                pct = 100.0
+            else:
+                pct = 100.0 * free / total
+                notes.append(f"{path} {pct:.0f}% free")
             if pct < cfg.min_free_percent:
                 found.append(self._found("storage", "DISK_FULL", f"{path} has {pct:.1f}% free",
                                          {"kind": "disk", "name": path},
