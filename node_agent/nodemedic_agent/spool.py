@@ -4,19 +4,23 @@ only after EventBridge accepted the event. It survives network outages and agent
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("nodemedic_agent.spool")
+
 
 class Spool:
-    def __init__(self, directory: str | Path, max_events: int = 10000) -> None:
+    def __init__(self, directory: str | Path, max_events: int = 10000, max_dead: int = 1000) -> None:
         self.dir = Path(directory)
         self.dead_dir = self.dir / "dead"
         self.dead_dir.mkdir(parents=True, exist_ok=True)
         self.max_events = max_events
+        self.max_dead = max_dead
         self.dropped = 0
         self._lock = threading.Lock()
         for tmp in self.dir.glob("*.tmp"):  # a write cut short by a crash never became an event
@@ -46,8 +50,11 @@ class Spool:
         with self._lock:
             self._names.append(name)
             while len(self._names) > self.max_events:  # bounded disk: the oldest go first
-                (self.dir / self._names.pop(0)).unlink(missing_ok=True)
+                oldest = self._names.pop(0)
+                (self.dir / oldest).unlink(missing_ok=True)
                 self.dropped += 1
+                log.error("spool full (%d events): dropped the oldest, %s (%d dropped since start)",
+                          self.max_events, oldest, self.dropped)
 
     def oldest(self, limit: int) -> list[tuple[str, dict[str, Any]]]:
         with self._lock:
@@ -73,7 +80,8 @@ class Spool:
                     self._names.remove(name)
 
     def dead(self, names: list[str], reason: str) -> None:
-        """Move entries EventBridge will never accept aside (kept for inspection)."""
+        """Move entries EventBridge will never accept aside, kept for inspection: the newest
+        ``max_dead`` of them, so a source of bad entries cannot fill the disk."""
         with self._lock:
             for name in names:
                 src = self.dir / name
@@ -82,6 +90,10 @@ class Spool:
                     (self.dead_dir / f"{name}.reason").write_text(reason)
                 if name in self._names:
                     self._names.remove(name)
+            set_aside = sorted(self.dead_dir.glob("ev-*.json"))
+            for old in set_aside[:max(0, len(set_aside) - self.max_dead)]:  # bounded disk: the oldest go first
+                old.unlink(missing_ok=True)
+                old.with_name(f"{old.name}.reason").unlink(missing_ok=True)
 
 
 ENTRY_FIELDS = ("Source", "DetailType", "Detail", "EventBusName")

@@ -226,3 +226,23 @@ def test_outage_spools_events_and_delivers_each_once_across_a_restart(server, si
     assert sorted(e["fault_code"] for e in events) == ["ECC_DBE", "HUNG_TASK", "XID 79"]
     assert len({e["event_id"] for e in events}) == 3  # none duplicated
     assert len(second.spool) == 0
+
+
+def test_entries_set_aside_are_bounded_newest_kept(tmp_path):
+    """Something that writes bad entries for weeks must not fill the node's disk with dead ones."""
+    spool = Spool(tmp_path, max_dead=3)
+    for n in range(1, 6):
+        (tmp_path / f"ev-{n:020d}-k{n}.json").write_text("{not json")
+        spool = Spool(tmp_path, max_dead=3)
+        assert spool.oldest(10) == []
+    kept = sorted(p.name for p in spool.dead_dir.iterdir())
+    assert kept == [f"ev-{n:020d}-k{n}.json{suffix}" for n in (3, 4, 5) for suffix in ("", ".reason")]
+
+
+def test_a_full_spool_drops_its_oldest_event_and_says_so(tmp_path, caplog):
+    spool = Spool(tmp_path, max_events=2)
+    entry = {"Source": "s", "DetailType": "d", "Detail": "{}", "EventBusName": "b"}
+    for key in ("a", "b", "c"):
+        spool.put(entry, key)
+    assert [name.rsplit("-", 1)[1] for name, _ in spool.oldest(10)] == ["b.json", "c.json"]
+    assert spool.dropped == 1 and "spool full (2 events): dropped the oldest" in caplog.text
