@@ -74,18 +74,21 @@ class Fleet:
     knows_new_instances = True
 
     def __init__(self, nodes: int) -> None:
-        self.members = {instance(n): Member(instance(n), f"gpu-{n}", "running", {}, {"rack": f"rack-{n // RACK}"})
+        self.by_id = {instance(n): Member(instance(n), f"gpu-{n}", "running", {}, {"rack": f"rack-{n // RACK}"})
                         for n in range(nodes)}
-        self.by_node = {m.slurm_node: m for m in self.members.values()}
+        self.by_node = {m.slurm_node: m for m in self.by_id.values()}
 
     def member(self, instance_id: str) -> Member | None:
-        return self.members.get(instance_id)
+        return self.by_id.get(instance_id)
 
     def member_by_node(self, slurm_node: str) -> Member | None:
         return self.by_node.get(slurm_node)
 
+    def members(self) -> list[Member]:
+        return list(self.by_id.values())
+
     def size(self) -> int:
-        return len(self.members)
+        return len(self.by_id)
 
 
 def instance(n: int) -> str:

@@ -142,6 +142,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                ("events", "PutEvents", {"Entries": [{"EventBusName": out["EventBusName"],
                                                                      "Source": "nodemedic.reconciler",
                                                                      "DetailType": "Node Health Event"}]}),
+                               *reads,  # the cluster's instances: which agents are not heard
                                *on_controller(docs.slurm_query, docs.slurm_drain)],
         # adopt, by scheduler: Slurm sends the join (a retry reads the one it sent: ListCommands)
         "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query), send(docs.gpu_reset, member),
@@ -350,7 +351,8 @@ def check_heartbeats(target: Target, now: datetime, mapped: dict[str, Member | N
               + (f"; silent: {', '.join(silent)}" if silent else ""),
               "check the agent on the silent nodes (systemctl status nodemedic-agent)" if silent else "")
     # a node whose agent never started (not installed, no credentials, no instance metadata) never
-    # enters the roster, so the sweeper cannot find it silent: only this comparison sees it. A warning:
+    # enters the roster, so the sweeper cannot find it silent: this comparison sees it at once, the
+    # reconciler after 15 minutes (and pages it). A warning here:
     # an instance that joined a minute ago (a replacement still booting) has not been heard yet either
     members = {name: m for name, m in mapped.items() if m is not None}
     unheard = sorted(name for name, m in members.items() if m.instance_id not in roster)

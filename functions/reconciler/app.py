@@ -1,6 +1,7 @@
 """Reconciler: started every 5 minutes by a schedule; repairs stranded incidents, leaked locks
-and claims, and lost drains, starts the burn-in of a held node nobody checks (see
-nodemedic.reconciler), counts each kind and pages what it did."""
+and claims, and lost drains, starts the burn-in of a held node nobody checks, finds nodes in
+service whose agent is not heard (see nodemedic.reconciler), counts each kind and pages what it
+did."""
 
 from typing import Any
 
@@ -11,8 +12,9 @@ from nodemedic import wiring
 from nodemedic.bus import publish_health_events
 from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent
 from nodemedic.observability import NAMESPACE, utc_now
-from nodemedic.reconciler import execution_arn, reconcile
+from nodemedic.reconciler import AgentWatch, execution_arn, reconcile
 from nodemedic.settings import settings
+from nodemedic.store.roster import RosterStore
 
 logger = Logger(service="reconciler")
 
@@ -24,6 +26,12 @@ def execution_status(incident_id: str) -> str | None:
         return str(sfn.describe_execution(executionArn=execution_arn(settings().state_machine_arn, incident_id))["status"])
     except sfn.exceptions.ExecutionDoesNotExist:
         return None
+
+
+def heard_agents() -> list[str]:
+    """The instances whose agents the silence sweeper has heard (its roster)."""
+    s = settings()
+    return list(RosterStore(wiring.client("dynamodb"), s.incidents_table, s.cluster_name).load()[0])
 
 
 def start_burn_in(event: NodeHealthEvent) -> None:
@@ -79,16 +87,20 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
     report = reconcile(cluster=s.cluster_name, ledger=wiring.ledger(), orchestrator=wiring.orchestrator(),
                        execution_status=execution_status, prefix=s.drain_reason_prefix, now=utc_now(),
-                       start_burn_in=start_burn_in)
+                       start_burn_in=start_burn_in, agents=AgentWatch(lambda: wiring.provider().members(), heard_agents))
     for kind, count in report.counts().items():
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):
+            pass
+    if report.agents_unheard is not None:
+        with single_metric(name="AgentsUnheard", unit=MetricUnit.Count, value=len(report.agents_unheard),
+                           namespace=NAMESPACE, default_dimensions={"Cluster": s.cluster_name}):
             pass
     send_pages(s.cluster_name, s.escalation_topic_arn, report.pages)
     if report.errors:
         logger.error("reconciler could not repair everything", errors=report.errors)
     if report.burn_ins_started:
         logger.info("burn-ins started", nodes=report.burn_ins_started)
-    if any(report.counts().values()) or report.holds_dropped or report.burn_ins_unchecked:
+    if any(report.counts().values()) or report.holds_dropped or report.burn_ins_unchecked or report.agents_unheard:
         logger.warning("reconciler repaired", **report.model_dump(exclude={"pages", "errors"}))
     return report.model_dump()

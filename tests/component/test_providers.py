@@ -47,6 +47,9 @@ def test_autoscaling_replace_terminates_then_claims_and_tags_the_new_instance(aw
     assert step.instance_id not in (None, old)
     assert provider.member_by_node("gpu-1").instance_id == step.instance_id
     assert provider.size() == 3
+    # every instance of the group in one listing; the terminated one is gone
+    assert sorted((m.slurm_node, m.state) for m in provider.members()) == [
+        ("gpu-1", "running"), ("gpu-2", "running"), ("gpu-3", "running")]
     # a retried step changes nothing: same replacement, no second termination
     assert provider.replace(old, "gpu-1", step.progress, claim=_claim_all).instance_id == step.instance_id
 
@@ -90,6 +93,7 @@ def test_ec2_replace_is_a_stop_and_start_of_the_same_instance(aws: EmbeddedAWS) 
     ids = _tagged(aws)
     provider = EC2Provider(aws.client("ec2"), "c1")
     assert provider.size() == 2 and provider.member_by_node("gpu-2").instance_id == ids[1]
+    assert {m.instance_id: m.slurm_node for m in provider.members()} == {ids[0]: "gpu-1", ids[1]: "gpu-2"}
     step = provider.replace(ids[0], "gpu-1", {}, claim=_claim_all)
     assert step.instance_id == ids[0]
     assert step.progress == {"stop_requested": True, "start_requested": True}
@@ -117,6 +121,9 @@ def test_hyperpod_reboots_in_batches_of_at_most_25_nodes(aws: EmbeddedAWS) -> No
     provider = HyperPodProvider(aws.client("sagemaker"), "hp")
     assert provider.size() == 30
     assert provider.member(ids[4]).slurm_node == "ip-10-0-0-5"
+    members = provider.members()  # from ListClusterNodes alone
+    assert [(m.instance_id, m.slurm_node, m.state) for m in members] == [
+        (i, f"ip-10-0-0-{n}", "running") for n, i in enumerate(ids, 1)]
     provider.reboot(ids)
     assert [(op, len(batch)) for op, batch in aws.hyperpod.calls] == [("reboot", BATCH_LIMIT), ("reboot", 5)]
     assert [i for _, batch in aws.hyperpod.calls for i in batch] == ids

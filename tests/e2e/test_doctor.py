@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
+from nodemedic.reconciler import UNHEARD_AFTER
 from nodemedic.store.roster import RosterStore
 from nodemedic_cli.main import app
 from nodemedic_cli.target import Target
@@ -141,3 +142,18 @@ def test_a_node_whose_agent_was_never_heard_is_named_in_the_agents_row() -> None
         assert rows["agents"]["status"] == "warn" and rows["agents"]["detail"].endswith(f"never: {unheard}")
         assert "AgentPublishPolicy" in rows["agents"]["fix"]
         assert rows["heartbeats"]["status"] == "pass"  # the three it heard are not silent
+
+        # the reconciler (its role judged by the local IAM evaluator) finds it too, and pages it
+        # once it has been unheard for UNHEARD_AFTER: here its record is dated back that far
+        first = local.reconcile()
+        assert first["errors"] == [] and first["agents_unheard"] == []  # it may still be booting
+        instance = local.cluster.instance_of(unheard)
+        record = local.ledger.unheard_agents(local.cluster.name)
+        assert list(record.agents) == [instance]
+        record.agents[instance].since -= UNHEARD_AFTER
+        local.ledger.save_unheard_agents(local.cluster.name, record)
+        local.escalations()
+        assert local.reconcile()["agents_unheard"] == [f"{unheard} ({instance})"]
+        [page] = local.escalations()
+        assert "hears no agent on 1 node(s) in service" in page["Message"] and f"{unheard} ({instance}" in page["Message"]
+        assert local.reconcile()["agents_unheard"] == [f"{unheard} ({instance})"] and local.escalations() == []

@@ -145,7 +145,10 @@ def test_a_node_that_joins_outside_an_incident_takes_no_pod_until_its_burn_in_pa
     assert kube.taints(joined) == {} and "DRAIN" not in kube.node(joined)["State"]
     assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to start with the checked node")
     assert joined in kube.job(job)["NodeList"].split(",")
-    assert local.reconcile()["burn_ins_started"] == [] and local.escalations() == []
+    report = local.reconcile()
+    assert report["burn_ins_started"] == [] and local.escalations() == []
+    # the cluster's instances read through the provider and named by their nodes' providerID
+    assert report["agents_unheard"] == [] and report["errors"] == []
 
 
 def test_the_clusters_first_nodes_are_ready_from_the_start_and_a_joining_node_is_not(tmp_path: Path) -> None:

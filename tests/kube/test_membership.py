@@ -79,6 +79,9 @@ def test_detect_names_the_incident_after_the_kubernetes_node_and_drains_nothing_
     assert (by_instance.incident.slurm_node, by_instance.incident.instance_id) == (peer, second)
     # an operator's runbook names only the node
     assert provider.member_by_node(node).instance_id == first  # type: ignore[union-attr]
+    # the group's instances in one listing (the reconciler's look for agents it never heard),
+    # each named by the node whose providerID names it; the stranger is no member
+    assert {m.instance_id: m.slurm_node for m in provider.members()} == {first: node, second: peer, not_joined: None}
 
     # an instance of the group that no node names yet (still joining): nothing drained, and why
     with pytest.raises((UnknownNodeError, UnknownNodeQuietError), match="backs no node"):

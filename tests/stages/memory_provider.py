@@ -11,13 +11,16 @@ class MemoryProvider:
     knows_new_instances = True
 
     def __init__(self, *members: Member) -> None:
-        self.members = {m.instance_id: m for m in members}
+        self.by_id = {m.instance_id: m for m in members}
 
     def member(self, instance_id: str) -> Member | None:
-        return self.members.get(instance_id)
+        return self.by_id.get(instance_id)
 
     def member_by_node(self, slurm_node: str) -> Member | None:
-        return next((m for m in self.members.values() if m.slurm_node == slurm_node), None)
+        return next((m for m in self.by_id.values() if m.slurm_node == slurm_node), None)
+
+    def members(self) -> list[Member]:
+        return list(self.by_id.values())
 
     def size(self) -> int:
-        return len(self.members)
+        return len(self.by_id)

@@ -20,6 +20,7 @@ class _Node:
     reason: str = ""
     jobs: list[str] = field(default_factory=list)
     reserved: bool = False
+    flags: str = ""  # more state flags, e.g. "+NOT_RESPONDING"
 
 
 class MemorySlurm(HostGpuClients):
@@ -43,7 +44,7 @@ class MemorySlurm(HostGpuClients):
     def _status(self, name: str) -> NodeStatus:
         node = self.n[name]
         base = "ALLOCATED" if node.jobs else "IDLE"
-        flags = ("+DRAIN" if node.drained else "") + ("+RESERVED" if node.reserved else "")
+        flags = ("+DRAIN" if node.drained else "") + ("+RESERVED" if node.reserved else "") + node.flags
         return NodeStatus(name, base + flags, node.reason if node.drained else "")
 
     def node_status(self, node: str) -> NodeStatus:

@@ -20,6 +20,10 @@ Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then
   event, or a replace incident's adoption of its replacement). A node whose instance an open
   incident has claimed (a replacement being adopted) is that incident's. If a later run still
   finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed;
+- a node in service whose agent has sent no heartbeat for ``UNHEARD_AFTER`` (never installed, it
+  cannot start, it was stopped, it names its node wrongly) is paged once, with every other such
+  node in one page: nothing there would be detected, not even its silence, since the silence
+  sweeper watches only nodes it has heard. Heard again, it is forgotten;
 - a Kubernetes node whose GPU clients (the GPU operator's components, NVML clients) an incident
   paused for a GPU reset and that ended before it resumed them (it failed, it was stopped) gets
   them back.
@@ -30,21 +34,37 @@ Each repair is counted by kind (metric ``ReconcilerRepairs``, dimensions Cluster
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
 from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
-from nodemedic.contracts.incident import Bookkeeping
+from nodemedic.contracts.incident import Bookkeeping, UnheardAgent, UnheardAgents
 from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
+from nodemedic.providers.base import Member
 from nodemedic.stages.failure import fail
 from nodemedic.stages.repair import REPLACEMENT
 from nodemedic.store.ledger import Ledger
 
 KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated", "retired"})  # see the runbooks: on purpose
 GRACE = timedelta(minutes=2)  # an incident whose execution is not found yet (read after write) is left alone
+# a node in service unheard this long is paged: longer than a reboot outside NodeMedic takes to
+# show in the scheduler (Slurm's SlurmdTimeout, 300 s by default) plus two runs
+UNHEARD_AFTER = timedelta(minutes=15)
+MAX_UNHEARD = 2000  # nodes tracked at once (the record stays far under DynamoDB's 400 KB item)
+PAGE_NAMES = 50  # named in a page; the rest counted
+
+
+@dataclass(frozen=True)
+class AgentWatch:
+    """Which instances the cluster has (the capacity provider's ``members``) and which of them
+    the silence sweeper has heard (the roster's instance ids)."""
+
+    members: Callable[[], list[Member]]
+    heard: Callable[[], Collection[str]]
 
 
 def execution_arn(state_machine_arn: str, name: str) -> str:
@@ -63,6 +83,8 @@ class ReconcileReport(BaseModel):
     burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
+    agents_unheard: list[str] | None = Field(default=None, description="nodes in service whose agent is not heard; "
+                                             "None when not checked")
     pages: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
 
@@ -83,9 +105,10 @@ def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: d
 
 def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
               execution_status: Callable[[str], str | None], prefix: str, now: datetime,
-              start_burn_in: Callable[[NodeHealthEvent], None]) -> ReconcileReport:
+              start_burn_in: Callable[[NodeHealthEvent], None], agents: AgentWatch | None = None) -> ReconcileReport:
     """``execution_status(incident_id)``: its execution's status (RUNNING, SUCCEEDED, ...), None
-    when there is no such execution. ``start_burn_in(event)`` publishes a ``NODE_JOINED`` event."""
+    when there is no such execution. ``start_burn_in(event)`` publishes a ``NODE_JOINED`` event.
+    ``agents``: where to learn whose agents are heard (None: not checked)."""
     report = ReconcileReport()
     books = ledger.bookkeeping(cluster)
     _strays(books, ledger, orchestrator, execution_status, prefix, now, report)
@@ -98,7 +121,42 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     _holds(books, ledger, orchestrator, nodes, report)
     _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, start_burn_in, report)
     _paused_gpu_clients(books, orchestrator, report)
+    if agents is not None:
+        _unheard_agents(cluster, ledger, agents, nodes, now, report)
     return report
+
+
+def _unheard_agents(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: dict[str, NodeStatus], now: datetime,
+                    report: ReconcileReport) -> None:
+    try:
+        members = agents.members()
+        heard = set(agents.heard())
+        known = ledger.unheard_agents(cluster)
+    except Exception as exc:  # noqa: BLE001 - the next run tries again
+        report.errors.append(f"cannot tell which agents are heard: {exc}")
+        return
+    unheard = sorted((m for m in members if m.state == "running" and m.instance_id not in heard
+                      and m.slurm_node in nodes and nodes[m.slurm_node].serving), key=lambda m: m.instance_id)
+    now_known = UnheardAgents(agents={
+        m.instance_id: known.agents.get(m.instance_id) or UnheardAgent(node=m.slurm_node or "", since=now)
+        for m in unheard[:MAX_UNHEARD]})
+    due = {i: a for i, a in now_known.agents.items() if now - a.since >= UNHEARD_AFTER}
+    report.agents_unheard = [f"{a.node} ({i})" for i, a in due.items()]
+    new = [f"{a.node} ({i}, since {a.since:%Y-%m-%d %H:%M} UTC)" for i, a in due.items() if not a.paged]
+    if new:
+        more = len(new) - PAGE_NAMES + max(0, len(unheard) - MAX_UNHEARD)
+        report.pages.append(
+            f"NodeMedic hears no agent on {len(new)} node(s) in service, so no fault there is detected or remediated, "
+            f"not even the node going silent: {', '.join(new[:PAGE_NAMES])}{f' and {more} more' if more > 0 else ''}. "
+            "Install or start the agent there (systemctl status nodemedic-agent, or the DaemonSet's pod); check that "
+            "it reaches instance metadata, has the stack's AgentPublishPolicy, and names the node as the scheduler "
+            "does. `nodemedic doctor` lists them.")
+    now_known.agents.update({i: a.model_copy(update={"paged": True}) for i, a in due.items()})
+    if now_known != known:
+        try:
+            ledger.save_unheard_agents(cluster, now_known)
+        except Exception as exc:  # noqa: BLE001 - the next run sees them again (and may page them twice)
+            report.errors.append(f"cannot record the nodes whose agent is not heard: {exc}")
 
 
 def _paused_gpu_clients(books: Bookkeeping, orchestrator: Orchestrator, report: ReconcileReport) -> None:

@@ -118,6 +118,20 @@ class DrainHold(BaseModel):
     since: AwareDatetime
 
 
+class UnheardAgent(BaseModel):
+    """A node in service whose agent the roster has no heartbeat from, since ``since``."""
+
+    node: str
+    since: AwareDatetime
+    paged: bool = False
+
+
+class UnheardAgents(BaseModel):
+    """``UNHEARD#<cluster>``: the reconciler's record of :class:`UnheardAgent`, by instance id."""
+
+    agents: dict[str, UnheardAgent] = Field(default_factory=dict)
+
+
 class Bookkeeping(BaseModel):
     """What the reconciler checks: every lock, claim and drain hold, and the open incidents."""
 

@@ -5,6 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Slurm's node state flags (scontrol(1), "NODE STATE") under which a node cannot take a job now:
+# powered down or powering (a cloud node to be launched), a reboot pending, registered with less
+# than configured (a GPU missing), in a maintenance reservation, its network counters in use; and
+# drained, down, unanswering or failing. The Kubernetes adapter speaks the same words.
+UNREADY = frozenset({"DRAIN", "DRAINED", "DRAINING", "DOWN", "NOT_RESPONDING", "FAIL", "POWER_DOWN", "POWERED_DOWN",
+                     "POWERING_DOWN", "POWERING_UP", "REBOOT_REQUESTED", "REBOOT_ISSUED", "INVALID_REG",
+                     "MAINTENANCE", "PERFCTRS"})
+SERVING = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
+
 
 @dataclass(frozen=True)
 class NodeStatus:
@@ -15,6 +24,12 @@ class NodeStatus:
     @property
     def drained(self) -> bool:
         return "DRAIN" in self.state
+
+    @property
+    def serving(self) -> bool:
+        """In service: it runs jobs or can take one now."""
+        flags = set(self.state.split("+"))
+        return bool(flags & SERVING) and not flags & UNREADY
 
     def drained_by(self, owner: str) -> bool:
         """True when the node is drained with a reason that starts with ``owner``'s tag."""

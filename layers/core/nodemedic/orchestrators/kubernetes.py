@@ -450,8 +450,12 @@ class KubernetesOrchestrator:
 
     def node_of(self, instance_id: str) -> str | None:
         """The node ``instance_id`` backs; None when no node names it (not joined yet, or gone)."""
-        return next((str(n.metadata.name) for n in self._list_nodes()
-                     if instance_of_provider_id(n.spec.provider_id or "") == instance_id), None)
+        return self.node_names().get(instance_id)
+
+    def node_names(self) -> dict[str, str]:
+        """Each instance's node, for every node whose ``spec.providerID`` names an EC2 instance."""
+        return {instance: str(n.metadata.name) for n in self._list_nodes()
+                if (instance := instance_of_provider_id(n.spec.provider_id or "")) is not None}
 
     def registered_before(self, moment: datetime) -> set[str]:
         """The instances whose nodes were created (the kubelet registered them) before ``moment``."""

@@ -10,7 +10,16 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CapacityError, ReplacementFailedError
-from nodemedic.providers.base import CAPACITY_ERRORS, SLURM_NODE_TAG, Member, ReplaceStep, ec2_member, reboot_ec2
+from nodemedic.providers.base import (
+    CAPACITY_ERRORS,
+    SLURM_NODE_TAG,
+    Member,
+    ReplaceStep,
+    batches,
+    ec2_instances,
+    ec2_member,
+    reboot_ec2,
+)
 
 _GONE = {"shutting-down", "terminated"}
 
@@ -60,6 +69,11 @@ class AutoScalingProvider:
             if member.slurm_node == slurm_node and member.state not in _GONE:
                 return member
         return None
+
+    def members(self) -> list[Member]:
+        ids = [i["InstanceId"] for i in self._group_instances()]
+        found = [i for chunk in batches(ids, 100) for i in ec2_instances(self._ec2, [{"Name": "instance-id", "Values": chunk}])]
+        return [ec2_member(i) for i in found if i["State"]["Name"] not in _GONE]
 
     def reboot(self, instance_ids: list[str]) -> None:
         reboot_ec2(self._ec2, instance_ids)

@@ -91,6 +91,11 @@ class Provider(Protocol):
 
     def member_by_node(self, slurm_node: str) -> Member | None: ...
 
+    def members(self) -> list[Member]:
+        """Every instance of the cluster that is not gone (terminated or shutting down), in as few
+        calls as the API allows."""
+        ...
+
     def size(self) -> int:
         """How many nodes the cluster is meant to have (what breaker percentages are of)."""
         ...

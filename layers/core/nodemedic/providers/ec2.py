@@ -38,6 +38,9 @@ class EC2Provider:
         found = [ec2_member(i) for i in self._instances()]
         return next((m for m in found if m.slurm_node == slurm_node), None)
 
+    def members(self) -> list[Member]:
+        return [ec2_member(i) for i in self._instances()]
+
     def size(self) -> int:
         return len(self._instances())
 

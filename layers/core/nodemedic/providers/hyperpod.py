@@ -79,6 +79,10 @@ class HyperPodProvider:
                       and n.get("InstanceStatus", {}).get("Status") != "ShuttingDown"), None)
         return self.member(found["InstanceId"]) if found else None
 
+    def members(self) -> list[Member]:
+        """From ``ListClusterNodes`` alone: its summaries carry the instance, status, group and host."""
+        return [self._member(n) for n in self._summaries() if n.get("InstanceStatus", {}).get("Status") != "ShuttingDown"]
+
     def size(self) -> int:
         return len(self._summaries())
 

@@ -58,6 +58,9 @@ class KarpenterProvider:
         """Karpenter's nodes are named by the orchestrator (NamedByOrchestrator), never by a tag."""
         return None
 
+    def members(self) -> list[Member]:
+        return [ec2_member(i) for i in self._instances()]
+
     def size(self) -> int:
         return len(self._instances())
 

@@ -25,6 +25,10 @@ class NodeDirectory(Protocol):
         """The node ``instance_id`` backs; None when none does."""
         ...
 
+    def node_names(self) -> dict[str, str]:
+        """Each instance's node (instance id -> node name), in one read."""
+        ...
+
     def registered_before(self, moment: datetime) -> set[str]:
         """The instances whose nodes registered before ``moment``."""
         ...
@@ -48,6 +52,10 @@ class NamedByOrchestrator:
     def member_by_node(self, slurm_node: str) -> Member | None:
         instance = self._directory.instance_of(slurm_node)
         return self.member(instance) if instance else None
+
+    def members(self) -> list[Member]:
+        names = self._directory.node_names()
+        return [dataclasses.replace(m, slurm_node=names.get(m.instance_id)) for m in self._inner.members()]
 
     def size(self) -> int:
         return self._inner.size()

@@ -17,21 +17,13 @@ from datetime import datetime
 
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import SpareOutput
-from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.orchestrators.base import UNREADY, Orchestrator
 from nodemedic.providers.base import Provider
 from nodemedic.store.ledger import Ledger
 
 SPARE = "spare"
 RETIRED_STAYS = "the node stays drained (its capacity ends)"
 
-
-# Slurm's node state flags (scontrol(1), "NODE STATE") under which an idle node cannot take a job
-# now: powered down or powering (a cloud node to be launched is no hot spare), a reboot pending,
-# registered with less than configured (a GPU missing), in a maintenance reservation, its network
-# counters in use; and drained, down, unanswering or failing
-UNREADY = frozenset({"DRAIN", "DRAINED", "DRAINING", "DOWN", "NOT_RESPONDING", "FAIL", "POWER_DOWN", "POWERED_DOWN",
-                     "POWERING_DOWN", "POWERING_UP", "REBOOT_REQUESTED", "REBOOT_ISSUED", "INVALID_REG",
-                     "MAINTENANCE", "PERFCTRS"})
 
 
 def ready(state: str) -> bool:
