@@ -18,11 +18,13 @@ from nodemedic.errors import (
     ReplacementPendingError,
 )
 from nodemedic.orchestrators.kubernetes import (
+    AUTOSCALER_HOLDS,
     BURN_IN_TAINT,
     CHECKPOINT_REQUESTED,
     CHECKPOINTED,
     CONDITION,
     DRAIN_TAINT,
+    REASON,
     SPARE_TAINT,
     KubernetesOrchestrator,
 )
@@ -286,3 +288,40 @@ def test_the_reconciler_brings_back_the_gpu_clients_an_ended_incident_left_pause
     assert any("resumed the GPU clients" in p and node in p for p in report.pages)
     labels = cluster.read_node(node).metadata.labels
     assert {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.deploy.")} == OPERATOR_LABELS
+
+
+def _kept(cluster: Cluster, node: str) -> dict[str, str]:
+    annotations = cluster.read_node(node).metadata.annotations or {}
+    return {k: v for k, v in annotations.items() if k in AUTOSCALER_HOLDS}
+
+
+def test_a_node_returned_to_service_by_hand_is_given_back_to_the_autoscalers_by_the_reconciler(
+        cluster: Cluster, ledger: Ledger) -> None:
+    """NodeMedic keeps the nodes it holds from Karpenter and the Cluster Autoscaler, and lets them go
+    when it returns them. An operator who uncordons and untaints one by hand (kubectl) left the
+    holds: the node served on and was never consolidated or scaled down again."""
+    by_hand, mid_incident, spare, held = (cluster.node(n) for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-4"))
+    own = cluster.node("gpu-5")
+    cluster.core.patch_node(own, {"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}})
+    orch = KubernetesOrchestrator(cluster.api, prefix=PREFIX)
+    incident = opened(ledger, mid_incident)
+    for node in (by_hand, mid_incident, spare, held, own):
+        assert orch.drain(node, f"{PREFIX}:{incident.incident_id} XID 79")
+    assert orch.add_spare(spare, f"{PREFIX}:{incident.incident_id}")
+    for node in (by_hand, mid_incident, own):  # kubectl uncordon, and the taint removed
+        cluster.core.patch_node(node, {"spec": {"unschedulable": False, "taints": None}})
+
+    assert set(orch.stray_autoscaler_holds()) == {by_hand, mid_incident, own}  # not the spare, nor the one held
+    report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
+                       prefix=PREFIX, now=datetime.now(UTC), start_burn_in=[].append)
+    assert sorted(report.autoscaler_holds_released) == sorted([by_hand, own]) and report.errors == []
+    assert report.counts()["autoscaler_hold"] == 2 and any(by_hand in p and "returned to service" in p
+                                                           for p in report.pages)
+    assert _kept(cluster, by_hand) == {} and REASON not in (cluster.read_node(by_hand).metadata.annotations or {})
+    assert _kept(cluster, own) == {"karpenter.sh/do-not-disrupt": "true"}  # the operator's own hold stays
+    assert _kept(cluster, mid_incident) == _kept(cluster, spare) == _kept(cluster, held) == {
+        "karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}
+    assert cluster.read_node(held).spec.unschedulable  # NodeMedic's drain is not touched
+    again = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
+                      prefix=PREFIX, now=datetime.now(UTC), start_burn_in=[].append)
+    assert again.autoscaler_holds_released == []

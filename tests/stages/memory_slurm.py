@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
-from nodemedic.orchestrators.base import EvacuationResult, HostGpuClients, JobState, NodeStatus, RunningJob
+from nodemedic.orchestrators.base import EvacuationResult, HostGpuClients, JobState, NoAutoscalers, NodeStatus, RunningJob
 
 
 @dataclass
@@ -23,7 +23,7 @@ class _Node:
     flags: str = ""  # more state flags, e.g. "+NOT_RESPONDING"
 
 
-class MemorySlurm(HostGpuClients):
+class MemorySlurm(HostGpuClients, NoAutoscalers):
     def __init__(self, names: list[str], spares: tuple[str, ...] = ()) -> None:
         self.n = {name: _Node(reserved=name in spares) for name in names}
         self.down = False

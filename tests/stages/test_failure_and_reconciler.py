@@ -156,9 +156,9 @@ def test_the_reconciler_ends_stranded_incidents_and_releases_leaked_locks_and_cl
     assert report.claims_released == [f"spare spare-1 (incident {closed.incident_id} closed)"]
     assert ledger.get(fresh.incident_id).status == "open" and ledger.get(running.incident_id).status == "open"
     assert ledger.active_incident_id("c1", "i-gpu-9") == quarantined.incident_id  # kept on purpose
-    assert report.counts() == {"incident": 1, "lock": 1, "claim": 1, "drain": 0, "gpu_clients": 0}
+    assert report.counts() == {"incident": 1, "lock": 1, "claim": 1, "drain": 0, "gpu_clients": 0, "autoscaler_hold": 0}
     again = _reconcile(slurm, ledger, {fresh.incident_id: "RUNNING"})
-    assert again.counts() == {"incident": 0, "lock": 0, "claim": 0, "drain": 0, "gpu_clients": 0}, \
+    assert again.counts() == {"incident": 0, "lock": 0, "claim": 0, "drain": 0, "gpu_clients": 0, "autoscaler_hold": 0}, \
         "a second run finds nothing"
 
 

@@ -24,6 +24,11 @@ Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then
   cannot start, it was stopped, it names its node wrongly) is paged once, with every other such
   node in one page: nothing there would be detected, not even its silence, since the silence
   sweeper watches only nodes it has heard. Heard again, it is forgotten;
+- a Kubernetes node returned to service outside NodeMedic (an operator's uncordon and untaint)
+  that still carries the autoscaler holds NodeMedic set while holding it (Karpenter's
+  do-not-disrupt, the Cluster Autoscaler's scale-down-disabled) gets them removed, unless an open
+  incident, a lock or a drain hold is about it: otherwise it would never be consolidated or scaled
+  down;
 - a Kubernetes node whose GPU clients (the GPU operator's components, NVML clients) an incident
   paused for a GPU reset and that ended before it resumed them (it failed, it was stopped) gets
   them back.
@@ -83,6 +88,8 @@ class ReconcileReport(BaseModel):
     burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
+    autoscaler_holds_released: list[str] = Field(default_factory=list,
+                                                 description="nodes in service still kept from the autoscalers")
     agents_unheard: list[str] | None = Field(default=None, description="nodes in service whose agent is not heard; "
                                              "None when not checked")
     pages: list[str] = Field(default_factory=list)
@@ -91,7 +98,7 @@ class ReconcileReport(BaseModel):
     def counts(self) -> dict[str, int]:
         return {"incident": len(self.incidents_failed), "lock": len(self.locks_released),
                 "claim": len(self.claims_released), "drain": len(self.drains_reasserted),
-                "gpu_clients": len(self.gpu_clients_resumed)}
+                "gpu_clients": len(self.gpu_clients_resumed), "autoscaler_hold": len(self.autoscaler_holds_released)}
 
 
 def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: datetime) -> NodeHealthEvent:
@@ -121,6 +128,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     _holds(books, ledger, orchestrator, nodes, report)
     _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, start_burn_in, report)
     _paused_gpu_clients(books, orchestrator, report)
+    _stray_autoscaler_holds(books, orchestrator, report)
     if agents is not None:
         _unheard_agents(cluster, ledger, agents, nodes, now, report)
     return report
@@ -157,6 +165,28 @@ def _unheard_agents(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: dic
             ledger.save_unheard_agents(cluster, now_known)
         except Exception as exc:  # noqa: BLE001 - the next run sees them again (and may page them twice)
             report.errors.append(f"cannot record the nodes whose agent is not heard: {exc}")
+
+
+def _stray_autoscaler_holds(books: Bookkeeping, orchestrator: Orchestrator, report: ReconcileReport) -> None:
+    busy = ({lock.slurm_node for lock in books.locks} | {i.slurm_node for i in books.open_incidents}
+            | {hold.slurm_node for hold in books.holds})
+    try:
+        stray = orchestrator.stray_autoscaler_holds()
+    except Exception as exc:  # noqa: BLE001 - the next run tries again
+        report.errors.append(f"cannot read the autoscaler holds: {exc}")
+        return
+    for node in stray:
+        if node in busy:  # its incident or drain hold decides when it is let go
+            continue
+        try:
+            if orchestrator.release_autoscaler_holds(node):
+                report.autoscaler_holds_released.append(node)
+                report.pages.append(f"NodeMedic removed the autoscaler holds it had set on {node} (Karpenter's "
+                                    "do-not-disrupt, the Cluster Autoscaler's scale-down-disabled): the node was "
+                                    "returned to service outside NodeMedic, and would otherwise never be "
+                                    "consolidated or scaled down.")
+        except Exception as exc:  # noqa: BLE001
+            report.errors.append(f"release the autoscaler holds of {node}: {exc}")
 
 
 def _paused_gpu_clients(books: Bookkeeping, orchestrator: Orchestrator, report: ReconcileReport) -> None:

@@ -138,6 +138,16 @@ class Orchestrator(Protocol):
         """Node -> owner of every pause of GPU clients not undone yet (the reconciler's list)."""
         ...
 
+    def stray_autoscaler_holds(self) -> list[str]:
+        """The nodes that still carry the autoscaler holds NodeMedic set while holding them, though
+        it no longer holds them (returned to service outside NodeMedic; the reconciler's list)."""
+        ...
+
+    def release_autoscaler_holds(self, node: str) -> bool:
+        """Remove those holds from ``node`` if it is still in service and no spare, in one
+        scheduler operation; True when there were some."""
+        ...
+
 
 class HostGpuClients:
     """For a scheduler whose GPU reset command stops what holds the GPUs itself (Slurm: the
@@ -151,3 +161,14 @@ class HostGpuClients:
 
     def gpu_clients_paused(self) -> dict[str, str]:
         return {}
+
+
+class NoAutoscalers:
+    """For a scheduler whose nodes no autoscaler removes when they are empty (Slurm: NodeMedic
+    sets no autoscaler holds there)."""
+
+    def stray_autoscaler_holds(self) -> list[str]:
+        return []
+
+    def release_autoscaler_holds(self, node: str) -> bool:
+        return False

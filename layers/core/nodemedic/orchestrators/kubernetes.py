@@ -265,6 +265,13 @@ def _kept(annotations: dict[str, str]) -> dict[str, str]:
             **({KEPT_FROM_AUTOSCALERS: ",".join(sorted(ours))} if ours else {})}
 
 
+def _stray_holds(node: _Node) -> bool:
+    """``node`` carries autoscaler holds NodeMedic set, and NodeMedic holds it no more: in service
+    (no cordon, none of NodeMedic's taints) and no spare."""
+    return bool(_holds_set(node.annotations)) and not node.held and not any(
+        node.tainted(t) for t in (DRAIN_TAINT, SPARE_TAINT, BURN_IN_TAINT))
+
+
 def _released(annotations: dict[str, str]) -> dict[str, str]:
     """``annotations`` without the autoscaler holds NodeMedic set (one someone else set stays)."""
     ours = _holds_set(annotations)
@@ -827,6 +834,21 @@ class KubernetesOrchestrator:
                                  labels=labels)
 
         return self._apply(node, decide, "resume the GPU clients on") is not None
+
+    def stray_autoscaler_holds(self) -> list[str]:
+        return [node.name for raw in self._list_nodes() if _stray_holds(node := _Node(raw, self._prefix))]
+
+    def release_autoscaler_holds(self, node: str) -> bool:
+        """Also forgets the drain reason and eviction record left with them: a cordon someone sets
+        later must never read as NodeMedic's."""
+
+        def decide(current: _Node) -> list[dict[str, Any]] | None:
+            if not _stray_holds(current):
+                return None
+            annotations = {k: v for k, v in current.annotations.items() if k not in (REASON, EVICTING)}
+            return current.patch(cordoned=False, taints=current.taints, annotations=_released(annotations))
+
+        return self._apply(node, decide, "release the autoscaler holds of") is not None
 
     def gpu_clients_paused(self) -> dict[str, str]:
         """Node -> the owner of NodeMedic's pause of its GPU clients, for every node that has one."""

@@ -12,7 +12,7 @@ import re
 
 from nodemedic.domain.scontrol import drain_reason, expand_hostlist, parse_scontrol_record
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
-from nodemedic.orchestrators.base import EvacuationResult, HostGpuClients, JobState, NodeStatus, RunningJob
+from nodemedic.orchestrators.base import EvacuationResult, HostGpuClients, JobState, NoAutoscalers, NodeStatus, RunningJob
 from nodemedic.providers.run_command import Documents, RunCommand
 
 _REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 :._#/@=+,()-]")  # what the drain document's allowedPattern refuses
@@ -44,7 +44,7 @@ def _requeue_result(lines: list[str]) -> EvacuationResult:
     return EvacuationResult(requeued=requeued, not_requeued=not_requeued, job_nodes=job_nodes)
 
 
-class SlurmViaSSM(HostGpuClients):
+class SlurmViaSSM(HostGpuClients, NoAutoscalers):
     """:class:`~nodemedic.orchestrators.base.Orchestrator` for Slurm, driven with SSM."""
 
     def __init__(self, runner: RunCommand, controller_instance_id: str, timeout_s: int, documents: Documents,
