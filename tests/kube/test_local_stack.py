@@ -148,7 +148,7 @@ def test_a_node_that_joins_outside_an_incident_takes_no_pod_until_its_burn_in_pa
     report = local.reconcile()
     assert report["burn_ins_started"] == [] and local.escalations() == []
     # the cluster's instances read through the provider and named by their nodes' providerID
-    assert report["agents_unheard"] == [] and report["errors"] == []
+    assert report["unwatched_nodes"] == [] and report["errors"] == []
 
 
 def test_the_clusters_first_nodes_are_ready_from_the_start_and_a_joining_node_is_not(tmp_path: Path) -> None:
@@ -194,7 +194,7 @@ def test_the_demo_runs_on_kubernetes(tmp_path: Path) -> None:
     assert "recovered" in row["XID 79"] and spare[1] in row["XID 79"]  # the job moved to the spare
     assert "gpu_reset ok" in row["ECC_DBE"] and "quarantined" in row["GPU_LOST"]
     assert "reboot ok" in row["HEARTBEAT_MISSING"] and "held" in row["XID 48"]
-    # no job downtime below zero: each job counts as back only once it restarted
+    # no job downtime below zero, even for a job read back within a second of its fault (whole seconds)
     downtimes = [float(v) for line in rows.values() if (v := line.split("│")[8].strip()) != "-"]
-    assert downtimes and all(d > 0 for d in downtimes)
+    assert downtimes and all(d >= 0 for d in downtimes)
     assert "job training/PyTorchJob/train-0: RUNNING" in text and "SNS escalation" in text

@@ -50,3 +50,17 @@ def test_a_job_that_never_restarts_is_recorded_pending_not_running(ledger: Ledge
     out = await_jobs(incident, orchestrator=Survivors([drained_at.timestamp() - 3600]), ledger=ledger, wait_s=0,
                      clock=clock, sleep=lambda _: None)
     assert out.running == {} and out.pending == [JOB] and out.job_downtime_s is None
+
+
+def test_a_restart_read_in_whole_seconds_right_after_the_fault_is_no_negative_downtime(ledger: Ledger) -> None:
+    """Kubernetes gives a container's start in whole seconds, and the scheduler's clock is not the
+    node's: a job moved to a spare within a second of its fault read as back 0.7 s before it."""
+    incident = opened(ledger, "gpu-1")
+    ledger.start_stage(incident, "drain", incident.observed_at)
+    ledger.complete_stage(incident, "drain", incident.observed_at, {"requeued_jobs": [JOB]})
+    start = float(int(incident.observed_at.timestamp()))  # truncated: up to 1 s before the fault
+    if start == incident.observed_at.timestamp():
+        start -= 1
+    out = await_jobs(incident, orchestrator=Survivors([start]), ledger=ledger, wait_s=600, clock=clock,
+                     sleep=lambda _: None)
+    assert out.running == {JOB: 0.0} and out.job_downtime_s == 0.0

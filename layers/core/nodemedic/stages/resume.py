@@ -33,7 +33,7 @@ def await_jobs(
     clock: Callable[[], datetime], sleep: Callable[[float], None] = time.sleep,
 ) -> JobsOutput:
     """See the jobs the drain requeued RUNNING again; record each one's downtime = its new start
-    - the fault (``observed_at``), by the scheduler's clock. A job that reads RUNNING with a start
+    - the fault (``observed_at``), by the scheduler's clock, never below 0. A job that reads RUNNING with a start
     from before its drain has not restarted yet (on Kubernetes: its surviving pods run, and the
     evicted one has not been made again yet). Polls a few seconds per invocation,
     then raises :class:`JobsPendingError` (the state machine retries) until ``wait_s`` after the
@@ -50,7 +50,9 @@ def await_jobs(
     origin = incident.observed_at.timestamp()
     while True:
         states = orchestrator.job_states(requeued)
-        running = {j: round(s.started_at - origin, 3) for j, s in states.items()
+        # a start read in whole seconds (Kubernetes), or on a scheduler's clock a little behind the
+        # node's, may precede the fault by up to START_SLACK_S: that job was back at once
+        running = {j: round(max(0.0, s.started_at - origin), 3) for j, s in states.items()
                    if s.state == "RUNNING" and s.started_at is not None and s.started_at >= restarted_after}
         pending = [j for j, s in states.items() if s.state != "GONE" and j not in running]
         if not pending or clock().timestamp() >= give_up:
