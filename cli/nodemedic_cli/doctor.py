@@ -362,6 +362,14 @@ def check_heartbeats(target: Target, now: datetime, mapped: dict[str, Member | N
               "unless the node is still booting, the agent is not running there: install it (install-agent.sh, "
               "or the DaemonSet), and check it reaches instance metadata and has the stack's AgentPublishPolicy"
               if unheard else "")
+    # an agent that names its node unlike the scheduler is heard, but Detect refuses its every event
+    misnamed = sorted(f"{name} (its agent says {said})" for name, m in members.items() if m.instance_id in roster
+                      and (said := roster[m.instance_id]["node"].get("slurm_node") or roster[m.instance_id]["node"].get(
+                          "k8s_node")) and said != name)
+    if misnamed:
+        yield Row("agents' node names", "fail", f"named unlike the scheduler: {', '.join(misnamed)}; Detect refuses "
+                  "every event they send (identity mismatch)",
+                  "set node.slurm_node in the agent's config (install-agent.sh --slurm-node), or NODEMEDIC_NODE_NAME")
 
 
 def check_spares(target: Target) -> Iterator[Row]:

@@ -1,6 +1,6 @@
 """Reconciler: started every 5 minutes by a schedule; repairs stranded incidents, leaked locks
 and claims, and lost drains, starts the burn-in of a held node nobody checks, finds nodes in
-service whose agent is not heard (see nodemedic.reconciler), counts each kind and pages what it
+service it cannot watch (see nodemedic.reconciler), counts each kind and pages what it
 did."""
 
 from typing import Any
@@ -28,10 +28,12 @@ def execution_status(incident_id: str) -> str | None:
         return None
 
 
-def heard_agents() -> list[str]:
-    """The instances whose agents the silence sweeper has heard (its roster)."""
+def heard_agents() -> dict[str, str | None]:
+    """The instances whose agents the silence sweeper has heard (its roster), each with the node
+    name its agent reports."""
     s = settings()
-    return list(RosterStore(wiring.client("dynamodb"), s.incidents_table, s.cluster_name).load()[0])
+    roster, _ = RosterStore(wiring.client("dynamodb"), s.incidents_table, s.cluster_name).load()
+    return {instance: seen["node"].get("slurm_node") or seen["node"].get("k8s_node") for instance, seen in roster.items()}
 
 
 def start_burn_in(event: NodeHealthEvent) -> None:
@@ -92,8 +94,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):
             pass
-    if report.agents_unheard is not None:
-        with single_metric(name="AgentsUnheard", unit=MetricUnit.Count, value=len(report.agents_unheard),
+    if report.unwatched_nodes is not None:
+        with single_metric(name="UnwatchedNodes", unit=MetricUnit.Count, value=len(report.unwatched_nodes),
                            namespace=NAMESPACE, default_dimensions={"Cluster": s.cluster_name}):
             pass
     send_pages(s.cluster_name, s.escalation_topic_arn, report.pages)
@@ -101,6 +103,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.error("reconciler could not repair everything", errors=report.errors)
     if report.burn_ins_started:
         logger.info("burn-ins started", nodes=report.burn_ins_started)
-    if any(report.counts().values()) or report.holds_dropped or report.burn_ins_unchecked or report.agents_unheard:
+    if any(report.counts().values()) or report.holds_dropped or report.burn_ins_unchecked or report.unwatched_nodes:
         logger.warning("reconciler repaired", **report.model_dump(exclude={"pages", "errors"}))
     return report.model_dump()

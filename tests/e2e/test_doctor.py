@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import boto3
-from nodemedic.reconciler import UNHEARD_AFTER
+from nodemedic.reconciler import UNWATCHED_AFTER
 from nodemedic.store.roster import RosterStore
 from nodemedic_cli.main import app
 from nodemedic_cli.target import Target
@@ -144,16 +144,35 @@ def test_a_node_whose_agent_was_never_heard_is_named_in_the_agents_row() -> None
         assert rows["heartbeats"]["status"] == "pass"  # the three it heard are not silent
 
         # the reconciler (its role judged by the local IAM evaluator) finds it too, and pages it
-        # once it has been unheard for UNHEARD_AFTER: here its record is dated back that far
+        # once it has been unwatched for UNWATCHED_AFTER: here its record is dated back that far
         first = local.reconcile()
-        assert first["errors"] == [] and first["agents_unheard"] == []  # it may still be booting
+        assert first["errors"] == [] and first["unwatched_nodes"] == []  # it may still be booting
         instance = local.cluster.instance_of(unheard)
-        record = local.ledger.unheard_agents(local.cluster.name)
-        assert list(record.agents) == [instance]
-        record.agents[instance].since -= UNHEARD_AFTER
-        local.ledger.save_unheard_agents(local.cluster.name, record)
+        record = local.ledger.unwatched_nodes(local.cluster.name)
+        assert list(record.nodes) == [instance]
+        record.nodes[instance].since -= UNWATCHED_AFTER
+        local.ledger.save_unwatched_nodes(local.cluster.name, record)
         local.escalations()
-        assert local.reconcile()["agents_unheard"] == [f"{unheard} ({instance})"]
+        found = [f"{unheard} ({instance}): no heartbeat from its agent"]
+        assert local.reconcile()["unwatched_nodes"] == found
         [page] = local.escalations()
-        assert "hears no agent on 1 node(s) in service" in page["Message"] and f"{unheard} ({instance}" in page["Message"]
-        assert local.reconcile()["agents_unheard"] == [f"{unheard} ({instance})"] and local.escalations() == []
+        assert "cannot watch 1 node(s) in service" in page["Message"] and f"{unheard} ({instance}" in page["Message"]
+        assert local.reconcile()["unwatched_nodes"] == found and local.escalations() == []  # paged once
+
+
+def test_an_agent_that_names_its_node_unlike_the_scheduler_fails_its_row() -> None:
+    """Heard, but every event it sends names a node its instance does not back: Detect refuses
+    them all (identity mismatch), so the node is as unwatched as one whose agent never started."""
+    with deployed() as local:
+        misnamed = local.node_names[1]
+        now = datetime.now(UTC).isoformat()
+        RosterStore(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name).save({
+            local.cluster.instance_of(name): {
+                "node": {"instance_id": local.cluster.instance_of(name), "hostname": name,
+                         "slurm_node": "ip-10-0-0-9" if name == misnamed else name},
+                "last_seen": now, "interval_s": 15.0, "reported_at": None}
+            for name in local.node_names}, 0)
+        code, rows = doctor(local)
+        assert code == 1 and rows["agents' node names"]["status"] == "fail"
+        assert f"{misnamed} (its agent says ip-10-0-0-9)" in rows["agents' node names"]["detail"]
+        assert rows["agents"]["status"] == "pass"  # heard, all of them

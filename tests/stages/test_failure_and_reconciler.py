@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.errors import DrainFailedError
 from nodemedic.providers.base import Member
-from nodemedic.reconciler import UNHEARD_AFTER, AgentWatch, reconcile
+from nodemedic.reconciler import UNWATCHED_AFTER, AgentWatch, reconcile
 from nodemedic.stages.drain import drain, drain_reason
 from nodemedic.stages.failure import fail
 from nodemedic.stages.repair import REPLACEMENT
@@ -354,16 +354,18 @@ def test_a_drain_recorded_by_the_version_that_listed_each_jobs_nodes_is_still_re
     assert slurm.calls == []  # nothing done again
 
 
-def test_a_node_in_service_whose_agent_is_not_heard_is_paged_once_after_the_grace(
+def test_a_node_in_service_that_nodemedic_cannot_watch_is_paged_once_after_the_grace(
         slurm: MemorySlurm, ledger: Ledger) -> None:
     """A node whose agent never started (or was stopped) never enters the roster: the sweeper
-    cannot find it silent, so nothing there was detected and nobody was told."""
+    cannot find it silent, so nothing there was detected and nobody was told. An agent that names
+    its node unlike the scheduler is heard, but Detect refuses its every event."""
     members = [Member(f"i-{n:017x}", f"gpu-{n}", "running") for n in range(1, 5)]
-    members += [Member("i-00000000000000009", "gpu-9", "running"),  # a member the scheduler does not list
+    members += [Member("i-00000000000000005", "spare-1", "running"),
+                Member("i-00000000000000009", "gpu-9", "running"),  # a member the scheduler does not list
                 Member("i-0000000000000000a", None, "running")]  # an instance not yet a node
     slurm.n["gpu-2"].flags = "+NOT_RESPONDING"  # rebooting outside NodeMedic: not in service
     slurm.n["gpu-3"].drained, slurm.n["gpu-3"].reason = True, "operator: RMA"
-    heard = {"i-00000000000000001"}
+    heard: dict[str, str | None] = {"i-00000000000000001": "gpu-1", "i-00000000000000005": "ip-10-0-0-5"}
     watch = AgentWatch(lambda: members, lambda: heard)
     t0 = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
 
@@ -372,19 +374,23 @@ def test_a_node_in_service_whose_agent_is_not_heard_is_paged_once_after_the_grac
                          prefix=PREFIX, now=t0 + timedelta(minutes=minutes), start_burn_in=[].append, agents=watch)
 
     first = run(0)
-    assert first.agents_unheard == [] and first.pages == []  # it may be booting: not yet
+    assert first.unwatched_nodes == [] and first.pages == []  # it may be booting: not yet
     assert run(10).pages == []
-    due = run(UNHEARD_AFTER.total_seconds() / 60)
-    assert due.agents_unheard == ["gpu-4 (i-00000000000000004)"]
+    due = run(UNWATCHED_AFTER.total_seconds() / 60)
+    assert due.unwatched_nodes == ["gpu-4 (i-00000000000000004): no heartbeat from its agent",
+                                   "spare-1 (i-00000000000000005): its agent calls it ip-10-0-0-5"]
     [page] = due.pages
-    assert "gpu-4 (i-00000000000000004, since 2026-11-26 08:00 UTC)" in page and "not even the node going silent" in page
+    assert "cannot watch 2 node(s) in service" in page and "not even the node going silent" in page
+    assert "gpu-4 (i-00000000000000004, since 2026-11-26 08:00 UTC: no heartbeat from its agent)" in page
+    assert "spare-1 (i-00000000000000005, since 2026-11-26 08:00 UTC: its agent calls it ip-10-0-0-5)" in page
     assert all(n not in page for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-9"))
     again = run(20)
-    assert again.agents_unheard == ["gpu-4 (i-00000000000000004)"] and again.pages == []  # paged once
-    heard.add("i-00000000000000004")  # its agent starts
-    assert run(25).agents_unheard == []
-    heard.discard("i-00000000000000004")  # and is stopped again: a new spell, a new grace
-    assert run(30).pages == [] and len(run(30 + UNHEARD_AFTER.total_seconds() / 60).pages) == 1
+    assert len(again.unwatched_nodes or []) == 2 and again.pages == []  # paged once
+    heard["i-00000000000000004"] = "gpu-4"  # its agent starts
+    heard["i-00000000000000005"] = None  # an agent that names no node: Detect asks the provider
+    assert run(25).unwatched_nodes == []
+    del heard["i-00000000000000004"]  # and is stopped again: a new spell, a new grace
+    assert run(30).pages == [] and len(run(30 + UNWATCHED_AFTER.total_seconds() / 60).pages) == 1
 
 
 def test_an_unreadable_member_list_is_an_error_and_nothing_is_paged(slurm: MemorySlurm, ledger: Ledger) -> None:
@@ -392,7 +398,7 @@ def test_an_unreadable_member_list_is_an_error_and_nothing_is_paged(slurm: Memor
         raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "DescribeInstances")
     report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
                        prefix=PREFIX, now=datetime.now(UTC), start_burn_in=[].append,
-                       agents=AgentWatch(members, lambda: set()))
-    assert report.agents_unheard is None and report.pages == []
+                       agents=AgentWatch(members, dict))
+    assert report.unwatched_nodes is None and report.pages == []
     assert report.errors == ["cannot tell which agents are heard: An error occurred (ThrottlingException) when calling "
                              "the DescribeInstances operation: Rate exceeded"]

@@ -20,10 +20,11 @@ Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then
   event, or a replace incident's adoption of its replacement). A node whose instance an open
   incident has claimed (a replacement being adopted) is that incident's. If a later run still
   finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed;
-- a node in service whose agent has sent no heartbeat for ``UNHEARD_AFTER`` (never installed, it
-  cannot start, it was stopped, it names its node wrongly) is paged once, with every other such
-  node in one page: nothing there would be detected, not even its silence, since the silence
-  sweeper watches only nodes it has heard. Heard again, it is forgotten;
+- a node in service that NodeMedic cannot watch for ``UNWATCHED_AFTER`` is paged once, with every
+  other such node in one page: its agent sent no heartbeat (never installed, it cannot start, it
+  was stopped), so nothing there is detected, not even its silence, since the silence sweeper
+  watches only agents it has heard; or its agent names it unlike the scheduler, so Detect refuses
+  every event it sends (identity mismatch). Watchable again, it is forgotten;
 - a Kubernetes node returned to service outside NodeMedic (an operator's uncordon and untaint)
   that still carries the autoscaler holds NodeMedic set while holding it (Karpenter's
   do-not-disrupt, the Cluster Autoscaler's scale-down-disabled) gets them removed, unless an open
@@ -39,14 +40,14 @@ Each repair is counted by kind (metric ``ReconcilerRepairs``, dimensions Cluster
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
 from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
-from nodemedic.contracts.incident import Bookkeeping, UnheardAgent, UnheardAgents
+from nodemedic.contracts.incident import Bookkeeping, UnwatchedNode, UnwatchedNodes
 from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.providers.base import Member
@@ -56,20 +57,20 @@ from nodemedic.store.ledger import Ledger
 
 KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated", "retired"})  # see the runbooks: on purpose
 GRACE = timedelta(minutes=2)  # an incident whose execution is not found yet (read after write) is left alone
-# a node in service unheard this long is paged: longer than a reboot outside NodeMedic takes to
-# show in the scheduler (Slurm's SlurmdTimeout, 300 s by default) plus two runs
-UNHEARD_AFTER = timedelta(minutes=15)
-MAX_UNHEARD = 2000  # nodes tracked at once (the record stays far under DynamoDB's 400 KB item)
+# a node in service unwatched this long is paged: longer than a reboot outside NodeMedic takes
+# to show in the scheduler (Slurm's SlurmdTimeout, 300 s by default) plus two runs
+UNWATCHED_AFTER = timedelta(minutes=15)
+MAX_UNWATCHED = 2000  # nodes tracked at once (the record stays far under DynamoDB's 400 KB item)
 PAGE_NAMES = 50  # named in a page; the rest counted
 
 
 @dataclass(frozen=True)
 class AgentWatch:
-    """Which instances the cluster has (the capacity provider's ``members``) and which of them
-    the silence sweeper has heard (the roster's instance ids)."""
+    """Which instances the cluster has (the capacity provider's ``members``), and which of them
+    the silence sweeper has heard, with the node name each one's agent reports (the roster)."""
 
     members: Callable[[], list[Member]]
-    heard: Callable[[], Collection[str]]
+    heard: Callable[[], Mapping[str, str | None]]
 
 
 def execution_arn(state_machine_arn: str, name: str) -> str:
@@ -90,7 +91,7 @@ class ReconcileReport(BaseModel):
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
     autoscaler_holds_released: list[str] = Field(default_factory=list,
                                                  description="nodes in service still kept from the autoscalers")
-    agents_unheard: list[str] | None = Field(default=None, description="nodes in service whose agent is not heard; "
+    unwatched_nodes: list[str] | None = Field(default=None, description="nodes in service NodeMedic cannot watch; "
                                              "None when not checked")
     pages: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
@@ -115,7 +116,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
               start_burn_in: Callable[[NodeHealthEvent], None], agents: AgentWatch | None = None) -> ReconcileReport:
     """``execution_status(incident_id)``: its execution's status (RUNNING, SUCCEEDED, ...), None
     when there is no such execution. ``start_burn_in(event)`` publishes a ``NODE_JOINED`` event.
-    ``agents``: where to learn whose agents are heard (None: not checked)."""
+    ``agents``: where to learn which agents are heard (None: not checked)."""
     report = ReconcileReport()
     books = ledger.bookkeeping(cluster)
     _strays(books, ledger, orchestrator, execution_status, prefix, now, report)
@@ -130,41 +131,52 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     _paused_gpu_clients(books, orchestrator, report)
     _stray_autoscaler_holds(books, orchestrator, report)
     if agents is not None:
-        _unheard_agents(cluster, ledger, agents, nodes, now, report)
+        _unwatched_nodes(cluster, ledger, agents, nodes, now, report)
     return report
 
 
-def _unheard_agents(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: dict[str, NodeStatus], now: datetime,
-                    report: ReconcileReport) -> None:
+def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: dict[str, NodeStatus], now: datetime,
+                     report: ReconcileReport) -> None:
     try:
         members = agents.members()
-        heard = set(agents.heard())
-        known = ledger.unheard_agents(cluster)
+        heard = agents.heard()
+        known = ledger.unwatched_nodes(cluster)
     except Exception as exc:  # noqa: BLE001 - the next run tries again
         report.errors.append(f"cannot tell which agents are heard: {exc}")
         return
-    unheard = sorted((m for m in members if m.state == "running" and m.instance_id not in heard
-                      and m.slurm_node in nodes and nodes[m.slurm_node].serving), key=lambda m: m.instance_id)
-    now_known = UnheardAgents(agents={
-        m.instance_id: known.agents.get(m.instance_id) or UnheardAgent(node=m.slurm_node or "", since=now)
-        for m in unheard[:MAX_UNHEARD]})
-    due = {i: a for i, a in now_known.agents.items() if now - a.since >= UNHEARD_AFTER}
-    report.agents_unheard = [f"{a.node} ({i})" for i, a in due.items()]
-    new = [f"{a.node} ({i}, since {a.since:%Y-%m-%d %H:%M} UTC)" for i, a in due.items() if not a.paged]
+
+    def why(member: Member) -> str | None:
+        if member.instance_id not in heard:
+            return "no heartbeat from its agent"
+        named = heard[member.instance_id]
+        if named and named != member.slurm_node:  # Detect refuses its every event: identity mismatch
+            return f"its agent calls it {named}"
+        return None
+
+    unwatched = sorted((m.instance_id, m.slurm_node, reason) for m in members
+                       if m.state == "running" and m.slurm_node in nodes and nodes[m.slurm_node].serving
+                       and (reason := why(m)))
+    now_known = UnwatchedNodes(nodes={
+        instance: (known.nodes[instance].model_copy(update={"why": reason}) if instance in known.nodes
+                   else UnwatchedNode(node=node, why=reason, since=now))
+        for instance, node, reason in unwatched[:MAX_UNWATCHED] if node})
+    due = {i: n for i, n in now_known.nodes.items() if now - n.since >= UNWATCHED_AFTER}
+    report.unwatched_nodes = [f"{n.node} ({i}): {n.why}" for i, n in due.items()]
+    new = [f"{n.node} ({i}, since {n.since:%Y-%m-%d %H:%M} UTC: {n.why})" for i, n in due.items() if not n.paged]
     if new:
-        more = len(new) - PAGE_NAMES + max(0, len(unheard) - MAX_UNHEARD)
+        more = len(new) - PAGE_NAMES + max(0, len(unwatched) - MAX_UNWATCHED)
         report.pages.append(
-            f"NodeMedic hears no agent on {len(new)} node(s) in service, so no fault there is detected or remediated, "
-            f"not even the node going silent: {', '.join(new[:PAGE_NAMES])}{f' and {more} more' if more > 0 else ''}. "
+            f"NodeMedic cannot watch {len(new)} node(s) in service: no fault there is detected or remediated, not "
+            f"even the node going silent: {'; '.join(new[:PAGE_NAMES])}{f'; and {more} more' if more > 0 else ''}. "
             "Install or start the agent there (systemctl status nodemedic-agent, or the DaemonSet's pod); check that "
-            "it reaches instance metadata, has the stack's AgentPublishPolicy, and names the node as the scheduler "
-            "does. `nodemedic doctor` lists them.")
-    now_known.agents.update({i: a.model_copy(update={"paged": True}) for i, a in due.items()})
+            "it reaches instance metadata and has the stack's AgentPublishPolicy; give it the node's scheduler name "
+            "(node.slurm_node in its config, or NODEMEDIC_NODE_NAME). `nodemedic doctor` lists them.")
+    now_known.nodes.update({i: n.model_copy(update={"paged": True}) for i, n in due.items()})
     if now_known != known:
         try:
-            ledger.save_unheard_agents(cluster, now_known)
-        except Exception as exc:  # noqa: BLE001 - the next run sees them again (and may page them twice)
-            report.errors.append(f"cannot record the nodes whose agent is not heard: {exc}")
+            ledger.save_unwatched_nodes(cluster, now_known)
+        except Exception as exc:  # noqa: BLE001 - the next run finds them again (and may page them twice)
+            report.errors.append(f"cannot record the nodes NodeMedic cannot watch: {exc}")
 
 
 def _stray_autoscaler_holds(books: Bookkeeping, orchestrator: Orchestrator, report: ReconcileReport) -> None:

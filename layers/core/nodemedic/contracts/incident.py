@@ -118,18 +118,19 @@ class DrainHold(BaseModel):
     since: AwareDatetime
 
 
-class UnheardAgent(BaseModel):
-    """A node in service whose agent the roster has no heartbeat from, since ``since``."""
+class UnwatchedNode(BaseModel):
+    """A node in service that NodeMedic cannot watch (``why``), since ``since``."""
 
     node: str
+    why: str
     since: AwareDatetime
     paged: bool = False
 
 
-class UnheardAgents(BaseModel):
-    """``UNHEARD#<cluster>``: the reconciler's record of :class:`UnheardAgent`, by instance id."""
+class UnwatchedNodes(BaseModel):
+    """``UNWATCHED#<cluster>``: the reconciler's record of :class:`UnwatchedNode`, by instance id."""
 
-    agents: dict[str, UnheardAgent] = Field(default_factory=dict)
+    nodes: dict[str, UnwatchedNode] = Field(default_factory=dict)
 
 
 class Bookkeeping(BaseModel):

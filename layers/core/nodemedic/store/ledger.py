@@ -39,7 +39,7 @@ from nodemedic.contracts.incident import (
     NodeLock,
     Stage,
     StageRecord,
-    UnheardAgents,
+    UnwatchedNodes,
 )
 from nodemedic.errors import IncidentStateError
 
@@ -77,8 +77,8 @@ def _outbox_key(cluster: str) -> dict[str, Any]:
     return {"pk": {"S": f"OUTBOX#{cluster}"}}
 
 
-def _unheard_key(cluster: str) -> dict[str, Any]:
-    return {"pk": {"S": f"UNHEARD#{cluster}"}}
+def _unwatched_key(cluster: str) -> dict[str, Any]:
+    return {"pk": {"S": f"UNWATCHED#{cluster}"}}
 
 
 OUTBOX_PAGES = 100  # pages kept while SNS cannot be reached (a DynamoDB item holds 400 KB)
@@ -467,13 +467,13 @@ class Ledger:
             self._db.update_item(TableName=self._table, Key=_outbox_key(cluster),
                                  UpdateExpression="REMOVE " + ", ".join(f"pages[{i}]" for i in range(count)))
 
-    # -- nodes in service whose agent is not heard (the reconciler's record) -------------
-    def unheard_agents(self, cluster: str) -> UnheardAgents:
-        item = self._db.get_item(TableName=self._table, Key=_unheard_key(cluster), ConsistentRead=True).get("Item")
-        return UnheardAgents.model_validate_json(item["agents"]["S"]) if item else UnheardAgents()
+    # -- nodes in service NodeMedic cannot watch (the reconciler's record) ---------------
+    def unwatched_nodes(self, cluster: str) -> UnwatchedNodes:
+        item = self._db.get_item(TableName=self._table, Key=_unwatched_key(cluster), ConsistentRead=True).get("Item")
+        return UnwatchedNodes.model_validate_json(item["nodes"]["S"]) if item else UnwatchedNodes()
 
-    def save_unheard_agents(self, cluster: str, unheard: UnheardAgents) -> None:
-        self._db.put_item(TableName=self._table, Item={**_unheard_key(cluster), "agents": {"S": unheard.model_dump_json()}})
+    def save_unwatched_nodes(self, cluster: str, unwatched: UnwatchedNodes) -> None:
+        self._db.put_item(TableName=self._table, Item={**_unwatched_key(cluster), "nodes": {"S": unwatched.model_dump_json()}})
 
     def newest_notice(self, key: str, version: datetime, keep_until: datetime) -> bool:
         """True unless a later version of the notice ``key`` was seen (until ``keep_until``). AWS
