@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
-from nodemedic.domain.silence import is_silent
+from nodemedic.domain.silence import is_silent, named_node
 from nodemedic.errors import NodeMedicError
 from nodemedic.providers.base import Member
 from nodemedic.providers.run_command import Documents
@@ -363,9 +363,8 @@ def check_heartbeats(target: Target, now: datetime, mapped: dict[str, Member | N
               "or the DaemonSet), and check it reaches instance metadata and has the stack's AgentPublishPolicy"
               if unheard else "")
     # an agent that names its node unlike the scheduler is heard, but Detect refuses its every event
-    misnamed = sorted(f"{name} (its agent says {said})" for name, m in members.items() if m.instance_id in roster
-                      and (said := roster[m.instance_id]["node"].get("slurm_node") or roster[m.instance_id]["node"].get(
-                          "k8s_node")) and said != name)
+    misnamed = sorted(f"{name} (its agent says {said})" for name, m in members.items()
+                      if m.instance_id in roster and (said := named_node(roster[m.instance_id])) and said != name)
     if misnamed:
         yield Row("agents' node names", "fail", f"named unlike the scheduler: {', '.join(misnamed)}; Detect refuses "
                   "every event they send (identity mismatch)",

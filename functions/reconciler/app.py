@@ -11,6 +11,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
 from nodemedic.bus import publish_health_events
 from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent
+from nodemedic.domain.silence import named_node
 from nodemedic.observability import NAMESPACE, utc_now
 from nodemedic.reconciler import AgentWatch, execution_arn, reconcile
 from nodemedic.settings import settings
@@ -33,7 +34,7 @@ def heard_agents() -> dict[str, str | None]:
     name its agent reports."""
     s = settings()
     roster, _ = RosterStore(wiring.client("dynamodb"), s.incidents_table, s.cluster_name).load()
-    return {instance: seen["node"].get("slurm_node") or seen["node"].get("k8s_node") for instance, seen in roster.items()}
+    return {instance: named_node(seen) for instance, seen in roster.items()}
 
 
 def start_burn_in(event: NodeHealthEvent) -> None:

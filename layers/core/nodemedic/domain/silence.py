@@ -38,6 +38,14 @@ def record(roster: Roster, beat: NodeHeartbeat, seen_at: datetime) -> None:
     observe(entry, beat.perf)
 
 
+def named_node(seen: dict[str, Any]) -> str | None:
+    """The node name a roster entry's agent reports: Detect refuses its events unless it is the
+    one the scheduler gives the instance's node (or none)."""
+    node = seen["node"]
+    name = node.get("slurm_node") or node.get("k8s_node")
+    return str(name) if name else None
+
+
 MISSED_BEATS = 3  # a node is silent once it missed this many of the heartbeats it said it would send
 
 

@@ -33,8 +33,8 @@ def await_jobs(
     clock: Callable[[], datetime], sleep: Callable[[float], None] = time.sleep,
 ) -> JobsOutput:
     """See the jobs the drain requeued RUNNING again; record each one's downtime = its new start
-    - the fault (``observed_at``), by the scheduler's clock, never below 0. A job that reads RUNNING with a start
-    from before its drain has not restarted yet (on Kubernetes: its surviving pods run, and the
+    - the fault (``observed_at``), by the scheduler's clock, never below 0. A job that reads
+    RUNNING with a start from before its drain has not restarted yet (on Kubernetes: its surviving pods run, and the
     evicted one has not been made again yet). Polls a few seconds per invocation,
     then raises :class:`JobsPendingError` (the state machine retries) until ``wait_s`` after the
     stage began; after that the jobs still pending are recorded as such."""

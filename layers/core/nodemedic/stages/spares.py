@@ -25,7 +25,6 @@ SPARE = "spare"
 RETIRED_STAYS = "the node stays drained (its capacity ends)"
 
 
-
 def ready(state: str) -> bool:
     """A spare can take a job now: idle, and none of the ``UNREADY`` flags."""
     flags = set(state.split("+"))
