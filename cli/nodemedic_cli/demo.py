@@ -11,6 +11,7 @@ from typing import Any
 
 from nodemedic import operations
 from nodemedic.contracts.incident import Incident
+from nodemedic.stages.resume import START_SLACK_S
 from nodemedic.store.control import ControlStore
 from nodemedic_sandbox.local import TERMINAL, LocalMode
 from rich.console import Console
@@ -134,6 +135,10 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
                 if time.monotonic() > deadline:
                     raise RuntimeError("the demo's jobs did not start within 60 s")
                 time.sleep(0.2)
+        # a job counts as back once it starts again after its drain (less START_SLACK_S, for a
+        # scheduler that gives starts in whole seconds): a fault in the jobs' first seconds would
+        # read their first start as the restart
+        time.sleep(START_SLACK_S + 1)
         job_nodes = [local.scheduler.hostnames(local.scheduler.job(j)["NodeList"]) for j in jobs]
         for j, ns in zip(jobs, job_nodes, strict=True):
             console.print(f"  job {j} RUNNING on {', '.join(ns)}")
