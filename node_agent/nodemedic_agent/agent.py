@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -38,6 +39,7 @@ from nodemedic_agent.spool import Spool
 
 log = logging.getLogger("nodemedic_agent")
 MAX_REASSERT_WAIT_S = 900.0  # with acknowledgements: the longest wait between two looks at an undecided event
+UNDATED_KEPT = 1000  # findings kept while no time can be put on them (see Agent.emit)
 
 
 def events_client(config: AgentConfig, **credentials: str) -> Any:
@@ -102,6 +104,10 @@ class Agent:
         self.stop_event = self.kernel_log.stop
         self.published = 0
         self.lost = 0  # events neither spooled nor sent (spool unwritable while the bus was down)
+        # findings this node's clock could not date (it reads 1970) before any AWS answer gave AWS's
+        # time: sent once one does (the newest UNDATED_KEPT; a polled one is found again anyway)
+        self._undated: deque[Finding] = deque(maxlen=UNDATED_KEPT)
+        self._undated_lock = threading.Lock()
         self.heartbeats = 0
         self.acks = acks
         if acks is not None:
@@ -118,8 +124,25 @@ class Agent:
 
     # -- findings -> events -------------------------------------------------------------
     def emit(self, finding: Finding) -> bool:
-        """Publish ``finding`` unless it repeats within the dedupe window. True if published."""
-        now = self._stamp()  # before the dedupe: a finding that cannot be dated is not counted as sent
+        """Publish ``finding`` unless it repeats within the dedupe window. True if published. One
+        that cannot be dated yet is kept, and published with the first that can."""
+        try:
+            now = self._stamp()  # before the dedupe: a finding that cannot be dated is not counted as sent
+        except ClockUnknownError as exc:
+            with self._undated_lock:
+                self._undated.append(finding)
+            log.warning("%s kept until AWS answers: %s", finding.fault_code, exc)
+            return False
+        self.emit_undated()
+        return self._emit_dated(finding, now)
+
+    def emit_undated(self) -> int:
+        """Publish the findings kept while the clock could not date them, now that it can. How many."""
+        with self._undated_lock:
+            kept, self._undated = list(self._undated), deque(maxlen=UNDATED_KEPT)
+        return sum(self._emit_dated(finding, self._stamp()) for finding in kept)
+
+    def _emit_dated(self, finding: Finding, now: datetime) -> bool:
         count = self.dedupe.admit(finding.key)
         if count is None:
             return False
@@ -322,7 +345,12 @@ class Agent:
         return ok
 
     def _heartbeat(self) -> None:
-        self.send_heartbeat()
+        try:
+            self.send_heartbeat()  # stamping it tries to learn AWS's time while that is unknown
+        except ClockUnknownError as exc:  # AWS not reached yet: the next beat tries again
+            log.warning("no heartbeat sent: %s", exc)
+        else:
+            self.emit_undated()
         self.publisher.wake()  # a successful heartbeat means the bus is back: retry the spool now
         self.stop_event.wait(self.config.intervals.heartbeat_seconds)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import stat
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,11 @@ def server(fake_env):
     endpoint = Endpoint()
     endpoint.up()
     yield endpoint
+    if endpoint.server is None:
+        endpoint.up()
+    # the server's AWS state lives in this process: forget it (moto's reset API), or the next
+    # test's bus "already exists"
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint.url}/moto-api/reset", method="POST"), timeout=10).close()
     endpoint.down()
 
 

@@ -135,3 +135,32 @@ def test_the_agent_signs_exactly_as_botocore_does_at_the_same_time(monkeypatch: 
         signer(Credentials("AKID", "secret", "token"), "events", "us-east-1").add_auth(request)
         signed.append((request.headers["Authorization"], request.headers["X-Amz-Date"]))
     assert signed[0] == signed[1] and signed[0][1] == "20261126T023151Z"
+
+
+def test_a_one_off_fault_seen_before_any_aws_answer_is_sent_once_aws_answers(server, tmp_path: Path) -> None:
+    """A clock at 1970 and no answer from AWS yet (the network not up at boot): an XID the driver
+    logged then could not be dated, the kernel-log line was consumed, and the fault was lost. It is
+    kept now, and sent, dated by AWS's time, once an answer gives it."""
+    bus = Bus(endpoint_url=server.url)
+    server.down()
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    started = time.monotonic()
+    sim = SimulatedNode(tmp_path / "node").create(gpus=8, efa=2, shared_mounts=("/fsx",))
+    config = agent_config(sim, tmp_path / "spool", intervals={"heartbeat_seconds": 0.5},
+                          publish={"endpoint_url": server.url})
+    clock = AwsClock(local=lambda: epoch + timedelta(seconds=time.monotonic() - started))
+    agent = Agent(config, SimulatedHardware(sim.dir), NODE, events_client(config), aws_clock=clock).start()
+    try:
+        time.sleep(0.3)
+        sim.inject("xid", xid=13, gpu=2)  # a one-off: no poll finds it again
+        time.sleep(1.0)  # the kernel log follower reads it (every 0.05 s)
+        seen = datetime.now(UTC)
+        assert agent.published == 0 and not clock.known
+        server.up()
+        _until(lambda: bool(bus.health_events()))
+        [event] = bus.wait_health(1)  # and nothing else: no check error for the heartbeats not sent
+        assert event["fault_code"] == "XID 13"
+        assert abs(_utc(event["observed_at"]) - seen) < timedelta(seconds=30), event
+        assert event["component"]["index"] == 2
+    finally:
+        agent.stop(graceful=False)
