@@ -402,3 +402,15 @@ def test_an_unreadable_member_list_is_an_error_and_nothing_is_paged(slurm: Memor
     assert report.unwatched_nodes is None and report.pages == []
     assert report.errors == ["cannot tell which agents are heard: An error occurred (ThrottlingException) when calling "
                              "the DescribeInstances operation: Rate exceeded"]
+
+
+def test_an_unreadable_unwatched_record_is_started_afresh_not_an_error_every_run(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """Written by another version, or damaged: reading it must not fail every later run."""
+    ledger._db.put_item(TableName=ledger._table, Item={"pk": {"S": "UNWATCHED#c1"}, "nodes": {"S": '{"nodes": {"i-1": 1}}'}})
+    members = [Member("i-00000000000000004", "gpu-4", "running")]
+    report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                       prefix=PREFIX, now=datetime.now(UTC), start_burn_in=[].append,
+                       agents=AgentWatch(lambda: members, dict))
+    assert report.errors == [] and report.unwatched_nodes == []
+    assert list(ledger.unwatched_nodes("c1").nodes) == ["i-00000000000000004"]  # a fresh record, saved

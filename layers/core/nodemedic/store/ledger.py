@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
 from nodemedic.contracts.events import ACKNOWLEDGEMENT_PREFIX
 from nodemedic.contracts.incident import (
@@ -469,8 +470,13 @@ class Ledger:
 
     # -- nodes in service NodeMedic cannot watch (the reconciler's record) ---------------
     def unwatched_nodes(self, cluster: str) -> UnwatchedNodes:
+        """The record, or an empty one where there is none or this version cannot read it (written
+        by another version, damaged): the next save starts it afresh instead of failing every run."""
         item = self._db.get_item(TableName=self._table, Key=_unwatched_key(cluster), ConsistentRead=True).get("Item")
-        return UnwatchedNodes.model_validate_json(item["nodes"]["S"]) if item else UnwatchedNodes()
+        try:
+            return UnwatchedNodes.model_validate_json(item["nodes"]["S"]) if item else UnwatchedNodes()
+        except (KeyError, TypeError, ValidationError):
+            return UnwatchedNodes()
 
     def save_unwatched_nodes(self, cluster: str, unwatched: UnwatchedNodes) -> None:
         self._db.put_item(TableName=self._table, Item={**_unwatched_key(cluster), "nodes": {"S": unwatched.model_dump_json()}})
