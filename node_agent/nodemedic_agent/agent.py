@@ -138,6 +138,8 @@ class Agent:
 
     def emit_undated(self) -> int:
         """Publish the findings kept while the clock could not date them, now that it can. How many."""
+        if not self._undated:
+            return 0
         with self._undated_lock:
             kept, self._undated = list(self._undated), deque(maxlen=UNDATED_KEPT)
         return sum(self._emit_dated(finding, self._stamp()) for finding in kept)
