@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # make demo SCHEDULER=k8s: the demo on a real kube-apiserver (built once by `make kube`) instead of Slurm
+# make demo SCHEDULER=k8s PROVIDER=karpenter: its nodes from a Karpenter NodePool instead of an Auto Scaling group
 SCHEDULER ?= auto
+PROVIDER ?= autoscaling
 DEMO_NEEDS := $(if $(filter k8s kubernetes,$(SCHEDULER)),kube,slurm)
 
 .PHONY: help venv slurm kube helm chromium demo test lint unit chaos bench gpu-check agent-wheel agent-wheelhouse clean
@@ -32,8 +34,8 @@ helm:  ## fetch the official Helm binary for the Helm chart's tests, once per ma
 chromium:  ## install Debian's Chromium, which renders the HTML report in a test (as root)
 	@sandbox/install-chromium.sh
 
-demo: venv $(DEMO_NEEDS)  ## run the local end-to-end demo (SCHEDULER=k8s: on Kubernetes)
-	$(BIN)/nodemedic demo --scheduler $(SCHEDULER)
+demo: venv $(DEMO_NEEDS)  ## run the local end-to-end demo (SCHEDULER=k8s: on Kubernetes; PROVIDER=karpenter with it)
+	$(BIN)/nodemedic demo --scheduler $(SCHEDULER) --provider $(PROVIDER)
 
 lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda
 	$(BIN)/cfn-lint template.yaml

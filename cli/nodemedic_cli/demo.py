@@ -101,19 +101,24 @@ def executions_table(local: LocalMode, labels: dict[str, str]) -> Table:
 BOOT_SECONDS = 3.0  # a new or rebooted instance's boot: the published ~900 s, scaled down
 
 
-def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_path: Path | None = None) -> int:
+def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_path: Path | None = None,
+             provider: str = "autoscaling") -> int:
     console.rule("[bold]NodeMedic local demo")
     started = time.monotonic()
     with console.status("Starting the embedded AWS, the local cluster, and deploying template.yaml..."):
         # the silence sweeper fires every second; a node is silent after 4 s without a heartbeat.
         # The breaker allows 4 of the 6 demo nodes under remediation at once (a real cluster: ~10 %).
         local = LocalMode(nodes=nodes, scheduler=scheduler, retry_time_scale=0.01, schedule_scale=1 / 60,
-                          spares=1, boot_seconds=BOOT_SECONDS,
+                          spares=1, boot_seconds=BOOT_SECONDS, provider=provider,
                           extra_parameters={"HeartbeatSilenceSeconds": "4", "BreakerMaxPercent": "70",
                                             "NodeCooldownMinutes": "0"})
         local.__enter__()
     try:
         console.print(f"[bold]Scheduler:[/] {local.scheduler_note}")
+        console.print("[bold]Capacity:[/] " + (
+            f"a Karpenter NodePool ({local.cluster.node_pool}, static; the demo plays Karpenter): a replace deletes "
+            "the node's NodeClaim and Karpenter launches another" if provider == "karpenter" else
+            "an Auto Scaling group: a replace terminates the instance and the group launches another"))
         console.print(f"[bold]Stack:[/] {local.stack.name} from template.yaml "
                       f"({len(local.stack.resources)} resources) in {time.monotonic() - started:.1f}s; "
                       f"bus [cyan]{local.stack.bus_name}[/]")

@@ -45,19 +45,25 @@ def demo(
     )] = "auto",
     report_file: Annotated[Path, typer.Option("--report", help="Where the demo writes its HTML report.")] = Path(
         "nodemedic-demo-report.html"),
+    provider: Annotated[str, typer.Option(
+        help="Where the instances come from: autoscaling (an Auto Scaling group, a managed node group on "
+             "Kubernetes) or, with --scheduler kubernetes, karpenter (a static NodePool; the demo plays "
+             "Karpenter: a replace deletes the NodeClaim and a new instance joins).")] = "autoscaling",
 ) -> None:
     """Run the local end-to-end demo: deploy template.yaml into an embedded AWS, start a cluster,
     inject faults, show remediation live and print per-incident MTTD/MTTR."""
     scheduler = "kubernetes" if scheduler == "k8s" else scheduler
     if scheduler not in ("auto", "slurm", "simulated", "kubernetes"):
         raise typer.BadParameter("choose auto, slurm, simulated or kubernetes (k8s)", param_hint="--scheduler")
+    if provider not in ("autoscaling", "karpenter") or (provider == "karpenter" and scheduler != "kubernetes"):
+        raise typer.BadParameter("choose autoscaling, or karpenter with --scheduler kubernetes", param_hint="--provider")
     import logging
 
     from nodemedic_cli.demo import run_demo
 
     logging.getLogger("moto").setLevel(logging.CRITICAL)  # failed executions are shown, not logged
 
-    raise typer.Exit(run_demo(console, nodes=nodes, scheduler=scheduler, report_path=report_file))
+    raise typer.Exit(run_demo(console, nodes=nodes, scheduler=scheduler, report_path=report_file, provider=provider))
 
 
 @app.command()

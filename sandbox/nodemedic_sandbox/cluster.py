@@ -147,8 +147,25 @@ class SimCluster:
             kube.register(node, machines[instance_id], spare=node in self.spares)
         kube.machines = self._machines
         if self.karpenter is not None:
-            kube.controllers.append(self.karpenter.reconcile)
+            kube.controllers.append(self._karpenter_reconcile)
         kube.start_playing()
+
+    def _karpenter_reconcile(self) -> list[str]:
+        """Karpenter's reconcile; an instance it launches in place of one whose replacement was to
+        be bad (:meth:`fail_replacement_of`) is that bad replacement."""
+        karpenter = self.karpenter
+        assert karpenter is not None
+        before = set(karpenter.live)
+        launched = karpenter.reconcile()
+        gone = sorted(before - karpenter.live)
+        if gone and launched:
+            with faults_file.change(self.state_dir) as faults:
+                bad = list(faults.get("bad_replacements_of", []))
+                for old, new in zip([g for g in gone if g in bad], launched, strict=False):
+                    bad.remove(old)
+                    faults["broken"] = {**faults.get("broken", {}), new: "replace"}
+                faults["bad_replacements_of"] = bad
+        return launched
 
     def _machines(self) -> list[Machine]:
         """The group's instances, and the ones it had (terminated), as their kubelets see them."""
@@ -233,7 +250,13 @@ class SimCluster:
 
     # -- fault injection for the node-side health check -----------------------------------
     def fail_replacement_of(self, node: str) -> None:
-        """The next instance that joins as ``node`` is bad hardware: it fails its deep health check."""
+        """The next instance that joins as ``node`` is bad hardware: it fails its deep health check.
+        With Karpenter, the instance it launches once ``node``'s NodeClaim is gone."""
+        if self.karpenter is not None:
+            instance = self.instance_of(node)
+            with faults_file.change(self.state_dir) as faults:
+                faults["bad_replacements_of"] = [*faults.get("bad_replacements_of", []), instance]
+            return
         with faults_file.change(self.state_dir) as faults:
             faults["bad_replacements"] = [*faults.get("bad_replacements", []), node]
 

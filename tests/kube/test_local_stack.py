@@ -173,15 +173,19 @@ def test_the_clusters_first_nodes_are_ready_from_the_start_and_a_joining_node_is
         kube.stop()
 
 
-def test_the_demo_runs_on_kubernetes(tmp_path: Path) -> None:
-    """`make demo SCHEDULER=k8s`: the same faults, agents and table, on the real API server."""
+@pytest.mark.parametrize("provider", ["autoscaling", "karpenter"])
+def test_the_demo_runs_on_kubernetes(tmp_path: Path, provider: str) -> None:
+    """`make demo SCHEDULER=k8s [PROVIDER=karpenter]`: the same faults, agents and table, on the
+    real API server; with Karpenter, a replace deletes the NodeClaim and Karpenter's instance joins
+    (the bad replacement too, which its deep check then fails)."""
     require("the real kube-apiserver", kube_apiserver.unavailable_reason())
     out = io.StringIO()
     page = tmp_path / "demo.html"
     assert run_demo(Console(file=out, width=200, force_terminal=False), nodes=6, scheduler="kubernetes",
-                    report_path=page) == 0
+                    report_path=page, provider=provider) == 0
     text = out.getvalue()
     assert "real kube-apiserver" in text and "tainted nodemedic.io/spare" in text
+    assert ("Capacity: a Karpenter NodePool" in text) == (provider == "karpenter")
     rows = {line.split("│")[2].strip() + " " + line.split("│")[3].strip(): line for line in text.splitlines()
             if line.count("│") > 10}
     # each fault's node, as the demo printed it when injecting ("  gpu-5: XID 79 - ..."): the

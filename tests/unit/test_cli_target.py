@@ -51,3 +51,14 @@ def test_an_aws_refusal_is_one_line_that_names_the_call_not_a_traceback() -> Non
     assert result.exit_code == 2, result.exception
     assert json.loads(result.output) == {"error": "AWS refused Scan: AccessDeniedException: User: arn:aws:sts::1:"
                                                   "assumed-role/oncall is not authorized to perform: dynamodb:Scan"}
+
+
+@pytest.mark.parametrize("args", [["--provider", "karpenter"], ["--scheduler", "slurm", "--provider", "karpenter"],
+                                  ["--scheduler", "k8s", "--provider", "fargate"]])
+def test_the_demo_refuses_a_provider_its_scheduler_cannot_have(args: list[str]) -> None:
+    from nodemedic_cli.main import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["demo", *args])
+    said = " ".join(result.output.replace("│", " ").split())  # the error box wraps the line
+    assert result.exit_code == 2 and "choose autoscaling, or karpenter with --scheduler kubernetes" in said
