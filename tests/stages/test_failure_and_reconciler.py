@@ -384,6 +384,11 @@ def test_a_node_in_service_that_nodemedic_cannot_watch_is_paged_once_after_the_g
     assert "gpu-4 (i-00000000000000004, since 2026-11-26 08:00 UTC: no heartbeat from its agent)" in page
     assert "spare-1 (i-00000000000000005, since 2026-11-26 08:00 UTC: its agent calls it ip-10-0-0-5)" in page
     assert all(n not in page for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-9"))
+    # a second run the schedule started at the same moment read the record before the first saved it
+    record = ledger.unwatched_nodes("c1")
+    ledger.save_unwatched_nodes("c1", record.model_copy(update={"nodes": {
+        i: n.model_copy(update={"paged": False}) for i, n in record.nodes.items()}}))
+    assert run(UNWATCHED_AFTER.total_seconds() / 60).pages == []  # one page per spell, not two
     again = run(20)
     assert len(again.unwatched_nodes or []) == 2 and again.pages == []  # paged once
     heard["i-00000000000000004"] = "gpu-4"  # its agent starts

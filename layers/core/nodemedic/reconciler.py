@@ -162,7 +162,17 @@ def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: di
         for instance, node, reason in unwatched[:MAX_UNWATCHED] if node})
     due = {i: n for i, n in now_known.nodes.items() if now - n.since >= UNWATCHED_AFTER}
     report.unwatched_nodes = [f"{n.node} ({i}): {n.why}" for i, n in due.items()]
-    new = [f"{n.node} ({i}, since {n.since:%Y-%m-%d %H:%M} UTC: {n.why})" for i, n in due.items() if not n.paged]
+    new: list[str] = []
+    unpaged: set[str] = set()
+    for i, n in due.items():  # a run the schedule started twice at once pages each spell once
+        try:
+            if n.paged or not ledger.first_announcement(f"unwatched/{cluster}/{i}/{n.since.isoformat()}", now):
+                continue
+        except Exception as exc:  # noqa: BLE001 - not announced, left unmarked: the next run pages it
+            report.errors.append(f"cannot page {n.node} ({i}), which NodeMedic cannot watch: {exc}")
+            unpaged.add(i)
+            continue
+        new.append(f"{n.node} ({i}, since {n.since:%Y-%m-%d %H:%M} UTC: {n.why})")
     if new:
         more = len(new) - PAGE_NAMES + max(0, len(unwatched) - MAX_UNWATCHED)
         report.pages.append(
@@ -171,7 +181,7 @@ def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: di
             "Install or start the agent there (systemctl status nodemedic-agent, or the DaemonSet's pod); check that "
             "it reaches instance metadata and has the stack's AgentPublishPolicy; give it the node's scheduler name "
             "(node.slurm_node in its config, or NODEMEDIC_NODE_NAME). `nodemedic doctor` lists them.")
-    now_known.nodes.update({i: n.model_copy(update={"paged": True}) for i, n in due.items()})
+    now_known.nodes.update({i: n.model_copy(update={"paged": True}) for i, n in due.items() if i not in unpaged})
     if now_known != known:
         try:
             ledger.save_unwatched_nodes(cluster, now_known)
