@@ -13,7 +13,6 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -39,7 +38,7 @@ from nodemedic_agent.spool import Spool
 
 log = logging.getLogger("nodemedic_agent")
 MAX_REASSERT_WAIT_S = 900.0  # with acknowledgements: the longest wait between two looks at an undecided event
-UNDATED_KEPT = 1000  # findings kept while no time can be put on them (see Agent.emit)
+UNDATED_KEPT = 1000  # distinct findings kept while no time can be put on them (see Agent.emit)
 
 
 def events_client(config: AgentConfig, **credentials: str) -> Any:
@@ -105,8 +104,9 @@ class Agent:
         self.published = 0
         self.lost = 0  # events neither spooled nor sent (spool unwritable while the bus was down)
         # findings this node's clock could not date (it reads 1970) before any AWS answer gave AWS's
-        # time: sent once one does (the newest UNDATED_KEPT; a polled one is found again anyway)
-        self._undated: deque[Finding] = deque(maxlen=UNDATED_KEPT)
+        # time, by dedupe key, each as first seen: sent once one does. A polled check finds its
+        # fault at every poll, so keeping only the first of each keeps a one-off among them
+        self._undated: dict[str, Finding] = {}
         self._undated_lock = threading.Lock()
         self.heartbeats = 0
         self.acks = acks
@@ -130,7 +130,8 @@ class Agent:
             now = self._stamp()  # before the dedupe: a finding that cannot be dated is not counted as sent
         except ClockUnknownError as exc:
             with self._undated_lock:
-                self._undated.append(finding)
+                if len(self._undated) < UNDATED_KEPT:
+                    self._undated.setdefault(finding.key, finding)
             log.warning("%s kept until AWS answers: %s", finding.fault_code, exc)
             return False
         self.emit_undated()
@@ -141,7 +142,7 @@ class Agent:
         if not self._undated:
             return 0
         with self._undated_lock:
-            kept, self._undated = list(self._undated), deque(maxlen=UNDATED_KEPT)
+            kept, self._undated = list(self._undated.values()), {}
         return sum(self._emit_dated(finding, self._stamp()) for finding in kept)
 
     def _emit_dated(self, finding: Finding, now: datetime) -> bool:

@@ -137,10 +137,13 @@ def test_the_agent_signs_exactly_as_botocore_does_at_the_same_time(monkeypatch: 
     assert signed[0] == signed[1] and signed[0][1] == "20261126T023151Z"
 
 
-def test_a_one_off_fault_seen_before_any_aws_answer_is_sent_once_aws_answers(server, tmp_path: Path) -> None:
+def test_a_one_off_fault_seen_before_any_aws_answer_is_sent_once_aws_answers(
+        server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A clock at 1970 and no answer from AWS yet (the network not up at boot): an XID the driver
     logged then could not be dated, the kernel-log line was consumed, and the fault was lost. It is
-    kept now, and sent, dated by AWS's time, once an answer gives it."""
+    kept now, and sent, dated by AWS's time, once an answer gives it; a polled fault found at every
+    poll meanwhile does not push it out of what is kept."""
+    monkeypatch.setattr("nodemedic_agent.agent.UNDATED_KEPT", 4)  # 20 polls below would overflow it
     bus = Bus(endpoint_url=server.url)
     server.down()
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
@@ -153,14 +156,17 @@ def test_a_one_off_fault_seen_before_any_aws_answer_is_sent_once_aws_answers(ser
     try:
         time.sleep(0.3)
         sim.inject("xid", xid=13, gpu=2)  # a one-off: no poll finds it again
-        time.sleep(1.0)  # the kernel log follower reads it (every 0.05 s)
+        time.sleep(0.3)  # the kernel log follower reads it (every 0.05 s)
+        sim.inject("thermal", gpu=6)  # found again at every poll
+        time.sleep(1.0)
         seen = datetime.now(UTC)
         assert agent.published == 0 and not clock.known
         server.up()
-        _until(lambda: bool(bus.health_events()))
-        [event] = bus.wait_health(1)  # and nothing else: no check error for the heartbeats not sent
-        assert event["fault_code"] == "XID 13"
-        assert abs(_utc(event["observed_at"]) - seen) < timedelta(seconds=30), event
-        assert event["component"]["index"] == 2
+        _until(lambda: len(bus.health_events()) >= 2)
+        events = bus.wait_health(2)  # and nothing else: no check error for the heartbeats not sent
+        assert sorted(e["fault_code"] for e in events) == ["THERMAL_VIOLATION", "XID 13"]
+        [xid] = [e for e in events if e["fault_code"] == "XID 13"]
+        assert abs(_utc(xid["observed_at"]) - seen) < timedelta(seconds=30), xid
+        assert xid["component"]["index"] == 2
     finally:
         agent.stop(graceful=False)
