@@ -24,6 +24,7 @@ from nodemedic.orchestrators.kubernetes import (
     CHECKPOINTED,
     CONDITION,
     DRAIN_TAINT,
+    OUT_OF_SERVICE_SET,
     REASON,
     SPARE_TAINT,
     KubernetesOrchestrator,
@@ -308,7 +309,9 @@ def test_a_node_returned_to_service_by_hand_is_given_back_to_the_autoscalers_by_
     for node in (by_hand, mid_incident, spare, held, own):
         assert orch.drain(node, f"{PREFIX}:{incident.incident_id} XID 79")
     assert orch.add_spare(spare, f"{PREFIX}:{incident.incident_id}")
-    for node in (by_hand, mid_incident, own):  # kubectl uncordon, and the taint removed
+    # by_hand was dead for a while: NodeMedic set the out-of-service taint too (and recorded that)
+    cluster.core.patch_node(by_hand, {"metadata": {"annotations": {OUT_OF_SERVICE_SET: "true"}}})
+    for node in (by_hand, mid_incident, own):  # kubectl uncordon, and the taints removed
         cluster.core.patch_node(node, {"spec": {"unschedulable": False, "taints": None}})
 
     assert set(orch.stray_autoscaler_holds()) == {by_hand, mid_incident, own}  # not the spare, nor the one held
@@ -317,7 +320,9 @@ def test_a_node_returned_to_service_by_hand_is_given_back_to_the_autoscalers_by_
     assert sorted(report.autoscaler_holds_released) == sorted([by_hand, own]) and report.errors == []
     assert report.counts()["autoscaler_hold"] == 2 and any(by_hand in p and "returned to service" in p
                                                            for p in report.pages)
-    assert _kept(cluster, by_hand) == {} and REASON not in (cluster.read_node(by_hand).metadata.annotations or {})
+    left = cluster.read_node(by_hand).metadata.annotations or {}
+    assert _kept(cluster, by_hand) == {} and REASON not in left
+    assert OUT_OF_SERVICE_SET not in left  # an out-of-service taint set later is not NodeMedic's to lift
     assert _kept(cluster, own) == {"karpenter.sh/do-not-disrupt": "true"}  # the operator's own hold stays
     assert _kept(cluster, mid_incident) == _kept(cluster, spare) == _kept(cluster, held) == {
         "karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}

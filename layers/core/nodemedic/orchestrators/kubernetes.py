@@ -839,13 +839,15 @@ class KubernetesOrchestrator:
         return [node.name for raw in self._list_nodes() if _stray_holds(node := _Node(raw, self._prefix))]
 
     def release_autoscaler_holds(self, node: str) -> bool:
-        """Also forgets the drain reason and eviction record left with them: a cordon someone sets
-        later must never read as NodeMedic's."""
+        """Also forgets the drain reason and eviction record left with them, and the record that
+        NodeMedic set the out-of-service taint where that taint is gone: a cordon or an
+        out-of-service taint someone sets later must never read as NodeMedic's (to be lifted)."""
 
         def decide(current: _Node) -> list[dict[str, Any]] | None:
             if not _stray_holds(current):
                 return None
-            annotations = {k: v for k, v in current.annotations.items() if k not in (REASON, EVICTING)}
+            stale = {REASON, EVICTING} | (set() if current.tainted(OUT_OF_SERVICE_TAINT) else {OUT_OF_SERVICE_SET})
+            annotations = {k: v for k, v in current.annotations.items() if k not in stale}
             return current.patch(cordoned=False, taints=current.taints, annotations=_released(annotations))
 
         return self._apply(node, decide, "release the autoscaler holds of") is not None
