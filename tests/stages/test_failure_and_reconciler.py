@@ -419,3 +419,28 @@ def test_an_unreadable_unwatched_record_is_started_afresh_not_an_error_every_run
                        agents=AgentWatch(lambda: members, dict))
     assert report.errors == [] and report.unwatched_nodes == []
     assert list(ledger.unwatched_nodes("c1").nodes) == ["i-00000000000000004"]  # a fresh record, saved
+
+
+def test_many_unwatched_nodes_with_long_names_fit_the_record_and_the_rest_are_counted(ledger: Ledger) -> None:
+    """A fleet whose agents all name their nodes wrongly (a bad config rolled out), with long
+    names: the record outgrew DynamoDB's 400 KB item, was never saved, and so no node was ever
+    due: nothing was paged."""
+    names = [f"gpu-{n:04d}-" + "x" * 180 for n in range(1500)]
+    slurm = MemorySlurm(names)
+    members = [Member(f"i-{n:017x}", name, "running") for n, name in enumerate(names)]
+    heard: dict[str, str | None] = {m.instance_id: "ip-10-0-0-1-" + "y" * 180 for m in members}
+    t0 = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
+
+    def run(minutes: float):
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=t0 + timedelta(minutes=minutes), start_burn_in=[].append,
+                         agents=AgentWatch(lambda: members, lambda: heard))
+
+    assert run(0).errors == []
+    tracked = len(ledger.unwatched_nodes("c1").nodes)
+    assert 0 < tracked < len(names)
+    due = run(UNWATCHED_AFTER.total_seconds() / 60)
+    assert due.errors == [] and len(due.unwatched_nodes or []) == tracked
+    [page] = due.pages
+    assert f"cannot watch {tracked} node(s)" in page and f"and {tracked - 50} more" in page
+    assert f"{len(names) - tracked} more cannot be watched either" in page

@@ -60,7 +60,8 @@ GRACE = timedelta(minutes=2)  # an incident whose execution is not found yet (re
 # a node in service unwatched this long is paged: longer than a reboot outside NodeMedic takes
 # to show in the scheduler (Slurm's SlurmdTimeout, 300 s by default) plus two runs
 UNWATCHED_AFTER = timedelta(minutes=15)
-MAX_UNWATCHED = 2000  # nodes tracked at once (the record stays far under DynamoDB's 400 KB item)
+MAX_UNWATCHED = 2000  # nodes tracked at once
+RECORD_BYTES = 300_000  # and the record's size: it stays under DynamoDB's 400 KB item, whatever the names
 PAGE_NAMES = 50  # named in a page; the rest counted
 
 
@@ -156,10 +157,14 @@ def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: di
     unwatched = sorted((m.instance_id, m.slurm_node, reason) for m in members
                        if m.state == "running" and m.slurm_node in nodes and nodes[m.slurm_node].serving
                        and (reason := why(m)))
-    now_known = UnwatchedNodes(nodes={
-        instance: (known.nodes[instance].model_copy(update={"why": reason}) if instance in known.nodes
-                   else UnwatchedNode(node=node, why=reason, since=now))
-        for instance, node, reason in unwatched[:MAX_UNWATCHED] if node})
+    now_known, size = UnwatchedNodes(), 0
+    for instance, node, reason in unwatched[:MAX_UNWATCHED]:
+        entry = (known.nodes[instance].model_copy(update={"why": reason}) if instance in known.nodes
+                 else UnwatchedNode(node=node or "", why=reason, since=now))
+        size += len(instance) + len(entry.model_dump_json()) + 4
+        if size > RECORD_BYTES:  # long node names: the rest is counted, not tracked
+            break
+        now_known.nodes[instance] = entry
     due = {i: n for i, n in now_known.nodes.items() if now - n.since >= UNWATCHED_AFTER}
     report.unwatched_nodes = [f"{n.node} ({i}): {n.why}" for i, n in due.items()]
     new: list[str] = []
@@ -174,10 +179,11 @@ def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: di
             continue
         new.append(f"{n.node} ({i}, since {n.since:%Y-%m-%d %H:%M} UTC: {n.why})")
     if new:
-        more = len(new) - PAGE_NAMES + max(0, len(unwatched) - MAX_UNWATCHED)
+        more, untracked = len(new) - PAGE_NAMES, len(unwatched) - len(now_known.nodes)
         report.pages.append(
             f"NodeMedic cannot watch {len(new)} node(s) in service: no fault there is detected or remediated, not "
             f"even the node going silent: {'; '.join(new[:PAGE_NAMES])}{f'; and {more} more' if more > 0 else ''}. "
+            + (f"{untracked} more cannot be watched either (too many to track one by one). " if untracked else "") +
             "Install or start the agent there (systemctl status nodemedic-agent, or the DaemonSet's pod); check that "
             "it reaches instance metadata and has the stack's AgentPublishPolicy; give it the node's scheduler name "
             "(node.slurm_node in its config, or NODEMEDIC_NODE_NAME). `nodemedic doctor` lists them.")
