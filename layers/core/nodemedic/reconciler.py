@@ -179,20 +179,24 @@ def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: di
             continue
         new.append(f"{n.node} ({i}, since {n.since:%Y-%m-%d %H:%M} UTC: {n.why})")
     if new:
-        more, untracked = len(new) - PAGE_NAMES, len(unwatched) - len(now_known.nodes)
-        report.pages.append(
-            f"NodeMedic cannot watch {len(new)} node(s) in service: no fault there is detected or remediated, not "
-            f"even the node going silent: {'; '.join(new[:PAGE_NAMES])}{f'; and {more} more' if more > 0 else ''}. "
-            + (f"{untracked} more cannot be watched either (too many to track one by one). " if untracked else "") +
-            "Install or start the agent there (systemctl status nodemedic-agent, or the DaemonSet's pod); check that "
-            "it reaches instance metadata and has the stack's AgentPublishPolicy; give it the node's scheduler name "
-            "(node.slurm_node in its config, or NODEMEDIC_NODE_NAME). `nodemedic doctor` lists them.")
+        report.pages.append(_unwatched_page(new, untracked=len(unwatched) - len(now_known.nodes)))
     now_known.nodes.update({i: n.model_copy(update={"paged": True}) for i, n in due.items() if i not in unpaged})
     if now_known != known:
         try:
             ledger.save_unwatched_nodes(cluster, now_known)
-        except Exception as exc:  # noqa: BLE001 - the next run finds them again (and may page them twice)
+        except Exception as exc:  # noqa: BLE001 - the next run finds them again, as new
             report.errors.append(f"cannot record the nodes NodeMedic cannot watch: {exc}")
+
+
+def _unwatched_page(new: list[str], untracked: int) -> str:
+    """The page for the nodes newly found unwatched (``untracked``: more, beyond the record)."""
+    more = len(new) - PAGE_NAMES
+    return (f"NodeMedic cannot watch {len(new)} node(s) in service: no fault there is detected or remediated, not "
+            f"even the node going silent: {'; '.join(new[:PAGE_NAMES])}{f'; and {more} more' if more > 0 else ''}. "
+            + (f"{untracked} more cannot be watched either (too many to track one by one). " if untracked else "")
+            + "Install or start the agent there (systemctl status nodemedic-agent, or the DaemonSet's pod); check "
+            "that it reaches instance metadata and has the stack's AgentPublishPolicy; give it the node's scheduler "
+            "name (node.slurm_node in its config, or NODEMEDIC_NODE_NAME). `nodemedic doctor` lists them.")
 
 
 def _stray_autoscaler_holds(books: Bookkeeping, orchestrator: Orchestrator, report: ReconcileReport) -> None:
