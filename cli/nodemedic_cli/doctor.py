@@ -312,13 +312,17 @@ def check_alarm_actions(target: Target) -> Iterator[Row]:
 
 
 def _nodes(target: Target) -> tuple[dict[str, Member | None], Exception | None]:
-    """Each scheduler node and the cluster member backing it (read once for every check), or why the
-    controller could not be read."""
+    """Each scheduler node and the cluster member backing it (read once for every check: one listing
+    of the members, not a lookup per node), or why the controller could not be read."""
     try:
         nodes = target.orchestrator.nodes()
     except (NodeMedicError, ClientError, BotoCoreError) as exc:
         return {}, exc
-    return {n.name: target.provider.member_by_node(n.name) for n in nodes}, None
+    by_node: dict[str, Member] = {}
+    for member in target.provider.members():
+        if member.slurm_node:
+            by_node.setdefault(member.slurm_node, member)
+    return {n.name: by_node.get(n.name) for n in nodes}, None
 
 
 def check_nodes(mapped: dict[str, Member | None], error: Exception | None, kubernetes: bool) -> Iterator[Row]:

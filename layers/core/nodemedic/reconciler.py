@@ -199,9 +199,13 @@ def _unwatched_page(new: list[str], untracked: int) -> str:
             "name (node.slurm_node in its config, or NODEMEDIC_NODE_NAME). `nodemedic doctor` lists them.")
 
 
+def _in_hand(books: Bookkeeping) -> set[str]:
+    """The nodes a lock or an open incident is about: their incident decides what happens to them."""
+    return {lock.slurm_node for lock in books.locks} | {i.slurm_node for i in books.open_incidents}
+
+
 def _stray_autoscaler_holds(books: Bookkeeping, orchestrator: Orchestrator, report: ReconcileReport) -> None:
-    busy = ({lock.slurm_node for lock in books.locks} | {i.slurm_node for i in books.open_incidents}
-            | {hold.slurm_node for hold in books.holds})
+    busy = _in_hand(books) | {hold.slurm_node for hold in books.holds}
     try:
         stray = orchestrator.stray_autoscaler_holds()
     except Exception as exc:  # noqa: BLE001 - the next run tries again
@@ -276,7 +280,7 @@ def _locks_and_claims(books: Bookkeeping, cluster: str, ledger: Ledger, report: 
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
                         now: datetime, start_burn_in: Callable[[NodeHealthEvent], None],
                         report: ReconcileReport) -> None:
-    busy = {lock.slurm_node for lock in books.locks} | {i.slurm_node for i in books.open_incidents}
+    busy = _in_hand(books)
     claimed = {c.key for c in books.claims if c.kind == REPLACEMENT}  # a replacement an open incident adopts
     for node in nodes.values():
         instance = burn_in_instance(prefix, node.reason) if node.drained else None

@@ -267,9 +267,9 @@ def _kept(annotations: dict[str, str]) -> dict[str, str]:
 
 def _stray_holds(node: _Node) -> bool:
     """``node`` carries autoscaler holds NodeMedic set, and NodeMedic holds it no more: in service
-    (no cordon, none of NodeMedic's taints) and no spare."""
+    (not held: no cordon, no burn-in hold), without NodeMedic's drain taint, and no spare."""
     return bool(_holds_set(node.annotations)) and not node.held and not any(
-        node.tainted(t) for t in (DRAIN_TAINT, SPARE_TAINT, BURN_IN_TAINT))
+        node.tainted(t) for t in (DRAIN_TAINT, SPARE_TAINT))
 
 
 def _released(annotations: dict[str, str]) -> dict[str, str]:

@@ -63,12 +63,7 @@ class AutoScalingProvider:
         return ec2_member(found[0]) if found else None
 
     def member_by_node(self, slurm_node: str) -> Member | None:
-        ids = [i["InstanceId"] for i in self._group_instances()]
-        for instance in self._describe(ids):
-            member = ec2_member(instance)
-            if member.slurm_node == slurm_node and member.state not in _GONE:
-                return member
-        return None
+        return next((m for m in self.members() if m.slurm_node == slurm_node), None)
 
     def members(self) -> list[Member]:
         ids = [i["InstanceId"] for i in self._group_instances()]

@@ -35,8 +35,7 @@ class EC2Provider:
         return ec2_member(found[0]) if found else None
 
     def member_by_node(self, slurm_node: str) -> Member | None:
-        found = [ec2_member(i) for i in self._instances()]
-        return next((m for m in found if m.slurm_node == slurm_node), None)
+        return next((m for m in self.members() if m.slurm_node == slurm_node), None)
 
     def members(self) -> list[Member]:
         return [ec2_member(i) for i in self._instances()]
