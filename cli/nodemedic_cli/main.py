@@ -29,7 +29,7 @@ from nodemedic_cli.xid import app as xid_app
 err_console = Console(stderr=True)
 
 app = typer.Typer(help="NodeMedic: event-driven remediation of GPU training nodes.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False, rich_markup_mode="markdown")
 app.add_typer(fleet_app, name="fleet")
 app.add_typer(xid_app, name="xid")
 
@@ -271,7 +271,7 @@ def resume_automation(ctx: typer.Context, reason: Reason, by: By = "", as_json: 
                                                                                     reason)), _reenabled_lines)
 
 
-breaker_app = typer.Typer(help="The circuit breaker: status and reset.", no_args_is_help=True)
+breaker_app = typer.Typer(help="The circuit breaker: status and reset.", no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(breaker_app, name="breaker")
 
 

@@ -15,7 +15,8 @@ from nodemedic.domain.classification import classify, fault_table
 
 from nodemedic_cli.console import console
 
-app = typer.Typer(help="NVIDIA's Xid catalog: look a code up, or regenerate the table.", no_args_is_help=True)
+app = typer.Typer(help="NVIDIA's Xid catalog: look a code up, or regenerate the table.", no_args_is_help=True,
+                  rich_markup_mode="markdown")
 CATALOG = Path(xid_data.__file__).with_name("xid_catalog.csv")
 SOURCE = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 COLUMNS = {  # NVIDIA's column header -> ours

@@ -16,7 +16,8 @@ from nodemedic_cli.fleet import model
 from nodemedic_cli.fleet.policies import NodeMedicInputs, hyperpod, manual, nodemedic
 from nodemedic_cli.fleet.simulate import Effects, simulate
 
-app = typer.Typer(help="What failures cost a training run, and what NodeMedic saves.", no_args_is_help=True)
+app = typer.Typer(help="What failures cost a training run, and what NodeMedic saves.", no_args_is_help=True,
+                  rich_markup_mode="markdown")
 
 Instances = Annotated[int, typer.Option(min=1, max=100_000, help="Instances in the cluster.")]
 Rate = Annotated[str, typer.Option(help="Failures per instance-hour: a fraction (0.0005) or a percentage (0.05%).")]
