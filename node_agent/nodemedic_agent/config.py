@@ -3,14 +3,15 @@ an error that names the field."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from nodemedic.contracts.events import CLUSTER_NAME, INSTANCE_ID, NODE_NAME
 from nodemedic.contracts.problems import describe
 from nodemedic.domain.classification import parse_overrides
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,8 +25,45 @@ class ConfigError(Exception):
     """The configuration file is missing, not TOML, or has an invalid field."""
 
 
+def _absolute(path: str) -> str:
+    if not path.startswith("/"):
+        raise ValueError(f"{path!r} is not an absolute path (the agent runs from /, under systemd)")
+    return path
+
+
+def _url(url: str) -> str:
+    if not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", url):
+        raise ValueError(f"{url[:80]!r} is not an http(s) URL")
+    return url
+
+
+def _event_bus(name: str) -> str:
+    # PutEvents' EventBusName, as the EventBridge API model gives it (NonPartnerEventBusNameOrArn)
+    if not re.fullmatch(r"(arn:aws[\w-]*:events:[a-z]+-[a-z]+-[\w-]+:[0-9]{12}:event-bus/)?[.\-_A-Za-z0-9]+", name):
+        raise ValueError(f"{name[:80]!r} is not an event bus name or ARN (the stack output EventBusName)")
+    return name
+
+
+def _whole(value: object) -> object:
+    """A count written as a whole float is that count: Helm renders every number of its values
+    as a float (``gpus = 8.0`` in the chart's ConfigMap). A fraction or a boolean stays an error."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# a count: an integer (or a whole float), never a boolean or a string
+Count = Annotated[int, BeforeValidator(_whole)]
+# a path on the node: absolute, so it does not depend on the directory the agent starts in
+AbsolutePath = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_absolute)]
+# an AWS endpoint (a VPC endpoint, an emulator in tests): botocore takes only an http(s) URL
+EndpointUrl = Annotated[str, Field(max_length=2048), AfterValidator(_url)]
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict: TOML states each value's type, so a value of another type (``gpus = true``,
+    ``poll_seconds = "10"``) is a mistake to name, not to convert; NaN and infinity are no
+    interval, count or threshold."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class NodeSection(_Section):
@@ -45,7 +83,7 @@ class Intervals(_Section):
     reassert_seconds: float = Field(
         default=60, ge=0, le=3600, description="send a health event again (same event_id) after this, doubling "
                                                "each time: a delivery the pipeline could not act on is not lost")
-    reasserts: int = Field(default=3, ge=0, le=10, description="how many times, without "
+    reasserts: Count = Field(default=3, ge=0, le=10, description="how many times, without "
                                                            "publish.acknowledgements_table; 0: never")
     reassert_within_seconds: float = Field(
         default=86400, ge=0, le=14 * 86400,
@@ -55,8 +93,8 @@ class Intervals(_Section):
 
 
 class Expected(_Section):
-    gpus: int = Field(default=8, ge=0, le=64)
-    efa_devices: int = Field(default=0, ge=0, le=64)
+    gpus: Count = Field(default=8, ge=0, le=64)
+    efa_devices: Count = Field(default=0, ge=0, le=64)
 
 
 DEFAULT_EFA_RATES = {  # errors per second, sustained for efa_debounce_polls polls: EFA_ERROR_RATE
@@ -66,14 +104,14 @@ DEFAULT_EFA_RATES = {  # errors per second, sustained for efa_debounce_polls pol
 
 
 class Thresholds(_Section):
-    nvlink_errors_per_poll: int = Field(default=100, ge=1)
-    efa_errors_per_poll: int = Field(default=100, ge=1, description="a one-poll jump of all EFA error counters "
+    nvlink_errors_per_poll: Count = Field(default=100, ge=1)
+    efa_errors_per_poll: Count = Field(default=100, ge=1, description="a one-poll jump of all EFA error counters "
                                                                    "together: recorded (EFA_HW_ERRORS)")
     efa_error_rates: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_EFA_RATES),
         description="EFA hardware counter -> errors per second; above it for efa_debounce_polls polls "
                     "in a row: EFA_ERROR_RATE")
-    efa_debounce_polls: int = Field(default=3, ge=1, le=100)
+    efa_debounce_polls: Count = Field(default=3, ge=1, le=100)
 
     @field_validator("efa_error_rates")
     @classmethod
@@ -89,40 +127,40 @@ class Thresholds(_Section):
 
 
 class Storage(_Section):
-    paths: list[str] = Field(default_factory=lambda: ["/"])
+    paths: list[AbsolutePath] = Field(default_factory=lambda: ["/"])
     min_free_percent: float = Field(default=5, ge=0, le=100)
-    shared_mounts: list[str] = Field(default_factory=list, description="e.g. the FSx for Lustre mount")
+    shared_mounts: list[AbsolutePath] = Field(default_factory=list, description="e.g. the FSx for Lustre mount")
     probe_timeout_seconds: float = Field(default=5, gt=0, le=120)
 
 
 class KernelLog(_Section):
     source: Literal["kmsg", "journal", "file", "off"] = "kmsg"
-    path: str = "/dev/kmsg"
+    path: AbsolutePath = "/dev/kmsg"
 
 
 class Hardware(_Section):
     backend: Literal["nvml", "simulated"] = "nvml"
-    simulated_dir: str | None = Field(default=None, description="State of the simulated GPUs/EFA/disks")
-    sysfs_root: str = "/sys"
+    simulated_dir: AbsolutePath | None = Field(default=None, description="State of the simulated GPUs/EFA/disks")
+    sysfs_root: AbsolutePath = "/sys"
     dcgm: bool = Field(default=True, description="Read DCGM health watches when dcgmi is installed")
 
 
 class Publish(_Section):
-    spool_dir: str = "/var/spool/nodemedic-agent"
-    spool_max_events: int = Field(default=10000, ge=10)
+    spool_dir: AbsolutePath = "/var/spool/nodemedic-agent"
+    spool_max_events: Count = Field(default=10000, ge=10)
     max_backoff_seconds: float = Field(default=30, gt=0, le=600)
-    endpoint_url: str | None = Field(default=None, description="EventBridge endpoint (VPC endpoint, tests)")
+    endpoint_url: EndpointUrl | None = Field(default=None, description="EventBridge endpoint (VPC endpoint, tests)")
     acknowledgements_table: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9_.-]{3,255}$",
         description="the stack output IncidentsTableName: the agent reads there whether the pipeline decided "
                     "on each health event it sent, and sends it again until it has")
-    dynamodb_endpoint_url: str | None = Field(default=None, description="DynamoDB endpoint (VPC endpoint, tests)")
+    dynamodb_endpoint_url: EndpointUrl | None = Field(default=None, description="DynamoDB endpoint (VPC endpoint, tests)")
 
 
 class BurnIn(_Section):
     """The burn-in hold (``nodemedic-agent burn-in-hold``, run before slurmd starts)."""
 
-    marker: str = Field(default="/run/nodemedic/burn-in-hold.json",
+    marker: AbsolutePath = Field(default="/run/nodemedic/burn-in-hold.json",
                         description="left by the hold for the agent to publish NODE_JOINED; in /run, gone at boot")
     drain_prefix: str = Field(default="nodemedic", pattern=r"^[A-Za-z0-9_-]{1,32}$",
                               description="the stack's DrainReasonPrefix: the pipeline takes over only its own drains")
@@ -133,7 +171,7 @@ class BurnIn(_Section):
 
 class AgentConfig(_Section):
     cluster: str = Field(pattern=CLUSTER_NAME)
-    event_bus: str = Field(min_length=1, max_length=256)
+    event_bus: Annotated[str, Field(min_length=1, max_length=1600), AfterValidator(_event_bus)]
     region: str | None = Field(default=None, pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
     node: NodeSection = Field(default_factory=NodeSection)
     intervals: Intervals = Field(default_factory=Intervals)

@@ -32,6 +32,20 @@ def run_agent(*args: str) -> subprocess.CompletedProcess[str]:
     (GOOD + "[fault_overrides]\n\"XID 74\" = \"explode\"\n", "fault_overrides"),
     (GOOD + "[kernel_log]\nsource = \"syslog\"\n", "kernel_log.source"),
     ("cluster = [unclosed", "not valid TOML"),
+    # no type is converted: a boolean is no count, a string no interval, an integer no switch
+    (GOOD + "[expected]\ngpus = true\n", "expected.gpus"),
+    (GOOD + "[expected]\ngpus = 7.5\n", "expected.gpus"),
+    (GOOD + "[intervals]\npoll_seconds = \"10\"\n", "intervals.poll_seconds"),
+    (GOOD.replace('backend = "simulated"', "dcgm = 1\nbackend = \"simulated\""), "hardware.dcgm"),
+    # NaN compares false with every rate, so the rule would never fire; infinity is no interval
+    (GOOD + "[thresholds.efa_error_rates]\nrdma_read_wr_err = nan\n", "thresholds.efa_error_rates.rdma_read_wr_err"),
+    (GOOD + "[intervals]\nheartbeat_seconds = inf\n", "intervals.heartbeat_seconds"),
+    # paths on the node are absolute: systemd starts the agent in /, a test runner anywhere
+    (GOOD + "[publish]\nspool_dir = \"spool\"\n", "publish.spool_dir"),
+    (GOOD + "[kernel_log]\nsource = \"file\"\npath = \"\"\n", "kernel_log.path"),
+    (GOOD + "[storage]\npaths = [\"/\", \"data\"]\n", "storage.paths.1"),
+    (GOOD + "[publish]\nendpoint_url = \"vpce-0a1b.events.us-east-1.vpce.amazonaws.com\"\n", "publish.endpoint_url"),
+    (GOOD.replace('"nodemedic-local"', '"nodemedic local"'), "event_bus"),
 ])
 def test_malformed_config_stops_the_agent_naming_the_field(tmp_path: Path, text: str, named: str):
     config = tmp_path / "agent.toml"
@@ -42,6 +56,16 @@ def test_malformed_config_stops_the_agent_naming_the_field(tmp_path: Path, text:
     assert proc.returncode == 2
     assert "configuration error" in proc.stderr and named in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_count_helm_renders_as_a_whole_float_and_a_bus_arn_are_accepted(tmp_path: Path):
+    """Helm renders every number of its values as a float: the chart's ConfigMap says ``gpus = 8.0``."""
+    config = tmp_path / "agent.toml"
+    bus = "arn:aws:events:us-west-2:123456789012:event-bus/nodemedic-prod-a"
+    config.write_text(GOOD.replace('"nodemedic-local"', f'"{bus}"') + "[expected]\ngpus = 8.0\nefa_devices = 32\n"
+                      "[publish]\nendpoint_url = \"https://vpce-0a1b.events.us-west-2.vpce.amazonaws.com\"\n")
+    loaded = load_config(config)
+    assert (loaded.expected.gpus, loaded.expected.efa_devices, loaded.event_bus) == (8, 32, bus)
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path: Path):
