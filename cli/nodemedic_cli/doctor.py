@@ -388,6 +388,40 @@ def check_spares(target: Target) -> Iterator[Row]:
               f"{len(ready_now)} ready of {size} ({', '.join(f'{s.name} {s.state}' for s in pool) or 'empty'})")
 
 
+def check_configuration(target: Target) -> Iterator[Row]:
+    """The stack's JSON parameters and the safety policy, read as the functions read them: a bad
+    one fails every incident at its stage (or holds it, for the policy) until it is fixed, and
+    CloudFormation takes any text."""
+    from nodemedic.domain.checkpoint import parse_checkpoint_policy
+    from nodemedic.domain.classification import parse_overrides
+    from nodemedic.orchestrators.kubernetes import parse_drain_policy
+    from nodemedic.safety.policy import parse_policy
+
+    parsers: list[tuple[str, Callable[[str], object], str]] = [
+        ("FaultActionOverrides", parse_overrides, 'a JSON object of fault code -> action, e.g. {"XID 74": "monitor"}'),
+        ("CheckpointPolicy", parse_checkpoint_policy, "docs/checkpoints.md"),
+    ]
+    if target.on_kubernetes:
+        parsers.append(("KubernetesDrainPolicy", parse_drain_policy, "docs/kubernetes.md"))
+    for key, parse, shape in parsers:
+        try:
+            parse(target.parameters.get(key, ""))
+        except (ValueError, NodeMedicError) as exc:
+            yield Row(f"parameter {key}", "fail", str(exc)[:500],
+                      f"sam deploy --parameter-overrides {key}='...' with a valid value ({shape})")
+        else:
+            yield Row(f"parameter {key}", "pass", "valid")
+    name = target.output("SafetyPolicyParameterName")
+    text = target.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+    try:
+        parse_policy(text, origin=f"safety policy {name}")
+    except NodeMedicError as exc:
+        yield Row("safety policy", "fail", f"{str(exc)[:500]}; every incident is held until it is fixed",
+                  f"aws ssm put-parameter --overwrite --name {name} --value '<valid JSON>' (docs/safety.md)")
+    else:
+        yield Row("safety policy", "pass", f"{name}: valid")
+
+
 def run(target: Target, permissions: Permissions | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> list[Row]:
     """Every check, in order; a check that cannot run is itself a failed row."""
@@ -396,6 +430,7 @@ def run(target: Target, permissions: Permissions | None = None,
     mapped, nodes_error = _nodes(target)
     member = next((m.instance_id for m in mapped.values() if m), "")
     checks: list[tuple[str, Callable[[], Iterator[Row]]]] = [
+        ("configuration", lambda: check_configuration(target)),
         ("rules", lambda: check_rules(target)),
         ("permissions", lambda: check_permissions(target, perms, member or "i-00000000000000000")),
         ("documents", lambda: check_documents(target)),

@@ -296,12 +296,12 @@ def doctor(
         "--local", help="Deploy the local stack (embedded AWS, local cluster, one remediation) and check it.")] = False,
     as_json: AsJson = False,
 ) -> None:
-    """Check a deployment after sam deploy: rules wired; each function's role allowed every call it
-    makes (iam:SimulatePrincipalPolicy); the SSM documents; the alarm topic usable by CloudWatch; the
-    alarm and dashboard metrics published with exactly the dimensions they query; every Slurm or
-    Kubernetes node mapped to an instance; the agents' heartbeats, the nodes whose agent was never
-    heard, and agents that name their node unlike the scheduler; the spare pool. A fix hint for each
-    failed row; exit 1 when any check fails."""
+    """Check a deployment after sam deploy: the JSON parameters and the safety policy valid; rules
+    wired; each function's role allowed every call it makes (iam:SimulatePrincipalPolicy); the SSM
+    documents; the alarm topic usable by CloudWatch; the alarm and dashboard metrics published with
+    exactly the dimensions they query; every Slurm or Kubernetes node mapped to an instance; the
+    agents' heartbeats, the nodes whose agent was never heard, and agents that name their node unlike
+    the scheduler; the spare pool. A fix hint for each failed row; exit 1 when any check fails."""
     from nodemedic_cli import doctor as checks
 
     def show(rows: list[dict[str, str]]) -> None:

@@ -77,6 +77,7 @@ def test_the_doctor_passes_on_the_local_stack() -> None:
         assert all(rows[f"permissions {f}"]["status"] == "pass" for f in ("DetectFunction", "RepairFunction",
                                                                           "HealthCheckResultFunction"))
         assert rows["document HealthCheckDocument"]["status"] == "pass"
+        assert rows["parameter FaultActionOverrides"]["status"] == rows["safety policy"]["status"] == "pass"
 
 
 def test_a_metric_published_with_other_dimensions_fails_its_row() -> None:
@@ -114,6 +115,29 @@ def test_main_send_task_success_permission_is_denied_and_named() -> None:
         row = rows["permissions HealthCheckResultFunction"]
         assert code == 1 and row["status"] == "fail" and "states:SendTaskSuccess on *" in row["detail"]
         assert '"Resource": "*"' in row["fix"]
+
+
+def test_a_bad_json_parameter_or_safety_policy_fails_its_row() -> None:
+    """CloudFormation takes any text for the JSON parameters, and an operator edits the safety
+    policy with put-parameter: a bad one failed (or held) every incident, and only then said so."""
+    bad = {"FaultActionOverrides": '{"XID 74": "monitr"}', "CheckpointPolicy": '{"default": {"grace_seconds": '}
+    with deployed(extra_parameters=bad) as local:
+        code, rows = doctor(local)
+        assert code == 1
+        overrides, checkpoints = rows["parameter FaultActionOverrides"], rows["parameter CheckpointPolicy"]
+        assert overrides["status"] == "fail" and "'monitr' is not one of" in overrides["detail"]
+        assert checkpoints["status"] == "fail" and "CHECKPOINT_POLICY" in checkpoints["detail"]
+        assert "FaultActionOverrides=" in overrides["fix"] and "docs/checkpoints.md" in checkpoints["fix"]
+        assert rows["safety policy"]["status"] == "pass"
+
+        ssm = local.aws.client("ssm")
+        name = local.stack.outputs["SafetyPolicyParameterName"]
+        policy = json.loads(ssm.get_parameter(Name=name)["Parameter"]["Value"])
+        policy["breaker"]["max_percent"] = 0
+        ssm.put_parameter(Name=name, Value=json.dumps(policy), Overwrite=True)
+        _, rows = doctor(local)
+        row = rows["safety policy"]
+        assert row["status"] == "fail" and "breaker.max_percent" in row["detail"] and "put-parameter" in row["fix"]
 
 
 def test_a_node_whose_instance_is_gone_fails_the_mapping_row() -> None:

@@ -116,5 +116,7 @@ def test_a_remediator_drains_resumes_and_starts_an_incident_through_the_real_api
     rows = {r["check"]: r for r in cli(local, session, "doctor", code=0)}
     assert rows["scheduler"] == {"check": "scheduler", "status": "pass", "detail": "4 Kubernetes nodes", "fix": ""}
     assert rows["nodes mapped"]["status"] == "pass" and rows["spare pool"]["status"] == "pass"
+    assert rows["parameter KubernetesDrainPolicy"] == {"check": "parameter KubernetesDrainPolicy", "status": "pass",
+                                                        "detail": "valid", "fix": ""}
     # every call the CLI made reached the API server as carol, in the group her entry names
     assert (arn, ("nodemedic:remediator",)) in kube.authenticator.authenticated

@@ -62,3 +62,24 @@ def test_a_waiting_incident_that_ended_no_longer_counts_and_is_forgotten(ledger:
             ledger.end(i, "closed", clock(), "ended", release_node=True)
     assert _gate(incidents[5], provider, control, ledger) == "throttled"  # 3 nodes count: 2 admitted + itself
     assert sorted(control.read().waiting) == [incidents[5].incident_id]
+
+
+def test_an_invalid_safety_policy_holds_every_incident_naming_the_field_and_releases_the_node(ledger: Ledger) -> None:
+    """An operator's put-parameter with a bad policy: no rule of it is half applied. Each incident
+    is held with a page that names the bad field; its node lock is released, so the same fault is
+    taken again once the policy is fixed."""
+    from nodemedic.safety.policy import parse_policy
+
+    def bad() -> SafetyPolicy:
+        return parse_policy('{"max_concurrent": 2, "breaker": {"max_percent": 0}}', origin="safety policy /p")
+
+    provider = MemoryProvider(*(Member(f"i-{n}", n, "running") for n in NODES[:2]))
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    held = opened(ledger, NODES[0])
+    out = gate(held, load_policy=bad, provider=provider, control=control, ledger=ledger, clock=clock)
+    assert out.verdict == "hold" and "breaker.max_percent" in out.reason
+    assert out.notify and "breaker.max_percent" in out.notify and "Nothing was done to the node" in out.notify
+    assert ledger.get(held.incident_id).status == "held"
+    assert control.read().admissions == {}  # nothing admitted, the breaker untouched
+    again = opened(ledger, NODES[0])  # the lock was released: the next fault opens an incident
+    assert _gate(again, provider, control, ledger) == "proceed"
