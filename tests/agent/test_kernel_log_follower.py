@@ -12,7 +12,14 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from nodemedic_agent.checks.kernel_log import KernelLogEndedError, KernelLogFollower, LogStats, kmsg_message, message_finding
+from nodemedic_agent.checks.kernel_log import (
+    MAX_LINE_BYTES,
+    KernelLogEndedError,
+    KernelLogFollower,
+    LogStats,
+    kmsg_message,
+    message_finding,
+)
 
 # records as /dev/kmsg gives them, one per read(): a dev_err()/ibdev_err() message carries its
 # device dictionary as continuation lines (Documentation/ABI/testing/dev-kmsg)
@@ -89,6 +96,29 @@ def test_a_syslog_file_is_followed_across_logrotate(tmp_path: Path, stopped: thr
     reader.join(timeout=5)
     assert codes([*first, *second]) == ["XID 79", "EFA_DRIVER_FATAL"]  # type: ignore[list-item]
     assert follower.stats.skipped == 0 and not reader.is_alive()
+
+
+def test_a_syslog_file_with_bytes_that_are_not_utf8_or_an_endless_line_is_still_followed(
+        tmp_path: Path, stopped: threading.Event) -> None:
+    """rsyslog passes a device's 8-bit text through as it is, and a torn or corrupt file can hold a
+    run of bytes with no end of line: the watcher read the file as UTF-8 text, so the first stopped
+    it (the XID after it was lost), and the second was held whole in memory."""
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"")
+    follower = KernelLogFollower("file", str(log), stopped)
+    seen, reader = follow(follower)
+    threading.Event().wait(0.3)  # it has opened the file and skipped to its end
+    with log.open("ab") as f:
+        f.write(b"Nov 22 10:11:11 ip-10-0-1-17 kernel: usb 1-1: Manufacturer: Caf\xe9 \xff\xfe\n")
+        f.write(b"\x01" * (MAX_LINE_BYTES * 3) + b"\n")
+        f.write(b"Nov 22 10:11:12 ip-10-0-1-17 kernel: [ 8817.230911] NVRM: Xid (PCI:0000:3b:00): 79, pid=2749, "
+                b"name=python3, GPU has fallen off the bus.\n")
+    got = take(seen, 2)
+    stopped.set()
+    reader.join(timeout=5)
+    assert got[0] == "Nov 22 10:11:11 ip-10-0-1-17 kernel: usb 1-1: Manufacturer: Caf\ufffd \ufffd\ufffd"
+    assert codes(got) == [None, "XID 79"]  # type: ignore[arg-type]
+    assert follower.stats.skipped == 1 and seen.empty() and not reader.is_alive()
 
 
 @pytest.fixture

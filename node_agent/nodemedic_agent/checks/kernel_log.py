@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from threading import Event
-from typing import TextIO
+from typing import BinaryIO
 
 from nodemedic.domain.xid import decode_nvlink5, recovery_action_code
 
@@ -158,7 +158,7 @@ def log_file_message(line: str, stats: LogStats) -> tuple[str, datetime] | None:
     return text, datetime.now(UTC)
 
 
-def rotated(path: Path, f: TextIO) -> bool:
+def rotated(path: Path, f: BinaryIO) -> bool:
     """Whether the file at ``path`` is no longer the one ``f`` reads to its end: truncated
     (copytruncate), or moved away and a new one created (logrotate's default)."""
     try:
@@ -210,22 +210,32 @@ class KernelLogFollower:
             os.close(fd)
 
     def _file(self, idle_s: float = 0.05) -> Iterator[str]:
+        """The lines appended to the file, read as bytes: a syslog file may hold bytes that are not
+        UTF-8 (rsyslog passes a device's 8-bit text through), replaced, never a decoding error that
+        stops the watcher. A line is bounded: a run of bytes with no end of line in sight (a
+        corrupt file) is skipped and counted, never held in memory."""
         path = Path(self.path)
-        f = path.open()
+        f = path.open("rb")
         f.seek(0, os.SEEK_END)
-        buffer = ""
+        pending, too_long = b"", False
         try:
             while not self.stop.is_set():
-                chunk = f.readline()
+                chunk = f.readline(MAX_LINE_BYTES + 1)
                 if chunk:
-                    buffer += chunk
-                    if buffer.endswith("\n"):
-                        yield buffer
-                        buffer = ""
+                    pending += chunk
+                    if pending.endswith(b"\n"):
+                        line, pending = pending, b""
+                        if too_long:  # the end of a line that was too long
+                            too_long = False
+                            continue
+                        yield line.decode(errors="replace")
+                    elif len(pending) > MAX_LINE_BYTES:
+                        self.stats.skipped += 0 if too_long else 1
+                        pending, too_long = b"", True
                     continue
                 if rotated(path, f):
                     f.close()
-                    f = path.open()  # the new file, from its first line
+                    f = path.open("rb")  # the new file, from its first line
                 self.stop.wait(idle_s)
         finally:
             f.close()
