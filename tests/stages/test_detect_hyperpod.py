@@ -52,6 +52,21 @@ def test_an_unhealthy_node_hyperpod_leaves_alone_is_remediated_as_hma_advises(le
     assert _detect(event, ledger).decision == "deduplicated" and len(ledger.list_incidents()) == 1
 
 
+def test_a_reason_longer_than_expected_is_cut_not_a_reason_to_refuse_the_node(ledger: Ledger) -> None:
+    """HMA's reason and recommendation are text NodeMedic only shows; a longer one than any seen
+    refused the whole event before, and the unhealthy node was left in service."""
+    reason = "HyperPod Health Monitoring Agent (HMA) has detected fault type NvidiaErrorTerminate on this node " \
+             "and is unhealthy. " + "Details: " + "x" * 5000
+    out = _detect(_event(HealthStatusReason=reason, Recommendation="Please Replace the Faulty Node. " + "y" * 3000),
+                  ledger)
+    assert out.decision == "remediate" and out.incident.action == "replace"
+    [incident] = ledger.list_incidents()
+    evidence = incident.stages["detect"].result["evidence"]
+    assert evidence["reason"] == reason[:1024] and evidence["hma_fault"] == "NvidiaErrorTerminate"
+    with pytest.raises(InvalidEventError, match="HealthStatusReason"):  # still text, nothing else
+        _detect(_event(HealthStatusReason=["not", "text"]), ledger)  # type: ignore[arg-type]
+
+
 def test_a_reboot_hma_advises_starts_the_reboot_ladder(ledger: Ledger) -> None:
     out = _detect(_event(Recommendation="Reboot the node to recover it."), ledger)
     assert (out.incident.fault_code, out.incident.action, out.incident.ladder) == (
