@@ -177,6 +177,28 @@ def _seconds(text: str) -> int:
     return value
 
 
+def _wait_seconds(text: str) -> float:
+    """A wait (the settle wait, the burn-in hold's retries): 0 to an hour. A NaN wait never ended
+    (no time is past it), so a node that stays unhealthy was waited on forever."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 3600:  # False for NaN
+        raise argparse.ArgumentTypeError(f"{text} s: give 0 to 3600")
+    return value
+
+
+def _polls(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of polls: {text!r}") from None
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{value}: give 1 to 100")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     from nodemedic_agent.gpu_reset import RESTORE_AFTER_S
 
@@ -207,11 +229,11 @@ def parser() -> argparse.ArgumentParser:
     hc.add_argument("--instance-type", default=None,
                     help="thresholds and settle time of this type (default: from instance metadata; unknown types "
                          "are measured, not judged)")
-    hc.add_argument("--settle-seconds", type=float, default=None,
+    hc.add_argument("--settle-seconds", type=_wait_seconds, default=None,
                     help="repeat the checks for up to this long until --settle-polls in a row are clean, before "
                          "any verdict (after a reboot, GPU reset or replacement NVLinks are still training); "
-                         "default: the instance type's, 0: judge the first poll")
-    hc.add_argument("--settle-polls", type=int, default=3, help="clean polls in a row that end the settle wait")
+                         "0 to 3600; default: the instance type's, 0: judge the first poll")
+    hc.add_argument("--settle-polls", type=_polls, default=3, help="clean polls in a row that end the settle wait (1 to 100)")
     hc.add_argument("--dcgm-level", type=int, choices=[1, 2, 3, 4], default=3, help="full: dcgmi diag -r LEVEL")
     hc.add_argument("--require", action="append", default=[], choices=["dcgm_diag", "gpu_burn", "nccl_all_reduce"],
                     help="full: this check failing to run fails the node (repeatable)")
@@ -223,8 +245,8 @@ def parser() -> argparse.ArgumentParser:
         description="Run as slurmd's ExecStartPre (systemd/slurmd-burn-in.conf). Drains the node with the reason "
                     "'<drain_prefix>:burn-in <instance> joined' and leaves a marker in /run; the running agent "
                     "publishes NODE_JOINED for it, and the pipeline lifts the drain only once the full check passes.")
-    hold.add_argument("--retry-seconds", type=float, default=None,
-                      help="retry an unreachable controller this long (default: [burn_in] retry_seconds)")
+    hold.add_argument("--retry-seconds", type=_wait_seconds, default=None,
+                      help="retry an unreachable controller this long, 0 to 3600 (default: [burn_in] retry_seconds)")
     hold.set_defaults(func=cmd_burn_in_hold)
 
     reset = sub.add_parser(

@@ -91,6 +91,24 @@ def test_a_fault_that_stays_fails_once_the_settle_window_is_over(sim, config_fil
     assert report["settle"]["waited_s"] >= 0.5
 
 
+HEALTH_CHECK = ["health-check", "--instance-type", "p5.48xlarge"]
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    # a NaN wait never ended: a node that stays unhealthy (an unreachable controller) was waited on forever
+    ([*HEALTH_CHECK, "--settle-seconds", "nan"], "--settle-seconds"),
+    ([*HEALTH_CHECK, "--settle-seconds", "-5"], "--settle-seconds"),
+    ([*HEALTH_CHECK, "--settle-seconds", "1e12"], "--settle-seconds"),
+    ([*HEALTH_CHECK, "--settle-polls", "0"], "--settle-polls"),
+    ([*HEALTH_CHECK, "--settle-polls", "-1"], "--settle-polls"),
+    (["burn-in-hold", "--retry-seconds", "nan"], "--retry-seconds"),
+])
+def test_a_wait_that_could_never_end_or_mean_anything_is_refused(sim, config_file, capsys, args, named):
+    with pytest.raises(SystemExit) as refused:
+        main(["--config", str(config_file), *args])
+    assert refused.value.code == 2 and named in capsys.readouterr().err
+
+
 def test_settle_judges_after_n_clean_polls_or_the_deadline() -> None:
     bad = CheckResult("gpu", "x", [Finding("nvml", "NVLINK_DOWN", "failed", "down")])
     good = CheckResult("gpu", "x")
