@@ -9,7 +9,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nodemedic_agent import __version__
 from nodemedic_agent.config import DEFAULT_PATH, AgentConfig, ConfigError, load_config
@@ -166,37 +168,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seconds(text: str) -> int:
-    """A whole number of seconds from 60 to a day (the restore timer: long enough for a reset)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
-    if not 60 <= value <= 86_400:
-        raise argparse.ArgumentTypeError(f"{value} s: give 60 to 86400")
-    return value
+def _number(parse: Callable[[str], float], low: float, high: float, unit: str) -> Callable[[str], Any]:
+    """An option's type: a number ``parse`` reads, from ``low`` to ``high`` (NaN is neither: a NaN
+    wait never ended, as no time is past it)."""
+    def read(text: str) -> float:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of {unit}: {text!r}") from None
+        if not low <= value <= high:  # False for NaN
+            raise argparse.ArgumentTypeError(f"{text} {unit}: give {low:g} to {high:g}")
+        return value
+    return read
 
 
-def _wait_seconds(text: str) -> float:
-    """A wait (the settle wait, the burn-in hold's retries): 0 to an hour. A NaN wait never ended
-    (no time is past it), so a node that stays unhealthy was waited on forever."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value <= 3600:  # False for NaN
-        raise argparse.ArgumentTypeError(f"{text} s: give 0 to 3600")
-    return value
-
-
-def _polls(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of polls: {text!r}") from None
-    if not 1 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"{value}: give 1 to 100")
-    return value
+_seconds = _number(int, 60, 86_400, "seconds")  # the restore timer: long enough for a reset, at most a day
+_wait_seconds = _number(float, 0, 3600, "seconds")  # the settle wait, the burn-in hold's retries
+_polls = _number(int, 1, 100, "polls")
 
 
 def parser() -> argparse.ArgumentParser:
