@@ -49,6 +49,20 @@ def test_bad_durations_are_clear_errors(args, message):
     assert result.exit_code == 2 and message in result.output
 
 
+@pytest.mark.parametrize(("command", "args", "named"), [
+    # a traceback (ZeroDivisionError), and results for clusters that cannot exist
+    ("simulate", ["--sizes", "0"], "--sizes"), ("simulate", ["--sizes", "-5"], "--sizes"),
+    ("simulate", ["--sizes", ","], "--sizes"),
+    # a simulation that never ends, and JSON that is not JSON (NaN, Infinity)
+    ("simulate", ["--gpu-hours", "1e300"], "--gpu-hours"), ("simulate", ["--gpu-hours", "1e9"], "simulated failures"),
+    ("compare", [*WORKED, "--gpu-hours", "inf"], "--gpu-hours"),
+    ("compare", [*WORKED, "--price-per-gpu-hour", "inf"], "--price-per-gpu-hour"),
+])
+def test_inputs_no_run_could_have_are_refused_at_once(command, args, named):
+    result = runner.invoke(app, ["fleet", command, *args, "--json"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and named in result.output and "Traceback" not in result.output
+
+
 def test_a_failure_rate_out_of_range_is_refused():
     with pytest.raises(ValueError, match="fraction per instance-hour"):
         parse_rate("5")

@@ -19,9 +19,11 @@ from nodemedic_cli.fleet.simulate import Effects, simulate
 app = typer.Typer(help="What failures cost a training run, and what NodeMedic saves.", no_args_is_help=True,
                   rich_markup_mode="markdown")
 
-Instances = Annotated[int, typer.Option(min=1, max=100_000, help="Instances in the cluster.")]
+MAX_INSTANCES = 100_000
+MAX_SIMULATED_FAILURES = 50_000_000
+Instances = Annotated[int, typer.Option(min=1, max=MAX_INSTANCES, help="Instances in the cluster.")]
 Rate = Annotated[str, typer.Option(help="Failures per instance-hour: a fraction (0.0005) or a percentage (0.05%).")]
-GpuHours = Annotated[float, typer.Option(min=1, help="GPU-hours the training run needs.")]
+GpuHours = Annotated[float, typer.Option(min=1, max=1e12, help="GPU-hours the training run needs.")]
 Gpus = Annotated[int, typer.Option(min=1, max=64, help="GPUs per instance.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
@@ -78,7 +80,7 @@ def compare(
     instances: Instances, failure_rate: Rate, gpu_hours: GpuHours, gpus_per_instance: Gpus = 8,
     downtime_a: Annotated[str, typer.Option(help="Downtime per failure under policy A, e.g. 280m.")] = "280m",
     downtime_b: Annotated[str, typer.Option(help="Downtime per failure under policy B, e.g. 40m.")] = "40m",
-    price_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="$ per GPU-hour, for cost_saved.")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(min=0, max=10_000, help="$ per GPU-hour, for cost_saved.")] = None,
     as_json: AsJson = False,
 ) -> None:
     """The published analytic model: training time, days lost and improvement of B over A."""
@@ -105,7 +107,7 @@ def simulate_cmd(
     failure_rate: Rate = "0.05%", gpu_hours: GpuHours = 10_000_000, gpus_per_instance: Gpus = 8,
     sizes: Annotated[str, typer.Option(help="Cluster sizes, comma-separated.")] = "16,32,64,128,256,512,1024",
     runs: Annotated[int, typer.Option(min=1, max=100_000, help="Simulated training runs per size and policy.")] = 200,
-    spares: Annotated[int, typer.Option(min=0, help="NodeMedic hot spares per cluster.")] = 2,
+    spares: Annotated[int, typer.Option(min=0, max=MAX_INSTANCES, help="NodeMedic hot spares per cluster.")] = 2,
     replacement_boot: Annotated[str, typer.Option(help="New instance boot + join time.")] = "15m",
     full_check: Annotated[str, typer.Option(help="Full deep health check of a spare/replacement.")] = "30m",
     job_restart: Annotated[str, typer.Option(help="Requeued job -> training again (NodeMedic; assumed).")] = "10m",
@@ -128,6 +130,15 @@ def simulate_cmd(
         size_list = [int(s) for s in sizes.split(",") if s.strip()]
     except ValueError:
         raise typer.BadParameter(f"{sizes!r} is not a comma-separated list of integers", param_hint="--sizes") from None
+    if not size_list or not all(1 <= size <= MAX_INSTANCES for size in size_list):
+        raise typer.BadParameter(f"{sizes!r}: give one or more cluster sizes of 1 to {MAX_INSTANCES:,} instances",
+                                 param_hint="--sizes")
+    # the run time grows with the failures simulated: the default run (2.6 million) takes about 11 s on 2 cores
+    failures = gpu_hours / gpus_per_instance * rate * runs * len(size_list) * 3
+    if failures > MAX_SIMULATED_FAILURES:
+        raise typer.BadParameter(f"that is about {failures:,.0f} simulated failures, more than {MAX_SIMULATED_FAILURES:,} "
+                                 "(minutes of work): lower --gpu-hours or --runs, or give fewer --sizes",
+                                 param_hint="--gpu-hours")
     inputs = NodeMedicInputs(spares=spares, replacement_boot_min=60 * _hours(replacement_boot, "--replacement-boot"),
                              full_check_min=60 * _hours(full_check, "--full-check"),
                              job_restart_min=60 * _hours(job_restart, "--job-restart"))
