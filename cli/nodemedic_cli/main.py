@@ -417,7 +417,7 @@ def _since(text: str | None) -> datetime | None:
         return None
     try:
         return datetime.now(UTC) - timedelta(hours=parse_duration_hours(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # not a duration, or one further back than any date
         pass
     try:
         moment = datetime.fromisoformat(text)

@@ -23,8 +23,9 @@ def test_since_takes_a_duration_ago_or_an_iso_time() -> None:
     assert abs((datetime.now(UTC) - timedelta(hours=24)) - _since("24h")) < timedelta(seconds=5)
     assert _since("2026-11-22T08:00") == datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
     assert _since(None) is None
-    with pytest.raises(OperatorError, match="--since"):
-        _since("yesterday")
+    for bad in ("yesterday", "99999999999h"):  # the second: further back than any date, an OverflowError before
+        with pytest.raises(OperatorError, match="--since"):
+            _since(bad)
 
 
 def test_an_aws_refusal_is_one_line_that_names_the_call_not_a_traceback() -> None:
