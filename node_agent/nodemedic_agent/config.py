@@ -84,7 +84,7 @@ class Intervals(_Section):
         default=60, ge=0, le=3600, description="send a health event again (same event_id) after this, doubling "
                                                "each time: a delivery the pipeline could not act on is not lost")
     reasserts: Count = Field(default=3, ge=0, le=10, description="how many times, without "
-                                                           "publish.acknowledgements_table; 0: never")
+                                                             "publish.acknowledgements_table; 0: never")
     reassert_within_seconds: float = Field(
         default=86400, ge=0, le=14 * 86400,
         description="with publish.acknowledgements_table: send an event again until the pipeline has "
@@ -106,7 +106,7 @@ DEFAULT_EFA_RATES = {  # errors per second, sustained for efa_debounce_polls pol
 class Thresholds(_Section):
     nvlink_errors_per_poll: Count = Field(default=100, ge=1)
     efa_errors_per_poll: Count = Field(default=100, ge=1, description="a one-poll jump of all EFA error counters "
-                                                                   "together: recorded (EFA_HW_ERRORS)")
+                                                                     "together: recorded (EFA_HW_ERRORS)")
     efa_error_rates: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_EFA_RATES),
         description="EFA hardware counter -> errors per second; above it for efa_debounce_polls polls "
@@ -161,7 +161,7 @@ class BurnIn(_Section):
     """The burn-in hold (``nodemedic-agent burn-in-hold``, run before slurmd starts)."""
 
     marker: AbsolutePath = Field(default="/run/nodemedic/burn-in-hold.json",
-                        description="left by the hold for the agent to publish NODE_JOINED; in /run, gone at boot")
+                                 description="left by the hold for the agent to publish NODE_JOINED; in /run, gone at boot")
     drain_prefix: str = Field(default="nodemedic", pattern=r"^[A-Za-z0-9_-]{1,32}$",
                               description="the stack's DrainReasonPrefix: the pipeline takes over only its own drains")
     scontrol: str = Field(default="scontrol", min_length=1)
