@@ -133,12 +133,6 @@ def simulate_cmd(
     if not size_list or not all(1 <= size <= MAX_INSTANCES for size in size_list):
         raise typer.BadParameter(f"{sizes!r}: give one or more cluster sizes of 1 to {MAX_INSTANCES:,} instances",
                                  param_hint="--sizes")
-    # the run time grows with the failures simulated: the default run (2.6 million) takes about 11 s on 2 cores
-    failures = gpu_hours / gpus_per_instance * rate * runs * len(size_list) * 3
-    if failures > MAX_SIMULATED_FAILURES:
-        raise typer.BadParameter(f"that is about {failures:,.0f} simulated failures, more than {MAX_SIMULATED_FAILURES:,} "
-                                 "(minutes of work): lower --gpu-hours or --runs, or give fewer --sizes",
-                                 param_hint="--gpu-hours")
     inputs = NodeMedicInputs(spares=spares, replacement_boot_min=60 * _hours(replacement_boot, "--replacement-boot"),
                              full_check_min=60 * _hours(full_check, "--full-check"),
                              job_restart_min=60 * _hours(job_restart, "--job-restart"))
@@ -147,6 +141,12 @@ def simulate_cmd(
                       planned_share=planned_share, lead_time_h=_hours(lead_time, "--lead-time")) \
         if extras else Effects.none()
     policies = [manual(), hyperpod(), nodemedic(inputs)]
+    # the run time grows with the failures simulated: the default run (2.6 million) takes about 11 s on 2 cores
+    failures = gpu_hours / gpus_per_instance * rate * runs * len(size_list) * len(policies)
+    if failures > MAX_SIMULATED_FAILURES:
+        raise typer.BadParameter(f"that is about {failures:,.0f} simulated failures, more than {MAX_SIMULATED_FAILURES:,} "
+                                 "(minutes of work): lower --gpu-hours or --runs, or give fewer --sizes",
+                                 param_hint="--gpu-hours")
     summaries = []
     with console.status("simulating...") as status:
         for size in size_list:

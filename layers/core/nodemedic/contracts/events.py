@@ -75,6 +75,7 @@ def _plausible(value: datetime) -> datetime:
 
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_plausible)]
 
+
 def _clip(limit: int) -> BeforeValidator:
     """AWS's free text that NodeMedic only shows (a reason, a recommendation): a longer one than
     expected is cut, never a reason to refuse AWS's event and leave its node unremediated."""
