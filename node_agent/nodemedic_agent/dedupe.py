@@ -12,12 +12,15 @@ again a condition that is still present (an ECC counter, a port that is still do
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+log = logging.getLogger("nodemedic_agent.dedupe")
 
 
 @dataclass
@@ -45,11 +48,16 @@ class Deduper:
         return 0 <= elapsed < self.window_s  # negative: the clock stepped back since
 
     def _save(self) -> None:
+        """Write the memory; a disk that refuses (read-only, full) only costs the memory across a
+        restart: never the event being admitted, which may be the one that says the disk failed."""
         if self._state_file is None:
             return
         tmp = self._state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({k: asdict(v) for k, v in self._seen.items()}))
-        os.replace(tmp, self._state_file)
+        try:
+            tmp.write_text(json.dumps({k: asdict(v) for k, v in self._seen.items()}))
+            os.replace(tmp, self._state_file)
+        except OSError as exc:
+            log.warning("the dedupe memory was not saved (%s): a restart may send a present fault again", exc)
 
     def admit(self, key: str) -> int | None:
         """``None`` if ``key`` was published within the window (counted), else the count to publish."""

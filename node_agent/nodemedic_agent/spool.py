@@ -24,7 +24,10 @@ class Spool:
         self.dropped = 0
         self._lock = threading.Lock()
         for tmp in self.dir.glob("*.tmp"):  # a write cut short by a crash never became an event
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError as exc:  # a disk gone read-only: harmless, it is never read
+                log.warning("could not delete %s (%s)", tmp, exc.strerror)
         self._names = sorted(p.name for p in self.dir.glob("ev-*.json"))
         self._last_stamp = max((_stamp(name) for name in self._names), default=0)
 
@@ -73,9 +76,15 @@ class Spool:
         return out
 
     def remove(self, names: list[str]) -> None:
+        """Forget entries EventBridge accepted. A file the disk will not delete (it went read-only
+        after the event was spooled) is forgotten all the same: sending it again at every attempt
+        would never end. A restart sends it once more (at least once, deduplicated by its id)."""
         with self._lock:
             for name in names:
-                (self.dir / name).unlink(missing_ok=True)
+                try:
+                    (self.dir / name).unlink(missing_ok=True)
+                except OSError as exc:
+                    log.error("sent, but its spool file could not be deleted (%s): %s", exc.strerror, name)
                 if name in self._names:
                     self._names.remove(name)
 
@@ -85,15 +94,21 @@ class Spool:
         with self._lock:
             for name in names:
                 src = self.dir / name
-                if src.exists():
-                    os.replace(src, self.dead_dir / name)
-                    (self.dead_dir / f"{name}.reason").write_text(reason)
+                try:
+                    if src.exists():
+                        os.replace(src, self.dead_dir / name)
+                        (self.dead_dir / f"{name}.reason").write_text(reason)
+                except OSError as exc:  # a disk gone read-only: it is not sent again all the same
+                    log.error("could not set %s aside (%s): %s", name, exc.strerror, reason)
                 if name in self._names:
                     self._names.remove(name)
-            set_aside = sorted(self.dead_dir.glob("ev-*.json"))
-            for old in set_aside[:max(0, len(set_aside) - self.max_dead)]:  # bounded disk: the oldest go first
-                old.unlink(missing_ok=True)
-                old.with_name(f"{old.name}.reason").unlink(missing_ok=True)
+            try:
+                set_aside = sorted(self.dead_dir.glob("ev-*.json"))
+                for old in set_aside[:max(0, len(set_aside) - self.max_dead)]:  # bounded disk: the oldest go first
+                    old.unlink(missing_ok=True)
+                    old.with_name(f"{old.name}.reason").unlink(missing_ok=True)
+            except OSError as exc:
+                log.error("could not trim %s (%s)", self.dead_dir, exc.strerror)
 
 
 ENTRY_FIELDS = ("Source", "DetailType", "Detail", "EventBusName")

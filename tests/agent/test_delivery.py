@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import boto3
 from nodemedic.store.ledger import Ledger
@@ -246,3 +250,43 @@ def test_a_full_spool_drops_its_oldest_event_and_says_so(tmp_path, caplog):
         spool.put(entry, key)
     assert [name.rsplit("-", 1)[1] for name, _ in spool.oldest(10)] == ["b.json", "c.json"]
     assert spool.dropped == 1 and "spool full (2 events): dropped the oldest" in caplog.text
+
+
+def test_a_disk_gone_read_only_does_not_stop_the_event_that_may_say_so(bus, sim, make_agent, monkeypatch):
+    """The root file system remounted read-only (ext4's errors=remount-ro): the agent's state
+    directory on it takes no file. The dedupe memory's save raised, so every event was lost before
+    it reached the spool (whose own failure already fell back to a direct send)."""
+    agent = make_agent()
+    real_open = Path.open
+
+    def read_only(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        if self.parent == agent.publisher.spool.dir and "w" in mode:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", read_only)
+    sim.inject("xid", xid=79, gpu=3)
+    sim.inject("xid", xid=48, gpu=1)
+    events = bus.wait_health(2)
+    assert sorted(e["fault_code"] for e in events) == ["XID 48", "XID 79"]
+    assert agent.lost == 0 and all(t.is_alive() for t in agent._threads)
+
+
+def test_a_spool_whose_disk_went_read_only_after_the_event_forgets_what_was_sent(tmp_path, monkeypatch, caplog):
+    """Spooled, then the disk went read-only: the sent entry's file cannot be deleted. Raising there
+    stopped the sender after each send, and the same events went out again at every attempt."""
+    spool = Spool(tmp_path, max_dead=3)
+    entry = {"Source": "s", "DetailType": "d", "Detail": "{}", "EventBusName": "b"}
+    spool.put(entry, "sent")
+    spool.put(entry, "refused")
+    [(sent, _), (refused, _)] = spool.oldest(10)
+
+    def read_only(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    monkeypatch.setattr(os, "replace", read_only)
+    spool.remove([sent])
+    spool.dead([refused], "ValidationException: bad")
+    assert len(spool) == 0 and spool.oldest(10) == []
+    assert "could not be deleted (Read-only file system)" in caplog.text and "could not set" in caplog.text
