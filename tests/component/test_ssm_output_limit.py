@@ -155,6 +155,11 @@ def test_a_health_report_is_healthy_only_when_it_says_true_and_arrived_whole() -
         assert ok is False, healthy
     ok, checks = parse_report(_result(("log line\n" * 3000)[:SSM_STDOUT_LIMIT]))
     assert ok is False and "cut off" in checks[0]["detail"]
+    # nested deeper than the JSON decoder goes: a RecursionError failed the answer, and the rung
+    # waited out its whole timeout instead of hearing "unhealthy" at once
+    for deep in ("[" * 11_000 + "]" * 11_000, '{"healthy": true, "checks": [' + "[" * 5_000 + "]" * 5_000 + "]}"):
+        ok, checks = parse_report(_result(deep))
+        assert ok is False and "no health report" in checks[0]["detail"]
 
 
 def test_the_agents_report_fits_what_ssm_returns_whatever_a_tool_printed() -> None:

@@ -35,6 +35,9 @@ def aws(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.parametrize("poison", [
     heartbeat("i-0000000000000000b", "gpu\udc80"),  # JSON writes it as \\udc80: half a surrogate pair, no UTF-8
     "not json", "null", "[]", json.dumps({"detail": "x"}),
+    # EventBridge takes JSON nested up to 1,100 levels; Python's decoder stops short of that with a
+    # RecursionError, which failed every sweep while the message was on the queue
+    '{"detail": {"node": ' + "[" * 1050 + "]" * 1050 + "}}",
 ])
 def test_a_heartbeat_that_cannot_be_stored_is_invalid_and_the_sweep_goes_on(aws: None, poison: str) -> None:
     db, sqs = boto3.client("dynamodb"), boto3.client("sqs")

@@ -88,7 +88,7 @@ class SilenceSweeper:
             try:
                 envelope = json.loads(m["Body"])
                 beat = NodeHeartbeat.model_validate(envelope["detail"])
-            except (ValueError, KeyError, TypeError, ValidationError):
+            except (ValueError, KeyError, TypeError, ValidationError, RecursionError):  # nested past the decoder
                 result.invalid += 1
                 continue
             if beat.cluster == self.cluster:

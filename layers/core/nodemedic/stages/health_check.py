@@ -39,7 +39,7 @@ def parse_report(result: CommandResult) -> tuple[bool, list[dict[str, Any]]]:
     lines = [line for line in result.stdout.strip().splitlines() if line.strip()]
     try:
         report = json.loads(lines[-1]) if lines else {}
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # a last line nested deeper than the decoder goes
         report = {}
     if not isinstance(report, dict) or "healthy" not in report:
         checks = [{"name": "report", "ok": False,
