@@ -102,6 +102,17 @@ def test_a_notice_without_affected_entities_acts_on_the_instances_its_resources_
     assert planned.events == [] and [why for _, why in planned.ignored] == ["names no affected resource"]
 
 
+def test_an_affected_entity_named_by_its_ec2_arn_is_that_instance() -> None:
+    """An entity may name its instance by ARN, as ``resources`` do: that notice was ignored as
+    "not an EC2 instance id", and the retirement hit the job like a crash."""
+    event = copy.deepcopy(RETIREMENT)
+    event["detail"]["affectedEntities"][0]["entityValue"] = f"arn:aws:ec2:us-east-1:123456789012:instance/{OURS}"
+    [planned] = _plan(event).events
+    assert planned.node.instance_id == OURS and planned.event_id == _plan(RETIREMENT).events[0].event_id
+    event["detail"]["affectedEntities"][0]["entityValue"] = f"arn:aws:ec2:us-east-1:123456789012:volume/vol-0abc{OURS}"
+    assert _plan(event).events == []
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"statusCode": "closed"}, "is closed"),
     ({"endTime": "Sun, 22 Nov 2026 02:00:00 GMT"}, "window ended"),

@@ -71,6 +71,8 @@ SCHEDULED: dict[str, str] = {
 }
 ENDED_EVENT = ("[Completed]", "[Canceled]")  # how EC2 marks a scheduled event that is over
 _INSTANCE = re.compile(INSTANCE_ID)
+# an EC2 instance named by its ARN, as an entity may be ("arn:aws:ec2:us-east-1:123456789012:instance/i-0abc...")
+_INSTANCE_ARN = re.compile(r"^arn:aws[\w-]*:ec2:[a-z0-9-]*:\d{12}:instance/(i-[0-9a-f]{8,17})$")
 _EVENT_IDS = uuid.UUID("5b0f3c1e-8a64-4f5e-9a59-0d7c4c1f2a10")  # namespace of the derived event ids
 
 
@@ -173,6 +175,11 @@ def superseded(envelope: AwsHealthEnvelope) -> Plan:
     return Plan(ignored=[(e.entityValue[:80], why) for e in d.affectedEntities])
 
 
+def _instance_of(entity: str) -> str:
+    """The instance id an affected entity names: the id itself, or the one its EC2 ARN ends in."""
+    return m.group(1) if (m := _INSTANCE_ARN.match(entity)) else entity
+
+
 def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: datetime) -> Plan:
     d = envelope.detail
     code = PLANNED.get(d.eventTypeCode)
@@ -196,7 +203,7 @@ def plan(envelope: AwsHealthEnvelope, *, cluster: str, provider: Provider, now: 
                                  f"{EVENT_MEMORY.days} days ago") for e in entities])
     result = Plan()
     for entity in affected:
-        instance = entity.entityValue
+        instance = _instance_of(entity.entityValue)
         if not _INSTANCE.match(instance):
             result.ignored.append((instance[:80], "not an EC2 instance id"))
             continue
