@@ -69,7 +69,9 @@ def test_xid79_under_a_budget_cordons_evicts_moves_the_job_to_the_spare_and_repl
     new_instance = rung["progress"]["new_instance_id"]
     assert rung["rung"] == "replace" and rung["check"]["healthy"] and new_instance != old_instance
     assert kube.node_of(new_instance) == rung["node"] != "gpu-1"
-    assert kube.spares() == [rung["node"]] and "DRAIN" not in kube.node(rung["node"])["State"]
+    # (seen once in a full run: no spare afterwards; the stages' records say which way it went)
+    assert kube.spares() == [rung["node"]] and "DRAIN" not in kube.node(rung["node"])["State"], (
+        incident.stages["spare"].result, incident.stages["resume"].result, kube.node(rung["node"]), incident.outcome)
     wait_for(lambda: "gpu-1" not in kube.node_names(), "the old node to be deleted")
     # every stage stamped, in order; the metrics with exactly the alarm's dimensions
     stamps = [incident.stages[s] for s in ("detect", "gate", "drain", "spare", "repair", "resume")]

@@ -302,6 +302,27 @@ def test_a_held_replacement_an_open_incident_claimed_is_that_incidents_and_a_fai
     assert "gpu-2 (i-00000000000000002) is held out of service" in reports[2].pages[0]
 
 
+def test_no_burn_in_is_started_while_an_open_incident_waits_for_the_replacement_it_asked_for(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """Kubernetes: the replacement registers held for its burn-in under a name of its own before
+    the replace incident's next poll claims its instance. Two reconciler runs in that window (a
+    Repair backing off, a loaded machine: a flake of the Kubernetes stack test) started a burn-in
+    incident of its own, which returned the replacement to service instead of the spare pool."""
+    incident = opened(ledger, "gpu-1")
+    rung = {"rung": "replace", "instance_id": "i-gpu-1", "progress": {"requested_at": clock().isoformat()}}
+    ledger.start_stage(incident, "repair", clock())
+    ledger.record_progress(incident, "repair", {"rungs": [rung]})
+    slurm.drain("gpu-4", f"{PREFIX}:burn-in i-0000000000000000e joined")  # the replacement, not claimed yet
+    started: list[NodeHealthEvent] = []
+    reports = [_reconcile(slurm, ledger, started=started) for _ in range(3)]
+    assert started == [] and all(not r.burn_ins_started and not r.burn_ins_unchecked and not r.pages for r in reports)
+
+    # the incident found its replacement, another instance: this hold is none of its, and is started as before
+    rung["progress"]["new_instance_id"] = "i-0000000000000000f"
+    ledger.record_progress(incident, "repair", {"rungs": [rung]})
+    assert [_reconcile(slurm, ledger, started=started).burn_ins_started for _ in range(2)] == [[], ["gpu-4"]]
+
+
 class _ThrottledAfterRequeue(Ledger):
     """DynamoDB throttled past the retry budget once the jobs are requeued: the node marks and the
     stage's completion fail (ProvisionedThroughputExceeded, surfaced after the client's retries)."""

@@ -18,8 +18,9 @@ Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then
   reports - gets its burn-in started: a ``NODE_JOINED`` health event (source
   ``nodemedic.reconciler``) on the second run that sees it (the first may precede the agent's
   event, or a replace incident's adoption of its replacement). A node whose instance an open
-  incident has claimed (a replacement being adopted) is that incident's. If a later run still
-  finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed;
+  incident has claimed (a replacement being adopted) is that incident's, and no burn-in is started
+  while an open incident waits for a replacement it asked for (the node may be it). If a later
+  run still finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed;
 - a node in service that NodeMedic cannot watch for ``UNWATCHED_AFTER`` is paged once, with every
   other such node in one page: its agent sent no heartbeat (never installed, it cannot start, it
   was stopped), so nothing there is detected, not even its silence, since the silence sweeper
@@ -52,7 +53,7 @@ from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.providers.base import Member
 from nodemedic.stages.failure import fail
-from nodemedic.stages.repair import REPLACEMENT
+from nodemedic.stages.repair import REPLACEMENT, rungs_of
 from nodemedic.store.ledger import Ledger
 
 KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated", "retired"})  # see the runbooks: on purpose
@@ -277,14 +278,28 @@ def _locks_and_claims(books: Bookkeeping, cluster: str, ledger: Ledger, report: 
                                           f"{statuses.get(claim.incident_id, 'gone')})")
 
 
+def _replacement_awaited(books: Bookkeeping) -> bool:
+    """An open incident asked for a replacement and has not found its instance yet: a node held for
+    its burn-in now may be that replacement (on Kubernetes it registers under a name of its own),
+    which the incident adopts and checks once it finds it. Starting a burn-in of its own there
+    raced the adoption, and a won race left the replacement in service, not in the spare pool."""
+    for incident in books.open_incidents:
+        rungs = rungs_of(incident)
+        progress = rungs[-1].get("progress", {}) if rungs and rungs[-1].get("rung") == "replace" else {}
+        if progress.get("requested_at") and not progress.get("new_instance_id"):
+            return True
+    return False
+
+
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
                         now: datetime, start_burn_in: Callable[[NodeHealthEvent], None],
                         report: ReconcileReport) -> None:
     busy = _in_hand(books)
     claimed = {c.key for c in books.claims if c.kind == REPLACEMENT}  # a replacement an open incident adopts
+    awaited = _replacement_awaited(books)
     for node in nodes.values():
         instance = burn_in_instance(prefix, node.reason) if node.drained else None
-        if instance is None or node.name in busy or instance in claimed:
+        if instance is None or node.name in busy or instance in claimed or awaited:
             continue
         key = f"burn-in-unchecked/{cluster}/{node.name}/{instance}"
         if ledger.first_announcement(f"{key}/seen", now):  # the agent's NODE_JOINED may be on its way
