@@ -190,15 +190,28 @@ class KubeAPIServer:
 
 
 # -- the parts of a cluster no process plays here: the kubelet's and its controllers' writes -----
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 def set_ready(api: Any, node: str, ready: bool, message: str) -> None:
     """The kubelet's ``Ready`` condition of ``node``; and, as the node lifecycle controller does
     for a ready node, the ``not-ready`` taint the API server puts on every new node removed."""
     core = k8s.CoreV1Api(api)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if ready:
-        taints = [t for t in core.read_node(node).spec.taints or [] if t.key != "node.kubernetes.io/not-ready"]
-        core.patch_node(node, [{"op": "add", "path": "/spec/taints",
-                                "value": [api.sanitize_for_serialization(t) for t in taints]}])
+    for attempt in range(20 if ready else 0):
+        # on the read's resourceVersion, as a controller writes: a blind write of the taints it read
+        # put back what NodeMedic had changed in between (its spare taint lost, the burn-in hold back)
+        raw = core.read_node(node)
+        if not any(t.key == NOT_READY_TAINT for t in raw.spec.taints or []):
+            break
+        taints = [api.sanitize_for_serialization(t) for t in raw.spec.taints if t.key != NOT_READY_TAINT]
+        try:
+            core.patch_node(node, [{"op": "test", "path": "/metadata/resourceVersion", "value": raw.metadata.resource_version},
+                                   {"op": "add", "path": "/spec/taints", "value": taints}])
+            break
+        except k8s.ApiException as exc:
+            if exc.status not in (409, 422) or attempt == 19:  # 422: the "test" failed, the node changed since the read
+                raise
     core.patch_node_status(node, {"status": {"conditions": [
         {"type": "Ready", "status": "True" if ready else "Unknown", "reason": "KubeletReady" if ready
          else "NodeStatusUnknown", "message": message, "lastHeartbeatTime": now, "lastTransitionTime": now}]}})

@@ -69,7 +69,7 @@ def test_xid79_under_a_budget_cordons_evicts_moves_the_job_to_the_spare_and_repl
     new_instance = rung["progress"]["new_instance_id"]
     assert rung["rung"] == "replace" and rung["check"]["healthy"] and new_instance != old_instance
     assert kube.node_of(new_instance) == rung["node"] != "gpu-1"
-    # (seen once in a full run: no spare afterwards; the stages' records say which way it went)
+    # should it fail, the stages' records say which way it went (tests/kube/test_kubelet_play.py)
     assert kube.spares() == [rung["node"]] and "DRAIN" not in kube.node(rung["node"])["State"], (
         incident.stages["spare"].result, incident.stages["resume"].result, kube.node(rung["node"]), incident.outcome)
     wait_for(lambda: "gpu-1" not in kube.node_names(), "the old node to be deleted")
