@@ -281,8 +281,8 @@ def _locks_and_claims(books: Bookkeeping, cluster: str, ledger: Ledger, report: 
 def _replacement_awaited(books: Bookkeeping) -> bool:
     """An open incident asked for a replacement and has not found its instance yet: a node held for
     its burn-in now may be that replacement (on Kubernetes it registers under a name of its own),
-    which the incident adopts and checks once it finds it. Starting a burn-in of its own there
-    raced the adoption, and a won race left the replacement in service, not in the spare pool."""
+    which the incident adopts and checks once it finds it. A burn-in of its own started there
+    raced the adoption: two incidents deciding on one node."""
     for incident in books.open_incidents:
         rungs = rungs_of(incident)
         progress = rungs[-1].get("progress", {}) if rungs and rungs[-1].get("rung") == "replace" else {}
