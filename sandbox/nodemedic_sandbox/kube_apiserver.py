@@ -191,6 +191,25 @@ class KubeAPIServer:
 
 # -- the parts of a cluster no process plays here: the kubelet's and its controllers' writes -----
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+CONFLICT_TRIES = 20
+
+
+def _remove_not_ready_taint(api: Any, core: k8s.CoreV1Api, node: str) -> None:
+    """On the read's resourceVersion, as a controller writes, again while the node changes under
+    it: a blind write of the taints it read put back what NodeMedic had changed in between (its
+    spare taint lost, the burn-in hold back)."""
+    for attempt in range(CONFLICT_TRIES):
+        raw = core.read_node(node)
+        if not any(t.key == NOT_READY_TAINT for t in raw.spec.taints or []):
+            return
+        taints = [api.sanitize_for_serialization(t) for t in raw.spec.taints if t.key != NOT_READY_TAINT]
+        try:
+            core.patch_node(node, [{"op": "test", "path": "/metadata/resourceVersion", "value": raw.metadata.resource_version},
+                                   {"op": "add", "path": "/spec/taints", "value": taints}])
+            return
+        except k8s.ApiException as exc:  # 409, or 422 from a failed "test": the node changed since the read
+            if exc.status not in (409, 422) or attempt == CONFLICT_TRIES - 1:
+                raise
 
 
 def set_ready(api: Any, node: str, ready: bool, message: str) -> None:
@@ -198,20 +217,8 @@ def set_ready(api: Any, node: str, ready: bool, message: str) -> None:
     for a ready node, the ``not-ready`` taint the API server puts on every new node removed."""
     core = k8s.CoreV1Api(api)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for attempt in range(20 if ready else 0):
-        # on the read's resourceVersion, as a controller writes: a blind write of the taints it read
-        # put back what NodeMedic had changed in between (its spare taint lost, the burn-in hold back)
-        raw = core.read_node(node)
-        if not any(t.key == NOT_READY_TAINT for t in raw.spec.taints or []):
-            break
-        taints = [api.sanitize_for_serialization(t) for t in raw.spec.taints if t.key != NOT_READY_TAINT]
-        try:
-            core.patch_node(node, [{"op": "test", "path": "/metadata/resourceVersion", "value": raw.metadata.resource_version},
-                                   {"op": "add", "path": "/spec/taints", "value": taints}])
-            break
-        except k8s.ApiException as exc:
-            if exc.status not in (409, 422) or attempt == 19:  # 422: the "test" failed, the node changed since the read
-                raise
+    if ready:
+        _remove_not_ready_taint(api, core, node)
     core.patch_node_status(node, {"status": {"conditions": [
         {"type": "Ready", "status": "True" if ready else "Unknown", "reason": "KubeletReady" if ready
          else "NodeStatusUnknown", "message": message, "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
