@@ -6,8 +6,9 @@ the GPU open: NodeMedic's own agent (NVML), DCGM's host engine, persistence mode
 (``nvidia-persistenced`` counts as an attachment: NVIDIA/NVSentinel#1690, gpu-operator#118).
 So, on the GPUs asked for (all by default):
 
-1. refuse, touching nothing, while a compute process runs on one of them: the node is drained
-   before this rung, and a process still there is a job this must not kill;
+1. refuse, touching nothing, while a compute process runs on one of them, or while nvidia-smi's
+   process list cannot be read: the node is drained before this rung, and a process still there
+   is a job this must not kill;
 2. arm a systemd timer (``systemd-run``) that puts back what the next step changes, should this
    process be killed (SSM kills a command at its timeout); then stop the services that hold the
    GPUs and are running (``--stop-unit``: the agent and DCGM by default), and turn persistence
@@ -34,6 +35,7 @@ HOLDERS = ("nodemedic-agent.service", "nvidia-dcgm.service", "dcgm.service")
 RESTORE_UNIT = "nodemedic-gpu-reset-restore"  # the systemd timer that puts things back if this is killed
 RESTORE_AFTER_S = 600
 EXIT_REFUSED, EXIT_BAD_TARGET = 1, 2
+NO_PROCESSES = "No running processes found"  # what some nvidia-smi versions print for an empty list
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
@@ -89,16 +91,23 @@ class GpuReset:
         return chosen
 
     def busy(self, gpus: list[Gpu]) -> list[str]:
-        """The compute processes on ``gpus`` (``pid name on GPU i``)."""
+        """The compute processes on ``gpus`` (``pid name on GPU i``). nvidia-smi does not quote its CSV,
+        and a process name may hold a comma, so the pid is the first field and the GPU the last. A line
+        that names no GPU is not read as "no process": the reset is refused (a job it missed would die)."""
         out = self._smi("--query-compute-apps=pid,process_name,gpu_uuid", "--format=csv,noheader")
         if out.returncode != 0:
             raise ResetError(f"nvidia-smi cannot list the GPUs' processes: {(out.stderr or out.stdout).strip()[:200]}")
         index = {g.uuid: g.index for g in gpus}
         found = []
         for line in out.stdout.splitlines():
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) == 3 and parts[2] in index:
-                found.append(f"pid {parts[0]} ({parts[1]}) on GPU {index[parts[2]]}")
+            if not line.strip() or line.strip() == NO_PROCESSES:
+                continue
+            pid, _, rest = line.partition(",")
+            name, _, uuid = rest.rpartition(",")
+            if not uuid.strip().startswith("GPU-"):
+                raise ResetError(f"cannot read nvidia-smi's list of the GPUs' processes, nothing reset: {line.strip()[:200]!r}")
+            if uuid.strip() in index:
+                found.append(f"pid {pid.strip()} ({name.strip()}) on GPU {index[uuid.strip()]}")
         return found
 
     def release(self, gpus: list[Gpu], units: Sequence[str], restore_after_s: int) -> None:

@@ -37,7 +37,7 @@ elif args[0].startswith("--query-gpu=uuid"):
         sys.exit(15)
     for g in chosen(): print(g["uuid"])
 elif args[0].startswith("--query-compute-apps"):
-    for p in state["apps"]: print(f"{p['pid']}, {p['name']}, {p['uuid']}")
+    for p in state["apps"]: print(", ".join(str(f) for f in (p["pid"], p["name"], p["uuid"]) if f != ""))
 elif args[0] == "-pm":
     for g in chosen(): g["pm"] = args[1] == "1"
     print("All done.")
@@ -156,6 +156,28 @@ def test_a_job_still_on_a_gpu_is_never_killed_and_nothing_is_touched(node, capsy
     code, summary, _ = reset(capsys)
     assert code == 1 and not summary["ok"] and "pid 4242 (python3) on GPU 2" in summary["failed"]
     assert not [c for c in node.calls() if "--gpu-reset" in c or c.startswith("systemctl stop") or " -pm " in c]
+
+
+def test_a_job_whose_process_name_holds_a_comma_is_still_seen(node, capsys):
+    """nvidia-smi prints its CSV unquoted: a name with a comma must not hide the job from the check."""
+    node.update(apps=[{"pid": 4243, "name": "/opt/train,v2/bin/python3", "uuid": node.state()["gpus"][1]["uuid"]}])
+    code, summary, _ = reset(capsys)
+    assert code == 1 and "pid 4243 (/opt/train,v2/bin/python3) on GPU 1" in summary["failed"]
+    assert not [c for c in node.calls() if "--gpu-reset" in c or c.startswith("systemctl stop") or " -pm " in c]
+
+
+@pytest.mark.parametrize("line", ["4244, python3", "[Insufficient Permissions]"])
+def test_a_process_list_that_cannot_be_read_refuses_the_reset(node, capsys, line):
+    node.update(apps=[{"pid": line, "name": "", "uuid": ""}])
+    code, summary, _ = reset(capsys)
+    assert code == 1 and "cannot read nvidia-smi's list" in summary["failed"]
+    assert not [c for c in node.calls() if "--gpu-reset" in c or c.startswith("systemctl stop") or " -pm " in c]
+
+
+def test_an_empty_process_list_said_in_words_is_no_process(node, capsys):
+    node.update(apps=[{"pid": "No running processes found", "name": "", "uuid": ""}])
+    code, summary, _ = reset(capsys)
+    assert code == 0 and summary["ok"]
 
 
 def test_only_the_gpus_asked_for_are_reset_and_an_unknown_one_touches_nothing(node, capsys):

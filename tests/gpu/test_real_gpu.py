@@ -8,6 +8,7 @@ bench/gpu_node.py records the figures.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,34 @@ def test_a_burn_below_its_threshold_fails_the_node(config) -> None:
     result = gpu_burn(impossible, seconds=1.0)
     assert result.ok is False
     assert "gpu0 gemm_bf16_tflops" in result.detail and "< 1000000" in result.detail
+
+
+def test_the_gpu_reset_rung_sees_a_job_on_the_gpu_as_nvidia_smi_lists_it() -> None:
+    """The reset rung's safety check, read-only: nvidia-smi's real process list is parsed, a process
+    holding GPU 0 is named, so the rung would refuse. (Nothing is reset: the lent machine's GPU must
+    never be.)"""
+    pytest.importorskip("torch", reason="a CUDA process is started with PyTorch")
+    import subprocess
+    import sys
+
+    from nodemedic_agent.gpu_reset import GpuReset
+
+    rung = GpuReset(say=lambda _: None)
+    gpus = rung.targets([])
+    assert [g.index for g in gpus] == [str(i) for i in range(GPUS)]
+    assert all(g.uuid.startswith("GPU-") for g in gpus)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, torch; x = torch.ones(1 << 20, device='cuda:0'); "
+                               "torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        seen = rung.busy(gpus)
+        assert any(s.startswith(f"pid {holder.pid} (") and s.endswith(" on GPU 0") for s in seen), seen
+    finally:
+        holder.communicate(input="", timeout=60)
+    for _ in range(20):  # the driver drops an exited process from its list within moments
+        if not any(s.startswith(f"pid {holder.pid} (") for s in rung.busy(gpus)):
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"pid {holder.pid} is still listed 10 s after it exited")
