@@ -13,7 +13,7 @@ from nodemedic_agent.events import health_event
 
 CORPUS = Path(__file__).parent / "data" / "kernel_log_corpus.txt"
 GPUS = {"3b:00": 3, "b7:00": 7, "10:1c": 1, "03:00": 0, "53:00": 5, "64:00": 6, "9d:00": 2, "18:00": 4,
-        "ca:00": 6, "01:00": 1, "00:1e": 0}
+        "ca:00": 6, "01:00": 1, "00:1e": 0, "00:06": 0}
 
 
 def corpus() -> list[tuple[str, str, str]]:
