@@ -35,6 +35,7 @@ def test_an_operator_override_wins_and_says_so() -> None:
     ("raw", "message"),
     [
         pytest.param("{not json", "not JSON", id="not_json"),
+        pytest.param("[" * 100_000, "nested too deeply", id="nested_past_the_decoder"),
         pytest.param('["XID 74"]', "JSON object", id="not_object"),
         pytest.param('{"XID 74": "nuke"}', "'nuke' is not one of", id="unknown_action"),
     ],

@@ -208,6 +208,7 @@ def test_correlation_needs_at_least_two_and_half_of_the_nodes() -> None:
     ('{"lemon": {"incidents": 1}}', "lemon.incidents"),
     ('{"max_concurrent": 3, "typo": 1}', "typo"),
     ("{not json", "not JSON"),
+    ('{"breaker": ' * 100_000, "nested too deeply"),  # past Python's JSON decoder: a PolicyError, not a crash
 ])
 def test_a_bad_policy_is_an_error_that_names_the_field(text: str, named: str) -> None:
     with pytest.raises(PolicyError, match="safety policy") as err:

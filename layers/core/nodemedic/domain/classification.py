@@ -53,6 +53,8 @@ def parse_overrides(raw: str) -> dict[str, Action]:
         data = json.loads(raw or "{}")
     except json.JSONDecodeError as exc:
         raise ValueError(f"fault action overrides are not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("fault action overrides are nested too deeply to read as JSON") from exc
     if not isinstance(data, dict):
         raise ValueError("fault action overrides must be a JSON object of code -> action")
     # burn_in: a joined node's, never a fault's; retire: capacity AWS ends (exempt from the

@@ -79,7 +79,7 @@ def budget_refusal(exc: ApiException) -> bool:
         return False
     try:
         status = json.loads(exc.body or "")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return False
     if not isinstance(status, dict):
         return False

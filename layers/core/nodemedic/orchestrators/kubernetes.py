@@ -210,7 +210,7 @@ def _evicting_record(value: str, started_at: float) -> set[str]:
     try:
         record = json.loads(value)
         since, workloads = float(record["since"]), record["workloads"]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: nested past the decoder
         return set()
     if abs(since - started_at) > 1e-3 or not isinstance(workloads, list):
         return set()
@@ -350,7 +350,7 @@ class _Node:
             record = json.loads(self.annotations.get(PAUSED_CLIENTS, ""))
             before = {str(k): (None if v is None else str(v)) for k, v in dict(record["labels"]).items()}
             return str(record["owner"]), before
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return None
 
 
@@ -367,7 +367,7 @@ def refusal(exc: ApiException) -> str:
     answers with (``nodes "gpu-2" is forbidden: User … cannot patch …``), else the raw body."""
     try:
         message = json.loads(exc.body or "")["message"]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         message = exc.body
     return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
 

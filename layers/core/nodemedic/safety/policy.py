@@ -80,6 +80,8 @@ def parse_policy(text: str, origin: str = "safety policy") -> SafetyPolicy:
         data = json.loads(text or "{}")
     except json.JSONDecodeError as exc:
         raise PolicyError(f"{origin} is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise PolicyError(f"{origin} is nested too deeply to read as JSON") from exc
     try:
         return SafetyPolicy.model_validate(data)
     except ValidationError as exc:

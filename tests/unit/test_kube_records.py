@@ -1,0 +1,44 @@
+"""What the Kubernetes adapter reads as JSON from the cluster - its own node annotations (which
+anyone allowed to patch a node can rewrite) and the API server's refusals - when that text is
+nested deeper than Python's JSON decoder goes: read as unreadable, never a crash of the stage."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from nodemedic.orchestrators.eks_auth import budget_refusal
+from nodemedic.orchestrators.kubernetes import PAUSED_CLIENTS, _evicting_record, _Node, refusal
+
+DEEP = "[" * 100_000
+
+
+def _node(annotations: dict[str, str]) -> _Node:
+    raw = SimpleNamespace(metadata=SimpleNamespace(name="gpu-1", resource_version="7", annotations=annotations,
+                                                   labels={}),
+                          spec=SimpleNamespace(taints=[], unschedulable=True))
+    return _Node(raw, "nodemedic")
+
+
+def _refused(status: int, body: str) -> ApiException:
+    exc = ApiException(status=status, reason="Too Many Requests")
+    exc.body = body
+    return exc
+
+
+def test_an_evicting_record_nested_too_deep_names_no_workload() -> None:
+    assert _evicting_record(DEEP, 1.0) == set()
+    assert _evicting_record('{"since": 1.0, "workloads": ["ml/Job/train"]}', 1.0) == {"ml/Job/train"}
+
+
+def test_a_paused_clients_record_nested_too_deep_is_no_pause() -> None:
+    assert _node({PAUSED_CLIENTS: DEEP}).paused_clients is None
+    assert _node({PAUSED_CLIENTS: '{"owner": "inc-1", "labels": {"a": null}}'}).paused_clients == ("inc-1", {"a": None})
+
+
+@pytest.mark.parametrize("status", [429, 403])
+def test_a_refusal_whose_body_is_nested_too_deep_is_said_as_it_came(status: int) -> None:
+    exc = _refused(status, DEEP)
+    assert budget_refusal(exc) is False
+    assert refusal(exc).startswith(f"{status} Too Many Requests: [[[")
