@@ -102,6 +102,9 @@ class GpuReset:
         for line in out.stdout.splitlines():
             if not line.strip() or line.strip() == NO_PROCESSES:
                 continue
+            if line.startswith("WARNING:"):  # a notice nvidia-smi prints first, e.g. "infoROM is corrupted at gpu ..."
+                self.say(f"nvidia-smi: {line.strip()[:200]}")
+                continue
             pid, _, rest = line.partition(",")
             name, _, uuid = rest.rpartition(",")
             if not uuid.strip().startswith("GPU-"):

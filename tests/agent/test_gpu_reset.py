@@ -174,6 +174,14 @@ def test_a_process_list_that_cannot_be_read_refuses_the_reset(node, capsys, line
     assert not [c for c in node.calls() if "--gpu-reset" in c or c.startswith("systemctl stop") or " -pm " in c]
 
 
+def test_a_warning_nvidia_smi_prints_first_is_passed_on_not_read_as_a_process(node, capsys):
+    """A sick GPU's nvidia-smi starts its output with a notice; the reset goes on, saying it."""
+    node.update(apps=[{"pid": "WARNING: infoROM is corrupted at gpu 0000:04:00.0", "name": "", "uuid": ""}])
+    code, summary, said = reset(capsys)
+    assert code == 0 and summary["ok"]
+    assert "nvidia-smi: WARNING: infoROM is corrupted at gpu 0000:04:00.0" in said
+
+
 def test_an_empty_process_list_said_in_words_is_no_process(node, capsys):
     node.update(apps=[{"pid": "No running processes found", "name": "", "uuid": ""}])
     code, summary, _ = reset(capsys)
