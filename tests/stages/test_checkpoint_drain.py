@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from nodemedic.contracts.incident import Incident
+from nodemedic.contracts.events import PLANNED_SOURCE
+from nodemedic.contracts.incident import Incident, StageRecord
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, parse_checkpoint_policy
 from nodemedic.errors import CheckpointPendingError, CommandPendingError, PolicyError
 from nodemedic.stages.drain import drain
@@ -112,6 +113,70 @@ def test_no_marker_within_the_grace_requeues_with_the_work_since_the_last_checkp
     job = out.checkpoint.jobs[0]
     assert (job.outcome, job.work_saved_s, job.work_lost_s) == ("grace_expired", 0, 6_000.0)
     assert 300 <= out.checkpoint.waited_s < 360  # it waited the grace, no longer
+
+
+def _planned(ledger: Ledger, deadline: datetime | None, source: str = PLANNED_SOURCE) -> Incident:
+    """A planned incident as Detect opens it: its event's deadline in the detect stage's evidence."""
+    at = datetime.now(UTC)
+    evidence = {"deadline": deadline.isoformat()} if deadline else {}
+    incident = Incident(incident_id=f"inc-planned-{at.timestamp()}", cluster="c1", instance_id="i-gpu-1",
+                        slurm_node="gpu-1", fault_code="PLANNED_SPOT_INTERRUPTION", fault_class="planned",
+                        action="retire", source=source, observed_at=at, status="open", detected_at=at, reason="test",
+                        stages={"detect": StageRecord(started_at=at, completed_at=at, result={"evidence": evidence})})
+    assert ledger.open_incident(incident) is None
+    return incident
+
+
+def test_the_wait_for_a_checkpoint_ends_before_aws_acts_on_the_node(slurm: MemorySlurm, ledger: Ledger) -> None:
+    """A Spot interruption: AWS stops the node two minutes after its warning. A 300 s grace would
+    leave the job waiting on a node that is gone; the wait ends 15 s before, and the job is requeued."""
+    clock = Clock()
+    incident = _planned(ledger, deadline=clock.now + timedelta(minutes=2))
+    slurm.n["gpu-1"].jobs = ["42"]
+    slurm.markers["42"] = 9_000.0
+    out = _until_done(incident, slurm, ledger, clock, step=10)
+    assert slurm.signalled == [("42", "USR1", "batch")]
+    assert out.requeued_jobs == ["42"] and out.checkpoint is not None
+    assert out.checkpoint.jobs[0].outcome == "grace_expired"
+    assert 100 <= out.checkpoint.waited_s <= 110, out.checkpoint.waited_s  # at most 2 min - 15 s, not 300 s
+    assert "the wait ended 15s before AWS acts on the node" in out.checkpoint.policy
+
+
+def test_a_checkpoint_within_the_deadline_is_waited_for_and_saved(slurm: MemorySlurm, ledger: Ledger) -> None:
+    clock = Clock()
+    incident = _planned(ledger, deadline=clock.now + timedelta(minutes=2))
+    slurm.n["gpu-1"].jobs = ["42"]
+    slurm.markers["42"] = 9_000.0
+    with pytest.raises(CheckpointPendingError):
+        _drain(incident, slurm, ledger, clock)
+    clock.advance(40)
+    slurm.markers["42"] = 9_950.0
+    out = _drain(incident, slurm, ledger, clock)
+    assert out.checkpoint is not None and out.checkpoint.jobs[0].outcome == "checkpointed"
+    assert "the wait ended" not in out.checkpoint.policy
+
+
+def test_a_deadline_too_near_to_checkpoint_requeues_at_once_without_signalling(slurm: MemorySlurm,
+                                                                                 ledger: Ledger) -> None:
+    clock = Clock()
+    incident = _planned(ledger, deadline=clock.now + timedelta(seconds=5))
+    slurm.n["gpu-1"].jobs = ["42"]
+    out = _drain(incident, slurm, ledger, clock)
+    assert slurm.signalled == [] and out.requeued_jobs == ["42"]
+    assert out.checkpoint is not None and out.checkpoint.policy.startswith("requeued at once: AWS acts on the node")
+
+
+@pytest.mark.parametrize(("deadline_in", "source"), [(timedelta(hours=1), PLANNED_SOURCE),
+                                                     (timedelta(minutes=2), "nodemedic.agent")])
+def test_only_a_planned_events_own_deadline_shortens_the_grace(slurm: MemorySlurm, ledger: Ledger,
+                                                               deadline_in: timedelta, source: str) -> None:
+    """A deadline an hour away leaves the grace as it is; so does a "deadline" in another source's
+    evidence (an agent cannot shorten the checkpoint wait of its node's jobs)."""
+    clock = Clock()
+    incident = _planned(ledger, deadline=clock.now + deadline_in, source=source)
+    slurm.n["gpu-1"].jobs = ["42"]
+    out = _until_done(incident, slurm, ledger, clock, step=60)
+    assert out.checkpoint is not None and 300 <= out.checkpoint.waited_s < 360
 
 
 def test_a_hard_fault_requeues_at_once_without_signalling(slurm: MemorySlurm, ledger: Ledger) -> None:

@@ -5,23 +5,33 @@ The wait spans invocations of the Drain stage: the first asks and raises
 :class:`CheckpointPendingError`, the state machine calls again, each later one reads the markers.
 What will be asked is saved in the stage's progress before the signal goes out, so a retried
 invocation never signals twice, even one whose answer was lost.
+
+A planned event names when AWS acts (its ``deadline``: a Spot interruption two minutes after the
+warning, a Capacity Block's termination, a retirement's date). The wait never runs past it: it ends
+``REQUEUE_MARGIN`` before, so the jobs are requeued while the node still runs them, not minutes
+after AWS stopped it with the jobs still waiting there.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
+from nodemedic.contracts.events import PLANNED_SOURCE
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import CheckpointRecord, JobCheckpoint
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, work_since
 from nodemedic.errors import CheckpointPendingError
 from nodemedic.orchestrators.base import Orchestrator, RunningJob
 from nodemedic.store.ledger import Ledger
+
+# the Drain state retries CheckpointPendingError every 10 s (statemachines/remediation.asl.json),
+# and the requeue that follows takes a few seconds more
+REQUEUE_MARGIN = timedelta(seconds=15)
 
 
 class _Asked(BaseModel):
@@ -38,17 +48,37 @@ class CheckpointProgress(BaseModel):
     requested_at: AwareDatetime
     asked: dict[str, _Asked]
     not_asked: list[str]  # could not be signalled: requeued without waiting
+    deadline: AwareDatetime | None = None  # when AWS acts on the node (a planned event's), if it says
+
+    def cut_off(self, now: datetime) -> bool:
+        """The wait must end now: AWS acts on the node within ``REQUEUE_MARGIN``."""
+        return self.deadline is not None and now >= self.deadline - REQUEUE_MARGIN
 
 
-def _plan(incident: IncidentRef, orchestrator: Orchestrator, policy: CheckpointPolicy,
-          now: datetime) -> CheckpointProgress:
+def planned_deadline(incident: IncidentRef, ledger: Ledger) -> datetime | None:
+    """When AWS acts on the node of a planned incident: the ``deadline`` its event carried (the
+    detect stage's evidence). None for any other incident, or an event that names none."""
+    if incident.source != PLANNED_SOURCE:
+        return None
+    detect = ledger.get(incident.incident_id).stages.get("detect")
+    evidence = detect.result.get("evidence") if detect else None
+    value = evidence.get("deadline") if isinstance(evidence, dict) else None
+    try:
+        deadline = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return deadline if deadline is not None and deadline.tzinfo is not None else None
+
+
+def _plan(incident: IncidentRef, orchestrator: Orchestrator, policy: CheckpointPolicy, now: datetime,
+          deadline: datetime | None) -> CheckpointProgress:
     """The node's jobs that a rule asks to checkpoint, with their markers before the signal."""
     asked = {}
     for job in orchestrator.running_jobs(incident.slurm_node):
         rule = policy.rule(job.group)
         if rule is not None:
             asked[job.job_id] = _Asked(rule=rule, before=job.marker, started_at=job.started_at)
-    return CheckpointProgress(requested_at=now, asked=asked, not_asked=[])
+    return CheckpointProgress(requested_at=now, asked=asked, not_asked=[], deadline=deadline)
 
 
 def _signal(incident: IncidentRef, orchestrator: Orchestrator, state: CheckpointProgress) -> list[str]:
@@ -80,13 +110,17 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
     now = clock()
     saved = progress.get("checkpoint")
     if saved is None:
-        state = _plan(incident, orchestrator, policy, now)
+        deadline = planned_deadline(incident, ledger)
+        if deadline is not None and now >= deadline - REQUEUE_MARGIN:  # no time to checkpoint: requeue now
+            return CheckpointRecord(policy=f"requeued at once: AWS acts on the node at {deadline.isoformat()}, "
+                                           f"within {REQUEUE_MARGIN.total_seconds():.0f}s")
+        state = _plan(incident, orchestrator, policy, now, deadline)
         # recorded before the signal: an invocation that never reads its answer (the controller
         # was slow, SSM throttled) is retried, and the retry must not signal the jobs again (a
         # second USR1 can mean a second checkpoint, or a requeue, to a training job)
         ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
         if failed := _signal(incident, orchestrator, state):
-            state = CheckpointProgress(requested_at=now, not_asked=failed,
+            state = CheckpointProgress(requested_at=now, not_asked=failed, deadline=state.deadline,
                                        asked={j: a for j, a in state.asked.items() if j not in failed})
             ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
         if any(a.rule.grace_seconds > 0 for a in state.asked.values()):
@@ -98,12 +132,16 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
     jobs = [_outcome(j, a, running.get(j)) for j, a in state.asked.items()]
     waiting = [j.job_id for j in jobs
                if j.outcome == "grace_expired" and waited < state.asked[j.job_id].rule.grace_seconds]
-    if waiting:
+    if waiting and not state.cut_off(now):
         raise CheckpointPendingError(f"{incident.slurm_node}: waiting {waited:.0f}s for the checkpoint of "
                                      f"{', '.join(waiting)}")
     rules = sorted({a.rule.describe() for a in state.asked.values()})
     described = "; ".join(rules) if rules else "no job on the node has a checkpoint rule"
     if state.not_asked:
         described += f"; could not signal {', '.join(state.not_asked)}"
+    if waiting:
+        assert state.deadline is not None  # cut off: only a deadline ends a wait before its grace
+        described += (f"; the wait ended {REQUEUE_MARGIN.total_seconds():.0f}s before AWS acts on the node "
+                      f"({state.deadline.isoformat()})")
     return CheckpointRecord(policy=described, requested_at=state.requested_at if state.asked else None,
                             waited_s=waited if state.asked else 0, jobs=jobs)
