@@ -1,6 +1,7 @@
 """Planned events: an AWS Health scheduled change (instance retirement, stop, reboot maintenance),
 the same found by the function's periodic sweep of EC2's scheduled events (what AWS Health did
-not deliver), or EC2's warning that a Capacity Block ends becomes one Node Health Event per affected node of
+not deliver), EC2's warning that a Capacity Block ends, or its two-minute warning that it
+interrupts a Spot Instance becomes one Node Health Event per affected node of
 this cluster on NodeMedic's bus, so each is handled before AWS acts; everything else it names is
 ignored and counted with the reason. A Capacity Block's end is also said on the escalation topic,
 once for the whole block, however often the warning is delivered."""
@@ -17,6 +18,7 @@ from nodemedic.bus import publish_health_events
 from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
+from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
 from nodemedic.errors import InvalidEventError
 from nodemedic.planned_events import (
     Plan,
@@ -26,6 +28,7 @@ from nodemedic.planned_events import (
     plan,
     plan_capacity_end,
     plan_scheduled,
+    plan_spot_interruption,
     released,
     reservation_instances,
     scheduled_events,
@@ -98,6 +101,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             else superseded(envelope)
         what = {"event": envelope.detail.eventArn, "type": envelope.detail.eventTypeCode,
                 "deadline": envelope.detail.startTime.isoformat()}
+    elif isinstance(envelope, SpotInterruptionEnvelope):
+        planned = plan_spot_interruption(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
+        what = {"spot_interruption": envelope.detail.instance_id, "action": envelope.detail.instance_action,
+                "deadline": envelope.interrupted_at.isoformat()}
     else:
         ec2 = wiring.client("ec2")
         planned = plan_capacity_end(envelope, cluster=s.cluster_name, provider=wiring.provider(),

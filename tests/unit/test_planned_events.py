@@ -19,6 +19,7 @@ from nodemedic.planned_events import (
     plan,
     plan_capacity_end,
     plan_scheduled,
+    plan_spot_interruption,
     released,
     slack,
 )
@@ -209,6 +210,54 @@ def test_an_operator_cannot_make_a_fault_a_retire() -> None:
 def test_a_malformed_capacity_block_warning_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
     with pytest.raises(InvalidEventError, match="AWS Health event" if value == "aws.health" else path[-1]):
         parse_planned_event(_with(BLOCK_END, path, value))
+
+
+# -- a Spot interruption (events/aws-ec2/, the shape in EC2's "Spot Instance interruption notices") --
+SPOT = json.loads((SAMPLES.parent / "aws-ec2" / "spot-interruption-warning.json").read_text())
+
+
+def _plan_spot(event: dict[str, Any], now: datetime = WARNED) -> Any:
+    return plan_spot_interruption(parse_planned_event(event), cluster="local", provider=_Cluster(),  # type: ignore[arg-type]
+                                  now=now)
+
+
+@pytest.mark.parametrize(("action", "deadline"), [("terminate", "2026-11-22T10:22:00+00:00"),
+                                                  ("stop", "2026-11-22T10:22:00+00:00"),
+                                                  ("hibernate", "2026-11-22T10:20:00+00:00")])  # no 2 min
+def test_a_spot_interruption_retires_its_node_with_the_deadline_ec2_keeps(action: str, deadline: str) -> None:
+    event = _with(SPOT, ("detail", "instance-action"), action)
+    [retire] = _plan_spot(event).events
+    assert (retire.node.instance_id, retire.node.slurm_node, retire.fault_code, retire.check) == (
+        OURS, "gpu-2", "PLANNED_SPOT_INTERRUPTION", "spot_interruption")
+    assert retire.evidence == {"instance_action": action, "deadline": deadline, "warned_at": "2026-11-22T10:20:00+00:00"}
+    envelope = {"source": "nodemedic.planned", "detail-type": "Node Health Event",
+                "detail": json.loads(retire.model_dump_json(exclude_none=True))}
+    assert parse_trigger(envelope).detail.fault_code == "PLANNED_SPOT_INTERRUPTION"  # type: ignore[union-attr]
+    c = classify("PLANNED_SPOT_INTERRUPTION", {})
+    assert (c.fault_class, c.action, c.ladder) == ("planned", "retire", ())
+
+
+def test_a_redelivered_spot_warning_keeps_its_event_id_and_another_instance_is_ignored() -> None:
+    assert _plan_spot(copy.deepcopy(SPOT)).events[0].event_id == _plan_spot(SPOT).events[0].event_id
+    theirs = _plan_spot(_with(SPOT, ("detail", "instance-id"), THEIRS))
+    assert not theirs.events and theirs.ignored == [(THEIRS, "not a member of cluster local")]
+
+
+def test_a_spot_warning_replayed_long_after_plans_nothing() -> None:
+    later = _plan_spot(SPOT, now=WARNED + timedelta(days=30))
+    assert not later.events and "more than 15 days ago" in later.ignored[0][1]
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("detail", "instance-id"), "i-; reboot"),
+    (("detail", "instance-id"), None),
+    (("detail", "instance-action"), "explode"),
+    (("time",), "2026-11-22T10:20:00"),
+    (("time",), "0001-01-01T00:00:00Z"),
+])
+def test_a_malformed_spot_warning_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
+    with pytest.raises(InvalidEventError, match=f"Spot interruption warning.*{path[-1]}"):
+        parse_planned_event(_with(SPOT, path, value))
 
 
 def _with(event: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from nodemedic.contracts.aws_health import HEALTH_SOURCE, AffectedEntity, AwsHea
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.problems import describe, not_unicode
+from nodemedic.contracts.spot_interruption import SPOT_DETAIL_TYPE, SpotInterruptionEnvelope
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
 from nodemedic.providers.base import Provider
@@ -105,6 +106,7 @@ def event_id(key: str) -> str:
 
 
 CAPACITY_END = "PLANNED_CAPACITY_END"
+SPOT_INTERRUPTION = "PLANNED_SPOT_INTERRUPTION"
 
 
 def act_at(event: NodeHealthEvent, lead: timedelta, sweep: timedelta) -> datetime:
@@ -138,14 +140,23 @@ def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
     return None
 
 
-def parse_planned_event(event: dict[str, object]) -> AwsHealthEnvelope | CapacityBlockEnvelope:
-    """An AWS Health event, or else a Capacity Block expiry warning; anything else is rejected."""
-    health = event.get("source") == HEALTH_SOURCE
-    kind = "AWS Health event" if health else "Capacity Block expiry warning"
+PlannedEnvelope = AwsHealthEnvelope | CapacityBlockEnvelope | SpotInterruptionEnvelope
+
+
+def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
+    """An AWS Health event, a Spot interruption warning, or else a Capacity Block expiry warning;
+    anything else is rejected."""
+    model: type[PlannedEnvelope]
+    if event.get("source") == HEALTH_SOURCE:
+        model, kind = AwsHealthEnvelope, "AWS Health event"
+    elif SPOT_DETAIL_TYPE in (event.get("detail-type"), event.get("detail_type")):
+        model, kind = SpotInterruptionEnvelope, "Spot interruption warning"
+    else:
+        model, kind = CapacityBlockEnvelope, "Capacity Block expiry warning"
     if where := not_unicode(event, "event"):
         raise InvalidEventError(f"rejected {kind}: {where}: not Unicode text (a lone surrogate)")
     try:
-        return AwsHealthEnvelope.model_validate(event) if health else CapacityBlockEnvelope.model_validate(event)
+        return model.model_validate(event)
     except ValidationError as exc:
         raise InvalidEventError(f"rejected {kind}: {describe(exc, 'event')}") from exc
 
@@ -233,6 +244,25 @@ def plan_capacity_end(envelope: CapacityBlockEnvelope, *, cluster: str, provider
                              "block_end": d.end_date.isoformat()})
     if not result.events and not result.ignored:
         result.ignored.append((block, "no running instance of this account is in the Capacity Block"))
+    return result
+
+
+def plan_spot_interruption(envelope: SpotInterruptionEnvelope, *, cluster: str, provider: Provider,
+                           now: datetime) -> Plan:
+    """EC2 interrupts a Spot Instance: a retire event for its node (drained with its job
+    checkpointed within the two minutes and moved to a spare; nothing repaired, nothing replaced:
+    the instance's Auto Scaling group or fleet replaces it). The event id is derived from the
+    warning's own id, so EventBridge's retry of the delivery is a redelivery."""
+    d = envelope.detail
+    deadline = envelope.interrupted_at
+    if deadline < now - EVENT_MEMORY:  # an archive replayed long after: EC2 acted then
+        return Plan(ignored=[(d.instance_id, f"interrupted at {deadline.isoformat()}, more than "
+                                             f"{EVENT_MEMORY.days} days ago")])
+    result = Plan()
+    result.add(provider, cluster, d.instance_id, f"spot-interruption/{envelope.id}/{d.instance_id}", now,
+               check="spot_interruption", fault_code=SPOT_INTERRUPTION,
+               evidence={"instance_action": d.instance_action, "deadline": deadline.isoformat(),
+                         "warned_at": envelope.time.isoformat()})
     return result
 
 

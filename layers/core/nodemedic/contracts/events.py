@@ -83,7 +83,7 @@ def _clip(limit: int) -> BeforeValidator:
 
 
 Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual", "burn_in",
-                "fail_slow", "aws_health", "capacity_block", "ec2_scheduled_event"]
+                "fail_slow", "aws_health", "capacity_block", "ec2_scheduled_event", "spot_interruption"]
 Severity = Literal["info", "warning", "error", "critical"]
 EvidenceValue = str | int | float | bool | None
 

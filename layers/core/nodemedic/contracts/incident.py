@@ -9,7 +9,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 # burn_in: a node that joined is checked before it takes work; degrade: a node that still works,
 # slower (fail-slow), is drained after its job, never requeued, then checked; retire: capacity AWS
-# takes back at a known time (a Capacity Block's end): drained, its job moved, nothing repaired
+# takes back at a known time (a Capacity Block's end, a Spot interruption): drained, its job moved, nothing repaired
 Action = Literal["monitor", "replace", "reboot", "burn_in", "degrade", "retire"]
 NON_DISRUPTIVE: frozenset[str] = frozenset({"burn_in", "degrade"})  # never requeue or kill a job
 # check: the node as it is, not repaired: the first rung of a burn-in (a node that joined)

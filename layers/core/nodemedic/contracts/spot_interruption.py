@@ -1,0 +1,45 @@
+"""EC2's Spot Instance interruption warning as EventBridge delivers it (source ``aws.ec2``): the
+fields NodeMedic reads, validated; the rest is ignored.
+
+From the EC2 User Guide, "Spot Instance interruption notices"
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html):
+EC2 emits "EC2 Spot Instance Interruption Warning" two minutes before it stops or terminates the
+Spot Instance; with hibernation as the interruption behaviour the notice comes as hibernation
+begins, with no two minutes. The detail names the instance (``instance-id``) and what EC2 will do
+(``instance-action``: ``terminate``, ``stop`` or ``hibernate``). Notices are best effort.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from nodemedic.contracts.capacity_block import UtcTime
+from nodemedic.contracts.events import INSTANCE_ID
+
+SPOT_SOURCE = "aws.ec2"
+SPOT_DETAIL_TYPE = "EC2 Spot Instance Interruption Warning"
+INTERRUPTION_LEAD = timedelta(minutes=2)  # from the warning to the interruption (stop, terminate)
+
+
+class SpotInterruptionDetail(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    instance_id: str = Field(alias="instance-id", pattern=INSTANCE_ID)
+    instance_action: Literal["terminate", "stop", "hibernate"] = Field(alias="instance-action")
+
+
+class SpotInterruptionEnvelope(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    id: str = Field(min_length=1, max_length=128)
+    source: Literal["aws.ec2"]
+    detail_type: Literal["EC2 Spot Instance Interruption Warning"] = \
+        Field(validation_alias=AliasChoices("detail-type", "detail_type"))
+    time: UtcTime
+    detail: SpotInterruptionDetail
+
+    @property
+    def interrupted_at(self) -> datetime:
+        """When EC2 interrupts the instance: NodeMedic's deadline (hibernation: at once)."""
+        return self.time if self.detail.instance_action == "hibernate" else self.time + INTERRUPTION_LEAD
