@@ -161,6 +161,20 @@ def test_a_driver_older_than_nvidia_ml_py_is_read_through_the_names_it_has(fake)
     assert [g.thermal_violation for g in gpus] == [True, False]
 
 
+def test_a_gpu_held_at_its_power_cap_is_busy_not_faulty(fake, sim, tmp_path):
+    """What a healthy H100 at full load reads (a lent H100, 45 s of dense GEMMs, 2026-11-26): NVML's
+    clock event reasons were 0x4 (SW power cap) in every sample, at 694-699 W of its 700 W limit, SM
+    clocks 1,365-1,440 MHz. Power capping is a busy GPU's normal state: no finding; a power brake
+    (0x80, an external signal to slow down) or a thermal slowdown is one."""
+    busy = pynvml.nvmlClocksEventReasonSwPowerCap
+    assert busy == 0x4
+    brake = pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    hardware = fake([{"links": 18, "reasons": busy}, {"links": 18, "reasons": busy | brake}])
+    config = agent_config(sim, tmp_path / "spool", expected={"gpus": 2})
+    result = PolledChecks(hardware, config).gpu()
+    assert [(f.fault_code, f.component["index"]) for f in result.findings] == [("POWER_VIOLATION", 1)]
+
+
 def test_xids_are_waited_for_on_a_driver_without_the_v2_event_wait(fake):
     hardware = fake([{"links": 12}])
     api = nvml.pynvml
