@@ -204,3 +204,35 @@ def test_the_demo_runs_on_kubernetes(tmp_path: Path, provider: str) -> None:
     downtimes = [float(v) for line in rows.values() if (v := line.split("│")[8].strip()) != "-"]
     assert downtimes and all(d >= 0 for d in downtimes)
     assert "job training/PyTorchJob/train-0: RUNNING" in text and "SNS escalation" in text
+
+
+def test_a_spot_interruption_retires_the_node_moves_the_job_to_the_spare_and_replaces_nothing(
+        local: LocalMode) -> None:
+    """EC2's two-minute Spot warning on Kubernetes: the retire path (no repair, no replacement: the
+    group replaces what EC2 takes) through the same stages as on Slurm."""
+    import copy
+    import json
+
+    from tests.conftest import EVENTS
+
+    kube = _kube(local)
+    job = kube.submit(3, name="llm")  # one worker on each of gpu-1..3; gpu-4 is the spare
+    assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to run")
+    instance = kube.instance_of("gpu-1")
+    group = sorted((i["InstanceId"], i["LifecycleState"]) for i in local.cluster.group_instances())
+    warning = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "spot-interruption-warning.json").read_text()))
+    warning["detail"]["instance-id"] = instance
+    local.emit_as_aws(warning)
+    [execution] = local.wait_for_executions(1, timeout=120)
+
+    incident = local.incident(execution["name"])
+    assert (incident.status, incident.fault_code) == ("retired", "PLANNED_SPOT_INTERRUPTION"), incident.outcome
+    assert "repair" not in incident.stages and incident.stages["spare"].result["spare"] == "gpu-4"
+    after = kube.job(job)
+    assert after["JobState"] == "RUNNING" and after["NodeList"] == "gpu-2,gpu-3,gpu-4"
+    assert SPARE_TAINT not in kube.taints("gpu-4")
+    # the node stays cordoned and tainted, behind the same instance; nothing launched or terminated
+    assert kube.node("gpu-1")["State"].endswith("+DRAIN") and DRAIN_TAINT in kube.taints("gpu-1")
+    assert kube.instance_of("gpu-1") == instance
+    assert sorted((i["InstanceId"], i["LifecycleState"]) for i in local.cluster.group_instances()) == group
+    assert kube.errors == []
