@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from nodemedic_cli import report
+from nodemedic_cli.console import plain
 from nodemedic_cli.fleet.model import spares_needed
 
 
@@ -91,9 +92,9 @@ def executions_table(local: LocalMode, labels: dict[str, str]) -> Table:
                             if "stateEnteredEventDetails" in ev), "starting")
             where = f"[yellow]{entered}[/]"
         elif status == "SUCCEEDED":
-            where = f"[green]{local.detect_decision(d) or 'done'}[/]"
+            where = f"[green]{plain(local.detect_decision(d) or 'done')}[/]"
         else:
-            where = f"[red]{d.get('error', '')}[/]"
+            where = f"[red]{plain(d.get('error', ''))}[/]"
         table.add_row(e["name"][:8], labels.get(e["name"], "runbook/alarm"), status, where)
     return table
 
@@ -211,14 +212,14 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
             gate = inc.stages.get("gate")
             if gate and gate.result:
                 note = f"; {inc.outcome}" if inc.outcome and inc.outcome != gate.result["reason"] else ""
-                console.print(f"  {inc.incident_id[:8]} {inc.slurm_node}: [bold]{gate.result['verdict']}[/] - "
-                              f"{gate.result['reason']}{note}"[:240])
+                said = f"{gate.result['reason']}{note}"[:200]
+                console.print(f"  {inc.incident_id[:8]} {inc.slurm_node}: [bold]{gate.result['verdict']}[/] - {plain(said)}")
         for j in jobs:
             info = local.scheduler.job(j)
             console.print(f"  job {j}: {info['JobState']} on {info.get('NodeList') or '-'} "
                           f"(restarts: {info.get('Restarts', '0')})")
         for message in local.escalations():
-            console.print(f"[red]SNS escalation:[/] {message.get('Subject')}: {message['Message'][:200]}")
+            console.print(f"[red]SNS escalation:[/] {plain(message.get('Subject'))}: {plain(message['Message'][:200])}")
         console.print(f"[bold]Hot-spare pool now:[/] {', '.join(local.cluster.spare_pool()) or 'empty'}")
         values = local.metric_values("TimeToRecover", Cluster="local", FaultClass="gpu_lost")
         console.print(f"[bold]CloudWatch[/] NodeMedic/TimeToRecover (Cluster=local, FaultClass=gpu_lost): "

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nodemedic_cli import operator, report
-from nodemedic_cli.console import console
+from nodemedic_cli.console import console, plain
 from nodemedic_cli.fleet.commands import app as fleet_app
 from nodemedic_cli.fleet.model import parse_duration_hours
 from nodemedic_cli.target import Target, TargetError, stack_from_samconfig
@@ -101,7 +101,7 @@ def _fail(message: str, as_json: bool) -> NoReturn:
     if as_json:
         print(json.dumps({"error": message}))
     else:
-        err_console.print(f"[red]error:[/] {message}")
+        err_console.print(f"[red]error:[/] {plain(message)}")
     raise typer.Exit(2)
 
 
@@ -156,16 +156,16 @@ def remediate(
     """Remediate a node by hand (a runbook step)."""
     def show(r: dict[str, Any]) -> None:
         if r.get("started"):
-            console.print(f"started incident [bold]{r['incident']}[/] ({r['action']} {r['node']}); follow it with "
-                          f"`nodemedic show {r['incident']}`")
+            console.print(f"started incident [bold]{plain(r['incident'])}[/] ({plain(r['action'])} {plain(r['node'])}); "
+                          f"follow it with `nodemedic show {plain(r['incident'])}`")
         elif r["action"] == "health-check":
             colour = "green" if r["healthy"] else "red"
-            console.print(f"{r['node']} ({r['instance_id']}) {r['level']} check: [{colour}]"
+            console.print(f"{plain(r['node'])} ({plain(r['instance_id'])}) {plain(r['level'])} check: [{colour}]"
                           f"{'healthy' if r['healthy'] else 'UNHEALTHY'}[/]")
             for c in r["checks"]:
-                console.print(f"  {'ok ' if c.get('ok') else 'FAIL'} {c.get('name')}: {c.get('detail', '')}")
+                console.print(f"  {'ok ' if c.get('ok') else 'FAIL'} {plain(c.get('name'))}: {plain(c.get('detail', ''))}")
         else:
-            console.print(f"{r['action']} {r['node']}: now {r['state']}")
+            console.print(f"{plain(r['action'])} {plain(r['node'])}: now {plain(r['state'])}")
     _run(ctx, as_json, lambda t: operator.remediate(t, node, action, reason, by or _user(), level), show)
 
 
@@ -185,8 +185,8 @@ def incidents(
         for r in rows:
             mttr = (datetime.fromisoformat(r["closed_at"]) - datetime.fromisoformat(r["observed_at"])).total_seconds() \
                 if r["closed_at"] and r["status"] == "closed" else None
-            table.add_row(r["incident"], r["node"], r["fault"], r["status"], r["stage"], r["observed_at"][:19],
-                          f"{mttr:.1f}" if mttr is not None else "-")
+            table.add_row(*(plain(r[k]) for k in ("incident", "node", "fault", "status", "stage")),
+                          plain(r["observed_at"][:19]), f"{mttr:.1f}" if mttr is not None else "-")
         console.print(table)
     _run(ctx, as_json, lambda t: operator.list_incidents(t, open_, _since(since)), show)
 
@@ -199,25 +199,26 @@ def show_incident(
 ) -> None:
     """One incident: its stage timeline with durations, and what each stage decided and why."""
     def show(r: dict[str, Any]) -> None:
-        console.print(f"[bold]{r['incident']}[/] {r['node']} ({r['instance_id']}) {r['fault']} "
-                      f"[{r['fault_class']}] - [bold]{r['status']}[/] {r['outcome']}")
-        console.print(f"why: {r['reason']}; ladder: {' > '.join(r['ladder'])}; duplicate events folded: "
+        console.print(f"[bold]{plain(r['incident'])}[/] {plain(r['node'])} ({plain(r['instance_id'])}) "
+                      f"{plain(r['fault'])} {plain('[' + r['fault_class'] + ']')} - [bold]{plain(r['status'])}[/] "
+                      f"{plain(r['outcome'])}")
+        console.print(f"why: {plain(r['reason'])}; ladder: {plain(' > '.join(r['ladder']))}; duplicate events folded: "
                       f"{r['duplicate_events']}")
         table = Table()
         for col in ("stage", "took s", "done at (s from fault)", "decision"):
             table.add_column(col)
         for row in r["timeline"]:
-            table.add_row(row["stage"], "-" if row["seconds"] is None else f"{row['seconds']:.1f}",
-                          f"{row['from_fault_s']:.1f}", row["decision"][:160])
+            table.add_row(plain(row["stage"]), "-" if row["seconds"] is None else f"{row['seconds']:.1f}",
+                          f"{row['from_fault_s']:.1f}", plain(row["decision"][:160]))
         console.print(table)
         if r["failure"]:
-            console.print(f"[red]failed in {r['failure'].get('stage')}:[/] {r['failure'].get('error')}")
+            console.print(f"[red]failed in {plain(r['failure'].get('stage'))}:[/] {plain(r['failure'].get('error'))}")
     _run(ctx, as_json, lambda t: operator.show(t, incident), show)
 
 
 def _answer(ctx: typer.Context, incident: str, approve_it: bool, by: str, reason: str, as_json: bool) -> None:
     def show(r: dict[str, str]) -> None:
-        console.print(f"incident {r['incident']}: {r['decision']} by {r['by']}")
+        console.print(f"incident {plain(r['incident'])}: {plain(r['decision'])} by {plain(r['by'])}")
     _run(ctx, as_json, lambda t: operator.approve(t, incident, approve_it, by or _user(), reason), show)
 
 
@@ -237,7 +238,8 @@ def deny(ctx: typer.Context, incident: Annotated[str, typer.Argument(help="Incid
 
 def _status_line(r: dict[str, Any]) -> None:
     paused = r["paused"]
-    console.print(f"automation: {'[yellow]PAUSED[/] by ' + paused['by'] + ': ' + paused['reason'] if paused else '[green]on[/]'}")
+    automation = f"[yellow]PAUSED[/] by {plain(paused['by'])}: {plain(paused['reason'])}" if paused else "[green]on[/]"
+    console.print(f"automation: {automation}")
     b = r["breaker"]
     console.print(f"breaker: {'[red]OPEN[/]' if b['state'] == 'open' else '[green]closed[/]'} (trips: {b['trips']}); "
                   f"remediations in progress: {len(r['in_progress'])}; waiting for a slot: {len(r['waiting_for_a_slot'])}; "
@@ -259,7 +261,7 @@ def _reenabled_lines(r: dict[str, Any]) -> None:
     console.print(f"released {len(released)} held incident(s). Their faults are not looked at again: a node's next "
                   "event opens a new incident; a fault reported once (an XID) needs a remediation by hand:")
     for i in released:
-        console.print(f"  {i['node']} ({i['instance_id']}) {i['fault']}: held in {i['incident']} ({i['outcome']})"[:240])
+        console.print(plain(f"  {i['node']} ({i['instance_id']}) {i['fault']}: held in {i['incident']} ({i['outcome']})"[:240]))
     console.print("  e.g. `nodemedic remediate <node> --action replace --reason ...` (docs/runbooks/replace-a-node.md)")
 
 
@@ -310,7 +312,7 @@ def doctor(
             table.add_column(col, overflow="fold")
         colour = {"pass": "green", "warn": "yellow", "fail": "red"}
         for r in rows:
-            table.add_row(r["check"], f"[{colour[r['status']]}]{r['status']}[/]", r["detail"], r["fix"])
+            table.add_row(plain(r["check"]), f"[{colour[r['status']]}]{r['status']}[/]", plain(r["detail"]), plain(r["fix"]))
         console.print(table)
 
     if local:
@@ -357,9 +359,9 @@ def spares_command(ctx: typer.Context, as_json: AsJson = False) -> None:
     """The hot-spare pool: its nodes (Slurm: in the spare reservation; Kubernetes: with the spare
     taint) and whether each is ready."""
     def show(r: dict[str, Any]) -> None:
-        console.print(f"hot spares: {r['ready']} ready of target {r['target_size']} ({r['held_by']})")
+        console.print(f"hot spares: {r['ready']} ready of target {r['target_size']} ({plain(r['held_by'])})")
         for n in r["nodes"]:
-            console.print(f"  {n['node']}: {n['state']}{'' if n['ready'] else ' [yellow](not ready)[/]'}")
+            console.print(f"  {plain(n['node'])}: {plain(n['state'])}{'' if n['ready'] else ' [yellow](not ready)[/]'}")
     _run(ctx, as_json, operator.spares, show)
 
 
@@ -403,7 +405,7 @@ def report_command(
                              str(t["jobs_checkpointed"]), _n(t["work_saved_s"]), _n(t["work_lost_s"]))
         console.print(training)
         if r["html"]:
-            console.print(f"wrote {r['html']}")
+            console.print(f"wrote {plain(r['html'])}")
     _run(ctx, as_json, work, show)
 
 

@@ -13,7 +13,7 @@ import typer
 from nodemedic.domain import xid as xid_data
 from nodemedic.domain.classification import classify, fault_table
 
-from nodemedic_cli.console import console
+from nodemedic_cli.console import console, plain
 
 app = typer.Typer(help="NVIDIA's Xid catalog: look a code up, or regenerate the table.", no_args_is_help=True,
                   rich_markup_mode="markdown")
@@ -71,10 +71,10 @@ def import_catalog(
     try:
         text = normalise(export.read_text(), retrieved or datetime.now(UTC).date().isoformat())
     except (OSError, CatalogError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {plain(exc)}")
         raise typer.Exit(2) from None
     out.write_text(text)
-    console.print(f"wrote {out} ({text.count(chr(10)) - 4} codes)")
+    console.print(f"wrote {plain(out)} ({text.count(chr(10)) - 4} codes)")
 
 
 @app.command()
@@ -83,7 +83,7 @@ def explain(code: Annotated[str, typer.Argument(help="An Xid number (46) or any 
     """What NodeMedic does with a fault code, and why (catalog bucket or fault table rule)."""
     fault_code = f"XID {int(code)}" if code.isdigit() else code.upper()
     c = classify(fault_code)
-    console.print(f"[bold]{fault_code}[/] class {c.fault_class}, action [bold]{c.action}[/]"
+    console.print(f"[bold]{plain(fault_code)}[/] class {c.fault_class}, action [bold]{c.action}[/]"
                   f"{', ladder ' + ' > '.join(c.ladder) if c.ladder else ''}"
                   f"{' (needs a second signal)' if c.confidence == 'ambiguous' else ''}")
-    console.print(c.note)
+    console.print(plain(c.note))

@@ -1,0 +1,64 @@
+"""What the operator CLI prints is the data as it is: square brackets in a reason, an outcome, an
+error or a doctor row are text, not Rich markup. ("[fault table]" and "[gpu_lost]" vanished from
+`nodemedic show`, read as style tags; a "[/...]" in an error crashed the CLI with a MarkupError.)
+The commands' work is replaced by its result; only the printing is under test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from nodemedic_cli import main as cli
+from nodemedic_cli.operator import OperatorError
+from nodemedic_cli.target import Target
+from typer.testing import CliRunner
+
+TARGET = Target("nodemedic-test")
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli.app, list(args), obj=TARGET)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result.exit_code, " ".join(result.output.split())  # rich wraps long lines
+
+
+SHOWN: dict[str, Any] = {
+    "incident": "inc-1", "node": "gpu-1", "instance_id": "i-0123456789abcdef0", "fault": "XID 79",
+    "fault_class": "gpu_lost", "status": "failed", "outcome": "drain failed: slurmctld said [/1]",
+    "reason": "XID 79 (gpu_lost) -> replace [fault table]: GPU fell off the bus", "ladder": ["replace"],
+    "duplicate_events": 0,
+    "timeline": [{"stage": "gate", "seconds": 0.1, "from_fault_s": 1.0, "decision": "proceed [rule: breaker]"}],
+    "failure": {"stage": "drain", "error": "scontrol: error: [/bold] Invalid node name"},
+}
+
+
+def test_show_prints_brackets_in_an_incident_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli.operator, "show", lambda target, incident: SHOWN)
+    code, out = _invoke("show", "inc-1")
+    assert code == 0
+    for text in ("[gpu_lost]", "[fault table]", "slurmctld said [/1]", "proceed [rule: breaker]",
+                 "scontrol: error: [/bold] Invalid node name"):
+        assert text in out, (text, out)
+
+
+def test_an_error_with_brackets_is_said_not_crashed_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise OperatorError("no node gpu-[/1] in cluster local [slurm]")
+
+    monkeypatch.setattr(cli.operator, "remediate", refuse)
+    code, out = _invoke("remediate", "gpu-[/1]", "--action", "replace", "--reason", "r")
+    assert code == 2 and "error: no node gpu-[/1] in cluster local [slurm]" in out, out
+
+
+def test_a_doctor_row_prints_its_detail_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodemedic_cli import doctor
+
+    class _Row:
+        def as_dict(self) -> dict[str, str]:
+            return {"check": "safety policy", "status": "fail",
+                    "detail": "breaker.max_percent: Input should be greater than 0 [type=greater_than, input_value=0]",
+                    "fix": "aws ssm put-parameter --value '[/]'"}
+
+    monkeypatch.setattr(doctor, "run", lambda target: [_Row()])
+    code, out = _invoke("doctor")
+    assert code == 1 and "[type=greater_than," in out and "--value '[/]'" in out, out  # the table wraps the detail
