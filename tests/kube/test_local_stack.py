@@ -236,3 +236,35 @@ def test_a_spot_interruption_retires_the_node_moves_the_job_to_the_spare_and_rep
     assert kube.instance_of("gpu-1") == instance
     assert sorted((i["InstanceId"], i["LifecycleState"]) for i in local.cluster.group_instances()) == group
     assert kube.errors == []
+
+
+def test_a_capacity_block_ending_retires_its_nodes_and_the_job_moves_outside_the_block(local: LocalMode) -> None:
+    """EC2's Capacity Block expiry warning on Kubernetes: the block's worker is retired and its pod
+    moves to the spare outside the block; nothing launched or terminated; the on-call told once."""
+    from datetime import datetime, timedelta
+
+    from nodemedic.contracts.capacity_block import TERMINATION_LEAD
+
+    from tests.e2e.test_capacity_block import BLOCK, _expiry_warning
+
+    kube = _kube(local)
+    job = kube.submit(3, name="llm")  # one worker on each of gpu-1..3; gpu-4 is the spare
+    assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to run")
+    local.aws.place_in_capacity_reservation([kube.instance_of("gpu-2")], BLOCK)
+    group = sorted((i["InstanceId"], i["LifecycleState"]) for i in local.cluster.group_instances())
+    warning = _expiry_warning(end_in=timedelta(minutes=40))
+    local.emit_as_aws(warning)
+    [execution] = local.wait_for_executions(1, timeout=120)
+
+    incident = local.incident(execution["name"])
+    assert (incident.status, incident.fault_code, incident.slurm_node) == ("retired", "PLANNED_CAPACITY_END", "gpu-2")
+    termination = datetime.fromisoformat(warning["detail"]["end-date"]) - TERMINATION_LEAD
+    assert incident.closed_at is not None and incident.closed_at < termination
+    assert "repair" not in incident.stages and incident.stages["spare"].result["spare"] == "gpu-4"
+    after = kube.job(job)
+    assert after["JobState"] == "RUNNING" and after["NodeList"] == "gpu-1,gpu-3,gpu-4"
+    assert kube.node("gpu-2")["State"].endswith("+DRAIN") and DRAIN_TAINT in kube.taints("gpu-2")
+    assert sorted((i["InstanceId"], i["LifecycleState"]) for i in local.cluster.group_instances()) == group
+    told = [m for m in local.escalations() if m.get("Subject") == "NodeMedic: Capacity Block ending"]
+    assert len(told) == 1 and "(gpu-2)" in told[0]["Message"]
+    assert kube.errors == []
