@@ -388,6 +388,27 @@ def check_spares(target: Target) -> Iterator[Row]:
               f"{len(ready_now)} ready of {size} ({', '.join(f'{s.name} {s.state}' for s in pool) or 'empty'})")
 
 
+def check_agent_artifact(target: Target) -> Iterator[Row]:
+    """The agent's wheelhouse published where install-agent.sh fetches it (a node with no package
+    index cannot install the agent otherwise). A warning, not a failure: nodes may install from a
+    mirror or an image of their own."""
+    from nodemedic_cli.agent_artifact import published
+
+    if "AgentArtifactsBucketName" not in target.outputs:
+        yield Row("agent wheelhouse", "warn", "the stack has no agent bucket (deployed from an older template)",
+                  "deploy the template again")
+        return
+    found = published(target)
+    bucket = target.output("AgentArtifactsBucketName")
+    if not found:
+        yield Row("agent wheelhouse", "warn", f"none published in s3://{bucket}/agent/: a node with no package "
+                  "index cannot install the agent", "make agent-wheelhouse && nodemedic agent publish")
+        return
+    newest = found[0]
+    yield Row("agent wheelhouse", "pass", f"s3://{bucket}/{newest['Key']} ({newest['Size'] / 1e6:.1f} MB, "
+              f"published {newest['LastModified']:%Y-%m-%d %H:%M}Z)")
+
+
 def check_configuration(target: Target) -> Iterator[Row]:
     """The stack's JSON parameters and the safety policy, read as the functions read them: a bad
     one fails every incident at its stage (or holds it, for the policy) until it is fixed, and
@@ -439,6 +460,7 @@ def run(target: Target, permissions: Permissions | None = None,
         ("nodes", lambda: check_nodes(mapped, nodes_error, target.on_kubernetes)),
         ("heartbeats", lambda: check_heartbeats(target, now(), mapped)),
         ("spares", lambda: check_spares(target)),
+        ("agent wheelhouse", lambda: check_agent_artifact(target)),
     ]
     for name, check in checks:
         try:

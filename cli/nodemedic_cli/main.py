@@ -273,6 +273,33 @@ def resume_automation(ctx: typer.Context, reason: Reason, by: By = "", as_json: 
                                                                                     reason)), _reenabled_lines)
 
 
+agent_app = typer.Typer(help="The node agent's artifact: publish its wheelhouse where install-agent.sh fetches it.",
+                        no_args_is_help=True, rich_markup_mode="markdown")
+app.add_typer(agent_app, name="agent")
+
+
+@agent_app.command("publish")
+def agent_publish(
+    ctx: typer.Context,
+    wheelhouse: Annotated[Path | None, typer.Argument(
+        help="The wheelhouse tar.gz (default: the newest dist/nodemedic-agent-wheelhouse-*.tar.gz, "
+             "from `make agent-wheelhouse`).")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Upload the agent's self-contained wheelhouse to the stack's bucket (`AgentArtifactsBucketName`,
+    under agent/) and print the install-agent.sh line for the nodes: they fetch it with their
+    instance role (the stack's AgentPublishPolicy), with no package index. The file is checked
+    first: one that is not a wheelhouse is refused and nothing is uploaded."""
+    from nodemedic_cli import agent_artifact
+
+    def show(r: dict[str, Any]) -> None:
+        console.print(f"published {plain(r['s3_url'])} ({r['bytes'] / 1e6:.1f} MB): agent {plain(r['agent'])}, "
+                      f"CPython {plain(', '.join(r['pythons']))} on {plain(', '.join(r['archs']))}")
+        console.print("install it on each GPU node (its instance role needs the stack's AgentPublishPolicy):")
+        console.print(f"  {plain(r['install'])}")
+    _run(ctx, as_json, lambda t: agent_artifact.publish(t, wheelhouse), show)
+
+
 breaker_app = typer.Typer(help="The circuit breaker: status and reset.", no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(breaker_app, name="breaker")
 

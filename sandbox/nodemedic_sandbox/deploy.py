@@ -188,7 +188,10 @@ def _moto_stack(aws: EmbeddedAWS, stack_name: str) -> Any:
 
 def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> None:
     """moto's CloudFormation skips bus and queue policies, CloudWatch alarms and EKS access entries;
-    apply them through their APIs."""
+    apply them through their APIs. (It skips bucket policies too, and they stay unapplied: moto's S3
+    evaluates a bucket policy's statements without their conditions, so the template's TLS-only
+    Deny, conditioned on aws:SecureTransport, would refuse every request; the local S3 is reached
+    in-process, with no transport to secure.)"""
     stack = _moto_stack(aws, stack_name)
     for logical_id, resource in cfn["Resources"].items():  # keys first: the alarms' checks read their policies
         # moto's CloudFormation stores a key's policy and a document's content as dicts, not JSON

@@ -491,7 +491,7 @@ def _check_signing_time(request: Any, event_name: str = "", **_: Any) -> AWSResp
 
 
 _DENIED_CODE = {"ec2": "UnauthorizedOperation", "sns": "AuthorizationError", "autoscaling": "AccessDenied",
-                "sqs": "AccessDenied", "sts": "AccessDenied", "iam": "AccessDenied"}
+                "sqs": "AccessDenied", "sts": "AccessDenied", "iam": "AccessDenied", "s3": "AccessDenied"}
 
 
 @dataclass(frozen=True)

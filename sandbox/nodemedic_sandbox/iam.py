@@ -361,6 +361,19 @@ class Authorizer:
         name = urlparse(params["QueueUrl"]).path.rstrip("/").rsplit("/", 1)[-1]
         yield Request(action, self.arn("sqs", name))
 
+    def _s3(self, action: str, operation: str, params: dict[str, Any]) -> Iterable[Request]:
+        """An S3 ARN names no Region or account (``arn:aws:s3:::bucket/key``). HeadObject is
+        authorized as s3:GetObject, a listing as s3:ListBucket on the bucket (Amazon S3 API
+        Reference, each operation's "Permissions")."""
+        bucket = f"arn:{self.f.partition}:s3:::{params['Bucket']}"
+        if operation in ("GetObject", "HeadObject", "PutObject", "DeleteObject"):
+            verb = "GetObject" if operation == "HeadObject" else operation
+            yield Request(f"s3:{verb}", f"{bucket}/{params['Key']}")
+        elif operation in ("ListObjectsV2", "ListObjects"):
+            yield Request("s3:ListBucket", bucket, {"s3:prefix": [params.get("Prefix", "")]})
+        else:
+            raise NotImplementedError(f"the local IAM has no model of {action}")
+
     def _events(self, action: str, operation: str, params: dict[str, Any]) -> Iterable[Request]:
         if operation != "PutEvents":
             raise NotImplementedError(f"the local IAM has no model of {action}")
