@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from boto3.exceptions import S3UploadFailedError
 from nodemedic.errors import NodeMedicError
 
 from nodemedic_cli.target import Target
@@ -61,8 +62,11 @@ def publish(target: Target, path: Path | None) -> dict[str, Any]:
     manifest = read_manifest(path)
     bucket = target.output("AgentArtifactsBucketName")
     key = PREFIX + path.name
-    target.client("s3").upload_file(str(path), bucket, key, ExtraArgs={"ServerSideEncryption": "AES256"})
     url = f"s3://{bucket}/{key}"
+    try:
+        target.client("s3").upload_file(str(path), bucket, key, ExtraArgs={"ServerSideEncryption": "AES256"})
+    except S3UploadFailedError as exc:  # AccessDenied, a bucket gone: boto3 wraps the refusal
+        raise ArtifactError(f"cannot upload {path.name} to {url} (you need s3:PutObject there): {exc}") from None
     region = target.client("s3").meta.region_name
     install = (f"install-agent.sh --cluster {target.cluster} --bus {target.output('EventBusName')} --region {region} "
                f"--acknowledgements-table {target.output('IncidentsTableName')} --wheelhouse {url}")

@@ -106,3 +106,20 @@ def test_a_file_that_is_not_a_tarball_or_not_there_is_refused(local: LocalMode, 
     assert "is not a wheelhouse tar.gz" in publish(local, text, code=2)["error"]
     assert "no such file" in publish(local, tmp_path / "missing.tar.gz", code=2)["error"]
     assert objects(local) == before
+
+
+def test_an_upload_aws_refuses_is_said_without_a_traceback(local: LocalMode, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's own credentials lack s3:PutObject: boto3 wraps the refusal in its own error."""
+    from boto3.exceptions import S3UploadFailedError
+
+    def refused(*_: object, **__: object) -> None:
+        raise S3UploadFailedError("Failed to upload: An error occurred (AccessDenied) when calling the PutObject "
+                                  "operation: Access Denied")
+
+    monkeypatch.setattr("boto3.s3.inject.upload_file", refused)  # what boto3 gives each S3 client it makes
+    before = objects(local)
+    out = publish(local, wheelhouse(tmp_path / "nodemedic-agent-wheelhouse-0.1.0.tar.gz",
+                                    {"agent": "0.1.0", "pythons": ["3.12"], "archs": ["x86_64"]}), code=2)
+    assert "you need s3:PutObject there" in out["error"] and "AccessDenied" in out["error"]
+    assert objects(local) == before
