@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from kubernetes.client.exceptions import ApiException
 from nodemedic.orchestrators.eks_auth import budget_refusal
-from nodemedic.orchestrators.kubernetes import PAUSED_CLIENTS, _evicting_record, _Node, refusal
+from nodemedic.orchestrators.kubernetes import CHECKPOINTED, PAUSED_CLIENTS, _evicting_record, _marker, _Node, refusal
 
 DEEP = "[" * 100_000
 
@@ -42,3 +42,13 @@ def test_a_refusal_whose_body_is_nested_too_deep_is_said_as_it_came(status: int)
     exc = _refused(status, DEEP)
     assert budget_refusal(exc) is False
     assert refusal(exc).startswith(f"{status} Too Many Requests: [[[")
+
+
+@pytest.mark.parametrize(("annotation", "marker"), [("1764150000", 1764150000.0), ("1764150000.5", 1764150000.5),
+                                                    ("nan", None), ("NaN", None), ("inf", None), ("-inf", None),
+                                                    ("1e400", None), ("-5", None), ("0", None), ("soon", None)])
+def test_a_pods_checkpoint_marker_is_an_epoch_or_nothing(annotation: str, marker: float | None) -> None:
+    """A NaN marker read as a checkpoint just written (NaN differs from every earlier marker), so the
+    drain requeued the job at once with no checkpoint; an infinite one recorded infinite work saved."""
+    pod = SimpleNamespace(metadata=SimpleNamespace(annotations={CHECKPOINTED: annotation}))
+    assert _marker(pod) == marker

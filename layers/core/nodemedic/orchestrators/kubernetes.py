@@ -45,6 +45,7 @@ kubelet's ``Ready`` condition is not ``True``), ``+RESERVED`` (a spare).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -196,12 +197,15 @@ def _started(pod: Any) -> float | None:
 
 
 def _marker(pod: Any) -> float | None:
-    """The pod's checkpoint marker, or None (absent or not an epoch)."""
+    """The pod's checkpoint marker, or None (absent or not an epoch). Python reads "nan" and "inf"
+    as numbers: a NaN marker differs from every earlier one, so it would read as a checkpoint just
+    written, and an infinite one as infinite work saved; neither is an epoch."""
     value = (pod.metadata.annotations or {}).get(CHECKPOINTED, "")
     try:
-        return float(value)
+        epoch = float(value)
     except ValueError:
         return None
+    return epoch if math.isfinite(epoch) and epoch > 0 else None
 
 
 def _evicting_record(value: str, started_at: float) -> set[str]:
