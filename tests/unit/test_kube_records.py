@@ -30,6 +30,7 @@ def _refused(status: int, body: str) -> ApiException:
 def test_an_evicting_record_nested_too_deep_names_no_workload() -> None:
     assert _evicting_record(DEEP, 1.0) == set()
     assert _evicting_record('{"since": 1.0, "workloads": ["ml/Job/train"]}', 1.0) == {"ml/Job/train"}
+    assert _evicting_record('{"since": NaN, "workloads": ["ml/Job/train"]}', 1.0) == set()  # no drain's record
 
 
 def test_a_paused_clients_record_nested_too_deep_is_no_pause() -> None:

@@ -216,7 +216,7 @@ def _evicting_record(value: str, started_at: float) -> set[str]:
         since, workloads = float(record["since"]), record["workloads"]
     except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: nested past the decoder
         return set()
-    if abs(since - started_at) > 1e-3 or not isinstance(workloads, list):
+    if not abs(since - started_at) <= 1e-3 or not isinstance(workloads, list):  # "not <=": a NaN is no match
         return set()
     return {w for w in workloads if isinstance(w, str)}
 
