@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -117,9 +118,21 @@ def _run(ctx: typer.Context, as_json: bool, work: Callable[[Target], Any], show:
     except BotoCoreError as exc:  # no credentials, no network
         _fail(f"cannot reach AWS: {exc}", as_json)
     if as_json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json.dumps(_finite(result), indent=2, default=str, allow_nan=False))
     else:
         show(result)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with each NaN or infinity as null: JSON has neither (a node's report may hold one,
+    and ``NaN`` in --json output stops jq and every strict parser)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 @app.callback()

@@ -62,3 +62,22 @@ def test_a_doctor_row_prints_its_detail_as_it_is(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(doctor, "run", lambda target: [_Row()])
     code, out = _invoke("doctor")
     assert code == 1 and "[type=greater_than," in out and "--value '[/]'" in out, out  # the table wraps the detail
+
+
+def test_json_output_is_json_even_when_a_node_reported_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deep-check report may carry NaN or infinity (stored as the node sent it); --json printed
+    them as NaN/Infinity, which no strict JSON parser (jq) reads."""
+    import json
+    import math
+
+    shown = {**SHOWN, "timeline": [{**SHOWN["timeline"][0], "check": {"measurements": [
+        {"target": "gpu0", "value": math.nan}, {"target": "gpu1", "value": math.inf}, {"target": "gpu2", "value": 1.5}]}}]}
+    monkeypatch.setattr(cli.operator, "show", lambda target, incident: shown)
+    result = CliRunner().invoke(cli.app, ["show", "inc-1", "--json"], obj=TARGET)
+    assert result.exit_code == 0, result.output
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON output")
+
+    out = json.loads(result.output, parse_constant=refuse)
+    assert [m["value"] for m in out["timeline"][0]["check"]["measurements"]] == [None, None, 1.5]
