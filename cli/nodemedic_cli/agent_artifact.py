@@ -17,6 +17,7 @@ from nodemedic_cli.target import Target
 
 MANIFEST = "nodemedic-agent-wheelhouse/wheelhouse.json"
 PREFIX = "agent/"
+MANIFEST_MAX_BYTES = 64 * 1024
 DIST = Path("dist")
 
 
@@ -39,7 +40,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise ArtifactError(f"{path}: no such file (`make agent-wheelhouse` builds one into dist/)")
     try:
         with tarfile.open(path, "r:gz") as tar:
-            member = tar.extractfile(MANIFEST)
+            info = tar.getmember(MANIFEST)
+            if info.size > MANIFEST_MAX_BYTES:  # build-wheelhouse.sh writes one line
+                raise ArtifactError(f"{path}: its {MANIFEST} is {info.size:,} bytes, not a wheelhouse manifest")
+            member = tar.extractfile(info)
             manifest = json.load(member) if member else None
     except KeyError:
         raise ArtifactError(f"{path} holds no {MANIFEST}: not a wheelhouse build-wheelhouse.sh made") from None

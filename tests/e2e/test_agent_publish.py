@@ -91,6 +91,7 @@ def test_a_published_wheelhouse_is_what_the_nodes_role_can_fetch_and_the_doctor_
     (None, "holds no nodemedic-agent-wheelhouse/wheelhouse.json"),
     ({"agent": "0.1.0", "pythons": [], "archs": ["x86_64"]}, "names no agent version, Pythons and architectures"),
     ([1, 2], "names no agent version"),
+    ({"agent": "0.1.0", "pythons": ["3.12"], "archs": ["x86_64"], "pad": "x" * 70_000}, "not a wheelhouse manifest"),
 ])
 def test_a_file_that_is_not_a_wheelhouse_is_refused_and_nothing_is_uploaded(local: LocalMode, tmp_path: Path,
                                                                             manifest: object, said: str) -> None:
