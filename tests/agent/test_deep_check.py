@@ -75,6 +75,78 @@ def test_full_reports_each_measurement_with_its_threshold(config_file, capsys, m
     assert "97.5" in failed["nccl_all_reduce"] and "memory on GPU 1" in failed["dcgm_diag"]
 
 
+class _FakeTorch:
+    """Enough of PyTorch for the burn: GPU ``sick`` raises the CUDA error a failing GPU gives."""
+
+    def __init__(self, gpus: int, sick: int, error: str) -> None:
+        self.gpus, self.sick, self.error, self.current = gpus, sick, error, 0
+        self.bfloat16, self.uint8 = "bf16", "u8"
+        torch = self
+
+        class _Device:
+            def __init__(self, i: int) -> None:
+                self.i = i
+
+            def __enter__(self) -> None:
+                torch.current = self.i
+
+            def __exit__(self, *_: object) -> None:
+                torch.current = 0
+
+        class _Event:
+            clock = 0.0
+
+            def __init__(self, enable_timing: bool) -> None:
+                self.at = 0.0
+
+            def record(self) -> None:
+                _Event.clock += 0.5
+                self.at = _Event.clock
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, end: _Event) -> float:
+                return (end.at - self.at) * 1000
+
+        self.cuda = type("cuda", (), {"is_available": staticmethod(lambda: True),
+                                      "device_count": staticmethod(lambda: gpus), "device": _Device,
+                                      "synchronize": staticmethod(lambda: None), "Event": _Event})
+
+    def _tensor(self) -> object:
+        if self.current == self.sick:
+            raise RuntimeError(self.error)
+        return type("T", (), {"copy_": lambda _self, _src: None})()
+
+    def randn(self, *_: object, **__: object) -> object:
+        return self._tensor()
+
+    def empty(self, *_: object, **__: object) -> object:
+        return self._tensor()
+
+    def empty_like(self, _: object) -> object:
+        return self._tensor()
+
+    def matmul(self, *_: object) -> None:
+        pass
+
+
+def test_a_gpu_whose_burn_raises_a_cuda_error_fails_by_name_and_the_report_is_written(config_file, capsys,
+                                                                                     monkeypatch, tmp_path):
+    """A sick GPU raises in the burn itself ("uncorrectable ECC error", or memory a leftover process
+    holds): the check crashed with a traceback, no report, every measurement lost."""
+    import sys
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no dcgmi, no all_reduce_perf
+    error = "CUDA error: uncorrectable ECC error encountered\nCUDA kernel errors might be asynchronously reported"
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch(gpus=3, sick=1, error=error))
+    code, full = check(config_file, capsys, "--level", "full", "--settle-seconds", "0")
+    burn = next(c for c in full["checks"] if c["name"] == "gpu_burn")
+    assert code == 1 and not full["healthy"] and burn["ok"] is False
+    assert "gpu1: CUDA error: uncorrectable ECC error encountered CUDA kernel errors" in burn["detail"]
+    assert {m["target"] for m in burn["measurements"]} == {"gpu0", "gpu2"}  # the others still measured
+
+
 def test_an_nvlink_down_that_clears_within_the_settle_window_is_not_a_failure(sim, config_file, capsys):
     sim.inject("nvlink-down", gpu=3)
     threading.Timer(1.0, lambda: sim.inject("clear")).start()  # the links finish training

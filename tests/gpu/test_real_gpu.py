@@ -127,3 +127,24 @@ def test_the_gpu_reset_rung_sees_a_job_on_the_gpu_as_nvidia_smi_lists_it() -> No
         time.sleep(0.5)
     else:
         pytest.fail(f"pid {holder.pid} is still listed 10 s after it exited")
+
+
+def test_a_gpu_whose_memory_another_process_holds_fails_the_burn_by_name(config) -> None:
+    """What a node left with a stuck process looks like to the full check: the burn cannot allocate,
+    and the check says so for that GPU, in a report (it crashed with a traceback and no report)."""
+    pytest.importorskip("torch", reason="a CUDA process is started with PyTorch")
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, torch; free, _ = torch.cuda.mem_get_info(0); "
+                               "x = torch.empty(free - (1 << 30), dtype=torch.uint8, device='cuda:0'); "
+                               "torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        _, report, code = health_check(config, "full", "p5.48xlarge", "--settle-seconds", "0")
+    finally:
+        holder.communicate(input="", timeout=60)
+    burn = next(c for c in report["checks"] if c["name"] == "gpu_burn")
+    assert code == 1 and not report["healthy"] and burn["ok"] is False, burn
+    assert "gpu0: " in burn["detail"] and "out of memory" in burn["detail"].lower(), burn["detail"]

@@ -140,7 +140,8 @@ def dcgm_diag(level: int = 3, timeout_s: float = 900) -> Measured:
 
 
 def gpu_burn(p: Profile, seconds: float = 10.0) -> Measured:
-    """Per GPU: dense BF16 GEMM TFLOPS and device-to-device copy GB/s, against the thresholds."""
+    """Per GPU: dense BF16 GEMM TFLOPS and device-to-device copy GB/s, against the thresholds. A
+    GPU whose burn raises a CUDA error fails with the error's text; the report is still written."""
     try:
         import torch  # type: ignore[import-not-found]
     except ImportError:
@@ -148,17 +149,23 @@ def gpu_burn(p: Profile, seconds: float = 10.0) -> Measured:
     if not torch.cuda.is_available():
         return Measured("gpu_burn", None, "not run: no CUDA device visible to PyTorch")
     rows: list[dict[str, Any]] = []
-    for i in range(torch.cuda.device_count()):
-        with torch.cuda.device(i):
-            tflops = _gemm_tflops(torch, seconds / 2)
-            gbps = _copy_gbps(torch, seconds / 2)
+    failed: list[str] = []
+    gpus = torch.cuda.device_count()
+    for i in range(gpus):
+        try:
+            with torch.cuda.device(i):
+                tflops = _gemm_tflops(torch, seconds / 2)
+                gbps = _copy_gbps(torch, seconds / 2)
+        except RuntimeError as exc:  # a CUDA error (a sick GPU, memory another process holds): this GPU fails
+            failed.append(f"gpu{i}: {' '.join(str(exc).split())[:200]}")
+            continue
         rows.append({"target": f"gpu{i}", "metric": "gemm_bf16_tflops", "value": round(tflops, 1),
                      "threshold": p.min_gemm_tflops})
         rows.append({"target": f"gpu{i}", "metric": "hbm_copy_gbps", "value": round(gbps, 1),
                      "threshold": p.min_hbm_gbps})
-    below = [f"{r['target']} {r['metric']} {r['value']} < {r['threshold']:.0f}" for r in rows
-             if r["threshold"] is not None and r["value"] < r["threshold"]]
-    verdict = "; ".join(below) if below else f"{len(rows) // 2} GPUs pass"
+    below = failed + [f"{r['target']} {r['metric']} {r['value']} < {r['threshold']:.0f}" for r in rows
+                      if r["threshold"] is not None and r["value"] < r["threshold"]]
+    verdict = "; ".join(below) if below else f"{gpus} GPUs pass"
     return Measured("gpu_burn", not below, f"{verdict} ({p.basis})", rows)
 
 
