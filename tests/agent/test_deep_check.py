@@ -147,6 +147,30 @@ def test_a_gpu_whose_burn_raises_a_cuda_error_fails_by_name_and_the_report_is_wr
     assert {m["target"] for m in burn["measurements"]} == {"gpu0", "gpu2"}  # the others still measured
 
 
+def test_a_tool_on_path_that_cannot_start_is_not_run_with_the_reason(config_file, capsys, monkeypatch, tmp_path):
+    """A broken install (a binary for another CPU, a truncated file): subprocess raised OSError
+    ("Exec format error") and the check crashed with no report."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("dcgmi", "all_reduce_perf"):
+        (bin_dir / name).write_bytes(b"\x7fELF\x02garbage")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    code, full = check(config_file, capsys, "--level", "full", "--settle-seconds", "0")
+    checks = {c["name"]: c for c in full["checks"]}
+    for name, tool_name in (("dcgm_diag", "dcgmi"), ("nccl_all_reduce", "all_reduce_perf")):
+        assert checks[name]["status"] == "not_run" and f"not run: {tool_name} cannot start" in checks[name]["detail"]
+    assert code == 0 and full["healthy"]  # nothing failed; what could not run is said
+
+
+def test_a_bus_bandwidth_that_is_not_a_number_is_no_figure() -> None:
+    """float("1.2.3") raised ValueError and crashed the check with no report."""
+    from nodemedic_agent.checks.deep import nccl_busbw
+
+    assert nccl_busbw("# Avg bus bandwidth    : 1.2.3") is None
+    assert nccl_busbw("# Avg bus bandwidth    : 412.31 ") == nccl_busbw("# Avg bus bandwidth : 412.31 (x)") == 412.31
+
+
 def test_an_nvlink_down_that_clears_within_the_settle_window_is_not_a_failure(sim, config_file, capsys):
     sim.inject("nvlink-down", gpu=3)
     threading.Timer(1.0, lambda: sim.inject("clear")).start()  # the links finish training

@@ -122,6 +122,8 @@ def dcgm_diag(level: int = 3, timeout_s: float = 900) -> Measured:
         out = _run(["dcgmi", "diag", "-r", str(level), "-j"], timeout_s)
     except subprocess.TimeoutExpired:
         return Measured("dcgm_diag", False, f"level {level} did not finish in {timeout_s:.0f}s")
+    except OSError as exc:  # on PATH but cannot start (a broken install): the GPUs are not judged by it
+        return Measured("dcgm_diag", None, f"not run: dcgmi cannot start: {exc}")
     said = " ".join((out.stdout + " " + out.stderr).split())
     if out.returncode != 0 and HOST_ENGINE_DOWN.search(said):  # DCGM is down, not the GPUs: as if not installed
         return Measured("dcgm_diag", None, f"not run: DCGM's host engine is not reachable ({said[:200]})")
@@ -201,7 +203,7 @@ def _copy_gbps(torch: Any, seconds: float, size: int = 2 * 2**30) -> float:
 
 def nccl_busbw(stdout: str) -> float | None:
     """The ``# Avg bus bandwidth : N`` line of nccl-tests' output, in GB/s."""
-    m = re.search(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.]+)", stdout, re.MULTILINE)
+    m = re.search(r"^#\s*Avg bus bandwidth\s*:\s*([0-9]+(?:\.[0-9]+)?)(?![0-9.])", stdout, re.MULTILINE)
     return float(m.group(1)) if m else None
 
 
@@ -215,6 +217,8 @@ def nccl_all_reduce(p: Profile, gpus: int, timeout_s: float = 300) -> Measured:
         out = _run([binary, "-b", "1G", "-e", "1G", "-g", str(gpus), "-n", "20"], timeout_s)
     except subprocess.TimeoutExpired:
         return Measured("nccl_all_reduce", False, f"did not finish in {timeout_s:.0f}s")
+    except OSError as exc:
+        return Measured("nccl_all_reduce", None, f"not run: all_reduce_perf cannot start: {exc}")
     busbw = nccl_busbw(out.stdout)
     wrong = re.search(r"^#\s*Out of bounds values\s*:\s*([0-9]+)\s+FAILED", out.stdout, re.MULTILINE)
     if wrong:  # nccl-tests checks every result; a wrong one is a fault whatever the bandwidth
