@@ -400,6 +400,10 @@ def check_agent_artifact(target: Target) -> Iterator[Row]:
         return
     found = published(target)
     bucket = target.output("AgentArtifactsBucketName")
+    if not found and target.on_kubernetes:  # the DaemonSet's image carries the agent (docs/kubernetes.md)
+        yield Row("agent wheelhouse", "pass", f"none in s3://{bucket}/agent/; on Kubernetes the agent's image "
+                  "carries it")
+        return
     if not found:
         yield Row("agent wheelhouse", "warn", f"none published in s3://{bucket}/agent/: a node with no package "
                   "index cannot install the agent", "make agent-wheelhouse && nodemedic agent publish")

@@ -118,5 +118,7 @@ def test_a_remediator_drains_resumes_and_starts_an_incident_through_the_real_api
     assert rows["nodes mapped"]["status"] == "pass" and rows["spare pool"]["status"] == "pass"
     assert rows["parameter KubernetesDrainPolicy"] == {"check": "parameter KubernetesDrainPolicy", "status": "pass",
                                                         "detail": "valid", "fix": ""}
+    # no wheelhouse in the bucket is no warning here: the DaemonSet's image carries the agent
+    assert rows["agent wheelhouse"]["status"] == "pass" and "image carries it" in rows["agent wheelhouse"]["detail"]
     # every call the CLI made reached the API server as carol, in the group her entry names
     assert (arn, ("nodemedic:remediator",)) in kube.authenticator.authenticated
