@@ -19,7 +19,6 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from nodemedic.contracts.capacity_block import UtcTime
 from nodemedic.contracts.events import INSTANCE_ID
 
-SPOT_SOURCE = "aws.ec2"
 SPOT_DETAIL_TYPE = "EC2 Spot Instance Interruption Warning"
 INTERRUPTION_LEAD = timedelta(minutes=2)  # from the warning to the interruption (stop, terminate)
 

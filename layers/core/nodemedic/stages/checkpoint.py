@@ -51,8 +51,12 @@ class CheckpointProgress(BaseModel):
     deadline: AwareDatetime | None = None  # when AWS acts on the node (a planned event's), if it says
 
     def cut_off(self, now: datetime) -> bool:
-        """The wait must end now: AWS acts on the node within ``REQUEUE_MARGIN``."""
-        return self.deadline is not None and now >= self.deadline - REQUEUE_MARGIN
+        return _too_near(self.deadline, now)
+
+
+def _too_near(deadline: datetime | None, now: datetime) -> bool:
+    """The wait must end now: AWS acts on the node within ``REQUEUE_MARGIN``."""
+    return deadline is not None and now >= deadline - REQUEUE_MARGIN
 
 
 def planned_deadline(incident: IncidentRef, ledger: Ledger) -> datetime | None:
@@ -111,7 +115,7 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
     saved = progress.get("checkpoint")
     if saved is None:
         deadline = planned_deadline(incident, ledger)
-        if deadline is not None and now >= deadline - REQUEUE_MARGIN:  # no time to checkpoint: requeue now
+        if deadline is not None and _too_near(deadline, now):  # no time to checkpoint: requeue now
             return CheckpointRecord(policy=f"requeued at once: AWS acts on the node at {deadline.isoformat()}, "
                                            f"within {REQUEUE_MARGIN.total_seconds():.0f}s")
         state = _plan(incident, orchestrator, policy, now, deadline)
@@ -120,8 +124,8 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
         # second USR1 can mean a second checkpoint, or a requeue, to a training job)
         ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
         if failed := _signal(incident, orchestrator, state):
-            state = CheckpointProgress(requested_at=now, not_asked=failed, deadline=state.deadline,
-                                       asked={j: a for j, a in state.asked.items() if j not in failed})
+            state = state.model_copy(update={"not_asked": failed,
+                                             "asked": {j: a for j, a in state.asked.items() if j not in failed}})
             ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
         if any(a.rule.grace_seconds > 0 for a in state.asked.values()):
             raise CheckpointPendingError(f"{incident.slurm_node}: asked job(s) {', '.join(state.asked)} to checkpoint")
