@@ -5,12 +5,12 @@ nodes' instance role (the stack's AgentPublishPolicy allows ``s3:GetObject`` the
 
 from __future__ import annotations
 
-import json
 import tarfile
 from pathlib import Path
 from typing import Any
 
 from boto3.exceptions import S3UploadFailedError
+from nodemedic.contracts.problems import read_json
 from nodemedic.errors import NodeMedicError
 
 from nodemedic_cli.target import Target
@@ -44,10 +44,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
             if info.size > MANIFEST_MAX_BYTES:  # build-wheelhouse.sh writes one line
                 raise ArtifactError(f"{path}: its {MANIFEST} is {info.size:,} bytes, not a wheelhouse manifest")
             member = tar.extractfile(info)
-            manifest = json.load(member) if member else None
+            manifest = read_json(member.read()) if member else None
     except KeyError:
         raise ArtifactError(f"{path} holds no {MANIFEST}: not a wheelhouse build-wheelhouse.sh made") from None
-    except (tarfile.TarError, OSError, EOFError, ValueError, RecursionError) as exc:
+    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
         raise ArtifactError(f"{path} is not a wheelhouse tar.gz (build-wheelhouse.sh): {exc}") from None
     fields = manifest if isinstance(manifest, dict) else {}
     version, pythons, archs = fields.get("agent"), fields.get("pythons"), fields.get("archs")

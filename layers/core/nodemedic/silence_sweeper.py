@@ -7,7 +7,6 @@ sweep."""
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from nodemedic.bus import put_health_events
 from nodemedic.contracts.events import SWEEPER_SOURCE, NodeHealthEvent, NodeHeartbeat
+from nodemedic.contracts.problems import read_json
 from nodemedic.domain.fail_slow import slow_event, slow_nodes
 from nodemedic.domain.silence import Roster, missing_event, record, silent
 from nodemedic.providers.base import Provider
@@ -86,9 +86,9 @@ class SilenceSweeper:
         roster, version = self.roster.load()
         for m in messages:
             try:
-                envelope = json.loads(m["Body"])
+                envelope = read_json(m["Body"])
                 beat = NodeHeartbeat.model_validate(envelope["detail"])
-            except (ValueError, KeyError, TypeError, ValidationError, RecursionError):  # nested past the decoder
+            except (ValueError, KeyError, TypeError, ValidationError):
                 result.invalid += 1
                 continue
             if beat.cluster == self.cluster:

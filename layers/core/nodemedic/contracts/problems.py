@@ -1,8 +1,22 @@
-"""One readable line from a pydantic ValidationError: ``field.path: message; ...``."""
+"""Input anyone may write, read without surprises, and what is wrong with it in one readable line
+(``field.path: message; ...`` from a pydantic ValidationError)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pydantic import ValidationError
+
+
+def read_json(text: str | bytes) -> Any:
+    """``json.loads``; text nested deeper than Python's decoder goes (an operator's policy, a node's
+    report, a cluster's annotation) is a ``json.JSONDecodeError`` like any other text that is not
+    JSON, never a RecursionError that escapes the handling of bad input."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to read", text if isinstance(text, str) else "", 0) from None
 
 
 def describe(exc: ValidationError, top: str, limit: int | None = 5) -> str:

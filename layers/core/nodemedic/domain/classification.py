@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any, cast, get_args
 
 from nodemedic.contracts.incident import Action, Confidence, Rung, default_ladder
+from nodemedic.contracts.problems import read_json
 from nodemedic.domain.xid import catalog
 
 
@@ -50,11 +51,9 @@ UNREPAIRED: frozenset[str] = frozenset({"monitor", "retire"})  # no ladder: noth
 def parse_overrides(raw: str) -> dict[str, Action]:
     """Parse an operator's override JSON; a bad one is an error, never silently ignored."""
     try:
-        data = json.loads(raw or "{}")
+        data = read_json(raw or "{}")
     except json.JSONDecodeError as exc:
         raise ValueError(f"fault action overrides are not JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ValueError("fault action overrides are nested too deeply to read as JSON") from exc
     if not isinstance(data, dict):
         raise ValueError("fault action overrides must be a JSON object of code -> action")
     # burn_in: a joined node's, never a fault's; retire: capacity AWS ends (exempt from the

@@ -12,7 +12,6 @@ role), then maps the role through the cluster's access entry to the Kubernetes g
 from __future__ import annotations
 
 import base64
-import json
 import re
 import ssl
 import time
@@ -22,6 +21,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from nodemedic.contracts.problems import read_json
 from nodemedic.errors import AwsThrottledError
 
 TOKEN_PREFIX = "k8s-aws-v1."
@@ -78,8 +78,8 @@ def budget_refusal(exc: ApiException) -> bool:
     if exc.status != 429:
         return False
     try:
-        status = json.loads(exc.body or "")
-    except (TypeError, ValueError, RecursionError):
+        status = read_json(exc.body or "")
+    except (TypeError, ValueError):
         return False
     if not isinstance(status, dict):
         return False

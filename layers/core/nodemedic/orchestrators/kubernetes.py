@@ -55,6 +55,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nodemedic.contracts.problems import read_json
 from nodemedic.domain.scontrol import burn_in_reason
 from nodemedic.errors import CommandFailedError, DrainFailedError, NodeMedicError, PolicyError, ResumeFailedError
 from nodemedic.orchestrators import eks_auth
@@ -212,9 +213,9 @@ def _evicting_record(value: str, started_at: float) -> set[str]:
     """The workloads in a node's ``nodemedic.io/evicting`` record if the drain that began at
     ``started_at`` wrote it; nothing for another drain's record or one that cannot be read."""
     try:
-        record = json.loads(value)
+        record = read_json(value)
         since, workloads = float(record["since"]), record["workloads"]
-    except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: nested past the decoder
+    except (ValueError, TypeError, KeyError):
         return set()
     if not abs(since - started_at) <= 1e-3 or not isinstance(workloads, list):  # "not <=": a NaN is no match
         return set()
@@ -351,10 +352,10 @@ class _Node:
         """(owner, {label: its value before}) of NodeMedic's pause of the node's GPU clients; None
         when there is none (or its record is unreadable)."""
         try:
-            record = json.loads(self.annotations.get(PAUSED_CLIENTS, ""))
+            record = read_json(self.annotations.get(PAUSED_CLIENTS, ""))
             before = {str(k): (None if v is None else str(v)) for k, v in dict(record["labels"]).items()}
             return str(record["owner"]), before
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
 
@@ -370,8 +371,8 @@ def refusal(exc: ApiException) -> str:
     """An API server's refusal in words: its status and the message of the Status object it
     answers with (``nodes "gpu-2" is forbidden: User … cannot patch …``), else the raw body."""
     try:
-        message = json.loads(exc.body or "")["message"]
-    except (ValueError, TypeError, KeyError, RecursionError):
+        message = read_json(exc.body or "")["message"]
+    except (ValueError, TypeError, KeyError):
         message = exc.body
     return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from nodemedic.contracts.problems import describe
+from nodemedic.contracts.problems import describe, read_json
 from nodemedic.errors import PolicyError
 
 Mode = Literal["automatic", "dry_run", "approval"]
@@ -77,11 +77,9 @@ class SafetyPolicy(_Section):
 def parse_policy(text: str, origin: str = "safety policy") -> SafetyPolicy:
     """Validate a policy document; a bad one raises :class:`PolicyError` naming the fields."""
     try:
-        data = json.loads(text or "{}")
+        data = read_json(text or "{}")
     except json.JSONDecodeError as exc:
         raise PolicyError(f"{origin} is not JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise PolicyError(f"{origin} is nested too deeply to read as JSON") from exc
     try:
         return SafetyPolicy.model_validate(data)
     except ValidationError as exc:

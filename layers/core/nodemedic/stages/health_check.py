@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from nodemedic.contracts.incident import IncidentRef, Stage
+from nodemedic.contracts.problems import read_json
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import CommandPendingError
 from nodemedic.providers.run_command import SSM_STDOUT_LIMIT, TERMINAL, CommandResult, Documents, RunCommand
@@ -38,8 +39,8 @@ def parse_report(result: CommandResult) -> tuple[bool, list[dict[str, Any]]]:
                                   f"report, the last line, was cut off; the check must print only its report"}]
     lines = [line for line in result.stdout.strip().splitlines() if line.strip()]
     try:
-        report = json.loads(lines[-1]) if lines else {}
-    except (json.JSONDecodeError, RecursionError):  # a last line nested deeper than the decoder goes
+        report = read_json(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
         report = {}
     if not isinstance(report, dict) or "healthy" not in report:
         checks = [{"name": "report", "ok": False,
