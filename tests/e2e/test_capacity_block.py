@@ -14,8 +14,8 @@ from nodemedic import operations
 from nodemedic.contracts.capacity_block import TERMINATION_LEAD
 
 from tests.conftest import EVENTS
-from tests.e2e.support import OPERATOR, job_running, stack, wait_for
-from tests.e2e.test_checkpoint_drain import POLICY, _output, _submit
+from tests.e2e.support import OPERATOR, stack, wait_for
+from tests.e2e.test_checkpoint_drain import POLICY, _submit, moved_with_its_checkpoint
 
 BLOCK = "cr-0a1b2c3d4e5f60718"
 
@@ -63,13 +63,7 @@ def test_a_capacity_block_ending_drains_its_nodes_with_the_job_checkpointed_and_
         worker, spare = retired
         assert all(i.fault_code == "PLANNED_CAPACITY_END" and i.closed_at and i.closed_at < deadline for i in retired)
         # the job checkpointed on gpu-2, then moved to the spare outside the block and resumed from it
-        [outcome] = worker.stages["drain"].result["checkpoint"]["jobs"]
-        assert outcome["job_id"] == job and outcome["outcome"] == "checkpointed"
-        assert worker.stages["spare"].result["spare"] == "gpu-5"
-        info = job_running(local, job)
-        assert local.scheduler.hostnames(info["NodeList"]) == ["gpu-1", "gpu-3", "gpu-5"]
-        saved = int((local.scheduler.root / "jobs" / f"ckpt-{job}").read_text())
-        assert saved > 0 and f"start at step {saved} on" in _output(local, job)
+        moved_with_its_checkpoint(local, worker, job, "gpu-5", ["gpu-1", "gpu-3", "gpu-5"])
         # nothing repaired, nothing replaced into the block; both stay drained until EC2 takes them
         assert "repair" not in worker.stages and "repair" not in spare.stages
         assert {n: local.cluster.instance_of(n) for n in in_block} == in_block

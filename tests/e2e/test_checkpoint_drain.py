@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from nodemedic.contracts.incident import ENDED_STATUSES
+from nodemedic.contracts.incident import ENDED_STATUSES, Incident
 from nodemedic_sandbox.local import LocalMode
 
 from tests.e2e.support import OPEN, job_running, stack, wait_for
@@ -52,6 +52,22 @@ def _output(local: LocalMode, job: str) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def resumed_from_its_checkpoint(local: LocalMode, job: str) -> None:
+    """The job's last run started from the step its checkpoint saved, not from step 0."""
+    saved = int((local.scheduler.root / "jobs" / f"ckpt-{job}").read_text())
+    assert saved > 0 and f"start at step {saved} on" in _output(local, job)
+
+
+def moved_with_its_checkpoint(local: LocalMode, incident: Incident, job: str, spare: str, nodes: list[str]) -> None:
+    """The job checkpointed on the incident's node before its requeue, moved to ``spare`` (it runs
+    on ``nodes`` now) and resumed from its checkpoint."""
+    [outcome] = incident.stages["drain"].result["checkpoint"]["jobs"]
+    assert outcome["job_id"] == job and outcome["outcome"] == "checkpointed"
+    assert incident.stages["spare"].result["spare"] == spare
+    assert local.scheduler.hostnames(job_running(local, job)["NodeList"]) == nodes
+    resumed_from_its_checkpoint(local, job)
+
+
 def test_a_scheduled_retirement_checkpoints_the_job_moves_it_to_a_spare_and_replaces_the_node() -> None:
     with stack(nodes=4, spares=1, CheckpointPolicy=POLICY) as local:
         job, nodes = _submit(local, nodes=4)  # every node but the spare: only the spare is free
@@ -71,8 +87,7 @@ def test_a_scheduled_retirement_checkpoints_the_job_moves_it_to_a_spare_and_repl
         moved = local.scheduler.hostnames(info["NodeList"])
         assert info["Restarts"] == "1" and node not in moved
         assert incident.stages["spare"].result["spare"] in moved  # the hot spare took the node's place
-        saved = int((local.scheduler.root / "jobs" / f"ckpt-{job}").read_text())
-        assert saved > 0 and f"start at step {saved} on" in _output(local, job)  # from its checkpoint, not 0
+        resumed_from_its_checkpoint(local, job)
         assert local.cluster.instance_of(node) != retiring  # replaced before AWS's window
 
 
@@ -92,8 +107,7 @@ def test_with_no_spare_a_retirement_still_waits_for_the_checkpoint_and_the_job_r
         # it waited for the replaced node, then went on from its checkpoint, not from step 0
         info = job_running(local, job)
         assert local.scheduler.hostnames(info["NodeList"]) == nodes and info["Restarts"] == "1"
-        saved = int((local.scheduler.root / "jobs" / f"ckpt-{job}").read_text())
-        assert saved > 0 and f"start at step {saved} on" in _output(local, job)
+        resumed_from_its_checkpoint(local, job)
         assert local.cluster.instance_of(node) != retiring
 
 

@@ -11,9 +11,9 @@ import time
 from datetime import datetime
 
 from tests.conftest import EVENTS
-from tests.e2e.support import job_running, stack
+from tests.e2e.support import stack
 from tests.e2e.test_capacity_block import _group
-from tests.e2e.test_checkpoint_drain import POLICY, _incident_ended, _output, _submit
+from tests.e2e.test_checkpoint_drain import POLICY, _incident_ended, _submit, moved_with_its_checkpoint
 
 
 def test_a_spot_interruption_checkpoints_the_job_moves_it_to_a_spare_and_retires_the_node() -> None:
@@ -34,13 +34,7 @@ def test_a_spot_interruption_checkpoints_the_job_moves_it_to_a_spare_and_retires
         assert evidence["instance_action"] == "terminate"
         assert retired.closed_at is not None and retired.closed_at < datetime.fromisoformat(evidence["deadline"])
         # the job checkpointed within the two minutes, moved to the spare and resumed from its checkpoint
-        [outcome] = retired.stages["drain"].result["checkpoint"]["jobs"]
-        assert outcome["job_id"] == job and outcome["outcome"] == "checkpointed"
-        assert retired.stages["spare"].result["spare"] == "gpu-4"
-        info = job_running(local, job)
-        assert local.scheduler.hostnames(info["NodeList"]) == ["gpu-1", "gpu-3", "gpu-4"]
-        saved = int((local.scheduler.root / "jobs" / f"ckpt-{job}").read_text())
-        assert saved > 0 and f"start at step {saved} on" in _output(local, job)
+        moved_with_its_checkpoint(local, retired, job, "gpu-4", ["gpu-1", "gpu-3", "gpu-4"])
         # nothing repaired or replaced: EC2 takes the instance, its group replaces it
         assert "repair" not in retired.stages
         assert local.cluster.instance_of("gpu-2") == instance and _group(local) == group
