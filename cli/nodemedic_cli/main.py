@@ -343,7 +343,8 @@ def doctor(
     documents; the alarm topic usable by CloudWatch; the alarm and dashboard metrics published with
     exactly the dimensions they query; every Slurm or Kubernetes node mapped to an instance; the
     agents' heartbeats, the nodes whose agent was never heard, and agents that name their node unlike
-    the scheduler; the spare pool. A fix hint for each failed row; exit 1 when any check fails."""
+    the scheduler; the spare pool; the agent's wheelhouse published (a warning). A fix hint for each
+    failed row; exit 1 when any check fails."""
     from nodemedic_cli import doctor as checks
 
     def show(rows: list[dict[str, str]]) -> None:
