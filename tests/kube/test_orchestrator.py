@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
+from nodemedic.orchestrators.base import JobState
 from nodemedic.orchestrators.eks_auth import budget_refusal
 from nodemedic.orchestrators.kubernetes import (
     AUTOSCALER_HOLDS,
@@ -316,7 +317,25 @@ def test_job_states_follow_the_workloads_pods(cluster: Cluster) -> None:
     assert orch.job_states([job])[job].state == "PENDING"
     t1 = t0 + timedelta(minutes=3)
     cluster.set_phase("train-0-retry", "Running", started=t1)
-    assert orch.job_states([job])[job] == orch.job_states([job])[job].__class__(job, "RUNNING", t1.timestamp())
+    assert orch.job_states([job])[job] == JobState(job, "RUNNING", t1.timestamp(), members=1)
+
+
+def test_an_evacuation_counts_each_workloads_pods_before_its_evictions_and_a_retry_keeps_that_count(
+        cluster: Cluster) -> None:
+    """The count is what the jobs stage waits for; a retry after the evicted pod is gone (an answer
+    lost) would count one fewer, so the count recorded on the node before the evictions is kept."""
+    node, peer = cluster.node("gpu-1"), cluster.node("gpu-2")
+    for i, where in enumerate((node, node, peer)):
+        cluster.pod(f"llm-worker-{i}", where, owner=("PyTorchJob", "llm"))
+    cluster.pod("other-0", peer, owner=("Job", "other"))
+    job = f"{cluster.namespace}/PyTorchJob/llm"
+    orch = _adapter(cluster)
+    orch.drain(node, REASON)
+    started = datetime.now(UTC).timestamp()
+    assert orch.evacuate(node, started).job_members == {job: 3}
+    cluster.confirm_deletions()
+    assert orch.job_states([job])[job] == JobState(job, "RUNNING", orch.job_states([job])[job].started_at, members=1)
+    assert orch.evacuate(node, started).job_members == {job: 3}
 
 
 def test_workloads_are_named_by_jobset_leaderworkerset_and_the_training_label(cluster: Cluster) -> None:

@@ -35,7 +35,7 @@ from nodemedic.providers.run_command import CommandResult, Documents, RunCommand
 from nodemedic.reconciler import reconcile
 from nodemedic.stages.drain import drain
 from nodemedic.stages.repair import GPU_CLIENTS_WAIT_S, repair
-from nodemedic.stages.resume import resume
+from nodemedic.stages.resume import await_jobs, resume
 from nodemedic.stages.spares import swap_in
 from nodemedic.store.ledger import Ledger
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
@@ -93,6 +93,35 @@ def test_xid79_cordons_evicts_within_the_budget_swaps_a_spare_and_returns_the_no
     closed = ledger.get(incident.incident_id)
     assert closed.status == "closed"
     assert all(closed.stages[s].started_at and closed.stages[s].completed_at for s in ("drain", "spare", "resume", "jobs"))
+
+
+def test_a_workload_whose_survivors_started_just_before_the_drain_is_back_only_with_its_evicted_pod(
+        cluster: Cluster, ledger: Ledger) -> None:
+    """The fault made the training operator restart the job: its worker on the healthy peer started
+    a second before NodeMedic drained. With the evicted worker not made again yet, the survivor
+    runs alone; that is not the job back. It is back when its new worker runs."""
+    node, peer, spare = cluster.node("gpu-1"), cluster.node("gpu-2"), cluster.node("spare-1")
+    cluster.pod("llm-worker-0", node, owner=("PyTorchJob", "llm"))
+    cluster.pod("llm-worker-1", peer, owner=("PyTorchJob", "llm"), started=datetime.now(UTC))
+    orch = KubernetesOrchestrator(cluster.api)
+    job = f"{cluster.namespace}/PyTorchJob/llm"
+    incident = opened(ledger, node)
+    out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert out.requeued_jobs == [job] and out.job_members == {job: 2}
+    cluster.confirm_deletions()
+    assert orch.job_states([job])[job].state == "RUNNING"  # the survivor, on its start of a second ago
+    polls: list[datetime] = []
+
+    def operator_makes_the_worker_again(_: float) -> None:  # the stage's sleep between two polls
+        polls.append(datetime.now(UTC))
+        if len(polls) == 1:
+            cluster.pod("llm-worker-0-r1", spare, owner=("PyTorchJob", "llm"), started=polls[0] + timedelta(seconds=5))
+
+    jobs = await_jobs(incident, orchestrator=orch, ledger=ledger, wait_s=60, clock=clock,
+                      sleep=operator_makes_the_worker_again)
+    assert len(polls) == 1, "the survivor alone read as the job back"
+    assert jobs.pending == [] and jobs.running == {job: pytest.approx(
+        (polls[0] + timedelta(seconds=5)).replace(microsecond=0).timestamp() - incident.observed_at.timestamp(), abs=1e-3)}
 
 
 def test_an_operators_cordon_survives_the_whole_incident(cluster: Cluster, ledger: Ledger) -> None:

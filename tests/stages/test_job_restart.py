@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import pytest
 from nodemedic.orchestrators.base import JobState
 from nodemedic.stages.resume import await_jobs
 from nodemedic.store.ledger import Ledger
@@ -19,20 +20,22 @@ JOB = "training/PyTorchJob/llm"
 class Survivors(MemorySlurm):
     """The job reads RUNNING from its surviving workers' old start, then from its new worker's."""
 
-    def __init__(self, starts: list[float]) -> None:
+    def __init__(self, starts: list[float], members: list[int | None] | None = None) -> None:
         super().__init__(["gpu-1", "gpu-2"])
         self.starts = starts
+        self.members = members or [None]
 
     def job_states(self, job_ids: list[str]) -> dict[str, JobState]:
         start = self.starts.pop(0) if len(self.starts) > 1 else self.starts[0]
-        return {j: JobState(j, "RUNNING", start) for j in job_ids}
+        members = self.members.pop(0) if len(self.members) > 1 else self.members[0]
+        return {j: JobState(j, "RUNNING", start, members) for j in job_ids}
 
 
-def _drained(ledger: Ledger) -> tuple[object, datetime]:
+def _drained(ledger: Ledger, result: dict[str, object] | None = None) -> tuple[object, datetime]:
     incident = opened(ledger, "gpu-1", minutes_ago=1)
     drained_at = clock()
     ledger.start_stage(incident, "drain", drained_at)
-    ledger.complete_stage(incident, "drain", drained_at, {"requeued_jobs": [JOB]})
+    ledger.complete_stage(incident, "drain", drained_at, result or {"requeued_jobs": [JOB]})
     return incident, drained_at
 
 
@@ -64,3 +67,23 @@ def test_a_restart_read_in_whole_seconds_right_after_the_fault_is_no_negative_do
     out = await_jobs(incident, orchestrator=Survivors([start]), ledger=ledger, wait_s=600, clock=clock,
                      sleep=lambda _: None)
     assert out.running == {JOB: 0.0} and out.job_downtime_s == 0.0
+
+
+def test_a_workload_on_fewer_pods_than_the_drain_saw_is_not_back_until_it_runs_as_many(ledger: Ledger) -> None:
+    """Kubernetes: its survivors started within a second of the drain, so the start alone cannot
+    tell them from a restart; the evicted pod not made again yet leaves the workload one pod short."""
+    incident, drained_at = _drained(ledger, {"requeued_jobs": [JOB], "job_members": {JOB: 4}})
+    started = drained_at.timestamp() - 1
+    out = await_jobs(incident, orchestrator=Survivors([started, started, started + 9], [3, 3, 4]), ledger=ledger,
+                     wait_s=600, clock=clock, sleep=lambda _: None)
+    assert out.running == {JOB: round(started + 9 - incident.observed_at.timestamp(), 3)}
+
+
+@pytest.mark.parametrize("recorded", [{}, {JOB: "4"}, {JOB: True}, {JOB: 0}, [4]], ids=str)
+def test_a_drain_recorded_without_a_readable_pod_count_reads_the_start_alone(
+        ledger: Ledger, recorded: object) -> None:
+    incident, drained_at = _drained(ledger, {"requeued_jobs": [JOB], "job_members": recorded})
+    started = drained_at.timestamp() + 1
+    out = await_jobs(incident, orchestrator=Survivors([started], [1]), ledger=ledger, wait_s=600, clock=clock,
+                     sleep=lambda _: None)
+    assert out.running == {JOB: round(started - incident.observed_at.timestamp(), 3)}

@@ -28,9 +28,20 @@ def _refused(status: int, body: str) -> ApiException:
 
 
 def test_an_evicting_record_nested_too_deep_names_no_workload() -> None:
-    assert _evicting_record(DEEP, 1.0) == set()
-    assert _evicting_record('{"since": 1.0, "workloads": ["ml/Job/train"]}', 1.0) == {"ml/Job/train"}
-    assert _evicting_record('{"since": NaN, "workloads": ["ml/Job/train"]}', 1.0) == set()  # no drain's record
+    assert _evicting_record(DEEP, 1.0) == {}
+    assert _evicting_record('{"since": 1.0, "workloads": ["ml/Job/train"]}', 1.0) == {"ml/Job/train": None}
+    assert _evicting_record('{"since": NaN, "workloads": ["ml/Job/train"]}', 1.0) == {}  # no drain's record
+
+
+@pytest.mark.parametrize(("members", "read"), [
+    ('{"ml/Job/train": 4}', 4), ('{"ml/Job/train": 0}', None), ('{"ml/Job/train": -2}', None),
+    ('{"ml/Job/train": "4"}', None), ('{"ml/Job/train": true}', None), ('{"ml/Job/train": 4.5}', None),
+    ('[4]', None), ('{}', None)])
+def test_an_evicting_records_pod_count_is_a_positive_integer_or_unknown(members: str, read: int | None) -> None:
+    """An unknown count (a record written before counts, or garbled) means the jobs stage reads the
+    workload's start alone, as it did before."""
+    value = '{"since": 1.0, "workloads": ["ml/Job/train"], "members": ' + members + "}"
+    assert _evicting_record(value, 1.0) == {"ml/Job/train": read}
 
 
 def test_a_paused_clients_record_nested_too_deep_is_no_pause() -> None:

@@ -90,6 +90,8 @@ class DrainOutput(_Model):
     requeued_jobs: list[str]
     jobs_not_requeued: list[str]
     job_sizes: dict[str, int] = Field(default_factory=dict, description="how many nodes each requeued job had")
+    job_members: dict[str, int] = Field(default_factory=dict, description=(
+        "Kubernetes: each requeued workload's live pods before its evictions; it is back when it runs as many again"))
     checkpoint: CheckpointRecord | None = Field(default=None, description="None: no checkpoint policy applied")
 
     @model_validator(mode="before")

@@ -42,6 +42,8 @@ class EvacuationResult:
     not_requeued: list[str]
     job_nodes: dict[str, list[str]] = field(default_factory=dict)  # each requeued job's nodes then
     pending: list[str] = field(default_factory=list)  # still leaving (Kubernetes: a budget, a wait): call again
+    # Kubernetes: each requeued workload's live pods before its evictions; restarted, it runs as many again
+    job_members: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class JobState:
     job_id: str
     state: str  # RUNNING, PENDING, ... or GONE when the scheduler no longer knows it
     started_at: float | None  # epoch seconds of the current run's start, when it has one
+    members: int | None = None  # Kubernetes: its live pods; None where the scheduler runs a job as one (Slurm)
 
 
 @dataclass(frozen=True)

@@ -209,17 +209,21 @@ def _marker(pod: Any) -> float | None:
     return epoch if math.isfinite(epoch) and epoch > 0 else None
 
 
-def _evicting_record(value: str, started_at: float) -> set[str]:
+def _evicting_record(value: str, started_at: float) -> dict[str, int | None]:
     """The workloads in a node's ``nodemedic.io/evicting`` record if the drain that began at
-    ``started_at`` wrote it; nothing for another drain's record or one that cannot be read."""
+    ``started_at`` wrote it, each with its live pods then (None in a record without them);
+    nothing for another drain's record or one that cannot be read."""
     try:
         record = read_json(value)
         since, workloads = float(record["since"]), record["workloads"]
-    except (ValueError, TypeError, KeyError):
-        return set()
+        members = record.get("members", {})
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {}
     if not abs(since - started_at) <= 1e-3 or not isinstance(workloads, list):  # "not <=": a NaN is no match
-        return set()
-    return {w for w in workloads if isinstance(w, str)}
+        return {}
+    counts = members if isinstance(members, dict) else {}
+    return {w: n if isinstance(n := counts.get(w), int) and not isinstance(n, bool) and n > 0 else None
+            for w in workloads if isinstance(w, str)}
 
 
 def _selects(pod: Any, labels: dict[str, str]) -> bool:
@@ -618,26 +622,31 @@ class KubernetesOrchestrator:
 
         self._apply(node, decide, "out-of-service taint on")
 
-    def _evicting(self, node: str, started_at: float | None, workloads: set[str]) -> set[str]:
+    def _evicting(self, node: str, started_at: float | None, workloads: set[str]) -> dict[str, int | None]:
         """The workloads this drain (``started_at``) recorded on the node as evicting, with
-        ``workloads`` added (one patch, only when it adds one): recorded before the evictions, so
-        a retry after a call whose answer was lost still knows what it moved once the pods are
-        gone. A record of another drain is replaced."""
+        ``workloads`` added (one patch, only when it adds one), each with its live pods across the
+        cluster when it was first recorded: recorded before the evictions, so a retry after a call
+        whose answer was lost still knows what it moved once the pods are gone, and the jobs stage
+        knows how many pods a restarted workload runs. A record of another drain is replaced."""
         if started_at is None:
-            return set()
-        recorded: set[str] = set()
+            return {}
+        recorded: dict[str, int | None] = {}
+        counted: dict[str, int] = {}
 
         def decide(current: _Node) -> list[dict[str, Any]] | None:
             recorded.clear()
             recorded.update(_evicting_record(current.annotations.get(EVICTING, ""), started_at))
-            if workloads <= recorded:
+            new = workloads - recorded.keys()
+            if not new:
                 return None
-            value = json.dumps({"since": started_at, "workloads": sorted(recorded | workloads)})
+            counted.update(self._members(new - counted.keys()))
+            recorded.update({w: counted[w] for w in new})
+            members = {w: n for w, n in sorted(recorded.items()) if n is not None}
+            value = json.dumps({"since": started_at, "workloads": sorted(recorded), "members": members})
             return current.patch(cordoned=current.cordoned, taints=current.taints,
                                  annotations={**current.annotations, EVICTING: value})
 
-        if self._apply(node, decide, "record the evictions on", DrainFailedError) is not None:
-            recorded |= workloads
+        self._apply(node, decide, "record the evictions on", DrainFailedError)
         return recorded
 
     def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
@@ -659,7 +668,7 @@ class KubernetesOrchestrator:
         requeued: set[str] = {workload for pod in pods if started_at is not None and _leaving_since(pod, started_at)
                               and (workload := workload_of(pod))}
         # recorded, and no pod of it left on the node (one that ran to its end still is: not moved)
-        requeued |= recorded - {workload_of(pod) for pod in pods if pod.metadata.deletion_timestamp is None}
+        requeued |= recorded.keys() - {workload_of(pod) for pod in pods if pod.metadata.deletion_timestamp is None}
         not_requeued: list[str] = []
         pending: list[str] = []
         for pod, rule in moving:
@@ -679,7 +688,8 @@ class KubernetesOrchestrator:
                 not_requeued.append(f"{name}: {blocked} for {rule.timeout_seconds}s")
                 not_requeued.extend([workload] if workload else [])
         return EvacuationResult(requeued=sorted(requeued), not_requeued=not_requeued,
-                                job_nodes=self._job_nodes(requeued, node), pending=pending)
+                                job_nodes=self._job_nodes(requeued, node), pending=pending,
+                                job_members={w: n for w in sorted(requeued) if (n := recorded.get(w)) is not None})
 
     def _job_nodes(self, jobs: set[str], node: str) -> dict[str, list[str]]:
         """The nodes each job's running pods are on (and ``node``, which it just left); the
@@ -693,26 +703,37 @@ class KubernetesOrchestrator:
         return {job: sorted(nodes) for job, nodes in placed.items()}
 
     # -- jobs -------------------------------------------------------------------------------
-    def job_states(self, job_ids: list[str]) -> dict[str, JobState]:
-        """RUNNING when every live pod of the workload runs (its start: the last pod's), PENDING
-        while any waits, GONE when none is left (finished and collected, or deleted)."""
-        states: dict[str, JobState] = {}
-        by_namespace: dict[str, list[Any]] = {}
+    def _workload_pods(self, job_ids: Iterable[str]) -> dict[str, list[Any]]:
+        """Each workload's live pods (not finished, not being deleted), one list call per namespace."""
+        listed: dict[str, list[Any]] = {}
+        pods: dict[str, list[Any]] = {}
         for job in job_ids:
             namespace = job.split("/", 1)[0]
-            if namespace not in by_namespace:
+            if namespace not in listed:
                 try:
-                    by_namespace[namespace] = list(self._core.list_namespaced_pod(namespace).items)
+                    listed[namespace] = list(self._core.list_namespaced_pod(namespace).items)
                 except ApiException as exc:
                     raise CommandFailedError(f"cannot list pods in {namespace}: {exc.status} {exc.reason}") from exc
-            pods = [p for p in by_namespace[namespace] if workload_of(p) == job and _live(p)]
+            pods[job] = [p for p in listed[namespace] if workload_of(p) == job and _live(p)]
+        return pods
+
+    def _members(self, job_ids: Iterable[str]) -> dict[str, int]:
+        return {job: len(pods) for job, pods in self._workload_pods(sorted(job_ids)).items()}
+
+    def job_states(self, job_ids: list[str]) -> dict[str, JobState]:
+        """RUNNING when every live pod of the workload runs (its start: the last pod's), PENDING
+        while any waits, GONE when none is left (finished and collected, or deleted). Each with
+        its live pods (``members``): while an evicted pod is not made again, the survivors run
+        alone, fewer than the drain saw."""
+        states: dict[str, JobState] = {}
+        for job, pods in self._workload_pods(job_ids).items():
             if not pods:
-                states[job] = JobState(job, "GONE", None)
+                states[job] = JobState(job, "GONE", None, 0)
             elif all(p.status.phase == "Running" for p in pods):
                 starts = [s for p in pods if (s := _started(p)) is not None]
-                states[job] = JobState(job, "RUNNING", max(starts) if starts else None)
+                states[job] = JobState(job, "RUNNING", max(starts) if starts else None, len(pods))
             else:
-                states[job] = JobState(job, "PENDING", None)
+                states[job] = JobState(job, "PENDING", None, len(pods))
         return states
 
     # -- checkpoints: the annotation contract ------------------------------------------------

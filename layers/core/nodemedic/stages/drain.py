@@ -40,6 +40,7 @@ class _Evacuated(BaseModel):
     requeued: list[str] = Field(default_factory=list)
     not_requeued: list[str] = Field(default_factory=list)
     job_sizes: dict[str, int] = Field(default_factory=dict)
+    job_members: dict[str, int] = Field(default_factory=dict)
 
 
 def _mark_interrupted(incident: IncidentRef, ledger: Ledger, job_nodes: dict[str, list[str]], now: datetime) -> None:
@@ -66,7 +67,8 @@ def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger,
     total = _Evacuated(
         requeued=list(dict.fromkeys(before.requeued + this.requeued)),
         not_requeued=list(dict.fromkeys(before.not_requeued + this.not_requeued)),
-        job_sizes={**before.job_sizes, **{job: len(nodes) for job, nodes in this.job_nodes.items()}})
+        job_sizes={**before.job_sizes, **{job: len(nodes) for job, nodes in this.job_nodes.items()}},
+        job_members={**before.job_members, **this.job_members})
     if total != before:
         # recorded at once, before the marks and the completion: a retried invocation finds the node
         # empty (its jobs are pending now) and learns from this what it moved, so a spare still goes to them
@@ -138,6 +140,7 @@ def drain(
         requeued_jobs=evacuated.requeued,
         jobs_not_requeued=evacuated.not_requeued,
         job_sizes=evacuated.job_sizes,
+        job_members=evacuated.job_members,
         checkpoint=checkpoint,
     )
     ledger.complete_stage(incident, "drain", clock(), out.model_dump(mode="json"))

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from nodemedic.contracts.incident import Incident, IncidentRef
+from nodemedic.contracts.incident import Incident, IncidentRef, StageRecord
 from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, ResumeOutput
 from nodemedic.errors import JobsPendingError
-from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.orchestrators.base import JobState, Orchestrator
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.repair import capacity_ends, rungs_of, serving
 from nodemedic.stages.spares import SPARE
@@ -28,14 +28,33 @@ POLL_PER_CALL_S = 5.0  # then the state machine retries: no Lambda idles for lon
 START_SLACK_S = 2.0
 
 
+def _members_at_drain(drained: StageRecord | None) -> dict[str, int]:
+    """Each requeued workload's live pods before its evictions, as the drain recorded them
+    (Kubernetes); nothing for a drain recorded without them."""
+    members = drained.result.get("job_members", {}) if drained else {}
+    if not isinstance(members, dict):
+        return {}
+    return {str(j): n for j, n in members.items() if isinstance(n, int) and not isinstance(n, bool) and n > 0}
+
+
+def _back(state: JobState, restarted_after: float, members: int | None) -> bool:
+    """RUNNING on a run started after the drain, and (Kubernetes) with as many live pods as the
+    drain saw: surviving pods started just before the drain, running while the evicted one is not
+    made again yet, are not the workload back."""
+    if state.state != "RUNNING" or state.started_at is None or state.started_at < restarted_after:
+        return False
+    return members is None or state.members is None or state.members >= members
+
+
 def await_jobs(
     incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, wait_s: float,
     clock: Callable[[], datetime], sleep: Callable[[float], None] = time.sleep,
 ) -> JobsOutput:
     """See the jobs the drain requeued RUNNING again; record each one's downtime = its new start
     - the fault (``observed_at``), by the scheduler's clock, never below 0. A job that reads
-    RUNNING with a start from before its drain has not restarted yet (on Kubernetes: its surviving pods run, and the
-    evicted one has not been made again yet). Polls a few seconds per invocation,
+    RUNNING with a start from before its drain, or (Kubernetes) on fewer pods than the drain saw,
+    has not restarted yet: its surviving pods run, and the evicted one has not been made again
+    yet. Polls a few seconds per invocation,
     then raises :class:`JobsPendingError` (the state machine retries) until ``wait_s`` after the
     stage began; after that the jobs still pending are recorded as such."""
     record = ledger.start_stage(incident, "jobs", clock())
@@ -44,6 +63,7 @@ def await_jobs(
     drained = ledger.get(incident.incident_id).stages.get("drain")
     jobs = drained.result.get("requeued_jobs", []) if drained else []
     requeued = [str(j) for j in jobs] if isinstance(jobs, list) else []
+    members = _members_at_drain(drained)
     restarted_after = drained.started_at.timestamp() - START_SLACK_S if drained else float("-inf")
     give_up = record.started_at.timestamp() + wait_s
     this_call = time.monotonic() + POLL_PER_CALL_S
@@ -53,7 +73,7 @@ def await_jobs(
         # a start read in whole seconds (Kubernetes), or on a scheduler's clock a little behind the
         # node's, may precede the fault by up to START_SLACK_S: that job was back at once
         running = {j: round(max(0.0, s.started_at - origin), 3) for j, s in states.items()
-                   if s.state == "RUNNING" and s.started_at is not None and s.started_at >= restarted_after}
+                   if s.started_at is not None and _back(s, restarted_after, members.get(j))}
         pending = [j for j, s in states.items() if s.state != "GONE" and j not in running]
         if not pending or clock().timestamp() >= give_up:
             break
