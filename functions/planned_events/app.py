@@ -3,8 +3,10 @@ the same found by the function's periodic sweep of EC2's scheduled events (what 
 not deliver), EC2's warning that a Capacity Block ends, or its two-minute warning that it
 interrupts a Spot Instance becomes one Node Health Event per affected node of
 this cluster on NodeMedic's bus, so each is handled before AWS acts; everything else it names is
-ignored and counted with the reason. A Capacity Block's end is also said on the escalation topic,
-once for the whole block, however often the warning is delivered."""
+ignored and counted with the reason. An instance that runs again after a Spot stop or hibernation
+NodeMedic retired its node for gets a ``NODE_JOINED`` event: its burn-in returns it. A Capacity
+Block's end is also said on the escalation topic, once for the whole block, however often the
+warning is delivered."""
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,8 +20,10 @@ from nodemedic.bus import publish_health_events
 from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
+from nodemedic.contracts.incident import Incident
+from nodemedic.contracts.instance_state import InstanceRunningEnvelope
 from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
-from nodemedic.errors import InvalidEventError
+from nodemedic.errors import IncidentStateError, InvalidEventError
 from nodemedic.planned_events import (
     Plan,
     act_at,
@@ -27,6 +31,7 @@ from nodemedic.planned_events import (
     parse_planned_event,
     plan,
     plan_capacity_end,
+    plan_return,
     plan_scheduled,
     plan_spot_interruption,
     released,
@@ -45,6 +50,16 @@ SLACK_LOOKS = 10  # nodes whose jobs one sweep reads (an SSM command each on Slu
 
 class ScheduledSweep:
     """The function's own schedule fired: sweep EC2's scheduled events."""
+
+
+def _lock_holder(cluster: str, instance_id: str) -> Incident | None:
+    """The incident holding the instance's node lock, if any (read only)."""
+    ledger = wiring.ledger()
+    lock = ledger.node_lock(cluster, instance_id)
+    try:
+        return ledger.get(lock[0]) if lock else None
+    except IncidentStateError:  # released and gone meanwhile
+        return None
 
 
 def _is_schedule(event: dict[str, Any]) -> bool:
@@ -105,6 +120,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         planned = plan_spot_interruption(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
         what = {"spot_interruption": envelope.detail.instance_id, "action": envelope.detail.instance_action,
                 "deadline": envelope.interrupted_at.isoformat()}
+    elif isinstance(envelope, InstanceRunningEnvelope):
+        planned = plan_return(envelope, cluster=s.cluster_name, provider=wiring.provider(),
+                              retired_by=lambda instance: _lock_holder(s.cluster_name, instance), now=now)
+        what = {"running_again": envelope.detail.instance_id, "since": envelope.time.isoformat()}
     else:
         ec2 = wiring.client("ec2")
         planned = plan_capacity_end(envelope, cluster=s.cluster_name, provider=wiring.provider(),

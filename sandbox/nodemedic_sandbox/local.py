@@ -120,15 +120,16 @@ class LocalMode:
             "Source": source, "DetailType": detail_type, "EventBusName": self.stack.bus_name,
             "Detail": json.dumps(detail)}])
 
-    def emit_as_aws(self, event: dict[str, Any]) -> dict[str, Any]:
+    def emit_as_aws(self, event: dict[str, Any], at: datetime | None = None) -> dict[str, Any]:
         """An AWS service's part: deliver an ``aws.*`` event (its documented shape, e.g. a sample
         from events/aws-health/ or events/aws-ec2/) to the account's default bus, as AWS Health or
-        EC2 does. (Real EventBridge refuses PutEvents with an ``aws.*`` source from a caller, and
-        so does the embedded one; only this harness, playing AWS, sends one.)"""
+        EC2 does, stamped ``at`` (now unless given: the sample's own ``time`` is not used). (Real
+        EventBridge refuses PutEvents with an ``aws.*`` source from a caller, and so does the
+        embedded one; only this harness, playing AWS, sends one.)"""
+        entry = {"Source": event["source"], "DetailType": event["detail-type"], "Resources": event.get("resources", []),
+                 "Detail": json.dumps(event["detail"]), **({"Time": at} if at else {})}
         with as_aws_service():
-            return self.aws.client("events").put_events(Entries=[{
-                "Source": event["source"], "DetailType": event["detail-type"], "Resources": event.get("resources", []),
-                "Detail": json.dumps(event["detail"])}])
+            return self.aws.client("events").put_events(Entries=[entry])
 
     def _subscribe_queue(self, topic_arn: str) -> str:
         sqs = self.aws.client("sqs")

@@ -1,17 +1,21 @@
 """EC2's two-minute warning that it interrupts a Spot Instance, delivered to the default bus as EC2
 does, through the deployed template on a real Slurm: the node is drained, the job on it
 checkpoints and moves to a spare, all before EC2 acts; nothing is repaired or replaced (the
-instance's Auto Scaling group replaces what EC2 takes), and the node stays drained."""
+instance's Auto Scaling group replaces what EC2 takes), and the node stays drained. A Spot
+Instance that EC2 hibernated (or stopped) and starts again when capacity comes back is checked
+and returned to service."""
 
 from __future__ import annotations
 
 import copy
 import json
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+
+from nodemedic.contracts.incident import ENDED_STATUSES
 
 from tests.conftest import EVENTS
-from tests.e2e.support import stack
+from tests.e2e.support import stack, wait_for
 from tests.e2e.test_capacity_block import _group
 from tests.e2e.test_checkpoint_drain import POLICY, _incident_ended, _submit, moved_with_its_checkpoint
 
@@ -40,3 +44,49 @@ def test_a_spot_interruption_checkpoints_the_job_moves_it_to_a_spare_and_retires
         assert local.cluster.instance_of("gpu-2") == instance and _group(local) == group
         assert "DRAIN" in local.scheduler.node("gpu-2")["State"]
         assert len(local.incidents()) == 1
+
+
+def _warning(instance: str, action: str) -> dict:
+    warning = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "spot-interruption-warning.json").read_text()))
+    warning["detail"].update({"instance-id": instance, "instance-action": action})
+    warning["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance}"]
+    return warning
+
+
+def _running(instance: str) -> dict:
+    event = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "instance-running.json").read_text()))
+    event["detail"]["instance-id"] = instance
+    event["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance}"]
+    return event
+
+
+def test_a_hibernated_spot_instance_that_ec2_starts_again_is_checked_and_returned_to_service() -> None:
+    """EC2 hibernates the instance as it warns, and alone starts it again once capacity is back
+    (persistent Spot requests; the ec2 provider). Its "running" then opens the node's burn-in: the
+    full check, then back in service. A "running" from before the interruption (a replay) and
+    one for another instance change nothing."""
+    with stack(nodes=3, Provider="ec2") as local:
+        instance = local.cluster.instance_of("gpu-2")
+        warned = datetime.now(UTC)
+        local.emit_as_aws(_warning(instance, "hibernate"), at=warned)
+        retired = _incident_ended(local, "gpu-2", timeout=120)
+        assert (retired.status, retired.stages["detect"].result["evidence"]["instance_action"]) == ("retired", "hibernate")
+        ec2 = local.aws.client("ec2")
+        ec2.stop_instances(InstanceIds=[instance], Hibernate=True)  # EC2 hibernates it
+        local.emit_as_aws(_running(instance), at=warned - timedelta(hours=1))  # its first start, replayed
+        local.emit_as_aws(_running(local.cluster.instance_of("gpu-3")))  # an instance that runs no differently
+        time.sleep(3)
+        assert [i.incident_id for i in local.incidents()] == [retired.incident_id]
+        assert "DRAIN" in local.scheduler.node("gpu-2")["State"]
+
+        ec2.start_instances(InstanceIds=[instance])  # capacity is back: EC2 starts it again
+        local.emit_as_aws(_running(instance))
+        back = wait_for(lambda: next((i for i in local.incidents() if i.fault_code == "NODE_JOINED"
+                                      and i.status in ENDED_STATUSES), None), "the burn-in of gpu-2 to end", 120)
+        assert (back.slurm_node, back.instance_id, back.status) == ("gpu-2", instance, "closed"), back.outcome
+        [rung] = back.stages["repair"].result["rungs"]
+        assert (rung["rung"], rung["check"]["level"], rung["check"]["healthy"]) == ("check", "full", True)
+        assert back.stages["detect"].result["evidence"]["returned_from"] == retired.incident_id
+        assert "DRAIN" not in local.scheduler.node("gpu-2")["State"]
+        assert local.incident(retired.incident_id).status == "retired"  # the ledger keeps what happened
+        assert len(local.incidents()) == 2

@@ -64,7 +64,7 @@ def _fresh(path: Path) -> dict[str, Any]:
         detail["sent_at"] = now.isoformat()
     if "event_id" in detail:
         detail["event_id"] = uuid.uuid4().hex
-    if "state" in detail:  # a CloudWatch alarm's
+    if isinstance(detail.get("state"), dict):  # a CloudWatch alarm's (an instance state change's is a word)
         detail["state"]["timestamp"] = now.strftime("%Y-%m-%dT%H:%M:%S.000+0000")
     return event
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nodemedic.contracts.incident import Incident, StageRecord
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
@@ -18,6 +19,7 @@ from nodemedic.planned_events import (
     parse_planned_event,
     plan,
     plan_capacity_end,
+    plan_return,
     plan_scheduled,
     plan_spot_interruption,
     released,
@@ -258,6 +260,65 @@ def test_a_spot_warning_replayed_long_after_plans_nothing() -> None:
 def test_a_malformed_spot_warning_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
     with pytest.raises(InvalidEventError, match=f"Spot interruption warning.*{path[-1]}"):
         parse_planned_event(_with(SPOT, path, value))
+
+
+# -- the instance back: EC2's "running" after a Spot stop or hibernation NodeMedic retired its node for --
+RUNNING = json.loads((SAMPLES.parent / "aws-ec2" / "instance-running.json").read_text())  # 2026-11-22T11:05:12Z
+STOP_DEADLINE = datetime(2026, 11, 22, 10, 22, tzinfo=UTC)
+
+
+def _retired(action: str = "stop", *, status: str = "retired", fault: str = "PLANNED_SPOT_INTERRUPTION",
+             instance: str = OURS, deadline: str = STOP_DEADLINE.isoformat()) -> Incident:
+    return Incident(incident_id="inc-spot", cluster="local", instance_id=instance, slurm_node="gpu-2", fault_code=fault,
+                    fault_class="planned", action="retire", source="nodemedic.planned", observed_at=WARNED,
+                    status=status, detected_at=WARNED, reason="Spot interruption", stages={"detect": StageRecord(
+                        started_at=WARNED, completed_at=WARNED,
+                        result={"evidence": {"instance_action": action, "deadline": deadline}})})
+
+
+def _plan_return(event: dict[str, Any], holder: Incident | None) -> Any:
+    return plan_return(parse_planned_event(event), cluster="local", provider=_Cluster(),  # type: ignore[arg-type]
+                       retired_by=lambda instance: holder, now=NOW)
+
+
+@pytest.mark.parametrize("action", ["stop", "hibernate"])
+def test_an_instance_ec2_starts_again_after_a_spot_stop_rejoins_through_its_burn_in(action: str) -> None:
+    [joined] = _plan_return(RUNNING, _retired(action)).events
+    assert (joined.node.instance_id, joined.node.slurm_node, joined.fault_code, joined.check) == (
+        OURS, "gpu-2", "NODE_JOINED", "burn_in")
+    assert joined.evidence["returned_from"] == "inc-spot"
+    assert joined.evidence["running_since"] == "2026-11-22T11:05:12+00:00"
+    assert _plan_return(copy.deepcopy(RUNNING), _retired(action)).events[0].event_id == joined.event_id
+    assert classify("NODE_JOINED", {}).action == "burn_in"
+
+
+@pytest.mark.parametrize("holder", [
+    None,  # no incident holds it: an instance that starts (a scale-out, an operator's start)
+    _retired("terminate"),  # EC2 terminated it: that instance never runs again
+    _retired(status="closed"),
+    _retired(status="open"),  # still being retired
+    _retired(fault="PLANNED_CAPACITY_END"),
+    _retired(instance=THEIRS),  # a lock of another instance's incident
+    _retired(deadline="2026-11-22T11:30:00+00:00"),  # running before EC2 stopped it: a replay of an earlier start
+    _retired(deadline="not a time"),
+    _retired(deadline="2026-11-22T10:22:00"),  # no timezone: not a deadline EC2 gave
+], ids=["no-lock", "terminated", "closed", "open", "capacity-end", "other-instance", "before-the-stop",
+        "garbled-deadline", "naive-deadline"])
+def test_any_other_instance_that_runs_is_ignored_with_the_reason(holder: Incident | None) -> None:
+    planned = _plan_return(RUNNING, holder)
+    assert not planned.events and planned.ignored == [(OURS, "not an instance NodeMedic retired for a Spot stop or "
+                                                             "hibernation that has run again since")]
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("detail", "instance-id"), "i-; reboot"),
+    (("detail", "state"), "stopped"),
+    (("detail", "state"), None),
+    (("time",), "2026-11-22T11:05:12"),
+])
+def test_a_malformed_state_change_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
+    with pytest.raises(InvalidEventError, match=f"instance state change.*{path[-1]}"):
+        parse_planned_event(_with(RUNNING, path, value))
 
 
 def _with(event: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:

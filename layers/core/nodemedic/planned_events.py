@@ -36,6 +36,8 @@ from pydantic import ValidationError
 from nodemedic.contracts.aws_health import HEALTH_SOURCE, AffectedEntity, AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHealthEvent, NodeIdentity
+from nodemedic.contracts.incident import Incident
+from nodemedic.contracts.instance_state import STATE_CHANGE_DETAIL_TYPE, InstanceRunningEnvelope
 from nodemedic.contracts.problems import describe, not_unicode
 from nodemedic.contracts.spot_interruption import SPOT_DETAIL_TYPE, SpotInterruptionEnvelope
 from nodemedic.errors import InvalidEventError
@@ -140,17 +142,20 @@ def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
     return None
 
 
-PlannedEnvelope = AwsHealthEnvelope | CapacityBlockEnvelope | SpotInterruptionEnvelope
+PlannedEnvelope = AwsHealthEnvelope | CapacityBlockEnvelope | SpotInterruptionEnvelope | InstanceRunningEnvelope
 
 
 def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
-    """An AWS Health event, a Spot interruption warning, or else a Capacity Block expiry warning;
-    anything else is rejected."""
+    """An AWS Health event, a Spot interruption warning, an instance's state change to running,
+    or else a Capacity Block expiry warning; anything else is rejected."""
     model: type[PlannedEnvelope]
+    detail_types = (event.get("detail-type"), event.get("detail_type"))
     if event.get("source") == HEALTH_SOURCE:
         model, kind = AwsHealthEnvelope, "AWS Health event"
-    elif SPOT_DETAIL_TYPE in (event.get("detail-type"), event.get("detail_type")):
+    elif SPOT_DETAIL_TYPE in detail_types:
         model, kind = SpotInterruptionEnvelope, "Spot interruption warning"
+    elif STATE_CHANGE_DETAIL_TYPE in detail_types:
+        model, kind = InstanceRunningEnvelope, "instance state change"
     else:
         model, kind = CapacityBlockEnvelope, "Capacity Block expiry warning"
     if where := not_unicode(event, "event"):
@@ -263,6 +268,53 @@ def plan_spot_interruption(envelope: SpotInterruptionEnvelope, *, cluster: str, 
                check="spot_interruption", fault_code=SPOT_INTERRUPTION,
                evidence={"instance_action": d.instance_action, "deadline": deadline.isoformat(),
                          "warned_at": envelope.time.isoformat()})
+    return result
+
+
+RETURNS_AFTER = ("stop", "hibernate")  # the Spot interruptions after which EC2 starts the same instance again
+
+
+def interrupted_at(incident: Incident, instance_id: str) -> datetime | None:
+    """When EC2 stopped or hibernated ``instance_id`` for the Spot interruption ``incident`` retired
+    its node for (the deadline its warning gave); None for any other incident. That instance
+    running again after this moment is the node back."""
+    if incident.status != "retired" or incident.fault_code != SPOT_INTERRUPTION or incident.instance_id != instance_id:
+        return None
+    detect = incident.stages.get("detect")
+    evidence = detect.result.get("evidence") if detect else None
+    if not isinstance(evidence, dict) or evidence.get("instance_action") not in RETURNS_AFTER:
+        return None
+    try:
+        deadline = datetime.fromisoformat(str(evidence.get("deadline")))
+    except ValueError:
+        return None
+    return deadline if deadline.tzinfo is not None else None
+
+
+def back_from_interruption(incident: Incident, instance_id: str, at: datetime) -> bool:
+    """Whether ``instance_id`` running at ``at`` is back from the Spot stop or hibernation that
+    ``incident`` retired its node for."""
+    stopped = interrupted_at(incident, instance_id)
+    return stopped is not None and at > stopped
+
+
+def plan_return(envelope: InstanceRunningEnvelope, *, cluster: str, provider: Provider,
+                retired_by: Callable[[str], Incident | None], now: datetime) -> Plan:
+    """An instance runs again. If it is one whose node NodeMedic retired for a Spot stop or
+    hibernation (``retired_by(instance)``: the incident holding its lock), its node gets a
+    ``NODE_JOINED`` event: the burn-in checks it and returns it to service. Every other instance
+    that starts (most of the account's) is ignored. The event id is derived from the state
+    change's own id, so EventBridge's retry of the delivery is deduplicated."""
+    d = envelope.detail
+    incident = retired_by(d.instance_id)
+    if incident is None or not back_from_interruption(incident, d.instance_id, envelope.time):
+        return Plan(ignored=[(d.instance_id, "not an instance NodeMedic retired for a Spot stop or hibernation "
+                                             "that has run again since")])
+    result = Plan()
+    result.add(provider, cluster, d.instance_id, f"instance-running/{envelope.id}/{d.instance_id}", now,
+               check="burn_in", fault_code="NODE_JOINED",
+               evidence={"returned_from": incident.incident_id, "running_since": envelope.time.isoformat(),
+                         "started_by": "EC2 started the instance again after its Spot interruption"})
     return result
 
 

@@ -17,12 +17,13 @@ from nodemedic.contracts.events import (
     RunbookEnvelope,
     TriggerEvent,
 )
-from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, StageRecord, default_ladder
+from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, NodeLock, StageRecord, default_ladder
 from nodemedic.contracts.problems import describe, not_unicode
 from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, hyperpod_fault_code, parse_overrides
 from nodemedic.domain.freshness import fault_origin, staleness
 from nodemedic.errors import IncidentStateError, InvalidEventError, UnknownNodeError, UnknownNodeQuietError
+from nodemedic.planned_events import back_from_interruption
 from nodemedic.providers.base import Member, Provider
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -148,6 +149,26 @@ def _note_capacity_end(existing_id: str, fault: Fault, reason: str, ledger: Ledg
     return True
 
 
+def _end_retirement(fault: Fault, at: datetime, cluster: str, provider: Provider, ledger: Ledger) -> None:
+    """A node NodeMedic retired for a Spot stop or hibernation joins again: EC2 started its instance
+    after the interruption. The retirement's lock is released, so this join opens the burn-in
+    that checks the node and returns it, instead of folding into the retired incident. Only for
+    that instance, running now, after the moment EC2 stopped it; a lock that changed meanwhile
+    is left as it is."""
+    lock = ledger.node_lock(cluster, fault.instance_id) if fault.instance_id else None
+    if lock is None or not fault.instance_id:
+        return
+    try:
+        retired = ledger.get(lock[0])
+    except IncidentStateError:
+        return
+    if not back_from_interruption(retired, fault.instance_id, at):
+        return
+    member = provider.member(fault.instance_id)
+    if member is not None and member.state == "running":
+        ledger.release_lock(NodeLock(instance_id=fault.instance_id, incident_id=lock[0], slurm_node=lock[1]), cluster)
+
+
 def _fold_into_active(fault: Fault, incident_id: str, cluster: str, ledger: Ledger,
                       control: ControlStore, now: datetime, action: Action, reason: str) -> DetectOutput | None:
     """Fast path under a storm: an event for an instance that already has an active incident (and
@@ -228,6 +249,8 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
         fault_class, action, reason, confidence, ladder = c.fault_class, c.action, c.reason, c.confidence, c.ladder
     if action == "monitor":
         return DetectOutput(decision="monitor", reason=reason, fault_class=fault_class)
+    if action == "burn_in":
+        _end_retirement(fault, origin.at, cluster, provider, ledger)
     folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control, now, action, reason)
     if folded:
         return folded

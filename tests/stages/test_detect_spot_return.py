@@ -1,0 +1,77 @@
+"""Detect, for a node NodeMedic retired for a Spot stop or hibernation: once EC2 has started its
+instance again, a ``NODE_JOINED`` for it opens the burn-in (the retirement's lock released)
+instead of folding into the retired incident. Anything short of that (the instance not running,
+a join from before EC2 stopped it, an instance EC2 terminated, a Capacity Block's end) still
+folds into the retirement, as every event for a retired node does."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from nodemedic.contracts.incident import Incident, StageRecord
+from nodemedic.contracts.stages import DetectInput
+from nodemedic.providers.base import Member
+from nodemedic.stages.detect import detect
+from nodemedic.store.control import ControlStore
+from nodemedic.store.ledger import Ledger
+
+from tests.stages.memory_provider import MemoryProvider
+
+INSTANCE = "i-0000000000000000a"
+
+
+def _retire(ledger: Ledger, *, action: str = "stop", fault: str = "PLANNED_SPOT_INTERRUPTION",
+            deadline: datetime) -> Incident:
+    warned = deadline - timedelta(minutes=2)
+    incident = Incident(incident_id=f"inc-{uuid.uuid4().hex[:8]}", cluster="c1", instance_id=INSTANCE,
+                        slurm_node="gpu-1", fault_code=fault, fault_class="planned", action="retire",
+                        source="nodemedic.planned", observed_at=warned, status="open", detected_at=warned,
+                        reason="planned", stages={"detect": StageRecord(started_at=warned, completed_at=warned, result={
+                            "evidence": {"instance_action": action, "deadline": deadline.isoformat()}})})
+    assert ledger.open_incident(incident) is None
+    ledger.end(incident, "retired", warned + timedelta(seconds=40), "retired", release_node=False)
+    return incident
+
+
+def _joined(at: datetime) -> dict[str, Any]:
+    return {"source": "nodemedic.planned", "detail-type": "Node Health Event", "time": at.isoformat(),
+            "detail": {"schema_version": "1", "event_id": str(uuid.uuid4()), "cluster": "c1",
+                       "node": {"instance_id": INSTANCE, "hostname": INSTANCE, "slurm_node": "gpu-1"},
+                       "check": "burn_in", "fault_code": "NODE_JOINED", "severity": "warning",
+                       "observed_at": at.isoformat(), "sent_at": at.isoformat(), "evidence": {}}}
+
+
+def _detect(ledger: Ledger, event: dict[str, Any], state: str = "running") -> Any:
+    return detect(DetectInput(event=event, incident_id=f"inc-{uuid.uuid4().hex[:8]}"), cluster="c1",
+                  overrides_json="", provider=MemoryProvider(Member(INSTANCE, "gpu-1", state)), ledger=ledger,
+                  control=ControlStore(ledger._db, ledger._table, "c1"), now=datetime.now(UTC))
+
+
+@pytest.mark.parametrize("action", ["stop", "hibernate"])
+def test_a_join_after_ec2_started_the_instance_again_opens_its_burn_in(ledger: Ledger, action: str) -> None:
+    now = datetime.now(UTC)
+    retired = _retire(ledger, action=action, deadline=now - timedelta(minutes=30))
+    out = _detect(ledger, _joined(now))
+    assert out.decision == "remediate" and out.incident is not None
+    assert (out.incident.action, out.incident.fault_code) == ("burn_in", "NODE_JOINED")
+    assert ledger.node_lock("c1", INSTANCE) == (out.incident.incident_id, "gpu-1")
+    assert ledger.get(retired.incident_id).status == "retired"  # the ledger keeps what happened
+    assert _detect(ledger, _joined(now)).decision == "deduplicated"  # a second join folds into the burn-in
+
+
+@pytest.mark.parametrize(("action", "fault", "deadline_ago", "state"), [
+    ("stop", "PLANNED_SPOT_INTERRUPTION", timedelta(minutes=30), "stopped"),  # not running: a forged join
+    ("stop", "PLANNED_SPOT_INTERRUPTION", -timedelta(minutes=1), "running"),  # EC2 has not stopped it yet
+    ("terminate", "PLANNED_SPOT_INTERRUPTION", timedelta(minutes=30), "running"),
+    ("stop", "PLANNED_CAPACITY_END", timedelta(minutes=30), "running"),
+], ids=["instance-stopped", "before-the-stop", "terminated", "capacity-end"])
+def test_any_other_join_of_a_retired_node_folds_into_its_retirement(
+        ledger: Ledger, action: str, fault: str, deadline_ago: timedelta, state: str) -> None:
+    now = datetime.now(UTC)
+    retired = _retire(ledger, action=action, fault=fault, deadline=now - deadline_ago)
+    out = _detect(ledger, _joined(now), state=state)
+    assert (out.decision, out.existing_incident_id) == ("deduplicated", retired.incident_id)
+    assert ledger.node_lock("c1", INSTANCE) == (retired.incident_id, "gpu-1")
