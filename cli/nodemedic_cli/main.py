@@ -160,7 +160,10 @@ def remediate(
     action: Annotated[str, typer.Option(help="replace / reboot: start the state machine as the automatic path does. "
                                              "drain / resume / health-check: that one step, now. drain also takes "
                                              "over NodeMedic's own drain (keep a node out, e.g. for an RMA: "
-                                             "automation never lifts an operator's drain).")],
+                                             "automation never lifts an operator's drain). resume, replace and "
+                                             "reboot also end the hold of an ended incident (quarantined, "
+                                             "escalated, retired) on the node: its next fault opens a new "
+                                             "incident.")],
     reason: Reason,
     by: By = "",
     level: Annotated[str, typer.Option(help="health-check: quick or full.")] = "quick",
@@ -171,6 +174,7 @@ def remediate(
         if r.get("started"):
             console.print(f"started incident [bold]{plain(r['incident'])}[/] ({plain(r['action'])} {plain(r['node'])}); "
                           f"follow it with `nodemedic show {plain(r['incident'])}`")
+            _say_released(r)
         elif r["action"] == "health-check":
             colour = "green" if r["healthy"] else "red"
             console.print(f"{plain(r['node'])} ({plain(r['instance_id'])}) {plain(r['level'])} check: [{colour}]"
@@ -179,7 +183,14 @@ def remediate(
                 console.print(f"  {'ok ' if c.get('ok') else 'FAIL'} {plain(c.get('name'))}: {plain(c.get('detail', ''))}")
         else:
             console.print(f"{plain(r['action'])} {plain(r['node'])}: now {plain(r['state'])}")
+            _say_released(r)
     _run(ctx, as_json, lambda t: operator.remediate(t, node, action, reason, by or _user(), level), show)
+
+
+def _say_released(r: dict[str, Any]) -> None:
+    for incident in r.get("released", []):
+        console.print(f"  incident {plain(incident)} (ended) no longer holds the node: its next fault opens a new "
+                      "incident")
 
 
 @app.command()

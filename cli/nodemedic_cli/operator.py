@@ -56,11 +56,14 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
                             reason, by)  # validates the reason and the names for every action
     status = _known_node(target, node)
     if action in ("reboot", "replace"):
+        # an ended incident (escalated, quarantined) holds the node on purpose until someone acts:
+        # this request is that act, so it opens an incident of its own instead of folding into it
+        released = _release_ended(target, node)
         name = f"{action}-{node}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
         started = target.client("stepfunctions").start_execution(
             stateMachineArn=target.output("StateMachineArn"), name=name, input=json.dumps(request))
         return {"action": action, "node": node, "incident": name, "execution_arn": started["executionArn"],
-                "started": True}
+                "started": True, "released": released}
     if action == "drain":
         # NodeMedic's own drain is taken over (the node stays out, e.g. for an RMA: automation
         # never lifts an operator's drain), checked and acted on in one scheduler command
@@ -75,10 +78,21 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
         if not status.drained:
             raise OperatorError(f"{node} is not drained ({status.state}); nothing to resume")
         target.ledger.drop_hold(target.cluster, node)  # first: the reconciler never drains it again
+        # an ended incident's lock goes with its drain: kept, the node's next fault would fold into
+        # that incident, and nothing would drain the node
+        released = _release_ended(target, node)
         target.orchestrator.resume(node)
         return {"action": action, "node": node, "state": target.orchestrator.node_status(node).state,
-                "was": status.reason}
+                "was": status.reason, "released": released}
     return health_check(target, node, level)
+
+
+def _release_ended(target: Target, node: str) -> list[str]:
+    """Release the lock an ended incident keeps on the instance backing ``node``: the ids of the
+    incidents that no longer hold it (an open incident's lock is left alone)."""
+    member = target.provider.member_by_node(node)
+    released = target.ledger.release_ended(target.cluster, member.instance_id) if member else None
+    return [released] if released else []
 
 
 def instance_of(target: Target, node: str) -> str:

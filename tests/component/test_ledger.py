@@ -125,3 +125,16 @@ def test_an_answer_after_the_approval_wait_ended_is_refused_and_recorded_as_late
     approval = ledger.get("inc-1").stages["approval"]
     assert approval.completed_at and approval.result["decision"] == "timed out"
     assert approval.result["late_answer"]["decision"] == ("approved" if approve else "denied")
+
+
+@pytest.mark.parametrize("status", ["quarantined", "escalated", "retired"])
+def test_an_ended_incidents_lock_is_released_for_an_operators_act_an_open_ones_never(ledger: Ledger,
+                                                                                      status: str) -> None:
+    ended, running = incident("inc-ended"), incident("inc-open", instance="i-0123456789abcdef1")
+    assert ledger.open_incident(ended) is None and ledger.open_incident(running) is None
+    ledger.end(ended, status, datetime.now(UTC), status, release_node=False)  # type: ignore[arg-type]
+    assert ledger.release_ended("c", "i-0123456789abcdef1") is None
+    assert ledger.active_incident_id("c", "i-0123456789abcdef1") == "inc-open"
+    assert ledger.release_ended("c", "i-0123456789abcdef0") == "inc-ended"
+    assert ledger.active_incident_id("c", "i-0123456789abcdef0") is None
+    assert ledger.release_ended("c", "i-0123456789abcdef0") is None  # nothing left to release

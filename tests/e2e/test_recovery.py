@@ -2,7 +2,11 @@
 
 from datetime import datetime
 
-from tests.e2e.support import OPEN, job_running, latest, running_job, stack
+import boto3
+from nodemedic_cli.operator import remediate
+from nodemedic_cli.target import Target
+
+from tests.e2e.support import OPEN, OPERATOR, job_running, latest, running_job, stack
 
 
 def _at(stamp: str) -> datetime:
@@ -107,6 +111,19 @@ def test_no_capacity_to_repair_retries_then_escalates_with_the_node_drained() ->
         assert "DRAIN" in local.scheduler.node("gpu-2")["State"]
         [page] = local.escalations()
         assert "no capacity" in page["Message"] and "gpu-2" in page["Message"]
+
+        # the runbook's exit: capacity is back, the on-call starts the replace again. The escalated
+        # incident holds the node until someone acts; this request is that act (before, it folded
+        # into the escalated incident and nothing was replaced)
+        local.aws.ec2_capacity = True
+        with local.aws.lambdas_held():
+            again = remediate(Target(local.stack.name, session=boto3.Session()), "gpu-2", "replace",
+                              "capacity is back", OPERATOR)
+        assert again["released"] == [incident.incident_id]
+        retried = local.wait_for_executions(2, timeout=90)
+        assert local.detect_decision(latest(retried)) == "remediate"
+        assert local.incident(again["incident"]).status == "closed"
+        assert "DRAIN" not in local.scheduler.node("gpu-2")["State"]
 
 
 def test_ec2_stop_start_replaces_the_hardware_and_keeps_the_instance() -> None:

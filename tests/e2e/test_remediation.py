@@ -1,9 +1,12 @@
 """A health event on the bus of the locally deployed template remediates a real Slurm node."""
 
+import boto3
 import pytest
+from nodemedic_cli.operator import remediate
+from nodemedic_cli.target import Target
 from nodemedic_sandbox.local import LocalMode
 
-from tests.e2e.support import job_running, latest, running_job, wait_for
+from tests.e2e.support import OPERATOR, job_running, latest, running_job, wait_for
 
 
 def test_xid79_on_a_running_job_is_remediated_end_to_end(local: LocalMode) -> None:
@@ -87,6 +90,28 @@ def test_a_replacement_that_fails_its_deep_check_is_quarantined_and_escalated(lo
     local.put_event(local.health_event("gpu-2", "XID 79"))
     local.wait_for_executions(2)
     assert local.detect_decision(latest(local.wait_for_executions(2))) == "deduplicated"
+
+
+def test_after_an_operator_resumes_a_quarantined_node_its_next_fault_opens_an_incident(local: LocalMode) -> None:
+    """The runbook's exit: the on-call fixes the node by hand and resumes it. The quarantine's lock
+    goes with its drain; kept, the node's next fault folded into the ended incident and nothing
+    drained the node, which ran jobs with a lost GPU."""
+    local.cluster.fail_replacement_of("gpu-2")
+    local.put_event(local.health_event("gpu-2", "XID 79"))
+    [execution] = local.wait_for_executions(1)
+    quarantined = local.incident(execution["name"])
+    assert quarantined.status == "quarantined"
+    target = Target(local.stack.name, session=boto3.Session())
+    with local.aws.lambdas_held():
+        resumed = remediate(target, "gpu-2", "resume", "GPU reseated and checked by hand", OPERATOR)
+    assert "DRAIN" not in resumed["state"]
+    assert resumed["released"] == [quarantined.incident_id]
+
+    local.put_event(local.health_event("gpu-2", "XID 79"))
+    second = latest(local.wait_for_executions(2))
+    assert local.detect_decision(second) == "remediate"
+    assert local.incident(second["name"]).slurm_node == "gpu-2"
+    assert local.incident(quarantined.incident_id).status == "quarantined"  # the ledger keeps what happened
 
 
 def test_a_second_event_for_the_node_within_a_second_opens_no_second_incident(local: LocalMode) -> None:
