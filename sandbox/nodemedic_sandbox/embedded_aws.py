@@ -44,7 +44,7 @@ from moto.cloudwatch.models import CloudWatchBackend
 from moto.core.botocore_stubber import MockRawResponse
 from moto.core.responses import ActionResult
 from moto.core.routing import get_service_router
-from moto.core.utils import get_service_model
+from moto.core.utils import get_service_model, utcnow
 from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.models.table import Table
@@ -763,6 +763,13 @@ class EmbeddedAWS:
                 raise EC2ClientError("InsufficientInstanceCapacity", "We currently do not have sufficient "
                                      "p5.48xlarge capacity in the Availability Zone you requested.")
             started = original_start(backend, instance_ids)
+            for instance, before in started:
+                # an instance started from stopped (or hibernated) gets that start as its LaunchTime
+                # (EC2 User Guide, "Stop and start Amazon EC2 instances": LaunchTime is the most
+                # recent launch; the first is the primary network interface's attach time); moto
+                # keeps the first launch
+                if before.name == "stopped":
+                    instance.launch_time = utcnow()
             embedded._rebooted([instance.id for instance, _ in started])  # a start boots it
             return started
 

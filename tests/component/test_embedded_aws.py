@@ -268,6 +268,24 @@ def test_the_command_host_hears_of_ec2_reboots_and_starts(aws: EmbeddedAWS) -> N
     assert host.reboots == [ids[1], ids[0]]
 
 
+def test_an_instance_started_from_stopped_has_that_start_as_its_launch_time(aws: EmbeddedAWS) -> None:
+    """EC2's LaunchTime is the instance's most recent start; a reboot is no start."""
+    ec2 = aws.client("ec2")
+    [instance] = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=1,
+                                                             MaxCount=1)["Instances"]]
+
+    def launched() -> datetime:
+        return ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]["Instances"][0]["LaunchTime"]
+
+    first = launched()
+    time.sleep(1.1)  # LaunchTime has whole seconds
+    ec2.reboot_instances(InstanceIds=[instance])
+    assert launched() == first
+    ec2.stop_instances(InstanceIds=[instance])
+    ec2.start_instances(InstanceIds=[instance])
+    assert launched() > first
+
+
 def test_ec2_can_run_out_of_capacity(aws: EmbeddedAWS) -> None:
     ec2 = aws.client("ec2")
     [instance] = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=1,

@@ -12,7 +12,8 @@ import json
 import time
 from datetime import UTC, datetime, timedelta
 
-from nodemedic.contracts.incident import ENDED_STATUSES
+from nodemedic.contracts.incident import ENDED_STATUSES, Incident
+from nodemedic_sandbox.local import LocalMode
 
 from tests.conftest import EVENTS
 from tests.e2e.support import stack, wait_for
@@ -81,12 +82,36 @@ def test_a_hibernated_spot_instance_that_ec2_starts_again_is_checked_and_returne
 
         ec2.start_instances(InstanceIds=[instance])  # capacity is back: EC2 starts it again
         local.emit_as_aws(_running(instance))
-        back = wait_for(lambda: next((i for i in local.incidents() if i.fault_code == "NODE_JOINED"
-                                      and i.status in ENDED_STATUSES), None), "the burn-in of gpu-2 to end", 120)
-        assert (back.slurm_node, back.instance_id, back.status) == ("gpu-2", instance, "closed"), back.outcome
-        [rung] = back.stages["repair"].result["rungs"]
-        assert (rung["rung"], rung["check"]["level"], rung["check"]["healthy"]) == ("check", "full", True)
+        back = _checked_and_back(local, retired, instance)
         assert back.stages["detect"].result["evidence"]["returned_from"] == retired.incident_id
-        assert "DRAIN" not in local.scheduler.node("gpu-2")["State"]
-        assert local.incident(retired.incident_id).status == "retired"  # the ledger keeps what happened
-        assert len(local.incidents()) == 2
+
+
+def test_a_stopped_spot_instance_back_without_its_running_event_is_found_by_the_reconciler() -> None:
+    """EC2's "running" never came (a delivery lost, or it came while the retirement was still
+    open): the reconciler sees the instance running with a launch time after the stop, and starts
+    its burn-in, once."""
+    with stack(nodes=3, Provider="ec2") as local:
+        instance = local.cluster.instance_of("gpu-2")
+        local.emit_as_aws(_warning(instance, "stop"), at=datetime.now(UTC) - timedelta(minutes=3))  # stopped 1 min ago
+        retired = _incident_ended(local, "gpu-2", timeout=120)
+        assert retired.status == "retired"
+        ec2 = local.aws.client("ec2")
+        ec2.stop_instances(InstanceIds=[instance])
+        assert local.reconcile()["burn_ins_started"] == []  # stopped: not back
+        ec2.start_instances(InstanceIds=[instance])
+        assert local.reconcile()["burn_ins_started"] == ["gpu-2"]
+        _checked_and_back(local, retired, instance)
+        assert local.reconcile()["burn_ins_started"] == []  # once
+
+
+def _checked_and_back(local: LocalMode, retired: Incident, instance: str) -> Incident:
+    """The node's burn-in ran the full check and returned it to service; the retirement stays."""
+    back = wait_for(lambda: next((i for i in local.incidents() if i.fault_code == "NODE_JOINED"
+                                  and i.status in ENDED_STATUSES), None), "the burn-in of gpu-2 to end", 120)
+    assert (back.slurm_node, back.instance_id, back.status) == ("gpu-2", instance, "closed"), back.outcome
+    [rung] = back.stages["repair"].result["rungs"]
+    assert (rung["rung"], rung["check"]["level"], rung["check"]["healthy"]) == ("check", "full", True)
+    assert "DRAIN" not in local.scheduler.node("gpu-2")["State"]
+    assert local.incident(retired.incident_id).status == "retired"  # the ledger keeps what happened
+    assert len(local.incidents()) == 2
+    return back

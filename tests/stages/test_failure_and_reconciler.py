@@ -5,14 +5,16 @@ Fast tier: the real stage code, the ledger in DynamoDB (embedded), Slurm in memo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from botocore.exceptions import ClientError
 from nodemedic.contracts.events import NodeHealthEvent
+from nodemedic.contracts.incident import Incident, StageRecord
 from nodemedic.errors import DrainFailedError
 from nodemedic.providers.base import Member
-from nodemedic.reconciler import UNWATCHED_AFTER, AgentWatch, reconcile
+from nodemedic.reconciler import UNWATCHED_AFTER, AgentWatch, ReconcileReport, reconcile
 from nodemedic.stages.drain import drain, drain_reason
 from nodemedic.stages.failure import fail
 from nodemedic.stages.repair import REPLACEMENT
@@ -426,7 +428,7 @@ def test_an_unreadable_member_list_is_an_error_and_nothing_is_paged(slurm: Memor
                        prefix=PREFIX, now=datetime.now(UTC), start_burn_in=[].append,
                        agents=AgentWatch(members, dict))
     assert report.unwatched_nodes is None and report.pages == []
-    assert report.errors == ["cannot tell which agents are heard: An error occurred (ThrottlingException) when calling "
+    assert report.errors == ["cannot list the cluster's instances: An error occurred (ThrottlingException) when calling "
                              "the DescribeInstances operation: Rate exceeded"]
 
 
@@ -465,3 +467,41 @@ def test_many_unwatched_nodes_with_long_names_fit_the_record_and_the_rest_are_co
     [page] = due.pages
     assert f"cannot watch {tracked} node(s)" in page and f"and {tracked - 50} more" in page
     assert f"{len(names) - tracked} more cannot be watched either" in page
+
+
+def test_a_spot_node_ec2_started_again_gets_its_burn_in_from_the_reconciler_once(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """The retirement of gpu-1 for a Spot stop holds it; EC2's "running" never came. A start
+    before the stop is not a return; a publish that fails is tried again by the next run."""
+    stopped_at = datetime.now(UTC) - timedelta(minutes=5)
+    incident = Incident(incident_id="inc-spot", cluster="c1", instance_id="i-00000000000000001", slurm_node="gpu-1",
+                        fault_code="PLANNED_SPOT_INTERRUPTION", fault_class="planned", action="retire",
+                        source="nodemedic.planned", observed_at=stopped_at, status="open", detected_at=stopped_at,
+                        reason="planned", stages={"detect": StageRecord(started_at=stopped_at, completed_at=stopped_at,
+                                                                        result={"evidence": {
+                                                                            "instance_action": "stop",
+                                                                            "deadline": stopped_at.isoformat()}})})
+    assert ledger.open_incident(incident) is None
+    ledger.end(incident, "retired", stopped_at, "retired", release_node=False)
+    slurm.drain("gpu-1", drain_reason(PREFIX, incident))
+    started: list[NodeHealthEvent] = []
+    launched = [stopped_at - timedelta(minutes=1)]
+
+    def run(publish: Callable[[NodeHealthEvent], None] = started.append) -> ReconcileReport:
+        members = [Member("i-00000000000000001", "gpu-1", "running", launched_at=launched[0])]
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=datetime.now(UTC), start_burn_in=publish,
+                         agents=AgentWatch(lambda: members, dict))
+
+    assert run().burn_ins_started == [] and started == []  # its launch before the stop: not back
+    launched[0] = datetime.now(UTC)  # EC2 started it again
+
+    def refused(_: NodeHealthEvent) -> None:
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "PutEvents")
+
+    assert "back from its Spot interruption" in run(refused).errors[0]
+    assert run().burn_ins_started == ["gpu-1"]
+    [joined] = started
+    assert (joined.fault_code, joined.node.instance_id, joined.node.slurm_node) == ("NODE_JOINED",
+                                                                                   "i-00000000000000001", "gpu-1")
+    assert run().burn_ins_started == [] and len(started) == 1  # once per start

@@ -21,6 +21,9 @@ Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then
   incident has claimed (a replacement being adopted) is that incident's, and no burn-in is started
   while an open incident waits for a replacement it asked for (the node may be it). If a later
   run still finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed;
+- a node retired for a Spot stop or hibernation whose instance EC2 has started again (its
+  ``LaunchTime`` after the interruption) but that the retirement still holds (EC2's "running" was
+  lost, or came while the retirement was still open) gets its burn-in started, once per start;
 - a node in service that NodeMedic cannot watch for ``UNWATCHED_AFTER`` is paged once, with every
   other such node in one page: its agent sent no heartbeat (never installed, it cannot start, it
   was stopped), so nothing there is detected, not even its silence, since the silence sweeper
@@ -51,6 +54,7 @@ from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.incident import Bookkeeping, UnwatchedNode, UnwatchedNodes
 from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
+from nodemedic.planned_events import back_from_interruption
 from nodemedic.providers.base import Member
 from nodemedic.stages.failure import fail
 from nodemedic.stages.repair import REPLACEMENT, rungs_of
@@ -104,13 +108,17 @@ class ReconcileReport(BaseModel):
                 "gpu_clients": len(self.gpu_clients_resumed), "autoscaler_hold": len(self.autoscaler_holds_released)}
 
 
-def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: datetime) -> NodeHealthEvent:
+UNCHECKED = "reconciler: held for its burn-in, no incident checking it"
+
+
+def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: datetime,
+                  started_by: str = UNCHECKED) -> NodeHealthEvent:
     """The ``NODE_JOINED`` event that starts the burn-in of ``node``, held out with ``reason``."""
     return NodeHealthEvent(
         schema_version="1", event_id=str(uuid.uuid4()), cluster=cluster,
         node=NodeIdentity(instance_id=instance_id, hostname=node, slurm_node=node), check="burn_in",
         fault_code="NODE_JOINED", severity="warning", observed_at=now, sent_at=now,
-        evidence={"drain_reason": reason, "started_by": "reconciler: held for its burn-in, no incident checking it"})
+        evidence={"drain_reason": reason, "started_by": started_by})
 
 
 def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
@@ -133,14 +141,56 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     _paused_gpu_clients(books, orchestrator, report)
     _stray_autoscaler_holds(books, orchestrator, report)
     if agents is not None:
-        _unwatched_nodes(cluster, ledger, agents, nodes, now, report)
+        try:
+            members = agents.members()
+        except Exception as exc:  # noqa: BLE001 - the next run tries again
+            report.errors.append(f"cannot list the cluster's instances: {exc}")
+            return report
+        _back_from_interruption(books, cluster, ledger, members, nodes, now, start_burn_in, report)
+        _unwatched_nodes(cluster, ledger, agents, members, nodes, now, report)
     return report
 
 
-def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, nodes: dict[str, NodeStatus], now: datetime,
-                     report: ReconcileReport) -> None:
+def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
+                            nodes: dict[str, NodeStatus], now: datetime,
+                            start_burn_in: Callable[[NodeHealthEvent], None], report: ReconcileReport) -> None:
+    """A node retired for a Spot stop or hibernation whose instance EC2 has started again (its
+    launch time after the interruption), still held by the retirement: EC2's "running" was not
+    delivered, or came while the retirement was still open. Its burn-in is started (Detect
+    releases the retirement's lock for it), once per start of the instance."""
+    running = {m.instance_id: m for m in members if m.state == "running" and m.slurm_node and m.launched_at}
+    locks = [lock for lock in books.locks if lock.instance_id in running]
     try:
-        members = agents.members()
+        statuses = ledger.statuses(sorted({lock.incident_id for lock in locks})) if locks else {}
+    except Exception as exc:  # noqa: BLE001 - the next run tries again
+        report.errors.append(f"cannot read the incidents holding running instances: {exc}")
+        return
+    for lock in (lock for lock in locks if statuses.get(lock.incident_id) == "retired"):
+        member = running[lock.instance_id]
+        node, started = str(member.slurm_node), member.launched_at or now
+        key = f"back-from-interruption/{cluster}/{lock.instance_id}/{started:%Y%m%dT%H%M%SZ}"
+        try:
+            if not back_from_interruption(ledger.get(lock.incident_id), lock.instance_id, started) \
+                    or not ledger.first_announcement(key, now):
+                continue
+        except Exception as exc:  # noqa: BLE001 - one item's error never stops the others
+            report.errors.append(f"cannot tell whether {node} is back from its Spot interruption: {exc}")
+            continue
+        status = nodes.get(node)
+        try:
+            start_burn_in(burn_in_event(cluster, node, lock.instance_id, status.reason if status else "", now,
+                                        started_by=f"reconciler: EC2 started {lock.instance_id} again after the "
+                                                   f"Spot interruption incident {lock.incident_id} retired it for"))
+        except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
+            ledger.forget_announcement(key)
+            report.errors.append(f"cannot start the burn-in of {node}, back from its Spot interruption: {exc}")
+        else:
+            report.burn_ins_started.append(node)
+
+
+def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, members: list[Member],
+                     nodes: dict[str, NodeStatus], now: datetime, report: ReconcileReport) -> None:
+    try:
         heard = agents.heard()
         known = ledger.unwatched_nodes(cluster)
     except Exception as exc:  # noqa: BLE001 - the next run tries again

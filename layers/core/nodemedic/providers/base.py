@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
@@ -30,6 +31,9 @@ class Member:
         default_factory=dict, compare=False,
         metadata={"doc": "where the instance sits: availability_zone, placement_group, host_id, "
                          "capacity_reservation, rack, switch; what correlated failures share"})
+    launched_at: datetime | None = field(
+        default=None, compare=False,
+        metadata={"doc": "EC2's LaunchTime: the instance's most recent start (a stop and start moves it)"})
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,10 @@ def ec2_member(instance: dict[str, Any]) -> Member:
         "capacity_reservation": instance.get("CapacityReservationId", ""),  # e.g. a Capacity Block
         **{name: tags.get(tag, "") for tag, name in TOPOLOGY_TAGS.items()},
     }
+    launched = instance.get("LaunchTime")
     return Member(instance["InstanceId"], tags.get(SLURM_NODE_TAG), instance["State"]["Name"],
-                  tags, {k: v for k, v in topology.items() if v})
+                  tags, {k: v for k, v in topology.items() if v},
+                  launched if isinstance(launched, datetime) and launched.tzinfo is not None else None)
 
 
 def ec2_instances(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
