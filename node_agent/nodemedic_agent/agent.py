@@ -41,16 +41,19 @@ MAX_REASSERT_WAIT_S = 900.0  # with acknowledgements: the longest wait between t
 UNDATED_KEPT = 1000  # distinct findings kept while no time can be put on them (see Agent.emit)
 
 
-def events_client(config: AgentConfig, **credentials: str) -> Any:
-    """PutEvents client; botocore's own retries are off, the spool and backoff do that job."""
+def events_client(config: AgentConfig, *, aws_access_key_id: str | None = None,
+                  aws_secret_access_key: str | None = None) -> Any:
+    """PutEvents client; botocore's own retries are off, the spool and backoff do that job. The
+    credentials are the instance role's unless given (the local mode signs as that role)."""
     from nodemedic_agent.identity import resolve_region
 
     cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=2, read_timeout=5)
     return boto3.client("events", region_name=resolve_region(config), endpoint_url=config.publish.endpoint_url,
-                        config=cfg, **credentials)
+                        config=cfg, aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key)
 
 
-def acknowledgements(config: AgentConfig, **credentials: str) -> Acknowledgements | None:
+def acknowledgements(config: AgentConfig, *, aws_access_key_id: str | None = None,
+                     aws_secret_access_key: str | None = None) -> Acknowledgements | None:
     """Where the agent reads the pipeline's decisions on its events; None without
     ``publish.acknowledgements_table`` (events are then sent again a fixed number of times)."""
     from nodemedic_agent.identity import resolve_region
@@ -59,7 +62,8 @@ def acknowledgements(config: AgentConfig, **credentials: str) -> Acknowledgement
         return None
     cfg = Config(retries={"total_max_attempts": 2}, connect_timeout=2, read_timeout=5)
     client = boto3.client("dynamodb", region_name=resolve_region(config),
-                          endpoint_url=config.publish.dynamodb_endpoint_url, config=cfg, **credentials)
+                          endpoint_url=config.publish.dynamodb_endpoint_url, config=cfg,
+                          aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key)
     return Acknowledgements(client, config.publish.acknowledgements_table)
 
 

@@ -11,10 +11,13 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodemedic_agent import __version__
 from nodemedic_agent.config import DEFAULT_PATH, AgentConfig, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from nodemedic_agent.agent import Agent
 
 EXIT_CONFIG = 2
 
@@ -23,7 +26,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     return load_config(Path(args.config))
 
 
-def _agent(config: AgentConfig, dry_run: bool):  # noqa: ANN202 - imported lazily (boto3 is slow to import)
+def _agent(config: AgentConfig, dry_run: bool) -> Agent:  # imported lazily: boto3 is slow to import
     from nodemedic_agent.agent import Agent, acknowledgements, events_client
     from nodemedic_agent.hardware import open_hardware
     from nodemedic_agent.identity import resolve_identity

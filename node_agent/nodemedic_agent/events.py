@@ -29,8 +29,8 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
     sent = now or datetime.now(UTC)
     return NodeHealthEvent(
         schema_version=SCHEMA_VERSION, event_id=str(uuid.uuid4()), cluster=cluster, node=node,
-        check=finding.check, component=finding.component, fault_code=finding.fault_code,  # type: ignore[arg-type]
-        severity=SEVERITY[finding.status],  # type: ignore[arg-type]
+        check=finding.check, component=finding.component, fault_code=finding.fault_code,
+        severity=SEVERITY[finding.status],
         observed_at=min(finding.observed_at, sent), sent_at=sent, count=count,
         evidence={"summary": finding.summary[:512], **finding.evidence},
     )
@@ -39,7 +39,7 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
 def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str = "running",
               perf: PerfSample | None = None, now: datetime | None = None) -> NodeHeartbeat:
     return NodeHeartbeat(schema_version=SCHEMA_VERSION, cluster=cluster, node=node, sent_at=now or datetime.now(UTC),
-                         status=status, interval_seconds=interval_s, agent_version=__version__,  # type: ignore[arg-type]
+                         status=status, interval_seconds=interval_s, agent_version=__version__,
                          perf=perf)
 
 

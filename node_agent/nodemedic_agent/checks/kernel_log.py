@@ -76,7 +76,7 @@ def xid_finding(xid: int, pci: str, index: int | None, observed_at: datetime, ev
     """An XID, from the kernel log or from NVML's event (same component, so dedupe folds the pair)."""
     code, decoded = xid_code(xid, detail)
     component = {"kind": "gpu", "index": index} if index is not None else {"kind": "gpu", "name": pci}
-    return Finding(check, code, status_of(code, overrides), f"XID {xid} on GPU {pci}",  # type: ignore[arg-type]
+    return Finding(check, code, status_of(code, overrides), f"XID {xid} on GPU {pci}",
                    component, {**evidence, **decoded}, observed_at)
 
 
@@ -85,16 +85,16 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
     """The finding a kernel log message is evidence of, if any."""
     overrides = overrides or {}
     text = message[:1024]
-    evidence = {"kmsg": text}
+    evidence: dict[str, object] = {"kmsg": text}
 
     def found(code: str, summary: str, component: dict[str, object] | None) -> Finding:
-        return Finding("kernel_log", code, status_of(code, overrides), summary, component, evidence, observed_at)  # type: ignore[arg-type]
+        return Finding("kernel_log", code, status_of(code, overrides), summary, component, evidence, observed_at)
 
     if m := XID.search(message):
         return xid_finding(int(m.group(2)), m.group(1), gpu_index(m.group(1)), observed_at, evidence,
                            overrides=overrides, detail=PID_NAME.sub("", m.group(3)))
     if m := SXID.search(message):
-        switch = {"kind": "node", "name": f"nvswitch {m.group(1)}"}
+        switch: dict[str, object] = {"kind": "node", "name": f"nvswitch {m.group(1)}"}
         if m.group(3) == "Fatal":
             evidence["sxid"] = int(m.group(2))
             return found("NVSWITCH_FATAL", f"NVSwitch {m.group(1)}: fatal SXID {int(m.group(2))}", switch)

@@ -57,7 +57,7 @@ FAULTS = {
 }
 
 
-IDLE_GPU = {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "utilization_pct": 0.0, "pcie_width": 16,
+IDLE_GPU: dict[str, Any] = {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "utilization_pct": 0.0, "pcie_width": 16,
             "pcie_max_width": 16}  # an H100 SXM's maximum SM clock and PCIe Gen5 x16
 
 
