@@ -245,9 +245,21 @@ def test_a_redelivered_spot_warning_keeps_its_event_id_and_another_instance_is_i
     assert not theirs.events and theirs.ignored == [(THEIRS, "not a member of cluster local")]
 
 
-def test_a_spot_warning_replayed_long_after_plans_nothing() -> None:
-    later = _plan_spot(SPOT, now=WARNED + timedelta(days=30))
-    assert not later.events and "more than 15 days ago" in later.ignored[0][1]
+@pytest.mark.parametrize(("action", "read_after", "planned"), [
+    ("terminate", timedelta(minutes=4), True),  # 2 min after EC2 acted: the delivery's retries may take that
+    ("terminate", timedelta(minutes=4, seconds=1), False),
+    ("stop", timedelta(minutes=5), False),  # a dead-letter queue redriven: the instance may run again by now
+    ("hibernate", timedelta(minutes=2), True),  # hibernation begins at the warning
+    ("hibernate", timedelta(minutes=2, seconds=1), False),
+    ("stop", timedelta(days=30), False),  # an archive replayed
+])
+def test_a_spot_warning_read_after_ec2_acted_plans_nothing(action: str, read_after: timedelta, planned: bool) -> None:
+    """Before, a warning redriven days later retired the node, which EC2 may have started again
+    and which served jobs: a healthy node drained for an interruption long over."""
+    sent = datetime.fromisoformat(SPOT["time"])  # the warning's own time; WARNED is when it was read
+    late = _plan_spot(_with(SPOT, ("detail", "instance-action"), action), now=sent + read_after)
+    assert bool(late.events) is planned
+    assert planned or "nothing is left to plan" in late.ignored[0][1]
 
 
 @pytest.mark.parametrize(("path", "value"), [

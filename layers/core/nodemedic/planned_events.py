@@ -39,7 +39,7 @@ from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHe
 from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import STATE_CHANGE_DETAIL_TYPE, InstanceRunningEnvelope
 from nodemedic.contracts.problems import describe, not_unicode
-from nodemedic.contracts.spot_interruption import SPOT_DETAIL_TYPE, SpotInterruptionEnvelope
+from nodemedic.contracts.spot_interruption import INTERRUPTION_LEAD, SPOT_DETAIL_TYPE, SpotInterruptionEnvelope
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
 from nodemedic.providers.base import Provider
@@ -109,6 +109,9 @@ def event_id(key: str) -> str:
 
 CAPACITY_END = "PLANNED_CAPACITY_END"
 SPOT_INTERRUPTION = "PLANNED_SPOT_INTERRUPTION"
+# a Spot warning read this long after EC2 acted is about a run that has ended (as long as the
+# template's rule lets EventBridge retry a delivery: MaximumEventAgeInSeconds 120)
+LATE_WARNING = INTERRUPTION_LEAD
 
 
 def act_at(event: NodeHealthEvent, lead: timedelta, sweep: timedelta) -> datetime:
@@ -257,12 +260,16 @@ def plan_spot_interruption(envelope: SpotInterruptionEnvelope, *, cluster: str, 
     """EC2 interrupts a Spot Instance: a retire event for its node (drained with its job
     checkpointed within the two minutes and moved to a spare; nothing repaired, nothing replaced:
     the instance's Auto Scaling group or fleet replaces it). The event id is derived from the
-    warning's own id, so EventBridge's retry of the delivery is a redelivery."""
+    warning's own id, so EventBridge's retry of the delivery is a redelivery. A warning read more
+    than ``LATE_WARNING`` after EC2 acted (a dead-letter queue redriven, an archive replayed)
+    plans nothing: the instance is stopped, hibernated or gone by then, and one that EC2 started
+    again since runs a new run, which that warning is not about."""
     d = envelope.detail
     deadline = envelope.interrupted_at
-    if deadline < now - EVENT_MEMORY:  # an archive replayed long after: EC2 acted then
-        return Plan(ignored=[(d.instance_id, f"interrupted at {deadline.isoformat()}, more than "
-                                             f"{EVENT_MEMORY.days} days ago")])
+    if now - deadline > LATE_WARNING:
+        return Plan(ignored=[(d.instance_id, f"EC2 interrupted it at {deadline.isoformat()}, more than "
+                                             f"{LATE_WARNING.total_seconds() / 60:.0f} min before this warning was "
+                                             "read: nothing is left to plan")])
     result = Plan()
     result.add(provider, cluster, d.instance_id, f"spot-interruption/{envelope.id}/{d.instance_id}", now,
                check="spot_interruption", fault_code=SPOT_INTERRUPTION,
