@@ -31,9 +31,14 @@ STAGES: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
     "repair": ("RepairFunction", lambda e: True),
     "resume": ("ResumeFunction", lambda e: e.get("step", "return") == "return"),
 }
-FAULTS = ("controller-down", "dynamodb-throttled", "operator-drain", "operator-resume")
+# each AWS service a stage calls, throttled at that stage for as long as the incident lasts:
+# DynamoDB (the ledger) and SSM (the Slurm controller) by every stage, EC2 and Auto Scaling by Repair
+THROTTLED = {"dynamodb": tuple(STAGES), "ssm": tuple(STAGES), "ec2": ("repair",), "autoscaling": ("repair",)}
+FAULTS = ("controller-down", *(f"{service}-throttled" for service in THROTTLED), "operator-drain", "operator-resume")
 SMOKE = {("controller-down", "drain"), ("dynamodb-throttled", "repair"), ("operator-resume", "repair"),
-         ("operator-drain", "resume")}
+         ("operator-drain", "resume"), ("ssm-throttled", "resume")}
+SCENARIOS = [(f, s) for f in FAULTS for s in STAGES
+             if not f.endswith("-throttled") or s in THROTTLED[f.removesuffix("-throttled")]]
 
 
 def _scontrol(local: LocalMode, *args: str) -> None:
@@ -43,8 +48,9 @@ def _scontrol(local: LocalMode, *args: str) -> None:
 
 def _inject(local: LocalMode, fault: str, stage: str, sick: str, started: list[str]) -> Any:
     function, when = STAGES[stage]
-    if fault == "dynamodb-throttled":
-        return local.aws.throttle("dynamodb", caller=function.removesuffix("Function"), times=10_000)
+    if fault.endswith("-throttled"):
+        return local.aws.throttle(fault.removesuffix("-throttled"), caller=function.removesuffix("Function"),
+                                  times=10_000)
 
     def act(event: dict[str, Any]) -> None:
         if fault == "controller-down":  # stopped, its state saved: what it knew comes back with it
@@ -59,7 +65,7 @@ def _inject(local: LocalMode, fault: str, stage: str, sick: str, started: list[s
 
 @pytest.mark.parametrize("fault,stage", [
     pytest.param(f, s, marks=() if (f, s) in SMOKE else (pytest.mark.chaos_full,), id=f"{f}@{s}")
-    for f in FAULTS for s in STAGES])
+    for f, s in SCENARIOS])
 def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, record_property: Any) -> None:
     with stack(nodes=4, spares=1, boot_seconds=1, **OPEN) as local:
         job, nodes = running_job(local)
@@ -97,7 +103,7 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
         for landed in started:  # the operator's job on the node mid-incident was never killed
             check(local.scheduler.job(landed)["JobState"] in ("RUNNING", "PENDING", "COMPLETED"),
                   f"job {landed} placed by the operator lives")
-        if fault == "dynamodb-throttled":
+        if fault.endswith("-throttled"):
             check(len(injected.hits) > 0, "the throttle was hit")
         elif not injected:
             broken.append(f"the fault was never injected ({stage} did not run)")
