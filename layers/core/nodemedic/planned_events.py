@@ -8,7 +8,9 @@ bus. The state machine then handles each like a fault: drain, spare, the rung th
 AWS recommends; an instance-reboot maintenance is a reboot, which applies it), check, resume, all
 before AWS acts. A Capacity Block's end is a retire: every node in the block is drained (its job
 checkpointed and moved to a spare outside the block) and left drained; nothing is repaired or
-replaced into capacity that is going away.
+replaced into capacity that is going away. EC2's two-minute warning that it interrupts a Spot
+Instance retires its node the same way; when EC2 starts a stopped or hibernated Spot Instance
+again, its node gets a ``NODE_JOINED`` (:func:`plan_return`): the burn-in returns it.
 
 With a lead time (``PlannedLeadTimeHours``), a notice whose deadline is further away waits in the
 ledger (:mod:`nodemedic.store.deferred`) and the sweep (every ``PlannedSweepMinutes``) publishes it once its time has come:
