@@ -20,10 +20,9 @@ from nodemedic.bus import publish_health_events
 from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
-from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
 from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
-from nodemedic.errors import IncidentStateError, InvalidEventError
+from nodemedic.errors import InvalidEventError
 from nodemedic.planned_events import (
     Plan,
     act_at,
@@ -50,16 +49,6 @@ SLACK_LOOKS = 10  # nodes whose jobs one sweep reads (an SSM command each on Slu
 
 class ScheduledSweep:
     """The function's own schedule fired: sweep EC2's scheduled events."""
-
-
-def _lock_holder(cluster: str, instance_id: str) -> Incident | None:
-    """The incident holding the instance's node lock, if any (read only)."""
-    ledger = wiring.ledger()
-    lock = ledger.node_lock(cluster, instance_id)
-    try:
-        return ledger.get(lock[0]) if lock else None
-    except IncidentStateError:  # released and gone meanwhile
-        return None
 
 
 def _is_schedule(event: dict[str, Any]) -> bool:
@@ -122,7 +111,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 "deadline": envelope.interrupted_at.isoformat()}
     elif isinstance(envelope, InstanceRunningEnvelope):
         planned = plan_return(envelope, cluster=s.cluster_name, provider=wiring.provider(),
-                              retired_by=lambda instance: _lock_holder(s.cluster_name, instance), now=now)
+                              retired_by=lambda instance: wiring.ledger().lock_holder(s.cluster_name, instance),
+                              now=now)
         what = {"running_again": envelope.detail.instance_id, "since": envelope.time.isoformat()}
     else:
         ec2 = wiring.client("ec2")

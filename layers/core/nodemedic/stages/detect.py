@@ -155,18 +155,14 @@ def _end_retirement(fault: Fault, at: datetime, cluster: str, provider: Provider
     that checks the node and returns it, instead of folding into the retired incident. Only for
     that instance, running now, after the moment EC2 stopped it; a lock that changed meanwhile
     is left as it is."""
-    lock = ledger.node_lock(cluster, fault.instance_id) if fault.instance_id else None
-    if lock is None or not fault.instance_id:
+    instance = fault.instance_id
+    retired = ledger.lock_holder(cluster, instance) if instance else None
+    if instance is None or retired is None or not back_from_interruption(retired, instance, at):
         return
-    try:
-        retired = ledger.get(lock[0])
-    except IncidentStateError:
-        return
-    if not back_from_interruption(retired, fault.instance_id, at):
-        return
-    member = provider.member(fault.instance_id)
+    member = provider.member(instance)
     if member is not None and member.state == "running":
-        ledger.release_lock(NodeLock(instance_id=fault.instance_id, incident_id=lock[0], slurm_node=lock[1]), cluster)
+        ledger.release_lock(NodeLock(instance_id=instance, incident_id=retired.incident_id,
+                                     slurm_node=retired.slurm_node), cluster)
 
 
 def _fold_into_active(fault: Fault, incident_id: str, cluster: str, ledger: Ledger,

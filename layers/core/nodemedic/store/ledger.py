@@ -393,15 +393,24 @@ class Ledger:
                                  ConditionExpression="incident_id = :id",
                                  ExpressionAttributeValues={":id": {"S": lock.incident_id}})
 
+    def lock_holder(self, cluster: str, instance_id: str) -> Incident | None:
+        """The incident holding the instance's lock; None when none does (or it is gone meanwhile)."""
+        lock = self.node_lock(cluster, instance_id)
+        try:
+            return self.get(lock[0]) if lock else None
+        except IncidentStateError:
+            return None
+
     def release_ended(self, cluster: str, instance_id: str) -> str | None:
         """Release the instance's lock if an incident that has ended holds it (a quarantine, an
         escalation, a retirement: they keep it on purpose until someone acts); the id of that
         incident, or None. An open incident's lock is never released here."""
-        lock = self.node_lock(cluster, instance_id)
-        if lock is None or self.statuses([lock[0]]).get(lock[0], "open") == "open":
+        holder = self.lock_holder(cluster, instance_id)
+        if holder is None or holder.status == "open":
             return None
-        released = self.release_lock(NodeLock(instance_id=instance_id, incident_id=lock[0], slurm_node=lock[1]), cluster)
-        return lock[0] if released else None
+        released = self.release_lock(NodeLock(instance_id=instance_id, incident_id=holder.incident_id,
+                                              slurm_node=holder.slurm_node), cluster)
+        return holder.incident_id if released else None
 
     def release_claim(self, claim: Claim) -> bool:
         """Release a claim still held by ``claim.incident_id``; False if it changed meanwhile."""
