@@ -289,15 +289,7 @@ def interrupted_at(incident: Incident, instance_id: str) -> datetime | None:
     running again after this moment is the node back."""
     if incident.status != "retired" or incident.fault_code != SPOT_INTERRUPTION or incident.instance_id != instance_id:
         return None
-    detect = incident.stages.get("detect")
-    evidence = detect.result.get("evidence") if detect else None
-    if not isinstance(evidence, dict) or evidence.get("instance_action") not in RETURNS_AFTER:
-        return None
-    try:
-        deadline = datetime.fromisoformat(str(evidence.get("deadline")))
-    except ValueError:
-        return None
-    return deadline if deadline.tzinfo is not None else None
+    return incident.deadline if incident.evidence("instance_action") in RETURNS_AFTER else None
 
 
 def back_from_interruption(incident: Incident, instance_id: str, at: datetime) -> bool:

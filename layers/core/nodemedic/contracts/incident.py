@@ -90,6 +90,23 @@ class Incident(IncidentRef):
         """Seconds from the fault (``observed_at``) to ``moment``: the origin of every metric."""
         return (moment - self.observed_at).total_seconds()
 
+    def evidence(self, key: str) -> object:
+        """One value of the evidence the event that opened the incident carried (Detect's record)."""
+        detect = self.stages.get("detect")
+        evidence = detect.result.get("evidence") if detect else None
+        return evidence.get(key) if isinstance(evidence, dict) else None
+
+    @property
+    def deadline(self) -> datetime | None:
+        """When AWS acts on the node, as a planned event said (its ``deadline`` evidence, with a
+        timezone); None when the event named none."""
+        value = self.evidence("deadline")
+        try:
+            deadline = datetime.fromisoformat(value) if isinstance(value, str) else None
+        except ValueError:
+            return None
+        return deadline if deadline is not None and deadline.tzinfo is not None else None
+
 
 class NodeLock(BaseModel):
     """``NODE#<cluster>#<instance>``: the one incident active for an instance."""

@@ -62,16 +62,7 @@ def _too_near(deadline: datetime | None, now: datetime) -> bool:
 def planned_deadline(incident: IncidentRef, ledger: Ledger) -> datetime | None:
     """When AWS acts on the node of a planned incident: the ``deadline`` its event carried (the
     detect stage's evidence). None for any other incident, or an event that names none."""
-    if incident.source != PLANNED_SOURCE:
-        return None
-    detect = ledger.get(incident.incident_id).stages.get("detect")
-    evidence = detect.result.get("evidence") if detect else None
-    value = evidence.get("deadline") if isinstance(evidence, dict) else None
-    try:
-        deadline = datetime.fromisoformat(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-    return deadline if deadline is not None and deadline.tzinfo is not None else None
+    return ledger.get(incident.incident_id).deadline if incident.source == PLANNED_SOURCE else None
 
 
 def _plan(incident: IncidentRef, orchestrator: Orchestrator, policy: CheckpointPolicy, now: datetime,
