@@ -12,30 +12,17 @@ Warning"; both are accepted (and matched by the template's rule).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from datetime import datetime, timedelta
+from typing import Literal
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from nodemedic.contracts.events import EARLIEST, LATEST
+from nodemedic.contracts.ec2_event import Ec2Event, UtcTime
 
-CAPACITY_BLOCK_SOURCE = "aws.ec2"
-EXPIRY_DETAIL_TYPES = ("Capacity Block Expiration Warning", "Capacity Block Reservation Expiration Warning")
 # instances in the block begin to terminate this long before its end (the warning comes 40 min
 # before the end, termination 10 min after the warning)
 TERMINATION_LEAD = timedelta(minutes=30)
 RESERVATION_ID = r"^cr-[0-9a-f]{8}([0-9a-f]{9})?$"
-
-
-def _utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError("a time without a timezone")
-    if not EARLIEST <= value < LATEST:
-        raise ValueError(f"{value.isoformat()} is not a plausible time")
-    return value.astimezone(UTC)
-
-
-UtcTime = Annotated[datetime, AfterValidator(_utc)]
 
 
 class CapacityBlockDetail(BaseModel):
@@ -49,12 +36,8 @@ class CapacityBlockDetail(BaseModel):
         return self.end_date - TERMINATION_LEAD
 
 
-class CapacityBlockEnvelope(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-    id: str = Field(min_length=1, max_length=128)
-    source: Literal["aws.ec2"]
+class CapacityBlockEnvelope(Ec2Event):
     # EventBridge delivers "detail-type"; the guide's samples write "detail_type"
     detail_type: Literal["Capacity Block Expiration Warning", "Capacity Block Reservation Expiration Warning"] = \
         Field(validation_alias=AliasChoices("detail-type", "detail_type"))
-    time: UtcTime
     detail: CapacityBlockDetail

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from nodemedic.contracts.capacity_block import UtcTime
+from nodemedic.contracts.ec2_event import Ec2Event
 from nodemedic.contracts.events import INSTANCE_ID
 
 STATE_CHANGE_DETAIL_TYPE = "EC2 Instance State-change Notification"
@@ -29,11 +29,7 @@ class InstanceStateDetail(BaseModel):
     state: Literal["running"]  # the template's rule sends no other state
 
 
-class InstanceRunningEnvelope(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-    id: str = Field(min_length=1, max_length=128)
-    source: Literal["aws.ec2"]
+class InstanceRunningEnvelope(Ec2Event):  # its time: when the instance entered the state
     detail_type: Literal["EC2 Instance State-change Notification"] = \
         Field(validation_alias=AliasChoices("detail-type", "detail_type"))
-    time: UtcTime  # when the instance entered the state (EventBridge's clock, whole seconds)
     detail: InstanceStateDetail

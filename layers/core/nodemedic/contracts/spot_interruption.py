@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from nodemedic.contracts.capacity_block import UtcTime
+from nodemedic.contracts.ec2_event import Ec2Event
 from nodemedic.contracts.events import INSTANCE_ID
 
 SPOT_DETAIL_TYPE = "EC2 Spot Instance Interruption Warning"
@@ -29,13 +29,9 @@ class SpotInterruptionDetail(BaseModel):
     instance_action: Literal["terminate", "stop", "hibernate"] = Field(alias="instance-action")
 
 
-class SpotInterruptionEnvelope(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-    id: str = Field(min_length=1, max_length=128)
-    source: Literal["aws.ec2"]
+class SpotInterruptionEnvelope(Ec2Event):
     detail_type: Literal["EC2 Spot Instance Interruption Warning"] = \
         Field(validation_alias=AliasChoices("detail-type", "detail_type"))
-    time: UtcTime
     detail: SpotInterruptionDetail
 
     @property

@@ -1,0 +1,31 @@
+"""What every event EC2 delivers to EventBridge carries (source ``aws.ec2``): its id and its
+time, validated. Each event's model (a Capacity Block's expiry, a Spot interruption warning, an
+instance's state change) adds its ``detail-type`` and ``detail``; the rest is ignored.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from nodemedic.contracts.events import EARLIEST, LATEST
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("a time without a timezone")
+    if not EARLIEST <= value < LATEST:
+        raise ValueError(f"{value.isoformat()} is not a plausible time")
+    return value.astimezone(UTC)
+
+
+UtcTime = Annotated[datetime, AfterValidator(_utc)]
+
+
+class Ec2Event(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    id: str = Field(min_length=1, max_length=128)
+    source: Literal["aws.ec2"]
+    time: UtcTime  # EventBridge's clock, whole seconds
