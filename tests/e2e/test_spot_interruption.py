@@ -7,7 +7,6 @@ and returned to service."""
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -28,10 +27,7 @@ def test_a_spot_interruption_checkpoints_the_job_moves_it_to_a_spare_and_retires
         time.sleep(3)  # it trains a while: work a requeue without a checkpoint would lose
         instance = local.cluster.instance_of("gpu-2")
         group = _group(local)
-        warning = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "spot-interruption-warning.json").read_text()))
-        warning["detail"]["instance-id"] = instance
-        warning["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance}"]
-        local.emit_as_aws(warning)
+        local.emit_as_aws(_warning(instance, "terminate"))
 
         retired = _incident_ended(local, "gpu-2", timeout=120)
         assert (retired.status, retired.fault_code) == ("retired", "PLANNED_SPOT_INTERRUPTION"), retired.outcome
@@ -47,18 +43,20 @@ def test_a_spot_interruption_checkpoints_the_job_moves_it_to_a_spare_and_retires
         assert len(local.incidents()) == 1
 
 
+def _ec2_event(sample: str, instance: str, **detail: str) -> dict:
+    """The sample from events/aws-ec2/, about ``instance``."""
+    event = json.loads((EVENTS / "aws-ec2" / sample).read_text())
+    event["detail"].update({"instance-id": instance, **detail})
+    event["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance}"]
+    return event
+
+
 def _warning(instance: str, action: str) -> dict:
-    warning = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "spot-interruption-warning.json").read_text()))
-    warning["detail"].update({"instance-id": instance, "instance-action": action})
-    warning["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance}"]
-    return warning
+    return _ec2_event("spot-interruption-warning.json", instance, **{"instance-action": action})
 
 
 def _running(instance: str) -> dict:
-    event = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "instance-running.json").read_text()))
-    event["detail"]["instance-id"] = instance
-    event["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance}"]
-    return event
+    return _ec2_event("instance-running.json", instance)
 
 
 def test_a_hibernated_spot_instance_that_ec2_starts_again_is_checked_and_returned_to_service() -> None:
