@@ -62,6 +62,7 @@ class SimCluster:
     boot_seconds: float = 0.0  # how long a new or rebooted instance takes before it answers SSM
     commands: list[CommandLog] = field(default_factory=list)
     _booted: dict[str, float] = field(default_factory=dict)  # instance -> time.time() it answers again
+    _registered: set[str] = field(default_factory=set)  # instances SSM knows: each came up once since launch
 
     @property
     def state_dir(self) -> Path:
@@ -86,6 +87,7 @@ class SimCluster:
             self.controller_id = controller["Instances"][0]["InstanceId"]
         instances = self._karpenter_launch() if self.provider == "karpenter" else self._group_launch()
         self._booted = {i: 0.0 for i in [*instances, *filter(None, [self.controller_id])]}  # up before the pipeline
+        self._registered = set(self._booted)
         nodes = dict(zip(instances, self.scheduler.nodes, strict=True))
         with faults_file.change(self.state_dir) as faults:
             faults.clear()  # members: the Slurm node each instance backs (the node check reads its slurmd)
@@ -285,6 +287,15 @@ class SimCluster:
                                 if i not in instance_ids or rung == "replace"}
         for instance in instance_ids:
             self._booted[instance] = time.time() + self.boot_seconds
+
+    def registered(self, instance_id: str, launched: float) -> bool:
+        """SSM knows an instance once its agent came up: a new one at the end of its first boot,
+        ``boot_seconds`` after its launch. A reboot or a stop does not unregister it."""
+        if instance_id not in self._registered:
+            if time.time() < launched + self.boot_seconds:
+                return False
+            self._registered.add(instance_id)
+        return True
 
     def _wait_for_boot(self, instance_id: str, timeout_s: float) -> bool:
         """A new or rebooted instance answers SSM once it has booted (the command waits, as SSM's

@@ -520,6 +520,10 @@ class CommandHost(Protocol):
     def rebooted(self, instance_ids: list[str]) -> None:
         """EC2 rebooted these instances (moto's reboot changes nothing a command could see)."""
 
+    def registered(self, instance_id: str, launched: float) -> bool:
+        """The instance (launched at ``launched``, epoch seconds) has come up at least once since,
+        so its SSM agent has registered it."""
+
 
 class _Capture(io.TextIOBase):
     """A stdout that writes to the current invocation's buffer (loggers bind it at import)."""
@@ -722,6 +726,8 @@ class EmbeddedAWS:
         original_send = SimpleSystemManagerBackend.send_command
 
         def send_command(backend: SimpleSystemManagerBackend, *args: Any, **kwargs: Any) -> Command:
+            for instance_id in kwargs.get("instance_ids") or []:
+                embedded._check_managed(instance_id)
             document = embedded._document(kwargs["document_name"])
             if document is not None:  # SSM checks the values against the document before sending
                 check_parameters(kwargs["document_name"], document, kwargs.get("parameters") or {})
@@ -1244,6 +1250,25 @@ class EmbeddedAWS:
             return dict(json.loads(self.client("ssm").get_document(Name=name)["Content"]))
         except ClientError:
             return None
+
+    def _check_managed(self, instance_id: str) -> None:
+        """SendCommand refuses at once an instance that SSM cannot reach: ``InvalidInstanceId`` when
+        it is no instance of the account, is shutting down or terminated (valid states: running,
+        pending, stopped, stopping), or its SSM agent has not registered it yet, as on a new
+        instance still booting (SSM API reference, SendCommand, Errors: InvalidInstanceId; AWS's
+        message: "Instances [[i-...]] not in a valid state for account ..."). moto 5.2.5 accepts
+        any id, so a command sent to a replacement before its agent came up passed here and failed
+        on AWS. A registered instance that is rebooting or stopped is accepted: SSM delivers the
+        command once its agent is back, within the command's delivery timeout."""
+        try:
+            instance = ec2_backends[ACCOUNT_ID][self.region].get_instance(instance_id)
+        except EC2ClientError:
+            instance = None
+        launched = instance.launch_time.replace(tzinfo=UTC).timestamp() if instance is not None else 0.0
+        if instance is None or instance.state not in ("pending", "running", "stopping", "stopped") or (
+                self.command_host is not None and not self.command_host.registered(instance_id, launched)):
+            raise SSMException("InvalidInstanceId",
+                               f"Instances [[{instance_id}]] not in a valid state for account {ACCOUNT_ID}")
 
     def _start_command(self, command: Command, document: dict[str, Any] | None) -> None:
         if self.command_host is None:

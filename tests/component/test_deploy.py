@@ -169,19 +169,23 @@ def test_a_document_refuses_a_value_outside_its_pattern_and_nothing_runs() -> No
 
         def rebooted(self, instance_ids: list[str]) -> None: ...
 
+        def registered(self, instance_id: str, launched: float) -> bool:
+            return True
+
     with EmbeddedAWS() as aws:
         deploy(aws, TEMPLATE, "s", PARAMS)
         aws.command_host = Host()
         ssm = aws.client("ssm")
+        [controller] = aws.client("ec2").run_instances(ImageId="ami-12345678", MinCount=1, MaxCount=1)["Instances"]
         for parameters in ({"node": ["gpu-1"], "reason": ["nodemedic:x XID 79'; reboot; echo '"]},
                            {"node": ["gpu-1 $(reboot)"], "reason": ["ok"]},
                            {"node": ["gpu-1"]},  # reason is required
                            {"node": ["gpu-1"], "reason": ["ok"], "commands": ["reboot"]}):
             with pytest.raises(ClientError, match="InvalidParameters"):
-                ssm.send_command(InstanceIds=[PARAMS["SlurmControllerInstanceId"]],
+                ssm.send_command(InstanceIds=[controller["InstanceId"]],
                                  DocumentName="nodemedic-c1-slurm-drain", Parameters=parameters)
         assert ran == []
-        ssm.send_command(InstanceIds=[PARAMS["SlurmControllerInstanceId"]], DocumentName="nodemedic-c1-slurm-drain",
+        ssm.send_command(InstanceIds=[controller["InstanceId"]], DocumentName="nodemedic-c1-slurm-drain",
                          Parameters={"node": ["gpu-1"], "reason": ["nodemedic:abc XID 79"]})
         deadline = time.monotonic() + 5
         while not ran and time.monotonic() < deadline:

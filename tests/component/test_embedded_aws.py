@@ -249,6 +249,7 @@ class _Host:
     def __init__(self) -> None:
         self.ran: list[tuple[str, str]] = []
         self.reboots: list[str] = []
+        self.booting: set[str] = set()  # instances whose SSM agent has not registered them yet
 
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
         self.ran.append((instance_id, script))
@@ -256,6 +257,9 @@ class _Host:
 
     def rebooted(self, instance_ids: list[str]) -> None:
         self.reboots.extend(instance_ids)
+
+    def registered(self, instance_id: str, launched: float) -> bool:
+        return instance_id not in self.booting
 
 
 def test_the_command_host_hears_of_ec2_reboots_and_starts(aws: EmbeddedAWS) -> None:
@@ -339,6 +343,34 @@ def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) ->
     inv = ssm.get_command_invocation(CommandId=cmd, InstanceId=ids[1])  # waits for the background run
     assert host.ran == [(ids[1], "exit 3")]
     assert (inv["Status"], inv["ResponseCode"], inv["StandardOutputContent"]) == ("Failed", 3, "out")
+
+
+def test_ssm_refuses_at_once_an_instance_its_agent_has_not_registered_as_aws_does(aws: EmbeddedAWS) -> None:
+    """SendCommand answers InvalidInstanceId for an instance still booting (its agent not yet
+    registered), shutting down or terminated, or no instance at all; moto accepted any id, so a
+    command sent to a replacement before its agent came up passed here and failed on AWS. The
+    pipeline reads that refusal as InstanceNotManagedError, which the state machine retries."""
+    from nodemedic.errors import InstanceNotManagedError
+    from nodemedic.providers.run_command import RunCommand
+
+    ec2 = aws.client("ec2")
+    ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=4, MaxCount=4)["Instances"]]
+    aws.command_host = host = _Host()
+    host.booting.add(ids[0])
+    ec2.terminate_instances(InstanceIds=[ids[1]])
+    ec2.stop_instances(InstanceIds=[ids[2]])
+    ssm = aws.client("ssm")
+    for instance in (ids[0], ids[1], "i-0123456789abcdef0"):
+        with pytest.raises(ClientError, match=r"InvalidInstanceId.*not in a valid state"):
+            ssm.send_command(InstanceIds=[instance], DocumentName="AWS-RunShellScript", Parameters={"commands": ["true"]})
+        with pytest.raises(InstanceNotManagedError, match=f"SSM cannot send to {instance} yet"):
+            RunCommand(ssm, 0).send(instance, "AWS-RunShellScript", {"commands": "true"}, 60)
+    assert host.ran == []
+    ec2.reboot_instances(InstanceIds=[ids[3]])  # registered: a reboot or a stop keeps it so, SSM waits for it
+    for instance in (ids[2], ids[3]):
+        ssm.send_command(InstanceIds=[instance], DocumentName="AWS-RunShellScript", Parameters={"commands": ["true"]})
+    host.booting.clear()  # its agent came up
+    RunCommand(ssm, 0).send(ids[0], "AWS-RunShellScript", {"commands": "true"}, 60)
 
 
 def test_ssm_lists_commands_filtered_and_a_page_at_a_time_as_ssm_does(aws: EmbeddedAWS) -> None:

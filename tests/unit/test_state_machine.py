@@ -57,6 +57,15 @@ def test_a_capacity_error_is_retried_later_then_escalated_not_failed():
     assert repair["Catch"][0] == {"ErrorEquals": ["CapacityError"], "ResultPath": "$.error", "Next": "Escalate"}
 
 
+def test_each_state_that_sends_to_a_new_instance_waits_for_its_ssm_agent_to_register():
+    """SSM refuses a command to an instance whose agent has not registered yet (InvalidInstanceId,
+    InstanceNotManagedError here): a replacement's join (Repair) and a rung's or a joined node's
+    check (CheckHealth, Verify) are sent again for as long as a GPU instance may take to boot."""
+    for name in ("Repair", "CheckHealth", "Verify"):
+        [retry] = [r for r in STATES[name]["Retry"] if r["ErrorEquals"] == ["InstanceNotManagedError"]]
+        assert retry["IntervalSeconds"] * retry["MaxAttempts"] >= 10 * 60, name
+
+
 def test_no_arn_names_a_partition_literally():
     """arn:aws:... breaks GovCloud (aws-us-gov) and China (aws-cn): the partition is substituted."""
     text = (ROOT / "statemachines" / "remediation.asl.json").read_text()

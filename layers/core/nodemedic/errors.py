@@ -39,6 +39,11 @@ class CommandPendingError(RetryableError):
     """A command run through SSM did not finish before the stage's deadline."""
 
 
+class InstanceNotManagedError(RetryableError):
+    """SSM refused to send to the instance (``InvalidInstanceId``): its agent has not registered it
+    yet, as on an instance still booting, or it is shutting down or terminated."""
+
+
 class DrainFailedError(NodeMedicError):
     """The scheduler refused to drain the node."""
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nodemedic.errors import CommandFailedError, CommandPendingError
+from botocore.exceptions import ClientError
+
+from nodemedic.errors import CommandFailedError, CommandPendingError, InstanceNotManagedError
 
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
 # GetCommandInvocation returns "the first 24,000 characters written by the plugin to stdout" (SSM
@@ -86,14 +88,27 @@ class RunCommand:
 
     def send(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
              comment: str = "") -> str:
-        """Send ``document`` with ``parameters`` and return the command id at once."""
-        sent = self._ssm.send_command(
-            InstanceIds=[instance_id],
-            DocumentName=document,
-            Comment=comment[:100],
-            TimeoutSeconds=max(30, timeout_s),
-            Parameters={**{k: [v] for k, v in parameters.items()}, "executionTimeout": [str(timeout_s)]},
-        )
+        """Send ``document`` with ``parameters`` and return the command id at once.
+
+        SSM sends only to an instance its agent has registered: a new instance (a replacement, a
+        node that just joined) is refused with ``InvalidInstanceId`` until its agent comes up, a
+        minute or more after EC2 calls it running. That refusal is
+        :class:`~nodemedic.errors.InstanceNotManagedError`, which the state machine retries; a
+        registered instance that is rebooting is not refused (SSM delivers once it is back)."""
+        try:
+            sent = self._ssm.send_command(
+                InstanceIds=[instance_id],
+                DocumentName=document,
+                Comment=comment[:100],
+                TimeoutSeconds=max(30, timeout_s),
+                Parameters={**{k: [v] for k, v in parameters.items()}, "executionTimeout": [str(timeout_s)]},
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidInstanceId":
+                raise
+            raise InstanceNotManagedError(
+                f"SSM cannot send to {instance_id} yet: its agent has not registered it (still booting?), or it is "
+                f"shutting down or terminated ({exc.response['Error'].get('Message', '')})") from exc
         return str(sent["Command"]["CommandId"])
 
     def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
