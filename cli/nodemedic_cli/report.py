@@ -99,10 +99,17 @@ def mttr_values(incidents: list[Incident]) -> list[float]:
     return [(i.closed_at - i.observed_at).total_seconds() for i in incidents if i.status == "closed" and i.closed_at]
 
 
+def _job_downtime(incident: Incident) -> float | None:
+    """The requeued jobs' longest downtime, as the jobs stage recorded it; None where it recorded
+    no number (no jobs stage, or a value that is not one)."""
+    jobs = incident.stages.get("jobs")
+    d = jobs.result.get("job_downtime_s") if jobs else None
+    return float(d) if isinstance(d, int | float) and not isinstance(d, bool) else None
+
+
 def _class_report(name: str, incidents: list[Incident]) -> ClassReport:
     mttd, mttr = mttd_values(incidents), mttr_values(incidents)
-    downtime = [float(d) for i in incidents if "jobs" in i.stages
-                if (d := i.stages["jobs"].result.get("job_downtime_s")) is not None]  # type: ignore[arg-type]
+    downtime = [d for d in map(_job_downtime, incidents) if d is not None]
     stages: dict[str, list[float]] = defaultdict(list)
     for i in incidents:
         for stage, record in i.stages.items():
@@ -128,9 +135,7 @@ def _training_time(kind: str, incidents: list[Incident]) -> TrainingTime:
                 checkpointed += sum(job.outcome == "checkpointed" for job in out.checkpoint.jobs)
                 saved += out.checkpoint.work_saved_s
                 lost += out.checkpoint.work_lost_s
-        jobs = i.stages.get("jobs")
-        if jobs and isinstance(d := jobs.result.get("job_downtime_s"), int | float):
-            downtime += float(d)
+        downtime += _job_downtime(i) or 0.0
     return TrainingTime(kind=kind, incidents=len(incidents), jobs_requeued=requeued, job_downtime_s=round(downtime, 1),
                         jobs_checkpointed=checkpointed, work_saved_s=round(saved, 1), work_lost_s=round(lost, 1))
 

@@ -57,3 +57,18 @@ def test_the_training_time_the_incidents_cost_is_added_up_planned_and_unplanned_
     assert (unplanned.incidents, unplanned.jobs_checkpointed, unplanned.job_downtime_s) == (2, 0, 900)
     page = report.render_html(built, [], "t")
     assert "Training time" in page and "<td>planned</td><td>2</td>" in page
+
+
+@pytest.mark.parametrize("recorded", ["600", None, True, [600], {"s": 600}])
+def test_a_job_downtime_that_is_no_number_is_left_out_not_a_crash(recorded: object) -> None:
+    """The ledger is JSON that an operator or an older version may have written: the report reads
+    only numbers from it, in the per-class figures as in the training time."""
+    good = incident(1, NOW - timedelta(minutes=5), NOW - timedelta(minutes=5), NOW)
+    good = good.model_copy(update={"stages": {**good.stages, "jobs": StageRecord(
+        started_at=NOW, completed_at=NOW, result={"job_downtime_s": 120})}})
+    odd = good.model_copy(update={"incident_id": "inc-2", "stages": {**good.stages, "jobs": StageRecord(
+        started_at=NOW, completed_at=NOW, result={"job_downtime_s": recorded})}})
+    built = report.build([good, odd])
+    [by_class] = built.by_fault_class
+    assert (by_class.incidents, by_class.job_downtime_s.n, by_class.job_downtime_s.p90) == (2, 1, 120)
+    assert sum(t.job_downtime_s for t in built.training_time) == 120
