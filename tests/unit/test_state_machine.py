@@ -60,10 +60,14 @@ def test_a_capacity_error_is_retried_later_then_escalated_not_failed():
 def test_each_state_that_sends_to_a_new_instance_waits_for_its_ssm_agent_to_register():
     """SSM refuses a command to an instance whose agent has not registered yet (InvalidInstanceId,
     InstanceNotManagedError here): a replacement's join (Repair) and a rung's or a joined node's
-    check (CheckHealth, Verify) are sent again for as long as a GPU instance may take to boot."""
+    check (CheckHealth, Verify) are sent again for as long as a GPU instance may take to boot, the
+    waits doubling to a minute so that a slow boot costs a few state transitions, not dozens."""
     for name in ("Repair", "CheckHealth", "Verify"):
         [retry] = [r for r in STATES[name]["Retry"] if r["ErrorEquals"] == ["InstanceNotManagedError"]]
-        assert retry["IntervalSeconds"] * retry["MaxAttempts"] >= 10 * 60, name
+        delays = [min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry.get("MaxDelaySeconds", 1e9))
+                  for n in range(retry["MaxAttempts"])]
+        assert sum(delays) >= 15 * 60 and max(delays) <= 60, name
+        assert sum(1 for n in range(len(delays)) if sum(delays[:n]) < 5 * 60) <= 8, name  # a 5-minute boot
 
 
 def test_no_arn_names_a_partition_literally():
