@@ -298,14 +298,10 @@ class SimCluster:
         return True
 
     def _wait_for_boot(self, instance_id: str, timeout_s: float) -> bool:
-        """A new or rebooted instance answers SSM once it has booted (the command waits, as SSM's
-        does for an agent coming online). False if it does not boot within ``timeout_s``."""
-        ready = self._booted.get(instance_id)
-        if ready is None:  # an instance the Auto Scaling group launched since: boots from launch
-            found = self.aws.client("ec2").describe_instances(InstanceIds=[instance_id])
-            launched = found["Reservations"][0]["Instances"][0]["LaunchTime"].timestamp()
-            ready = self._booted[instance_id] = launched + self.boot_seconds
-        wait = ready - time.time()
+        """A rebooted or started instance answers SSM once it has booted again (the command waits,
+        as SSM's does for an agent coming back). False if it does not boot within ``timeout_s``. A
+        new instance has booted already: SSM sends it nothing before it is :meth:`registered`."""
+        wait = self._booted.get(instance_id, 0.0) - time.time()
         if wait > timeout_s:
             return False
         if wait > 0:
