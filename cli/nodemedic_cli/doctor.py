@@ -145,9 +145,14 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                *reads,  # the cluster's instances: which agents are not heard
                                *on_controller(docs.slurm_query, docs.slurm_drain)],
         # adopt, by scheduler: Slurm sends the join (a retry reads the one it sent: ListCommands)
-        "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query), send(docs.gpu_reset, member),
+        "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query),
+                           *([] if provider == "hyperpod" else [send(docs.gpu_reset, member)]),  # skipped there
                            *([] if target.on_kubernetes else [send(docs.node_join, member), ("ssm", "ListCommands", {})])],
-        "DeepHealthCheckFunction": [*db, send(docs.health_check, member)],
+        # on HyperPod, whose nodes SSM does not reach, HyperPod's own check, the task answered here
+        "DeepHealthCheckFunction": [*db, *([("sagemaker", op, {"ClusterName": p.get("HyperPodClusterName", "")})
+                                            for op in ("StartClusterHealthCheck", "DescribeClusterNode")]
+                                           + [("states", "SendTaskSuccess", {})] if provider == "hyperpod"
+                                           else [send(docs.health_check, member)])],
         "HealthCheckResultFunction": [*db, ("dynamodb", "DeleteItem", table), ("ssm", "GetCommandInvocation", {}),
                                       ("states", "SendTaskSuccess", {})],
         "ApprovalFunction": [("dynamodb", "UpdateItem", table),

@@ -167,7 +167,8 @@ def decision_of(stage: str, result: dict[str, Any]) -> str:
     if stage == "jobs":
         return f"running again: {result.get('running')}; pending: {result.get('pending')}"
     if stage == "repair":
-        return " > ".join(f"{r['rung']} on {r['instance_id']}: "
+        return " > ".join(f"{r['rung']} skipped ({r['skipped']})" if r.get("skipped") else
+                          f"{r['rung']} on {r['instance_id']}: "
                           f"{ {True: 'healthy', False: 'unhealthy', None: 'no answer'}[r.get('check', {}).get('healthy')]}"
                           for r in result.get("rungs", []))
     if stage == "resume":

@@ -3,7 +3,10 @@ their nodes, but has no ``BatchRebootClusterNodes`` / ``BatchReplaceClusterNodes
 ids like ``workers-0`` instead of instance ids, and no host names. These hooks add what the
 HyperPod provider uses, with the service's documented limits (1-25 node ids per batch call), and
 the host name in ``ListClusterNodes`` summaries as well as in ``DescribeClusterNode`` (botocore's
-model has ``PrivateDnsHostname`` in both). A replacement is a new instance launched at the time of
+model has ``PrivateDnsHostname`` in both), and ``StartClusterHealthCheck`` with the limits its API
+reference states (1-99 configurations, each naming an instance group of the cluster; its instances
+in that group), which shows the check as the node's status ``DeepHealthCheckInProgress`` until the
+test ends it (:meth:`HyperPodEmulation.end_deep_check`). A replacement is a new instance launched at the time of
 the request in the replaced node's instance group; it keeps the replaced node's host name, which
 is what HyperPod's Slurm node names rely on (on EKS its Kubernetes node name is new all the same,
 since the node is named after its instance)."""
@@ -29,7 +32,9 @@ HOOKED = {"hyperpod node details": (ClusterNode, "describe"), "hyperpod node sum
 ADDED = {  # moto has no handler for these actions; the hooks add one
     "hyperpod batch reboot": (SageMakerResponse, "batch_reboot_cluster_nodes"),
     "hyperpod batch replace": (SageMakerResponse, "batch_replace_cluster_nodes"),
+    "hyperpod deep health check": (SageMakerResponse, "start_cluster_health_check"),
 }
+DEEP_HEALTH_CHECKS = frozenset({"InstanceStress", "InstanceConnectivity"})  # botocore's model has a third, newer
 
 
 @dataclass
@@ -39,6 +44,7 @@ class HyperPodEmulation:
     on_reboot: Callable[[list[str]], None] = lambda ids: None
     capacity: bool = True  # False: replacements fail for capacity, as HyperPod reports it
     calls: list[tuple[str, list[str]]] = field(default_factory=list)
+    deep_checks: list[tuple[str, list[str]]] = field(default_factory=list)  # (instance, checks) per request
 
     def _cluster(self, name: str) -> Any:
         cluster = sagemaker_backends[self.account_id][self.region].clusters.get(name)
@@ -106,6 +112,40 @@ class HyperPodEmulation:
         return ActionResult({"Successful": ok, "Failed": failed})
 
 
+    def start_deep_check(self, response: SageMakerResponse) -> ActionResult:
+        body = json.loads(response.body or "{}")
+        cluster = self._cluster(body.get("ClusterName", ""))
+        configurations = body.get("DeepHealthCheckConfigurations") or []
+        if not 1 <= len(configurations) <= 99:
+            raise ValidationError(message="1 validation error detected: Value at 'deepHealthCheckConfigurations' "
+                                          "failed to satisfy constraint: Member must have length between 1 and 99")
+        for configuration in configurations:
+            group = configuration.get("InstanceGroupName")
+            members = [n for n in cluster.nodes.values() if n.instance_group_name == group]
+            checks = configuration.get("DeepHealthChecks") or []
+            if not members:
+                raise ValidationError(message=f"Instance group {group} not found in cluster {body['ClusterName']}")
+            if not checks or not set(checks) <= DEEP_HEALTH_CHECKS:
+                raise ValidationError(message=f"DeepHealthChecks must name some of {sorted(DEEP_HEALTH_CHECKS)}")
+            named = configuration.get("InstanceIds") or [n.instance_id for n in members]
+            strangers = [i for i in named if i not in {n.instance_id for n in members}]
+            if strangers:
+                raise ValidationError(message=f"Instances {strangers} are not in instance group {group}")
+            for instance in named:
+                node = cluster.nodes[instance]
+                if node.status != "Running":  # assumed: HyperPod checks a node in service, not one in transition
+                    raise ValidationError(message=f"Node {instance} is {node.status}, not Running")
+                self.deep_checks.append((instance, list(checks)))
+                node.status, node.status_message = "DeepHealthCheckInProgress", ""
+        return ActionResult({"ClusterArn": cluster.arn})
+
+    def end_deep_check(self, cluster_name: str, instance_id: str, *, passed: bool, message: str = "") -> None:
+        """HyperPod's deep check of the node ends: Running again, or Failure with ``message``."""
+        node = self._cluster(cluster_name).nodes[instance_id]
+        assert node.status == "DeepHealthCheckInProgress", node.status
+        node.status, node.status_message = ("Running", "") if passed else ("Failure", message)
+
+
 def _instance_id() -> str:
     return "i-" + "".join(random.choice("0123456789abcdef") for _ in range(17))
 
@@ -125,6 +165,10 @@ def hooks(emulation: HyperPodEmulation) -> list[tuple[Any, str, Any]]:
     def replace(response: SageMakerResponse) -> ActionResult:
         return emulation.batch("replace", response)
 
+    def deep_check(response: SageMakerResponse) -> ActionResult:
+        return emulation.start_deep_check(response)
+
     return [(ClusterNode, "describe", describe), (ClusterNode, "summary", summary),
             (SageMakerResponse, "batch_reboot_cluster_nodes", reboot),
-            (SageMakerResponse, "batch_replace_cluster_nodes", replace)]
+            (SageMakerResponse, "batch_replace_cluster_nodes", replace),
+            (SageMakerResponse, "start_cluster_health_check", deep_check)]

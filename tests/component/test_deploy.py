@@ -192,3 +192,41 @@ def test_a_document_refuses_a_value_outside_its_pattern_and_nothing_runs() -> No
             time.sleep(0.05)
         [script] = ran
         assert "node='gpu-1'; reason='nodemedic:abc XID 79'" in script and "set -euo pipefail" in script
+
+
+def test_on_hyperpod_the_deployed_check_is_hyperpods_own_and_its_role_allows_exactly_that() -> None:
+    """Provider=hyperpod: the DeepHealthCheck function, as deployed and held to its role by the
+    local IAM, asks HyperPod for its deep health check (SSM does not reach HyperPod nodes), is
+    retried while HyperPod checks, and answers the task itself once HyperPod has decided."""
+    from datetime import UTC, datetime
+
+    from nodemedic.contracts.incident import Incident, IncidentRef
+    from nodemedic.store.ledger import Ledger
+
+    with EmbeddedAWS() as aws:
+        stack = deploy(aws, TEMPLATE, "s", {**PARAMS, "Provider": "hyperpod", "HyperPodClusterName": "ml-cluster"})
+        old, new = aws.hyperpod.create_cluster("ml-cluster", ["ip-10-0-0-1", "ip-10-0-0-2"])
+        now = datetime.now(UTC)
+        incident = Incident(incident_id="inc-1", cluster="c1", instance_id=old, slurm_node="ip-10-0-0-1",
+                            fault_code="XID 79", fault_class="gpu_lost", action="replace", source="test",
+                            observed_at=now, status="open", detected_at=now, reason="test")
+        ledger = Ledger(aws.client("dynamodb"), stack.table_name)
+        assert ledger.open_incident(incident) is None
+        ref = IncidentRef(**{name: getattr(incident, name) for name in IncidentRef.model_fields})
+        ledger.start_stage(ref, "repair", now)
+        ledger.record_progress(ref, "repair", {"rungs": [{"rung": "replace", "instance_id": new,
+                                                          "started_at": now.isoformat(), "done_at": now.isoformat()}]})
+        payload = json.dumps({"incident": ref.model_dump(mode="json"), "instance_id": new, "level": "full",
+                              "task_token": "AAAAtoken", "purpose": "recovery"}).encode()
+
+        def invoke() -> dict:
+            resp = aws.client("lambda").invoke(FunctionName=stack.resources["DeepHealthCheckFunction"], Payload=payload)
+            return {"error": resp.get("FunctionError"), **json.loads(resp["Payload"].read())}
+
+        assert invoke()["errorType"] == "HealthCheckPendingError"
+        assert aws.hyperpod.deep_checks == [(new, ["InstanceStress"])]
+        assert invoke()["errorType"] == "HealthCheckPendingError"  # HyperPod is checking
+        aws.hyperpod.end_deep_check("ml-cluster", new, passed=True)
+        assert invoke() == {"error": None, "healthy": True}
+        assert aws.denials == [], aws.denials
+        assert aws.client("ssm").list_commands()["Commands"] == []  # nothing sent to a node SSM cannot reach

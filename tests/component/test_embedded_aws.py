@@ -587,3 +587,31 @@ def test_a_cancelled_transaction_undoes_its_writes_and_only_its_items_are_backed
     assert items == {"a": "1", "b": "1", "other": "1"}  # all or nothing, as on AWS
     db.transact_write_items(TransactItems=cancel[:3])
     assert {i["pk"]["S"]: i["v"]["N"] for i in db.scan(TableName="tx")["Items"]} == {"new": "9", "a": "9", "other": "1"}
+
+
+def test_a_callback_task_retried_until_its_function_answers_its_own_token(aws: EmbeddedAWS, tmp_path: Path) -> None:
+    """HyperPod's check (nodemedic.stages.hyperpod_check): the function raises until HyperPod has
+    decided, the state retries it, and the attempt that sees the answer sends it to its own token
+    before it returns; the state's result is that answer, as on AWS."""
+    _function(aws, tmp_path, "selfanswer",
+              "import json, pathlib\n"
+              "    tries = pathlib.Path(event['tries']); tries.write_text(tries.read_text() + 'x')\n"
+              "    class PendingError(Exception): pass\n"
+              "    if len(tries.read_text()) < 3: raise PendingError('not decided yet')\n"
+              "    boto3.client('stepfunctions').send_task_success(taskToken=event['token'], "
+              "output=json.dumps({'healthy': True}))\n"
+              "    return {'answered': True}",
+              "states:SendTaskSuccess")
+    tries = tmp_path / "tries"
+    tries.write_text("")
+    arn = _state_machine(aws, {"StartAt": "Check", "States": {"Check": {
+        "Type": "Task", "Resource": "arn:aws:states:::lambda:invoke.waitForTaskToken",
+        "Parameters": {"FunctionName": "arn:aws:lambda:us-east-1:123456789012:function:selfanswer",
+                       "Payload": {"tries": str(tries), "token.$": "$$.Task.Token"}},
+        "TimeoutSeconds": 60, "ResultPath": "$.check",
+        "Retry": [{"ErrorEquals": ["PendingError"], "IntervalSeconds": 30, "MaxAttempts": 5, "BackoffRate": 1}],
+        "End": True}}})
+    done = _run(aws, arn, "self")
+    assert done["status"] == "SUCCEEDED", done
+    assert json.loads(done["output"])["check"] == {"healthy": True}
+    assert tries.read_text() == "xxx"

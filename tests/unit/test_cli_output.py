@@ -81,3 +81,14 @@ def test_json_output_is_json_even_when_a_node_reported_nan(monkeypatch: pytest.M
 
     out = json.loads(result.output, parse_constant=refuse)
     assert [m["value"] for m in out["timeline"][0]["check"]["measurements"]] == [None, None, 1.5]
+
+
+def test_a_rung_the_provider_cannot_do_reads_as_skipped_not_as_a_failed_check() -> None:
+    """On HyperPod the GPU reset is skipped (SSM does not reach its nodes): `nodemedic show` says
+    so, rather than that a reset was done and its node found unhealthy."""
+    from nodemedic_cli.operator import decision_of
+
+    rungs = [{"rung": "gpu_reset", "instance_id": "i-1", "skipped": "not possible here",
+              "check": {"healthy": False}},
+             {"rung": "reboot", "instance_id": "i-1", "check": {"healthy": True}}]
+    assert decision_of("repair", {"rungs": rungs}) == "gpu_reset skipped (not possible here) > reboot on i-1: healthy"

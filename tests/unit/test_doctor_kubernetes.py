@@ -73,3 +73,33 @@ def test_on_karpenter_repair_reboots_only_the_node_pools_instances_and_deletes_n
                    for r in iam.Authorizer(facts).requests(*reboot))
 
     assert allowed("gpu-pool") and not allowed("cpu-pool")
+
+
+def _rendered(function: str) -> list[dict]:
+    """The function's policy statements as deployed in us-east-1 of account 123456789012."""
+    def sub(value: object) -> object:
+        if isinstance(value, dict) and "Fn::Sub" in value:
+            return str(value["Fn::Sub"]).replace("${AWS::Partition}", "aws").replace("${AWS::Region}", "us-east-1") \
+                .replace("${AWS::AccountId}", "123456789012")
+        return [sub(v) for v in value] if isinstance(value, list) else value
+    return [{k: sub(v) for k, v in s.items() if k != "Condition"}
+            for p in RESOURCES[function]["Properties"]["Policies"] for s in p["Statement"] if "Condition" not in s]
+
+
+def test_on_hyperpod_the_check_is_hyperpods_own_and_the_template_allows_it() -> None:
+    """SSM does not reach HyperPod nodes: doctor expects the check function to ask HyperPod (and
+    answer the task itself), and the Repair function to send no GPU reset, which it skips."""
+    stack = SimpleNamespace(**{**vars(STACK), "parameters": {**STACK.parameters, "Provider": "hyperpod",
+                                                             "HyperPodClusterName": "ml-cluster"}})
+    calls = representative_calls(stack, "i-0a1b2c3d4e5f60789")  # type: ignore[arg-type]
+    check = calls["DeepHealthCheckFunction"]
+    assert ("sagemaker", "StartClusterHealthCheck", {"ClusterName": "ml-cluster"}) in check
+    assert not [c for c in check + calls["RepairFunction"] if c[1] == "SendCommand"]
+    cluster = "arn:aws:sagemaker:us-east-1:123456789012:cluster/abcdef012345"
+    facts = iam.Facts("aws", "us-east-1", "123456789012", instance_tags=lambda _: {}, group_of_instance=lambda _: None,
+                      topic_key=lambda _: None, hyperpod_cluster_arn=lambda name: cluster)
+    policy = [{"Version": "2012-10-17", "Statement": _rendered("DeepHealthCheckFunction")}]
+    for service, operation, params in check:
+        if service != "dynamodb":
+            assert all(iam.evaluate(policy, r).allowed for r in iam.Authorizer(facts).requests(service, operation, params)), \
+                operation

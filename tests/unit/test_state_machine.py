@@ -45,7 +45,7 @@ def test_the_deep_health_check_is_a_callback_and_an_unanswered_check_climbs_the_
     assert check["Resource"] == "arn:${Partition}:states:::lambda:invoke.waitForTaskToken"
     assert check["Parameters"]["Payload"]["task_token.$"] == "$$.Task.Token"
     assert check["TimeoutSecondsPath"] == "$.repair.check_timeout_s"
-    [timeout] = [c for c in check["Catch"] if c["ErrorEquals"] == ["States.Timeout"]]
+    [timeout] = [c for c in check["Catch"] if "States.Timeout" in c["ErrorEquals"]]
     assert timeout["Next"] == "Healthy"  # judged like an unhealthy answer: next rung, or quarantine
     assert not any(s["Type"] == "Wait" for s in STATES.values())  # no polling loops anywhere
 
@@ -68,6 +68,22 @@ def test_each_state_that_sends_to_a_new_instance_waits_for_its_ssm_agent_to_regi
                   for n in range(retry["MaxAttempts"])]
         assert sum(delays) >= 15 * 60 and max(delays) <= 60, name
         assert sum(1 for n in range(len(delays)) if sum(delays[:n]) < 5 * 60) <= 8, name  # a 5-minute boot
+
+
+def test_hyperpods_own_check_is_read_again_for_hours_and_a_check_it_never_decides_climbs_the_ladder():
+    """On HyperPod the check function answers its task itself once HyperPod's deep health check
+    (DCGM level 4, stress tests) has decided; until then it raises HealthCheckPendingError. A
+    replacement's boot and check take hours there: the state reads again, at most every five
+    minutes, for over two hours, then judges the check unanswered (next rung; the verification:
+    the second signal)."""
+    for name, judged_by in (("CheckHealth", "Healthy"), ("Verify", "VerifyResult")):
+        state = STATES[name]
+        [retry] = [r for r in state["Retry"] if r["ErrorEquals"] == ["HealthCheckPendingError"]]
+        delays = [min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry["MaxDelaySeconds"])
+                  for n in range(retry["MaxAttempts"])]
+        assert sum(delays) >= 2 * 3600 and max(delays) <= 300, name
+        [caught] = [c for c in state["Catch"] if "HealthCheckPendingError" in c["ErrorEquals"]]
+        assert caught["Next"] == judged_by and "States.Timeout" in caught["ErrorEquals"], name
 
 
 def test_no_arn_names_a_partition_literally():

@@ -44,6 +44,11 @@ class InstanceNotManagedError(RetryableError):
     yet, as on an instance still booting, or it is shutting down or terminated."""
 
 
+class HealthCheckPendingError(RetryableError):
+    """The provider's own health check of the node has not decided yet (SageMaker HyperPod: the
+    node is still booting, being updated, or running HyperPod's deep health check)."""
+
+
 class DrainFailedError(NodeMedicError):
     """The scheduler refused to drain the node."""
 

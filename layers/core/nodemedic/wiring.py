@@ -14,6 +14,7 @@ from nodemedic.errors import PolicyError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.base import Provider
+from nodemedic.providers.hyperpod import HyperPodProvider
 from nodemedic.providers.kinds import provider_for
 from nodemedic.providers.node_names import NamedByOrchestrator
 from nodemedic.providers.run_command import Documents, RunCommand
@@ -102,10 +103,16 @@ def provider() -> Provider:
     return NamedByOrchestrator(capacity, kubernetes()) if s.orchestrator == "kubernetes" else capacity
 
 
+@lru_cache(maxsize=1)
+def hyperpod() -> HyperPodProvider:
+    """The SageMaker HyperPod cluster itself (its own deep health check), on ``Provider=hyperpod``."""
+    return HyperPodProvider(client("sagemaker"), settings().hyperpod_cluster_name)
+
+
 def reset(*, keep_clients: bool = False) -> None:
     """Forget the settings and every adapter built from them, and the boto3 clients too unless
     ``keep_clients`` (the local mode runs each function in one process, each with its own settings)."""
-    for cached in (ledger, control, run_command, kubernetes, orchestrator, provider, settings):
+    for cached in (ledger, control, run_command, kubernetes, orchestrator, provider, hyperpod, settings):
         cached.cache_clear()
     _policy_cache.clear()
     if not keep_clients:

@@ -115,3 +115,10 @@ class Provider(Protocol):
         """One idempotent step toward a healthy instance behind ``slurm_node``. Raises
         :class:`~nodemedic.errors.CapacityError` when AWS has no capacity for it now."""
         ...
+
+
+def runs_commands(provider: Provider) -> bool:
+    """Whether SSM Run Command reaches the provider's instances, as a GPU reset needs. SageMaker
+    HyperPod's nodes it does not: SSM addresses them only through Session Manager
+    (docs/recovery.md, "Known gap"); HyperPod checks them itself (nodemedic.stages.hyperpod_check)."""
+    return provider.kind != "hyperpod"

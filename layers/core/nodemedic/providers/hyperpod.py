@@ -22,6 +22,10 @@ from nodemedic.errors import CapacityError, ReplacementFailedError
 from nodemedic.providers.base import CAPACITY_ERRORS, Member, ReplaceStep, batches
 
 BATCH_LIMIT = 25  # NodeIds per Batch*ClusterNodes call
+# HyperPod's instance-level deep health check: hardware stress (CPU, memory, disk, GPU/PCI), DCGM
+# diagnostics and EFA loopback on the one node (InstanceConnectivity needs two nodes and more)
+# https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-resiliency-slurm-deep-health-checks.html
+INSTANCE_STRESS = "InstanceStress"
 _STATES = {"Running": "running", "Pending": "pending", "ShuttingDown": "shutting-down",
            "SystemUpdating": "pending", "DeepHealthCheckInProgress": "pending", "Failure": "failed"}
 
@@ -73,6 +77,26 @@ class HyperPodProvider:
     def member(self, instance_id: str) -> Member | None:
         node = self._describe(instance_id)
         return self._member(node) if node else None
+
+    def node_status(self, instance_id: str) -> tuple[str, str] | None:
+        """HyperPod's status of the node and its message (``DescribeClusterNode``'s
+        ``InstanceStatus``), or None where the node is not (or no longer) in the cluster."""
+        node = self._describe(instance_id)
+        if node is None:
+            return None
+        status = node.get("InstanceStatus", {})
+        return str(status.get("Status", "")), str(status.get("Message", ""))
+
+    def start_deep_check(self, instance_id: str) -> None:
+        """Ask HyperPod for its instance-level deep health check of the node
+        (``StartClusterHealthCheck``); ``DescribeClusterNode`` shows it running as
+        ``DeepHealthCheckInProgress``."""
+        node = self._describe(instance_id)
+        if node is None:
+            raise ReplacementFailedError(f"{instance_id} is not a node of HyperPod cluster {self._cluster}")
+        self._sm.start_cluster_health_check(ClusterName=self._cluster, DeepHealthCheckConfigurations=[{
+            "InstanceGroupName": node["InstanceGroupName"], "InstanceIds": [instance_id],
+            "DeepHealthChecks": [INSTANCE_STRESS]}])
 
     def member_by_node(self, slurm_node: str) -> Member | None:
         found = next((n for n in self._summaries() if _host(n) == slurm_node

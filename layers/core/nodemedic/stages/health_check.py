@@ -118,17 +118,22 @@ def complete_check(
     if detail.get("purpose") == "verify":
         verified(incident, out, ledger=ledger, control=control, now=clock())
     else:
-        _record_on_rung(incident, command_id, out, ledger, clock())
+        record_on_rung(incident, command_id, out, ledger, clock())
+    answer(stepfunctions, token, out)
+    ledger.forget_check(command_id)  # only now: any error above leaves the check for the retry
+    return out
+
+
+def answer(stepfunctions: Any, token: str, out: HealthCheckOutput) -> None:
+    """Give the waiting task the check's result."""
     try:
         stepfunctions.send_task_success(taskToken=token, output=out.model_dump_json())
     except (stepfunctions.exceptions.TaskTimedOut, stepfunctions.exceptions.TaskDoesNotExist,
             stepfunctions.exceptions.InvalidToken):
         pass  # the state machine stopped waiting (the rung timed out, or answered before) and moved on
-    ledger.forget_check(command_id)  # only now: any error above leaves the check for the retry
-    return out
 
 
-def _record_on_rung(incident: IncidentRef, command_id: str, out: HealthCheckOutput, ledger: Ledger,
+def record_on_rung(incident: IncidentRef, command_id: str, out: HealthCheckOutput, ledger: Ledger,
                     now: datetime) -> None:
     record = ledger.get(incident.incident_id).stages.get("repair")
     rungs: list[dict[str, Any]] = list(record.result.get("rungs", [])) if record else []  # type: ignore[call-overload]

@@ -24,7 +24,7 @@ from nodemedic.errors import (
     ReplacementPendingError,
 )
 from nodemedic.orchestrators.base import Orchestrator
-from nodemedic.providers.base import Provider
+from nodemedic.providers.base import Provider, runs_commands
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.stages.drain import drain_reason
 from nodemedic.store.ledger import Ledger
@@ -72,6 +72,12 @@ def repair(
         ending = capacity_ends(ledger.get(incident.incident_id), instance)
         if ending:
             raise CapacityEndsError(f"{incident.slurm_node} ({instance}): {ending}; no further rung, the node is retired")
+        while len(rungs) < len(ladder) and not available(ladder[len(rungs)], provider):
+            rungs.append(_skipped(ladder[len(rungs)], instance, clock()))
+        if len(rungs) >= len(ladder):
+            ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
+            raise IncidentStateError(f"incident {incident.incident_id}: no rung of the ladder {list(ladder)} "
+                                     f"is left that the {provider.kind} provider can do")
         rungs.append({"rung": ladder[len(rungs)], "instance_id": instance, "started_at": clock().isoformat()})
         ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
     current = rungs[-1]
@@ -83,6 +89,20 @@ def repair(
     current["done_at"] = clock().isoformat()
     ledger.record_progress(incident, "repair", {"rungs": rungs})
     return _output(incident, len(rungs), current, check_timeout_s)
+
+
+def available(rung: str, provider: Provider) -> bool:
+    """A GPU reset is a command run on the node: not there where SSM does not reach the nodes."""
+    return rung != "gpu_reset" or runs_commands(provider)
+
+
+def _skipped(rung: str, instance: str, now: datetime) -> dict[str, Any]:
+    """The record of a rung the provider cannot do: done at once, its check failed, so the ladder
+    goes on to the next rung with nothing sent to the node."""
+    why = "not possible here: SSM Run Command does not reach the nodes of this provider"
+    return {"rung": rung, "instance_id": instance, "started_at": now.isoformat(), "done_at": now.isoformat(),
+            "skipped": why, "check": {"healthy": False, "ended_at": now.isoformat(),
+                                      "checks": [{"name": rung, "ok": False, "detail": f"skipped: {why}"}]}}
 
 
 def capacity_ends(current: Incident, instance: str) -> str:

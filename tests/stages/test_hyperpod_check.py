@@ -1,0 +1,211 @@
+"""On SageMaker HyperPod, whose nodes SSM does not reach, a node is judged by HyperPod's own deep
+health check (StartClusterHealthCheck, followed in DescribeClusterNode), and the ladder skips the
+GPU reset, which would be a command on the node. Fast tier: the real stages and the HyperPod
+provider against the embedded AWS's HyperPod (its StartClusterHealthCheck held to the limits its
+API reference states), the ledger in DynamoDB, Slurm in memory."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from nodemedic.contracts.incident import IncidentRef
+from nodemedic.errors import HealthCheckPendingError, IncidentStateError
+from nodemedic.providers.hyperpod import HyperPodProvider
+from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.stages.hyperpod_check import REBOOT_SETTLE, START_GRACE, HyperPodProgress, hyperpod_check, judge
+from nodemedic.stages.repair import repair
+from nodemedic.store.control import ControlStore
+from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+
+from tests.component.test_health_check_result import FakeStepFunctions
+from tests.stages.conftest import PREFIX, opened
+from tests.stages.memory_slurm import MemorySlurm
+
+_clusters = itertools.count(1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class NoSSM:
+    """SSM, which does not reach HyperPod nodes: any command sent fails the test."""
+
+    def send_command(self, **kwargs: object) -> None:
+        raise AssertionError(f"a command was sent to a HyperPod node: {kwargs}")
+
+
+def _cluster(aws: EmbeddedAWS, slurm: MemorySlurm) -> tuple[str, HyperPodProvider, list[str]]:
+    name = f"hp{next(_clusters)}"
+    aws.hyperpod.deep_checks.clear()  # the embedded AWS is the module's: only this test's requests count
+    aws.hyperpod.calls.clear()
+    ids = aws.hyperpod.create_cluster(name, ["gpu-1", "gpu-2"])
+    return name, HyperPodProvider(aws.client("sagemaker"), name), ids
+
+
+def _ref(ledger: Ledger, instance: str, ladder: tuple = ("reboot", "replace")) -> IncidentRef:
+    incident = opened(ledger, "gpu-1", instance=instance, ladder=ladder)
+    return IncidentRef(**{name: getattr(incident, name) for name in IncidentRef.model_fields})
+
+
+def _rung(ledger: Ledger, ref: IncidentRef, rung: str, instance: str, clock: Clock) -> None:
+    """Repair did ``rung`` on ``instance``: the check follows."""
+    ledger.start_stage(ref, "repair", clock())
+    ledger.record_progress(ref, "repair", {"rungs": [{"rung": rung, "instance_id": instance,
+                                                      "started_at": clock().isoformat(),
+                                                      "done_at": clock().isoformat()}]})
+
+
+def test_a_replacement_is_judged_by_hyperpods_deep_check_asked_for_once(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
+    _rung(ledger, ref, "replace", ids[1], clock)
+    control = ControlStore(ledger._db, ledger._table, "c1")
+
+    def check(token: str):
+        return hyperpod_check(ref, ids[1], "full", token, hyperpod=hyperpod, ledger=ledger, control=control,
+                              stepfunctions=sfn, clock=clock)
+
+    with pytest.raises(HealthCheckPendingError, match="asked for"):
+        check("t1")
+    assert aws.hyperpod.deep_checks == [(ids[1], ["InstanceStress"])]
+    clock.now += timedelta(minutes=1)
+    with pytest.raises(HealthCheckPendingError, match="is running"):
+        check("t2")  # a retry reads HyperPod again; it asks for nothing more
+    assert len(aws.hyperpod.deep_checks) == 1 and sfn.answers == []
+    aws.hyperpod.end_deep_check(name, ids[1], passed=True)
+    out = check("t3")
+    assert out.healthy and sfn.answers == ["t3"]
+    repaired = ledger.get(ref.incident_id).stages["repair"]
+    assert repaired.completed_at is not None  # healthy: the ladder ends here
+    [rung] = repaired.result["rungs"]
+    assert rung["check"]["healthy"] is True and "passed" in rung["check"]["checks"][0]["detail"]
+    # the answer lost (the function timed out after sending it): the retry answers the same again
+    assert check("t4").healthy and sfn.answers == ["t3", "t4"] and len(aws.hyperpod.deep_checks) == 1
+
+
+def test_a_deep_check_that_fails_is_an_unhealthy_answer_with_hyperpods_reason(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
+    _rung(ledger, ref, "replace", ids[1], clock)
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    with pytest.raises(HealthCheckPendingError):
+        hyperpod_check(ref, ids[1], "full", "t1", hyperpod=hyperpod, ledger=ledger, control=control,
+                       stepfunctions=sfn, clock=clock)
+    aws.hyperpod.end_deep_check(name, ids[1], passed=False, message="DCGM diagnostic failed on GPU 3")
+    out = hyperpod_check(ref, ids[1], "full", "t2", hyperpod=hyperpod, ledger=ledger, control=control,
+                         stepfunctions=sfn, clock=clock)
+    assert not out.healthy and "DCGM diagnostic failed on GPU 3" in out.checks[0]["detail"]
+    repaired = ledger.get(ref.incident_id).stages["repair"]
+    assert repaired.completed_at is None and repaired.result["rungs"][0]["check"]["healthy"] is False
+    assert sfn.answers == ["t2"]
+
+
+def test_after_a_reboot_the_deep_check_waits_until_the_reboot_shows(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    """Right after BatchRebootClusterNodes HyperPod may still say Running from before the reboot: a
+    deep check asked for then would judge the node before its reboot."""
+    name, hyperpod, ids = _cluster(aws, slurm)
+    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
+    _rung(ledger, ref, "reboot", ids[0], clock)
+    control = ControlStore(ledger._db, ledger._table, "c1")
+
+    def check() -> None:
+        hyperpod_check(ref, ids[0], "full", "t", hyperpod=hyperpod, ledger=ledger, control=control,
+                       stepfunctions=sfn, clock=clock)
+
+    with pytest.raises(HealthCheckPendingError, match="reboot has not shown"):
+        check()
+    assert aws.hyperpod.deep_checks == []
+    clock.now += REBOOT_SETTLE
+    with pytest.raises(HealthCheckPendingError, match="asked for"):
+        check()
+    assert aws.hyperpod.deep_checks == [(ids[0], ["InstanceStress"])]
+
+
+def test_a_deep_check_never_seen_running_does_not_pass(aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
+    _rung(ledger, ref, "replace", ids[1], clock)
+    control = ControlStore(ledger._db, ledger._table, "c1")
+
+    def check():
+        return hyperpod_check(ref, ids[1], "full", "t", hyperpod=hyperpod, ledger=ledger, control=control,
+                              stepfunctions=sfn, clock=clock)
+
+    with pytest.raises(HealthCheckPendingError):
+        check()
+    aws.hyperpod.end_deep_check(name, ids[1], passed=True)  # over before any retry read it
+    clock.now += START_GRACE / 2
+    with pytest.raises(HealthCheckPendingError, match="not started"):
+        check()
+    clock.now += START_GRACE
+    out = check()
+    assert not out.healthy and "never showed" in out.checks[0]["detail"]
+
+
+def test_verifying_reads_hyperpods_status_and_starts_nothing_on_a_node_that_may_run_a_job(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    out = hyperpod_check(ref, ids[0], "quick", "t", purpose="verify", hyperpod=hyperpod, ledger=ledger,
+                         control=control, stepfunctions=sfn, clock=clock)
+    assert out.healthy and aws.hyperpod.deep_checks == [] and sfn.answers == ["t"]
+    closed = ledger.get(ref.incident_id)
+    assert closed.status == "closed" and "not corroborated" in closed.outcome
+
+
+def test_a_node_no_longer_in_the_cluster_fails_its_check(aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
+    _rung(ledger, ref, "replace", "i-0feedfeedfeedfeed", clock)
+    out = hyperpod_check(ref, "i-0feedfeedfeedfeed", "full", "t", hyperpod=hyperpod, ledger=ledger,
+                         control=ControlStore(ledger._db, ledger._table, "c1"), stepfunctions=sfn, clock=clock)
+    assert not out.healthy and "not in the HyperPod cluster" in out.checks[0]["detail"]
+
+
+@pytest.mark.parametrize(("status", "healthy"), [
+    (("Pending", ""), None), (("SystemUpdating", ""), None), (("AttachInProgress", ""), None),
+    (("SomeFutureStatus", ""), None), (("Running", ""), True), (("Failure", "bad GPU"), False),
+    (("ShuttingDown", ""), False), (("DetachInProgress", ""), False), (None, False)])
+def test_a_quick_check_is_hyperpods_status_of_the_node(status: tuple[str, str] | None, healthy: bool | None) -> None:
+    now = datetime.now(UTC)
+    verdict = judge(status, "quick", HyperPodProgress(started_at=now), now, after_reboot=False)
+    assert verdict.healthy is healthy and not verdict.request
+
+
+def test_the_ladder_skips_the_gpu_reset_on_hyperpod_and_reboots_through_hyperpod(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    incident = opened(ledger, "gpu-1", instance=ids[0], ladder=("gpu_reset", "reboot", "replace"))
+    slurm.n["gpu-1"].drained = True
+    out = repair(incident, "service", provider=hyperpod, orchestrator=slurm, runner=RunCommand(NoSSM(), 0),
+                 ledger=ledger, documents=Documents("c1"), timeout_s=30, check_timeout_s=600, prefix=PREFIX,
+                 clock=lambda: datetime.now(UTC))
+    assert (out.rung, out.attempt, out.last) == ("reboot", 2, False)
+    assert aws.hyperpod.calls[-1] == ("reboot", [ids[0]])
+    skipped, rebooted = ledger.get(incident.incident_id).stages["repair"].result["rungs"]
+    assert skipped["rung"] == "gpu_reset" and "SSM Run Command does not reach" in skipped["skipped"]
+    assert skipped["check"]["healthy"] is False and rebooted["rebooted"] is True
+
+
+def test_a_ladder_of_nothing_hyperpod_can_do_ends_with_the_reason(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    incident = opened(ledger, "gpu-1", instance=ids[0], ladder=("gpu_reset",))
+    slurm.n["gpu-1"].drained = True
+    with pytest.raises(IncidentStateError, match="no rung of the ladder"):
+        repair(incident, "service", provider=hyperpod, orchestrator=slurm, runner=RunCommand(NoSSM(), 0),
+               ledger=ledger, documents=Documents("c1"), timeout_s=30, check_timeout_s=600, prefix=PREFIX,
+               clock=lambda: datetime.now(UTC))
+    assert aws.hyperpod.calls == []
