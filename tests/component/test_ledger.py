@@ -138,3 +138,22 @@ def test_an_ended_incidents_lock_is_released_for_an_operators_act_an_open_ones_n
     assert ledger.release_ended("c", "i-0123456789abcdef0") == "inc-ended"
     assert ledger.active_incident_id("c", "i-0123456789abcdef0") is None
     assert ledger.release_ended("c", "i-0123456789abcdef0") is None  # nothing left to release
+
+
+def test_releasing_an_ended_incident_after_a_replace_frees_the_replaced_instance_too(ledger: Ledger) -> None:
+    """A quarantine after a replace holds two locks: the replaced (terminated) instance's and its
+    replacement's. The operator's act names the node, which the replacement backs now; the
+    replaced instance's lock goes too, since nothing else would ever release it."""
+    from nodemedic.contracts.incident import IncidentRef
+
+    old, new = "i-0123456789abcdef0", "i-0123456789abcdef9"
+    ended = incident("inc-replaced", instance=old)
+    assert ledger.open_incident(ended) is None
+    ref = IncidentRef(**{name: getattr(ended, name) for name in IncidentRef.model_fields})
+    now = datetime.now(UTC)
+    ledger.start_stage(ref, "repair", now)
+    ledger.record_progress(ref, "repair", {"rungs": [{"rung": "replace", "instance_id": new}]})
+    assert ledger.lock(ref, new)
+    ledger.end(ref, "quarantined", now, "failed its check after every rung", release_node=False)
+    assert ledger.release_ended("c", new) == "inc-replaced"
+    assert ledger.active_incident_id("c", new) is None and ledger.active_incident_id("c", old) is None

@@ -108,6 +108,17 @@ class Incident(IncidentRef):
         return deadline if deadline is not None and deadline.tzinfo is not None else None
 
 
+    @property
+    def instances(self) -> list[str]:
+        """Every instance the incident locked, first first: its own, then each its repair rungs
+        left the node on (a replacement)."""
+        repair = self.stages.get("repair")
+        rungs = repair.result.get("rungs") if repair else None
+        found = [self.instance_id] + [str(r["instance_id"]) for r in (rungs if isinstance(rungs, list) else [])
+                                      if isinstance(r, dict) and r.get("instance_id")]
+        return list(dict.fromkeys(found))
+
+
 class NodeLock(BaseModel):
     """``NODE#<cluster>#<instance>``: the one incident active for an instance."""
 

@@ -408,9 +408,12 @@ class Ledger:
         holder = self.lock_holder(cluster, instance_id)
         if holder is None or holder.status == "open":
             return None
-        released = self.release_lock(NodeLock(instance_id=instance_id, incident_id=holder.incident_id,
-                                              slurm_node=holder.slurm_node), cluster)
-        return holder.incident_id if released else None
+        # its locks on the instances it left behind go too (the one a replacement terminated):
+        # nothing else would ever release them
+        released = [self.release_lock(NodeLock(instance_id=i, incident_id=holder.incident_id,
+                                               slurm_node=holder.slurm_node), cluster)
+                    for i in dict.fromkeys([instance_id, *holder.instances])]
+        return holder.incident_id if released[0] else None
 
     def release_claim(self, claim: Claim) -> bool:
         """Release a claim still held by ``claim.incident_id``; False if it changed meanwhile."""
