@@ -189,7 +189,7 @@ class Target:
                                 autoscaling_group=p.get("AutoScalingGroupName", ""),
                                 hyperpod_cluster=p.get("HyperPodClusterName", ""),
                                 karpenter_node_pool=p.get("KarpenterNodePool", ""),
-                                kubernetes_api=lambda: self.kubernetes.api)
+                                kubernetes_api=lambda: self.kubernetes.api, on_kubernetes=self.on_kubernetes)
         if self.on_kubernetes:  # a node's spec.providerID names its instance
             return NamedByOrchestrator(capacity, self.kubernetes)
         return capacity

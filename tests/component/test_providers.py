@@ -100,6 +100,19 @@ def test_ec2_replace_is_a_stop_and_start_of_the_same_instance(aws: EmbeddedAWS) 
     assert provider.member(ids[0]).state == "running"
 
 
+def test_on_kubernetes_the_ec2_providers_members_are_the_clusters_instances_named_by_no_slurm_tag(
+        aws: EmbeddedAWS) -> None:
+    """On Slurm an instance with the cluster tag and no Slurm name is the controller, not a member;
+    on Kubernetes no instance carries a Slurm name (the node's providerID names its instance)."""
+    ec2 = aws.client("ec2")
+    ids = sorted(i["InstanceId"] for i in ec2.run_instances(ImageId=IMAGE, MinCount=2, MaxCount=2)["Instances"])
+    ec2.create_tags(Resources=ids, Tags=[{"Key": CLUSTER_TAG, "Value": "c1"}])
+    ec2.run_instances(ImageId=IMAGE, MinCount=1, MaxCount=1)  # not the cluster's
+    assert EC2Provider(ec2, "c1").members() == []
+    on_kubernetes = EC2Provider(ec2, "c1", slurm_tagged=False)
+    assert sorted(m.instance_id for m in on_kubernetes.members()) == ids and on_kubernetes.member(ids[0]) is not None
+
+
 def test_ec2_without_capacity_to_start_again_is_a_capacity_error_and_stays_retryable(aws: EmbeddedAWS) -> None:
     ids = _tagged(aws)
     provider = EC2Provider(aws.client("ec2"), "c1")

@@ -268,3 +268,55 @@ def test_a_capacity_block_ending_retires_its_nodes_and_the_job_moves_outside_the
     told = [m for m in local.escalations() if m.get("Subject") == "NodeMedic: Capacity Block ending"]
     assert len(told) == 1 and "(gpu-2)" in told[0]["Message"]
     assert kube.errors == []
+
+
+def test_a_stopped_spot_node_that_ec2_starts_again_is_burned_in_and_uncordoned(tmp_path: Path) -> None:
+    """Issue 18 on Kubernetes: EC2 stops a Spot Instance after its warning (persistent request, the
+    ec2 provider, whose members on Kubernetes are the instances tagged with the cluster) and starts
+    it again once capacity is back; its node keeps its name (the private
+    DNS name), goes NotReady and Ready again. Its "running" opens the burn-in: the full check, then
+    the cordon and taint the retirement put on are lifted. The retirement stays in the ledger."""
+    import copy
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from nodemedic.contracts.incident import ENDED_STATUSES
+
+    from tests.conftest import EVENTS
+
+    require("the real kube-apiserver", kube_apiserver.unavailable_reason())
+
+    def ec2_event(sample: str, instance: str, **detail: str) -> dict:
+        event = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / sample).read_text()))
+        event["detail"].update({"instance-id": instance, **detail})
+        event["resources"] = [f"arn:aws:ec2:us-east-1:{ACCOUNT_ID}:instance/{instance}"]
+        return event
+
+    with LocalMode(nodes=3, scheduler="kubernetes", retry_time_scale=0.01,
+                   extra_parameters={**OPEN, "Provider": "ec2"}) as local:
+        kube = _kube(local)
+        instance = kube.instance_of("gpu-2")
+        assert instance is not None
+        # warned 3 minutes ago: EC2 stopped it a minute ago (a "running" before that is no return)
+        local.emit_as_aws(ec2_event("spot-interruption-warning.json", instance, **{"instance-action": "stop"}),
+                          at=datetime.now(UTC) - timedelta(minutes=3))
+        [execution] = local.wait_for_executions(1, timeout=120)
+        retired = local.incident(execution["name"])
+        assert (retired.status, retired.fault_code) == ("retired", "PLANNED_SPOT_INTERRUPTION"), retired.outcome
+        assert kube.node("gpu-2")["State"].endswith("+DRAIN") and DRAIN_TAINT in kube.taints("gpu-2")
+
+        ec2 = local.aws.client("ec2")
+        ec2.stop_instances(InstanceIds=[instance])  # EC2 stops it
+        wait_for(lambda: "NOT_RESPONDING" in kube.node("gpu-2")["State"],
+                 "the stopped instance's node to go not ready")
+        ec2.start_instances(InstanceIds=[instance])  # capacity is back: EC2 starts it again
+        local.emit_as_aws(ec2_event("instance-running.json", instance))
+        back = wait_for(lambda: next((i for i in local.incidents() if i.fault_code == "NODE_JOINED"
+                                      and i.status in ENDED_STATUSES), None), "the burn-in of gpu-2 to end", 120)
+        assert (back.slurm_node, back.instance_id, back.status) == ("gpu-2", instance, "closed"), back.outcome
+        [rung] = back.stages["repair"].result["rungs"]
+        assert (rung["rung"], rung["check"]["level"], rung["check"]["healthy"]) == ("check", "full", True)
+        assert "DRAIN" not in kube.node("gpu-2")["State"] and DRAIN_TAINT not in kube.taints("gpu-2")
+        assert kube.instance_of("gpu-2") == instance  # the same instance, the same node
+        assert local.incident(retired.incident_id).status == "retired"
+        assert kube.errors == []

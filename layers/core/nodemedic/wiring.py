@@ -99,7 +99,7 @@ def provider() -> Provider:
     s = settings()
     capacity = provider_for(s.provider, client, cluster=s.cluster_name, autoscaling_group=s.autoscaling_group_name,
                             hyperpod_cluster=s.hyperpod_cluster_name, karpenter_node_pool=s.karpenter_node_pool,
-                            kubernetes_api=lambda: kubernetes().api)
+                            kubernetes_api=lambda: kubernetes().api, on_kubernetes=s.orchestrator == "kubernetes")
     return NamedByOrchestrator(capacity, kubernetes()) if s.orchestrator == "kubernetes" else capacity
 
 

@@ -1,6 +1,8 @@
 """Plain EC2 instances (no Auto Scaling group): the cluster is the instances tagged
-``nodemedic:cluster=<cluster>``. Reboot = ``RebootInstances``; replace = stop and start, which
-moves the instance to new hardware and keeps its id, volumes and Slurm identity."""
+``nodemedic:cluster=<cluster>`` (on Slurm, those that also carry ``nodemedic:slurm-node``: the
+controller carries the cluster tag too; on Kubernetes the node's ``spec.providerID`` names its
+instance, and there is no controller instance). Reboot = ``RebootInstances``; replace = stop and
+start, which moves the instance to new hardware and keeps its id, volumes and node name."""
 
 from __future__ import annotations
 
@@ -20,14 +22,17 @@ class EC2Provider:
     kind = "ec2"
     knows_new_instances = True  # the replacement is the same instance, restarted
 
-    def __init__(self, ec2: Any, cluster: str) -> None:
+    def __init__(self, ec2: Any, cluster: str, *, slurm_tagged: bool = True) -> None:
+        """``slurm_tagged``: members carry ``nodemedic:slurm-node`` (Slurm); False on Kubernetes."""
         self._ec2 = ec2
         self._cluster = cluster
+        self._slurm_tagged = slurm_tagged
 
     def _instances(self, *filters: dict[str, Any]) -> list[dict[str, Any]]:
+        named = [{"Name": "tag-key", "Values": [SLURM_NODE_TAG]}] if self._slurm_tagged else []
         return ec2_instances(self._ec2, [
             {"Name": f"tag:{CLUSTER_TAG}", "Values": [self._cluster]},
-            {"Name": "tag-key", "Values": [SLURM_NODE_TAG]},  # the controller carries the cluster tag too
+            *named,  # on Slurm the controller carries the cluster tag too
             {"Name": "instance-state-name", "Values": _LIVE}, *filters])
 
     def member(self, instance_id: str) -> Member | None:

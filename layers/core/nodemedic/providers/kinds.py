@@ -19,11 +19,12 @@ def _no_api_server() -> Any:
 
 def provider_for(kind: str, client: Callable[[str], Any], *, cluster: str, autoscaling_group: str,
                  hyperpod_cluster: str, karpenter_node_pool: str = "",
-                 kubernetes_api: Callable[[], Any] = _no_api_server) -> Provider:
+                 kubernetes_api: Callable[[], Any] = _no_api_server, on_kubernetes: bool = False) -> Provider:
     """``client(service)`` gives a boto3 client of the account the cluster runs in;
-    ``kubernetes_api()`` the EKS cluster's API client (Karpenter's NodeClaims), built when first used."""
+    ``kubernetes_api()`` the EKS cluster's API client (Karpenter's NodeClaims), built when first used;
+    ``on_kubernetes``: the nodes are named by the API server, not by a Slurm tag."""
     if kind == "ec2":
-        return EC2Provider(client("ec2"), cluster)
+        return EC2Provider(client("ec2"), cluster, slurm_tagged=not on_kubernetes)
     if kind == "hyperpod":
         return HyperPodProvider(client("sagemaker"), hyperpod_cluster)
     if kind == "karpenter":
