@@ -33,10 +33,13 @@ from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.dedupe import Deduper
 from nodemedic_agent.events import entry, health_event, heartbeat
 from nodemedic_agent.hardware.base import GpuState, Hardware, HardwareError
+from nodemedic_agent.identity import imds
 from nodemedic_agent.publisher import Publisher
 from nodemedic_agent.spool import Spool
+from nodemedic_agent.spot import is_spot, notice_finding, read_notice
 
 log = logging.getLogger("nodemedic_agent")
+SPOT_RETRY_S = 300.0  # instance metadata unreachable: when to ask again whether this is a Spot Instance
 MAX_REASSERT_WAIT_S = 900.0  # with acknowledgements: the longest wait between two looks at an undecided event
 UNDATED_KEPT = 1000  # distinct findings kept while no time can be put on them (see Agent.emit)
 
@@ -90,8 +93,10 @@ class Agent:
     def __init__(self, config: AgentConfig, hardware: Hardware, node: NodeIdentity, client: Any,
                  dry_run: bool = False, out: TextIO = sys.stdout,
                  clock: Callable[[], float] | None = None, acks: Acknowledgements | None = None,
-                 aws_clock: AwsClock | None = None) -> None:
+                 aws_clock: AwsClock | None = None, metadata: Callable[[str], str] = imds) -> None:
         self.config = config
+        self.metadata = metadata  # one instance metadata path (IMDSv2): the Spot interruption notice
+        self._spot: bool | None = None  # a Spot Instance: not known until metadata answers
         self.aws_clock = aws_clock or AwsClock()  # AWS's time, learned from every answer: signing and stamps
         self.client = self.aws_clock.attach(client)
         self.hw = hardware
@@ -315,6 +320,31 @@ class Agent:
             if finding:
                 self.emit(finding)
 
+    def _spot_watch(self) -> None:
+        """On a Spot Instance, EC2's interruption notice, read every ``intervals.spot_seconds``."""
+        if self._spot is None:
+            try:
+                self._spot = is_spot(self.metadata)
+            except OSError as exc:  # not on EC2, or metadata unreachable for now: ask again later
+                log.info("instance metadata unreachable (%s): Spot interruption notices not read for now", exc)
+                self.stop_event.wait(SPOT_RETRY_S)
+                return
+            log.info("%s", "a Spot Instance: reading its interruption notice" if self._spot
+                     else "not a Spot Instance: no interruption notice to read")
+        if not self._spot:
+            self.stop_event.wait()
+            return
+        notice = read_notice(self.metadata)
+        if notice is not None:
+            try:
+                now = self._stamp()
+            except ClockUnknownError:  # emit() keeps it until AWS's time is known
+                now = notice.time
+            finding = notice_finding(notice, now)
+            if finding is not None:
+                self.emit(finding)
+        self.stop_event.wait(self.config.intervals.spot_seconds)
+
     def _poll(self) -> None:
         self.poll_once()
         self.stop_event.wait(self.config.intervals.poll_seconds)
@@ -374,6 +404,8 @@ class Agent:
             ("heartbeat", self._guarded("heartbeat", "heartbeat", self._heartbeat)),
             ("reassert", self._guarded("reassert", None, self._reassert)),
         ]
+        if self.config.intervals.spot_seconds:
+            loops.append(("spot", self._guarded("spot notice", None, self._spot_watch)))
         if self.config.kernel_log.source != "off":
             loops.append(("kernel-log", self._guarded("kernel log", "kernel_log", self._follow_kernel_log)))
         for name, target in loops:

@@ -80,6 +80,9 @@ class Intervals(_Section):
     heartbeat_seconds: float = Field(default=15, gt=0, le=300)
     poll_seconds: float = Field(default=10, gt=0, le=3600)
     dedupe_window_seconds: float = Field(default=300, ge=0, le=86400)
+    spot_seconds: float = Field(
+        default=5, ge=0, le=60, description="on a Spot Instance, read EC2's interruption notice from instance "
+                                           "metadata this often (AWS recommends 5 s); 0: never")
     reassert_seconds: float = Field(
         default=60, ge=0, le=3600, description="send a health event again (same event_id) after this, doubling "
                                                "each time: a delivery the pipeline could not act on is not lost")

@@ -11,6 +11,7 @@ from nodemedic_agent.agent import Agent, acknowledgements, events_client
 from nodemedic_agent.burn_in import HoldResult, hold
 from nodemedic_agent.config import parse_config
 from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
+from nodemedic_agent.spot import LIFE_CYCLE
 
 from nodemedic_sandbox.cluster import SimCluster
 from nodemedic_sandbox.embedded_aws import AGENT_KEY
@@ -57,7 +58,7 @@ class NodeAgents:
         credentials = {"aws_access_key_id": AGENT_KEY, "aws_secret_access_key": "local"}
         agent = self.agents[node] = Agent(config, SimulatedHardware(sim.dir), identity,
                                           events_client(config, **credentials),
-                                          acks=acknowledgements(config, **credentials))
+                                          acks=acknowledgements(config, **credentials), metadata=_on_demand)
         return agent.start()
 
     def marker(self, node: str) -> Path:
@@ -92,3 +93,11 @@ class NodeAgents:
         for agent in self.agents.values():
             agent.stop(graceful=True, flush_timeout_s=1.0)
         self.agents.clear()
+
+
+def _on_demand(path: str) -> str:
+    """A simulated node's instance metadata: an on-demand instance, so its agent reads no Spot
+    interruption notice (the local mode sends EC2's warning through EventBridge instead)."""
+    if path == LIFE_CYCLE:
+        return "on-demand"
+    raise OSError(f"no instance metadata {path} in the local mode")

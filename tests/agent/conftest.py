@@ -97,13 +97,19 @@ def agent_config(sim: SimulatedNode, spool: Path, **sections: dict[str, Any]) ->
     return parse_config(data)
 
 
+def no_metadata(path: str) -> str:
+    """No instance metadata here (the agent is not on EC2): nothing is read from 169.254.169.254."""
+    raise OSError(f"no instance metadata in tests ({path})")
+
+
 @pytest.fixture
 def make_agent(sim: SimulatedNode, tmp_path: Path) -> Iterator[Callable[..., Agent]]:
     started: list[Agent] = []
 
-    def make(start: bool = True, **sections: dict[str, Any]) -> Agent:
+    def make(start: bool = True, metadata: Callable[[str], str] = no_metadata, **sections: dict[str, Any]) -> Agent:
         config = agent_config(sim, tmp_path / "spool", **sections)
-        agent = Agent(config, SimulatedHardware(sim.dir), NODE, events_client(config), acks=acknowledgements(config))
+        agent = Agent(config, SimulatedHardware(sim.dir), NODE, events_client(config), acks=acknowledgements(config),
+                      metadata=metadata)
         started.append(agent)
         if start:
             agent.start()

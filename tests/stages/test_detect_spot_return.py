@@ -75,3 +75,32 @@ def test_any_other_join_of_a_retired_node_folds_into_its_retirement(
     out = _detect(ledger, _joined(now), state=state)
     assert (out.decision, out.existing_incident_id) == ("deduplicated", retired.incident_id)
     assert ledger.node_lock("c1", INSTANCE) == (retired.incident_id, "gpu-1")
+
+
+def test_the_agents_reading_of_the_notice_retires_the_node_and_eventbridges_warning_folds_into_it(
+        ledger: Ledger) -> None:
+    """The node's agent reads EC2's notice from instance metadata and the planned-events intake
+    gets EventBridge's warning: whichever comes first opens the retire, with the deadline the
+    notice gives; the other is the same interruption, folded into it."""
+    from nodemedic.contracts.events import NodeIdentity
+    from nodemedic_agent.events import health_event
+    from nodemedic_agent.spot import SpotNotice, notice_finding
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    deadline = now + timedelta(minutes=2)
+    finding = notice_finding(SpotNotice("stop", deadline), now)
+    assert finding is not None
+    event = health_event(finding, "c1", NodeIdentity(instance_id=INSTANCE, hostname="gpu-1.local", slurm_node="gpu-1"),
+                         1, now)
+    from_agent = {"source": "nodemedic.agent", "detail-type": "Node Health Event", "time": now.isoformat(),
+                  "detail": event.model_dump(mode="json", exclude_none=True)}
+    out = _detect(ledger, from_agent)
+    assert out.decision == "remediate" and out.incident is not None
+    assert (out.incident.action, out.incident.fault_code) == ("retire", "PLANNED_SPOT_INTERRUPTION")
+    opened = ledger.get(out.incident.incident_id)
+    assert opened.deadline == deadline and opened.evidence("instance_action") == "stop"
+    from_eventbridge = _joined(now)
+    from_eventbridge["detail"].update(check="spot_interruption", fault_code="PLANNED_SPOT_INTERRUPTION",
+                                      evidence={"instance_action": "stop", "deadline": deadline.isoformat()})
+    again = _detect(ledger, from_eventbridge)
+    assert again.decision == "deduplicated" and out.incident.incident_id in again.reason

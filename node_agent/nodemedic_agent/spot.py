@@ -1,0 +1,72 @@
+"""EC2's notice that it interrupts this Spot Instance, read from instance metadata.
+
+EC2 writes ``spot/instance-action`` (``{"action": "terminate"|"stop"|"hibernate", "time":
+"2017-09-18T08:22:00Z"}``) two minutes before it acts; until then the path answers 404. AWS
+recommends reading it every 5 seconds.
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html
+
+The pipeline hears of the same interruption from EventBridge (``EC2 Spot Instance Interruption
+Warning``, NodeMedic's planned-events intake); this is the node's own reading of it, sent as a
+Node Health Event with the same fault code and evidence, so that a delivery lost or late on one
+side leaves the other. Detect folds the second into the incident the first opened.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from nodemedic_agent.checks.base import Finding
+
+INSTANCE_ACTION = "spot/instance-action"
+LIFE_CYCLE = "instance-life-cycle"  # "spot" or "on-demand"
+ACTIONS = frozenset({"terminate", "stop", "hibernate"})
+FAULT_CODE = "PLANNED_SPOT_INTERRUPTION"
+# a notice whose time passed longer ago than this is from before the instance's last start (EC2
+# started a stopped or hibernated Spot Instance again): this run is not interrupted
+LATE = timedelta(minutes=2)
+
+
+@dataclass(frozen=True)
+class SpotNotice:
+    action: str
+    time: datetime
+
+
+def is_spot(get: Callable[[str], str]) -> bool:
+    """Whether this instance is a Spot Instance (IMDS ``instance-life-cycle``)."""
+    return get(LIFE_CYCLE).strip() == "spot"
+
+
+def read_notice(get: Callable[[str], str]) -> SpotNotice | None:
+    """The interruption notice, or None while there is none (IMDS answers 404). ``get`` reads one
+    metadata path. A notice that is not what EC2 documents is a ``ValueError``."""
+    try:
+        text = get(INSTANCE_ACTION)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+    try:
+        data = json.loads(text)
+        action, at = data["action"], datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{INSTANCE_ACTION} is not EC2's notice: {text[:200]!r}") from exc
+    if action not in ACTIONS or at.tzinfo is None:
+        raise ValueError(f"{INSTANCE_ACTION} is not EC2's notice: {text[:200]!r}")
+    return SpotNotice(action, at)
+
+
+def notice_finding(notice: SpotNotice, now: datetime) -> Finding | None:
+    """The finding the notice makes, stamped ``now`` (AWS's time); None for a notice from before
+    the instance's last start."""
+    if now - notice.time > LATE:
+        return None
+    deadline = notice.time.isoformat()
+    return Finding(check="spot_interruption", fault_code=FAULT_CODE, status="failed",
+                   summary=f"EC2 will {notice.action} this Spot Instance at {deadline}",
+                   evidence={"instance_action": notice.action, "deadline": deadline, "read_from": "instance metadata"},
+                   observed_at=now, once=f"{notice.action}@{deadline}")
