@@ -80,3 +80,27 @@ def test_the_link_is_down_by_the_kernels_operational_states_not_by_any_word_but_
     poll, hw = checks
     hw.operstate, hw.carrier = operstate, carrier
     assert poll(0) == (["EFA_DOWN"] if down else [])
+
+
+def test_a_counter_read_while_a_fault_is_injected_is_never_empty(sim) -> None:  # noqa: ANN001
+    """Sysfs serves a counter whole; the simulated node writes it whole too. Written in place, a
+    poll that read it mid-write got an empty file and sent a CHECK_ERROR (a flaky test under load)."""
+    import threading
+
+    counter = sim.dir / "sys" / "class" / "infiniband" / "rdmap0s0" / "ports" / "1" / "hw_counters" / "retrans_timeout_events"
+    seen: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            seen.append(counter.read_text())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(2000):
+            sim.inject("efa-errors", efa=0)
+    finally:
+        done.set()
+        reader.join()
+    assert seen and all(text.strip().isdigit() for text in seen)

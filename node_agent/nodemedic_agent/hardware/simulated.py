@@ -112,16 +112,14 @@ class SimulatedNode:
     def _set_link(self, index: int, up: bool) -> None:
         net = self.dir / "sys" / "class" / "infiniband" / f"rdmap{index}s0" / "device" / "net" / f"eth{index + 1}"
         net.mkdir(parents=True, exist_ok=True)
-        (net / "operstate").write_text("up\n" if up else "down\n")
-        (net / "carrier").write_text("1\n" if up else "0\n")
+        _replace(net / "operstate", "up\n" if up else "down\n")
+        _replace(net / "carrier", "1\n" if up else "0\n")
 
     def state(self) -> dict[str, Any]:
         return dict(json.loads((self.dir / "state.json").read_text()))
 
     def _write(self, state: dict[str, Any]) -> None:
-        tmp = self.dir / "state.json.tmp"
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.dir / "state.json")
+        _replace(self.dir / "state.json", json.dumps(state))
 
     def _update_gpu(self, index: int, **changes: Any) -> None:
         state = self.state()
@@ -176,10 +174,10 @@ class SimulatedNode:
         elif fault == "efa-storm":
             rates = json.loads((self.dir / "efa_rates.json").read_text())
             rates[f"rdmap{efa}s0"] = {"since": time.time(), "per_s": {"rdma_write_wr_err": 50, "retrans_timeout_events": 200}}
-            (self.dir / "efa_rates.json").write_text(json.dumps(rates))
+            _replace(self.dir / "efa_rates.json", json.dumps(rates))
         elif fault == "efa-errors":
             counter = self._efa_port(efa) / "hw_counters" / "retrans_timeout_events"
-            counter.write_text(f"{int(counter.read_text()) + 10_000}\n")
+            _replace(counter, f"{int(counter.read_text()) + 10_000}\n")
         elif fault == "efa-driver":
             self.kmsg(f"efa 0000:{0x30 + efa:02x}:00.0: Failed to process command CREATE_QP (opcode 1) err -110")
         elif fault == "disk-full":
@@ -302,3 +300,12 @@ class SimulatedHardware:
 
     def close(self) -> None:
         pass
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``path`` whole at once, as the kernel serves a sysfs file: a check reading it while a
+    fault is injected sees the old value or the new one, never an empty file (written in place,
+    a counter read mid-write was a CHECK_ERROR)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
