@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from nodemedic.contracts.incident import IncidentRef, Stage
+from nodemedic.contracts.incident import IncidentRef, Stage, StageRecord
 from nodemedic.contracts.problems import read_json
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import CommandPendingError
@@ -69,17 +69,12 @@ def start_check(
     ``task_token``, which :func:`complete_check` answers when SSM reports the command ended.
     ``recovery``: the check after a rung of the ladder (recorded on the rung). ``verify``: an
     ambiguous fault is checked before anything destructive (recorded in the ``verify`` stage)."""
-    stage: Stage = "repair" if purpose == "recovery" else "verify"
-    record = ledger.start_stage(incident, stage, clock())
+    record = ledger.start_stage(incident, stage_of(purpose), clock())
     if record.completed_at:  # verify answered already; a late retry sends nothing
         answered = record.result.get("check", {})
         return str(answered.get("command_id", "")) if isinstance(answered, dict) else ""
-    rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
+    rungs, sent_before = check_record(record, purpose)
     token_id = hashlib.sha256(task_token.encode()).hexdigest()[:16]
-    if purpose == "verify":
-        sent_before: dict[str, Any] = dict(record.result.get("check", {}))  # type: ignore[call-overload]
-    else:
-        sent_before = rungs[-1].get("check", {}) if rungs else {}
     if sent_before.get("token") == token_id:  # a retried invocation for the same wait: sent already
         return str(sent_before["command_id"])
     command_id = runner.send(instance_id, documents.health_check, {"level": level}, timeout_s,
@@ -89,12 +84,31 @@ def start_check(
                        "incident": incident.model_dump(mode="json")})
     check = {"level": level, "command_id": command_id, "instance_id": instance_id,
              "started_at": clock().isoformat(), "token": token_id}
+    save_check_record(incident, purpose, rungs, check, ledger)
+    return command_id
+
+
+def stage_of(purpose: Purpose) -> Stage:
+    """Where a check is recorded: on the repair stage's rungs (after a rung) or as the verification."""
+    return "repair" if purpose == "recovery" else "verify"
+
+
+def check_record(record: StageRecord, purpose: Purpose) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ladder's rungs so far, and the record of the check: the last rung's, or the verification's."""
+    rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
+    if purpose == "verify":
+        return rungs, dict(record.result.get("check", {}))  # type: ignore[call-overload]
+    return rungs, dict(rungs[-1].get("check", {})) if rungs else {}
+
+
+def save_check_record(incident: IncidentRef, purpose: Purpose, rungs: list[dict[str, Any]], check: dict[str, Any],
+                      ledger: Ledger) -> None:
+    """Keep ``check`` where :func:`check_record` reads it."""
     if purpose == "verify":
         ledger.record_progress(incident, "verify", {"check": check})
     elif rungs:
         rungs[-1]["check"] = check
         ledger.record_progress(incident, "repair", {"rungs": rungs})
-    return command_id
 
 
 def complete_check(

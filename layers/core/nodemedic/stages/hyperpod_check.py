@@ -27,11 +27,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from nodemedic.contracts.incident import IncidentRef, Stage
+from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import HealthCheckPendingError
 from nodemedic.providers.hyperpod import INSTANCE_STRESS, HyperPodProvider
-from nodemedic.stages.health_check import answer, record_on_rung, verified
+from nodemedic.stages.health_check import answer, check_record, record_on_rung, save_check_record, stage_of, verified
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
@@ -109,15 +109,10 @@ def hyperpod_check(
     HyperPod has decided (recorded like the SSM check's: on the rung, or as the verification),
     else :class:`HealthCheckPendingError`."""
     now = clock()
-    stage: Stage = "repair" if purpose == "recovery" else "verify"
-    record = ledger.start_stage(incident, stage, now)
-    rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
-    if purpose == "verify":
-        check: dict[str, Any] = dict(record.result.get("check", {}))  # type: ignore[call-overload]
-        if record.completed_at:  # answered already, the answer lost: the same answer again
-            check = {**check, "healthy": record.result.get("healthy"), "checks": record.result.get("checks", [])}
-    else:
-        check = dict(rungs[-1].get("check", {})) if rungs else {}
+    record = ledger.start_stage(incident, stage_of(purpose), now)
+    rungs, check = check_record(record, purpose)
+    if purpose == "verify" and record.completed_at:  # answered already, the answer lost: the same answer again
+        check = {**check, "healthy": record.result.get("healthy"), "checks": record.result.get("checks", [])}
     if check.get("channel") != CHANNEL or check.get("instance_id") != instance_id:
         check = {"channel": CHANNEL, "level": level, "instance_id": instance_id, "started_at": now.isoformat(),
                  "command_id": f"{CHANNEL}:{instance_id}:{now.isoformat()}",
@@ -129,11 +124,7 @@ def hyperpod_check(
         if verdict.request:
             hyperpod.start_deep_check(instance_id)
         check.update(progress=progress.model_dump(mode="json"), detail=verdict.detail)
-        if purpose == "verify":
-            ledger.record_progress(incident, "verify", {"check": check})
-        elif rungs:
-            rungs[-1]["check"] = check
-            ledger.record_progress(incident, "repair", {"rungs": rungs})
+        save_check_record(incident, purpose, rungs, check, ledger)
         if verdict.healthy is None:
             raise HealthCheckPendingError(f"{incident.slurm_node} ({instance_id}): {verdict.detail}")
         out = HealthCheckOutput(instance_id=instance_id, healthy=verdict.healthy, level=level,
