@@ -57,7 +57,7 @@ from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.planned_events import back_from_interruption
 from nodemedic.providers.base import Member
 from nodemedic.stages.failure import fail
-from nodemedic.stages.repair import REPLACEMENT, rungs_of
+from nodemedic.stages.repair import REPLACEMENT
 from nodemedic.store.ledger import Ledger
 
 KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated", "retired"})  # see the runbooks: on purpose
@@ -334,7 +334,7 @@ def _replacement_awaited(books: Bookkeeping) -> bool:
     which the incident adopts and checks once it finds it. A burn-in of its own started there
     raced the adoption: two incidents deciding on one node."""
     for incident in books.open_incidents:
-        rungs = rungs_of(incident)
+        rungs = incident.repair_rungs
         progress = rungs[-1].get("progress", {}) if rungs and rungs[-1].get("rung") == "replace" else {}
         if progress.get("requested_at") and not progress.get("new_instance_id"):
             return True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -109,14 +109,17 @@ class Incident(IncidentRef):
 
 
     @property
+    def repair_rungs(self) -> list[dict[str, Any]]:
+        """The repair rungs recorded on the incident, first first."""
+        repaired = self.stages.get("repair")
+        return list(repaired.result.get("rungs", [])) if repaired else []  # type: ignore[call-overload]
+
+    @property
     def instances(self) -> list[str]:
         """Every instance the incident locked, first first: its own, then each its repair rungs
         left the node on (a replacement)."""
-        repair = self.stages.get("repair")
-        rungs = repair.result.get("rungs") if repair else None
-        found = [self.instance_id] + [str(r["instance_id"]) for r in (rungs if isinstance(rungs, list) else [])
-                                      if isinstance(r, dict) and r.get("instance_id")]
-        return list(dict.fromkeys(found))
+        return list(dict.fromkeys([self.instance_id, *(str(r["instance_id"]) for r in self.repair_rungs
+                                                        if r.get("instance_id"))]))
 
 
 class NodeLock(BaseModel):

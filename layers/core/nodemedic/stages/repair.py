@@ -121,12 +121,6 @@ def serving(incident: IncidentRef, rungs: list[dict[str, Any]]) -> IncidentRef:
     return incident if named == incident.slurm_node else incident.model_copy(update={"slurm_node": named})
 
 
-def rungs_of(current: Incident) -> list[dict[str, Any]]:
-    """The repair rungs recorded on the incident, first first."""
-    repaired = current.stages.get("repair")
-    return list(repaired.result.get("rungs", [])) if repaired else []  # type: ignore[call-overload]
-
-
 def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], check_timeout_s: int) -> RepairOutput:
     """Every node that comes back from a rung (reset, rebooted, a replacement, a joined node as it
     is) is judged by the full check before it takes work: the burn-in gate."""

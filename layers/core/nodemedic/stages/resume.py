@@ -18,7 +18,7 @@ from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, Resum
 from nodemedic.errors import JobsPendingError
 from nodemedic.orchestrators.base import JobState, Orchestrator
 from nodemedic.stages.drain import owner_tag
-from nodemedic.stages.repair import capacity_ends, rungs_of, serving
+from nodemedic.stages.repair import capacity_ends, serving
 from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
@@ -96,7 +96,7 @@ def resume(
     if record.completed_at:
         return ResumeOutput.model_validate(record.result)
     current = ledger.get(incident.incident_id)
-    rungs = rungs_of(current)
+    rungs = current.repair_rungs
     incident = serving(incident, rungs)  # a replacement may serve under a name of its own
     drained = current.stages.get("drain")
     # an operator's drain was there first: on Slurm it stays on the node (and is never lifted); on
@@ -183,7 +183,7 @@ def retire(incident: IncidentRef, *, ledger: Ledger, clock: Callable[[], datetim
     current = ledger.get(incident.incident_id)
     spare = current.stages.get("spare")
     moved = spare.result.get("spare") if spare else None
-    rungs = [str(r["rung"]) for r in rungs_of(current)]
+    rungs = [str(r["rung"]) for r in current.repair_rungs]
     note = current.stages.get("capacity_end")
     code = note.result.get("fault_code") if note else incident.fault_code
     message = (f"{incident.slurm_node} ({incident.instance_id}) retired: its capacity ends "
@@ -209,7 +209,7 @@ def end_unrecovered(
             ledger.end(incident, "quarantined", clock(), reason, release_node=False)
         return EndOutput(status="quarantined", message=reason)
     repair = current.stages.get("repair")
-    rungs = rungs_of(current)
+    rungs = current.repair_rungs
     tried = ", ".join(f"{r['rung']} ({r['instance_id']}: "
                       f"{'healthy' if r.get('check', {}).get('healthy') else 'unhealthy'})" for r in rungs) or "none"
     if status == "quarantined":
