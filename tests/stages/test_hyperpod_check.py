@@ -7,10 +7,12 @@ API reference states), the ledger in DynamoDB, Slurm in memory."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.stages import HealthCheckOutput
 from nodemedic.errors import HealthCheckPendingError, IncidentStateError
 from nodemedic.providers.hyperpod import HyperPodProvider
 from nodemedic.providers.run_command import Documents, RunCommand
@@ -63,17 +65,38 @@ def _rung(ledger: Ledger, ref: IncidentRef, rung: str, instance: str, clock: Clo
                                                       "done_at": clock().isoformat()}]})
 
 
+@dataclass
+class Checking:
+    """A HyperPod cluster of two nodes, an incident for the first, ``rung`` done on ``checked``
+    (the second node for a replace, the first for a reboot), and the check's readings of it."""
+
+    name: str
+    ids: list[str]
+    ref: IncidentRef
+    hyperpod: HyperPodProvider
+    ledger: Ledger
+    clock: Clock
+    sfn: FakeStepFunctions
+    checked: str
+
+    def __call__(self, token: str = "t") -> HealthCheckOutput:
+        return hyperpod_check(self.ref, self.checked, "full", token, hyperpod=self.hyperpod, ledger=self.ledger,
+                              control=ControlStore(self.ledger._db, self.ledger._table, "c1"), stepfunctions=self.sfn,
+                              clock=self.clock)
+
+
+def _checking(aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger, rung: str) -> Checking:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    ref, clock = _ref(ledger, ids[0]), Clock()
+    checked = ids[1] if rung == "replace" else ids[0]
+    _rung(ledger, ref, rung, checked, clock)
+    return Checking(name, ids, ref, hyperpod, ledger, clock, FakeStepFunctions(throttled=0), checked)
+
+
 def test_a_replacement_is_judged_by_hyperpods_deep_check_asked_for_once(
         aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
-    name, hyperpod, ids = _cluster(aws, slurm)
-    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
-    _rung(ledger, ref, "replace", ids[1], clock)
-    control = ControlStore(ledger._db, ledger._table, "c1")
-
-    def check(token: str):
-        return hyperpod_check(ref, ids[1], "full", token, hyperpod=hyperpod, ledger=ledger, control=control,
-                              stepfunctions=sfn, clock=clock)
-
+    check = _checking(aws, slurm, ledger, "replace")
+    name, ids, ref, clock, sfn = check.name, check.ids, check.ref, check.clock, check.sfn
     with pytest.raises(HealthCheckPendingError, match="asked for"):
         check("t1")
     assert aws.hyperpod.deep_checks == [(ids[1], ["InstanceStress"])]
@@ -94,16 +117,12 @@ def test_a_replacement_is_judged_by_hyperpods_deep_check_asked_for_once(
 
 def test_a_deep_check_that_fails_is_an_unhealthy_answer_with_hyperpods_reason(
         aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
-    name, hyperpod, ids = _cluster(aws, slurm)
-    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
-    _rung(ledger, ref, "replace", ids[1], clock)
-    control = ControlStore(ledger._db, ledger._table, "c1")
+    check = _checking(aws, slurm, ledger, "replace")
+    name, ids, ref, sfn = check.name, check.ids, check.ref, check.sfn
     with pytest.raises(HealthCheckPendingError):
-        hyperpod_check(ref, ids[1], "full", "t1", hyperpod=hyperpod, ledger=ledger, control=control,
-                       stepfunctions=sfn, clock=clock)
+        check("t1")
     aws.hyperpod.end_deep_check(name, ids[1], passed=False, message="DCGM diagnostic failed on GPU 3")
-    out = hyperpod_check(ref, ids[1], "full", "t2", hyperpod=hyperpod, ledger=ledger, control=control,
-                         stepfunctions=sfn, clock=clock)
+    out = check("t2")
     assert not out.healthy and "DCGM diagnostic failed on GPU 3" in out.checks[0]["detail"]
     repaired = ledger.get(ref.incident_id).stages["repair"]
     assert repaired.completed_at is None and repaired.result["rungs"][0]["check"]["healthy"] is False
@@ -114,37 +133,23 @@ def test_after_a_reboot_the_deep_check_waits_until_the_reboot_shows(
         aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
     """Right after BatchRebootClusterNodes HyperPod may still say Running from before the reboot: a
     deep check asked for then would judge the node before its reboot."""
-    name, hyperpod, ids = _cluster(aws, slurm)
-    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
-    _rung(ledger, ref, "reboot", ids[0], clock)
-    control = ControlStore(ledger._db, ledger._table, "c1")
-
-    def check() -> None:
-        hyperpod_check(ref, ids[0], "full", "t", hyperpod=hyperpod, ledger=ledger, control=control,
-                       stepfunctions=sfn, clock=clock)
-
+    check = _checking(aws, slurm, ledger, "reboot")
+    ids = check.ids
     with pytest.raises(HealthCheckPendingError, match="reboot has not shown"):
         check()
     assert aws.hyperpod.deep_checks == []
-    clock.now += REBOOT_SETTLE
+    check.clock.now += REBOOT_SETTLE
     with pytest.raises(HealthCheckPendingError, match="asked for"):
         check()
     assert aws.hyperpod.deep_checks == [(ids[0], ["InstanceStress"])]
 
 
 def test_a_deep_check_never_seen_running_does_not_pass(aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
-    name, hyperpod, ids = _cluster(aws, slurm)
-    ref, clock, sfn = _ref(ledger, ids[0]), Clock(), FakeStepFunctions(throttled=0)
-    _rung(ledger, ref, "replace", ids[1], clock)
-    control = ControlStore(ledger._db, ledger._table, "c1")
-
-    def check():
-        return hyperpod_check(ref, ids[1], "full", "t", hyperpod=hyperpod, ledger=ledger, control=control,
-                              stepfunctions=sfn, clock=clock)
-
+    check = _checking(aws, slurm, ledger, "replace")
+    clock = check.clock
     with pytest.raises(HealthCheckPendingError):
         check()
-    aws.hyperpod.end_deep_check(name, ids[1], passed=True)  # over before any retry read it
+    aws.hyperpod.end_deep_check(check.name, check.ids[1], passed=True)  # over before any retry read it
     clock.now += START_GRACE / 2
     with pytest.raises(HealthCheckPendingError, match="not started"):
         check()
