@@ -14,7 +14,7 @@ import pytest
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import HealthCheckOutput
 from nodemedic.errors import HealthCheckPendingError, IncidentStateError
-from nodemedic.providers.hyperpod import HyperPodProvider
+from nodemedic.providers.hyperpod import ClusterNodeStatus, HyperPodProvider
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.stages.hyperpod_check import REBOOT_SETTLE, START_GRACE, HyperPodProgress, hyperpod_check, judge
 from nodemedic.stages.repair import repair
@@ -97,9 +97,12 @@ def test_a_replacement_is_judged_by_hyperpods_deep_check_asked_for_once(
         aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
     check = _checking(aws, slurm, ledger, "replace")
     name, ids, ref, clock, sfn = check.name, check.ids, check.ref, check.clock, check.sfn
+    sent: list[str] = []
+    check.hyperpod._sm.meta.events.register("before-call.sagemaker", lambda model, **_: sent.append(model.name))
     with pytest.raises(HealthCheckPendingError, match="asked for"):
         check("t1")
     assert aws.hyperpod.deep_checks == [(ids[1], ["InstanceStress"])]
+    assert sent == ["DescribeClusterNode", "StartClusterHealthCheck"]  # one reading of the node per invocation
     clock.now += timedelta(minutes=1)
     with pytest.raises(HealthCheckPendingError, match="is running"):
         check("t2")  # a retry reads HyperPod again; it asks for nothing more
@@ -185,7 +188,8 @@ def test_a_node_no_longer_in_the_cluster_fails_its_check(aws: EmbeddedAWS, slurm
     (("ShuttingDown", ""), False), (("DetachInProgress", ""), False), (None, False)])
 def test_a_quick_check_is_hyperpods_status_of_the_node(status: tuple[str, str] | None, healthy: bool | None) -> None:
     now = datetime.now(UTC)
-    verdict = judge(status, "quick", HyperPodProgress(started_at=now), now, after_reboot=False)
+    node = ClusterNodeStatus(*status, "workers") if status else None
+    verdict = judge(node, "quick", HyperPodProgress(started_at=now), now, after_reboot=False)
     assert verdict.healthy is healthy and not verdict.request
 
 

@@ -13,6 +13,7 @@ replacement's node name is new — it carries the new instance id — so a name 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,15 @@ BATCH_LIMIT = 25  # NodeIds per Batch*ClusterNodes call
 INSTANCE_STRESS = "InstanceStress"
 _STATES = {"Running": "running", "Pending": "pending", "ShuttingDown": "shutting-down",
            "SystemUpdating": "pending", "DeepHealthCheckInProgress": "pending", "Failure": "failed"}
+
+
+@dataclass(frozen=True)
+class ClusterNodeStatus:
+    """A node as ``DescribeClusterNode`` shows it: ``InstanceStatus`` and the node's instance group."""
+
+    status: str
+    message: str
+    instance_group: str
 
 
 def _capacity(text: str) -> bool:
@@ -78,25 +88,22 @@ class HyperPodProvider:
         node = self._describe(instance_id)
         return self._member(node) if node else None
 
-    def node_status(self, instance_id: str) -> tuple[str, str] | None:
-        """HyperPod's status of the node and its message (``DescribeClusterNode``'s
-        ``InstanceStatus``), or None where the node is not (or no longer) in the cluster."""
+    def node_status(self, instance_id: str) -> ClusterNodeStatus | None:
+        """HyperPod's status of the node, its message and instance group (one ``DescribeClusterNode``),
+        or None where the node is not (or no longer) in the cluster."""
         node = self._describe(instance_id)
         if node is None:
             return None
         status = node.get("InstanceStatus", {})
-        return str(status.get("Status", "")), str(status.get("Message", ""))
+        return ClusterNodeStatus(str(status.get("Status", "")), str(status.get("Message", "")),
+                                 str(node.get("InstanceGroupName", "")))
 
-    def start_deep_check(self, instance_id: str) -> None:
-        """Ask HyperPod for its instance-level deep health check of the node
-        (``StartClusterHealthCheck``); ``DescribeClusterNode`` shows it running as
-        ``DeepHealthCheckInProgress``."""
-        node = self._describe(instance_id)
-        if node is None:
-            raise ReplacementFailedError(f"{instance_id} is not a node of HyperPod cluster {self._cluster}")
+    def start_deep_check(self, instance_id: str, instance_group: str) -> None:
+        """Ask HyperPod for its instance-level deep health check of the node, a member of
+        ``instance_group`` (``StartClusterHealthCheck``); ``DescribeClusterNode`` shows it running
+        as ``DeepHealthCheckInProgress``."""
         self._sm.start_cluster_health_check(ClusterName=self._cluster, DeepHealthCheckConfigurations=[{
-            "InstanceGroupName": node["InstanceGroupName"], "InstanceIds": [instance_id],
-            "DeepHealthChecks": [INSTANCE_STRESS]}])
+            "InstanceGroupName": instance_group, "InstanceIds": [instance_id], "DeepHealthChecks": [INSTANCE_STRESS]}])
 
     def member_by_node(self, slurm_node: str) -> Member | None:
         found = next((n for n in self._summaries() if _host(n) == slurm_node

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import HealthCheckPendingError
-from nodemedic.providers.hyperpod import INSTANCE_STRESS, HyperPodProvider
+from nodemedic.providers.hyperpod import INSTANCE_STRESS, ClusterNodeStatus, HyperPodProvider
 from nodemedic.stages.health_check import answer, check_record, record_on_rung, save_check_record, stage_of, verified
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -62,13 +62,13 @@ class Verdict:
     request: bool = False  # ask HyperPod for its deep check now
 
 
-def judge(status: tuple[str, str] | None, level: CheckLevel, progress: HyperPodProgress, now: datetime, *,
+def judge(node: ClusterNodeStatus | None, level: CheckLevel, progress: HyperPodProgress, now: datetime, *,
           after_reboot: bool) -> Verdict:
     """The check's verdict from HyperPod's status of the node (None: no such node), updating
     ``progress`` with what this reading shows."""
-    if status is None or status[0] in LEAVING:
-        return Verdict(False, f"the node is not in the HyperPod cluster ({status[0] if status else 'not found'})")
-    state, message = status
+    if node is None or node.status in LEAVING:
+        return Verdict(False, f"the node is not in the HyperPod cluster ({node.status if node else 'not found'})")
+    state, message = node.status, node.message
     if state == "Failure":
         return Verdict(False, f"HyperPod reports Failure: {message[:500] or 'no message'}")
     if state != "Running":
@@ -120,9 +120,10 @@ def hyperpod_check(
     if check.get("healthy") is None:
         progress = HyperPodProgress.model_validate(check["progress"])
         after_reboot = purpose == "recovery" and bool(rungs) and rungs[-1].get("rung") == "reboot"
-        verdict = judge(hyperpod.node_status(instance_id), level, progress, now, after_reboot=after_reboot)
-        if verdict.request:
-            hyperpod.start_deep_check(instance_id)
+        node = hyperpod.node_status(instance_id)
+        verdict = judge(node, level, progress, now, after_reboot=after_reboot)
+        if verdict.request and node is not None:
+            hyperpod.start_deep_check(instance_id, node.instance_group)
         check.update(progress=progress.model_dump(mode="json"), detail=verdict.detail)
         save_check_record(incident, purpose, rungs, check, ledger)
         if verdict.healthy is None:
