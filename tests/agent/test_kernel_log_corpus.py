@@ -52,3 +52,11 @@ def test_an_nvlink5_finding_carries_its_decode_and_its_action() -> None:
     assert (fatal.status, fatal.evidence["nvlink5_bucket"], fatal.evidence["error_status"]) == \
         ("failed", "RESET_GPU", "0x00000002")
     assert (quiet.status, quiet.evidence["nvlink5_bucket"]) == ("degraded", "IGNORE")
+
+
+def test_a_mig_xid_names_the_gpu_and_the_instances_the_driver_attributes_it_to() -> None:
+    """MIG mode: the Xid is the whole GPU's (its ladder acts on the GPU); the instances are evidence."""
+    finding = message_finding("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 43, pid=2749, name=python3, Ch 00000010",
+                              datetime.now(UTC), lambda pci: GPUS.get(bus_key(pci)))
+    assert finding is not None and finding.component == {"kind": "gpu", "index": 3}
+    assert (finding.evidence["mig_gpu_instance"], finding.evidence["mig_compute_instance"]) == (1, 2)

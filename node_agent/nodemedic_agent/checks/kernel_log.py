@@ -27,8 +27,11 @@ KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;\n]*;([^\n]*)(?:\n|$)")
 # the kernel writes a non-printable byte and "\" itself as "\xNN" in a record's text
 KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus." and its
-# variants: no "PCI:" (older drivers), an 8-digit domain, pid without name, pid='<unknown>'
-XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\):?\s*(\d{1,5})\b,?\s*(.*)$")
+# variants: no "PCI:" (older drivers), an 8-digit domain, pid without name, pid='<unknown>', and on
+# a GPU in MIG mode the GPU instance and compute instance the driver attributes it to,
+# "(PCI:0000:01:00 GPU-I:05 GPU-CI:01)" (open-gpu-kernel-modules, kernel_rc.c krcReportXid)
+XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
+                 r"(?:\s+GPU-I:(?P<gi>\d{1,3}))?(?:\s+GPU-CI:(?P<ci>\d{1,3}))?\):?\s*(?P<xid>\d{1,5})\b,?\s*(?P<detail>.*)$")
 PID_NAME = re.compile(r"^(?:pid=(?:'[^']*'|[^,\s]*),\s*)?(?:name=[^,]*,\s*)?")
 # "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 24007, Fatal, Link 30 sourcetrack timeout error": the
 # switch driver states the severity; the lines that follow (", Severity 1 Engine instance ...",
@@ -91,8 +94,10 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
         return Finding("kernel_log", code, status_of(code, overrides), summary, component, evidence, observed_at)
 
     if m := XID.search(message):
-        return xid_finding(int(m.group(2)), m.group(1), gpu_index(m.group(1)), observed_at, evidence,
-                           overrides=overrides, detail=PID_NAME.sub("", m.group(3)))
+        mig = {key: int(m.group(group)) for key, group in (("mig_gpu_instance", "gi"), ("mig_compute_instance", "ci"))
+               if m.group(group) is not None}
+        return xid_finding(int(m.group("xid")), m.group("pci"), gpu_index(m.group("pci")), observed_at,
+                           {**evidence, **mig}, overrides=overrides, detail=PID_NAME.sub("", m.group("detail")))
     if m := SXID.search(message):
         switch: dict[str, object] = {"kind": "node", "name": f"nvswitch {m.group(1)}"}
         if m.group(3) == "Fatal":
