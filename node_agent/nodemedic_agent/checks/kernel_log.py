@@ -39,10 +39,17 @@ PID_NAME = re.compile(r"^(?:pid=(?:'[^']*'|[^,\s]*),\s*)?(?:name=[^,]*,\s*)?")
 SXID = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(Fatal|Non-fatal)\b)?")
 OFF_BUS = re.compile(r"fallen off the bus")
 GPU_PCI = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)")
-# the efa driver's admin queue stops (it clears its RUNNING bit) on these: the device is unusable until reset
-EFA_FATAL = re.compile(r"(?:\befa [0-9A-Fa-f:.]+|infiniband \S+): .*(?:Wait for completion \((?:polling|interrupts)\) "
-                       r"timeout|Admin queue is closed|Command was aborted)")
-EFA_ERROR = re.compile(r"\befa [0-9A-Fa-f:.]+: .*(?:[Ff]ail|[Ee]rror|err -\d+)")
+# who an efa driver message is from: ibdev_err() on kernels >= 5.2 writes the PCI device and the RDMA
+# device, "efa 0000:10:1b.0 rdmap16s27: " (drivers/infiniband/core/device.c __ibdev_printk); the
+# driver's fallback on older kernels writes the RDMA device alone, "infiniband efa_0: "; dev_err()
+# writes the PCI device, "efa 0000:10:1b.0: "
+EFA_SOURCE = r"(?:\befa [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7](?: [\w-]+)?|\binfiniband [\w-]+): "
+# the efa driver's admin queue stops (it clears its RUNNING bit) on these: the device is unusable
+# until reset (amzn-drivers kernel/linux/efa efa_com.c)
+EFA_FATAL = re.compile(EFA_SOURCE + r".*(?:Wait for completion \((?:polling|interrupts)\) timeout|Admin queue is closed"
+                       r"|Command was aborted|The device didn't send any completion for admin cmd"
+                       r"|didn't receive any MSI-X interrupt for admin cmd|Changing the admin queue running state)")
+EFA_ERROR = re.compile(EFA_SOURCE + r".*(?:[Ff]ail|[Ee]rror|err -\d+|timed out)")
 HUNG = re.compile(r"INFO: task (\S+) blocked for more than (\d+) seconds")
 LOCKUP = re.compile(r"soft lockup - CPU#(\d+) stuck")
 READ_ONLY = re.compile(r"(?:Remounting filesystem read-only|remounted read-only|switching to read-only)", re.I)

@@ -179,7 +179,9 @@ class SimulatedNode:
             counter = self._efa_port(efa) / "hw_counters" / "retrans_timeout_events"
             _replace(counter, f"{int(counter.read_text()) + 10_000}\n")
         elif fault == "efa-driver":
-            self.kmsg(f"efa 0000:{0x30 + efa:02x}:00.0: Failed to process command CREATE_QP (opcode 1) err -110")
+            # as ibdev_err() writes it on kernels >= 5.2: the PCI device, then the RDMA device
+            self.kmsg(f"efa 0000:{0x30 + efa:02x}:00.0 rdmap{efa}s0: Failed to process command CREATE_QP (opcode 1) "
+                      "comp_status 0 err -62")
         elif fault == "disk-full":
             self._set("disks", "/", [100 * 2**30, 2**30])
         elif fault == "fs-readonly":
