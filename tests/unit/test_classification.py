@@ -17,6 +17,7 @@ from nodemedic.domain.classification import alarm_fault_code, classify, parse_ov
         pytest.param("XID154_NONE", "gpu_recovery", "monitor", id="xid154_none"),
         pytest.param("GPU_LOST", "gpu_lost", "replace", id="gpu_lost_replace"),
         pytest.param("DISK_FULL", "storage", "monitor", id="disk_full_monitor"),
+        pytest.param("FS_SHUTDOWN", "filesystem", "reboot", id="xfs_shutdown_reboot"),
         pytest.param("XID 9999", "unknown", "monitor", id="unknown_is_never_acted_on"),
     ],
 )

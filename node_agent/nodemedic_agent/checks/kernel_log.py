@@ -53,6 +53,11 @@ EFA_ERROR = re.compile(EFA_SOURCE + r".*(?:[Ff]ail|[Ee]rror|err -\d+|timed out)"
 HUNG = re.compile(r"INFO: task (\S+) blocked for more than (\d+) seconds")
 LOCKUP = re.compile(r"soft lockup - CPU#(\d+) stuck")
 READ_ONLY = re.compile(r"(?:Remounting filesystem read-only|remounted read-only|switching to read-only)", re.I)
+# XFS does not remount read-only: it shuts the file system down and every I/O fails, "XFS (nvme1n1):
+# Log I/O Error (0x2) detected at xlog_ioend_work+0x6e/0x70 [xfs] (fs/xfs/xfs_log.c:1378).  Shutting
+# down filesystem." (fs/xfs/xfs_fsops.c xfs_do_force_shutdown), before 5.x "... Filesystem has been
+# shut down due to log error (0x2)."
+XFS_SHUTDOWN = re.compile(r"\bXFS \(([^)\s]+)\): .*(?:Shutting down filesystem|[Ff]ilesystem has been shut down)")
 OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
 MAX_LINE_BYTES = 65536
 NOT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -124,6 +129,8 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
         return found("HUNG_TASK", f"task {m.group(1)} hung for {m.group(2)}s", {"kind": "node"})
     if m := LOCKUP.search(message):
         return found("SOFT_LOCKUP", f"soft lockup on CPU {m.group(1)}", {"kind": "node"})
+    if m := XFS_SHUTDOWN.search(message):
+        return found("FS_SHUTDOWN", f"XFS shut down the file system on {m.group(1)}", {"kind": "filesystem", "name": m.group(1)})
     if READ_ONLY.search(message):
         return found("FS_READONLY", "a file system was remounted read-only", {"kind": "filesystem"})
     if m := OOM.search(message):
