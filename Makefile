@@ -37,7 +37,7 @@ chromium:  ## install Debian's Chromium, which renders the HTML report in a test
 demo: venv $(DEMO_NEEDS)  ## run the local end-to-end demo (SCHEDULER=k8s: on Kubernetes; PROVIDER=karpenter with it)
 	$(BIN)/nodemedic demo --scheduler $(SCHEDULER) --provider $(PROVIDER)
 
-lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda and on the nodes (the agent)
+lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda, on the nodes (the agent) and for the operator (the CLI)
 	$(BIN)/cfn-lint template.yaml
 	$(BIN)/ruff check .
 	$(BIN)/mypy

@@ -42,10 +42,8 @@ def _secs(a: datetime | None, b: datetime | None) -> str:
 
 
 def _ladder(inc: Incident) -> str:
-    repair = inc.stages.get("repair")
-    rungs = repair.result.get("rungs", []) if repair else []
     mark = {True: "ok", False: "failed", None: "-"}
-    return " > ".join(f"{r['rung']} {mark[r.get('check', {}).get('healthy')]}" for r in rungs) or "-"  # type: ignore[union-attr]
+    return " > ".join(f"{r['rung']} {mark[r.get('check', {}).get('healthy')]}" for r in inc.repair_rungs) or "-"
 
 
 def incident_table(incidents: list[Incident]) -> Table:

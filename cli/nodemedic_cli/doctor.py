@@ -90,12 +90,13 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
     execution = execution_arn(out["StateMachineArn"], "doctor")
     db: list[Call] = [("dynamodb", op, table) for op in ("GetItem", "PutItem", "UpdateItem")]
     provider = p.get("Provider") or "autoscaling"
-    reads: list[Call] = {
+    reads_by_provider: dict[str, list[Call]] = {
         "autoscaling": [("autoscaling", "DescribeAutoScalingGroups", {}), ("ec2", "DescribeInstances", {})],
         "ec2": [("ec2", "DescribeInstances", {})],
         "hyperpod": [("sagemaker", "ListClusterNodes", {"ClusterName": p.get("HyperPodClusterName", "")})],
         "karpenter": [("ec2", "DescribeInstances", {})],  # the NodePool's instances, by Karpenter's tag
-    }[provider]
+    }
+    reads = reads_by_provider[provider]
     docs = Documents(target.cluster)
     describe_instances: Call = ("ec2", "DescribeInstances", {})
 
@@ -111,7 +112,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
             return describe_cluster
         return [*(send(d, p["SlurmControllerInstanceId"]) for d in documents), ("ssm", "GetCommandInvocation", {})]
     names = describe_cluster if target.on_kubernetes else []  # a node's spec.providerID names its instance
-    repair: list[Call] = {
+    repair_by_provider: dict[str, list[Call]] = {
         "autoscaling": [("autoscaling", "TerminateInstanceInAutoScalingGroup", {"InstanceId": member}),
                         ("ec2", "CreateTags", {"Resources": [member], "Tags": [{"Key": "nodemedic:slurm-node",
                                                                                  "Value": "gpu-1"}]}),
@@ -121,7 +122,8 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                      for op in ("BatchRebootClusterNodes", "BatchReplaceClusterNodes")],
         # replace deletes the NodeClaim through the API server (its RBAC, not IAM)
         "karpenter": [("ec2", "RebootInstances", {"InstanceIds": [member]}), *describe_cluster],
-    }[provider]
+    }
+    repair = repair_by_provider[provider]
     return {
         "DetectFunction": [*db, ("dynamodb", "TransactWriteItems", open_incident), *reads, *names],
         "GateFunction": [*db, ("dynamodb", "TransactWriteItems", end_incident), *reads, *names,

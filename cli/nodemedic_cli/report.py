@@ -121,7 +121,8 @@ def _class_report(name: str, incidents: list[Incident]) -> ClassReport:
 
 
 def _training_time(kind: str, incidents: list[Incident]) -> TrainingTime:
-    requeued = downtime = checkpointed = 0
+    requeued = checkpointed = 0
+    downtime = 0.0
     saved = lost = 0.0
     for i in incidents:
         drain = i.stages.get("drain")
