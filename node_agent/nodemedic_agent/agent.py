@@ -31,7 +31,7 @@ from nodemedic_agent.checks.polled import PolledChecks
 from nodemedic_agent.clock import AwsClock, ClockUnknownError
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.dedupe import Deduper
-from nodemedic_agent.events import entry, health_event, heartbeat
+from nodemedic_agent.events import entry, health_event, heartbeat, sent_now
 from nodemedic_agent.hardware.base import GpuState, Hardware, HardwareError
 from nodemedic_agent.identity import imds
 from nodemedic_agent.publisher import Publisher
@@ -106,7 +106,7 @@ class Agent:
         self.spool = Spool(config.publish.spool_dir, config.publish.spool_max_events)
         self.dedupe = Deduper(config.intervals.dedupe_window_seconds, clock or time.time,
                               state_file=None if dry_run else self.spool.dir / "dedupe.json")
-        self.publisher = Publisher(client, self.spool, config.publish.max_backoff_seconds)
+        self.publisher = Publisher(client, self.spool, config.publish.max_backoff_seconds, sending=self._sending)
         self.checks = PolledChecks(hardware, config)
         self.kernel_log = KernelLogFollower(config.kernel_log.source, config.kernel_log.path, threading.Event())
         self.stop_event = self.kernel_log.stop
@@ -359,6 +359,13 @@ class Agent:
         busy = sum(g.utilization_pct for g in self.checks.gpus) / len(self.checks.gpus)
         return PerfSample(sm_clock_ratio=round(min(ratio, 2.0), 4), utilization_pct=round(min(busy, 100.0), 1),
                           slowest_gpu=slowest, instance_type=self.config.node.instance_type or "")
+
+    def _sending(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A spooled entry as it leaves now (:func:`~nodemedic_agent.events.sent_now`)."""
+        try:
+            return sent_now(item, self._stamp())
+        except ClockUnknownError:  # nothing dates this send: the stamp it was spooled with stays
+            return item
 
     def _stamp(self) -> datetime:
         """Now, as an event sent now carries it. A node clock that cannot date anything (1970)

@@ -43,6 +43,22 @@ def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str =
                          perf=perf)
 
 
+def sent_now(item: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A spooled health event's entry as it is sent ``now``: ``sent_at`` is when the agent sent the
+    event. The pipeline measures the node's clock by it against the bus's time, so an event kept in
+    the spool through an outage and sent with its first ``sent_at`` would read as a node clock that
+    far behind, and its fault as that much younger than it is. Any other entry, or one that no
+    longer reads as an event, is sent as it is."""
+    if item.get("DetailType") != HEALTH_DETAIL_TYPE:
+        return item
+    try:
+        event = NodeHealthEvent.model_validate_json(item["Detail"])
+    except (KeyError, TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+        return item
+    again = event.model_copy(update={"sent_at": max(now, event.sent_at)})
+    return {**item, "Detail": json.dumps(again.model_dump(mode="json", exclude_none=True), separators=(",", ":"))}
+
+
 def entry(bus: str, model: NodeHealthEvent | NodeHeartbeat) -> dict[str, Any]:
     detail_type = HEALTH_DETAIL_TYPE if isinstance(model, NodeHealthEvent) else HEARTBEAT_DETAIL_TYPE
     return {"Source": AGENT_SOURCE, "DetailType": detail_type, "EventBusName": bus,

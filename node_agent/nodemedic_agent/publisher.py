@@ -56,9 +56,11 @@ class PublishStats:
 
 class Publisher:
     def __init__(self, client: Any, spool: Spool, max_backoff_s: float = 30.0, base_backoff_s: float = 0.2,
-                 on_sent: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+                 on_sent: Callable[[list[dict[str, Any]]], None] | None = None,
+                 sending: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.client = client
         self.spool = spool
+        self.sending = sending or (lambda entry: entry)  # a spooled entry as it leaves now (its send time)
         self.max_backoff_s = max_backoff_s
         self.base_backoff_s = base_backoff_s
         self.on_sent = on_sent
@@ -92,7 +94,7 @@ class Publisher:
 
     def deliver_once(self) -> bool:
         """Send what the spool holds, in order. True when the spool is now empty."""
-        pending = self.spool.oldest(MAX_ENTRIES * 10)
+        pending = [(name, self.sending(entry)) for name, entry in self.spool.oldest(MAX_ENTRIES * 10)]
         for batch in batches(pending):
             names = [name for name, _ in batch]
             entries = [entry for _, entry in batch]

@@ -224,12 +224,17 @@ def test_outage_spools_events_and_delivers_each_once_across_a_restart(server, si
     assert len(second.spool) == 2  # the spool survived the restart
     sim.inject("hang")
     time.sleep(0.5)
+    back = datetime.now(UTC)
     server.up()  # the bus comes back
 
     events = bus.wait_health(3, timeout=15, settle=1.0)
     assert sorted(e["fault_code"] for e in events) == ["ECC_DBE", "HUNG_TASK", "XID 79"]
     assert len({e["event_id"] for e in events}) == 3  # none duplicated
     assert len(second.spool) == 0
+    # each says when it was sent, not when it was spooled: an event held through the outage must not
+    # read, against the bus's time, as a node clock that far behind (and its fault as that much younger)
+    for event in events:
+        assert datetime.fromisoformat(event["sent_at"]) >= back > datetime.fromisoformat(event["observed_at"])
 
 
 def test_entries_set_aside_are_bounded_newest_kept(tmp_path):
@@ -290,3 +295,24 @@ def test_a_spool_whose_disk_went_read_only_after_the_event_forgets_what_was_sent
     spool.dead([refused], "ValidationException: bad")
     assert len(spool) == 0 and spool.oldest(10) == []
     assert "could not be deleted (Read-only file system)" in caplog.text and "could not set" in caplog.text
+
+
+def test_only_a_health_event_is_restamped_as_it_leaves_and_never_back_in_time():
+    from datetime import timedelta
+
+    from nodemedic.contracts.events import NodeIdentity
+    from nodemedic_agent.checks.base import Finding
+    from nodemedic_agent.events import entry, health_event, heartbeat, sent_now
+
+    node = NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1")
+    spooled = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
+    event = health_event(Finding("nvml", "ECC_DBE", "failed", "ECC DBE", None, {}, spooled), "c1", node, 1, spooled)
+    item = entry("bus", event)
+    later = json.loads(sent_now(item, spooled + timedelta(minutes=30))["Detail"])
+    assert (later["sent_at"], later["observed_at"], later["event_id"]) == \
+        ("2026-11-26T08:30:00Z", "2026-11-26T08:00:00Z", event.event_id)
+    assert json.loads(sent_now(item, spooled - timedelta(hours=1))["Detail"])["sent_at"] == "2026-11-26T08:00:00Z"
+    beat = entry("bus", heartbeat("c1", node, 30.0, now=spooled))
+    assert sent_now(beat, spooled + timedelta(minutes=30)) == beat
+    garbled = {**item, "Detail": "{not json"}
+    assert sent_now(garbled, spooled) == garbled
