@@ -27,7 +27,7 @@ from nodemedic_agent.acknowledgements import Acknowledgements
 from nodemedic_agent.burn_in import joined
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error
 from nodemedic_agent.checks.kernel_log import KernelLogFollower, bus_key, message_finding, xid_finding
-from nodemedic_agent.checks.polled import PolledChecks
+from nodemedic_agent.checks.polled import AFTER_BOOT, PolledChecks
 from nodemedic_agent.clock import AwsClock, ClockUnknownError
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.dedupe import Deduper
@@ -286,8 +286,11 @@ class Agent:
         results = self.checks.run_all()
         if self.checks.gpus:  # what the GPU check read (kept from its last success); no second NVML pass
             self._map_gpus(self.checks.gpus)
+        booting = self.hw.uptime() < self.config.thresholds.boot_settle_seconds
         for result in results:
             for finding in result.findings:
+                if booting and finding.fault_code in AFTER_BOOT:
+                    continue  # links still training after the boot: read again next poll
                 self.emit(finding)
         return results
 

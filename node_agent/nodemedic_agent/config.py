@@ -115,6 +115,10 @@ class Thresholds(_Section):
         description="EFA hardware counter -> errors per second; above it for efa_debounce_polls polls "
                     "in a row: EFA_ERROR_RATE")
     efa_debounce_polls: Count = Field(default=3, ge=1, le=100)
+    boot_settle_seconds: float = Field(
+        default=300, ge=0, le=3600,
+        description="NVLINK_DOWN and GPU_FABRIC_NOT_READY are sent only once the node has been up this long: "
+                    "until then NVLinks train and Fabric Manager registers the GPUs")
 
     @field_validator("efa_error_rates")
     @classmethod

@@ -3,6 +3,8 @@ classified Node Health Event."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.domain.classification import classify
@@ -19,6 +21,9 @@ FAULTS = [
     ("gpu-lost", {"gpu": 5}, "GPU_LOST", {"kernel_log", "nvml"}, "replace"),
     ("reset-required", {"gpu": 6}, "GPU_RESET_REQUIRED", {"nvml"}, "reboot"),
     ("nvlink", {"gpu": 0}, "NVLINK_ERRORS", {"nvml"}, "reboot"),
+    ("nvlink-down", {"gpu": 5}, "NVLINK_DOWN", {"nvml"}, "reboot"),
+    ("fabric-manager-down", {}, "GPU_FABRIC_NOT_READY", {"nvml"}, "reboot"),
+    ("fabric-error", {"gpu": 2}, "GPU_FABRIC_ERROR", {"nvml"}, "reboot"),
     ("thermal", {"gpu": 6}, "THERMAL_VIOLATION", {"nvml"}, "monitor"),
     ("dcgm", {}, "DCGM_HEALTH", {"dcgm"}, "reboot"),
     ("dcgm-warning", {"gpu": 4}, "DCGM_HEALTH_WARNING", {"dcgm"}, "monitor"),
@@ -40,6 +45,7 @@ FAULTS = [
 @pytest.mark.parametrize(("fault", "kwargs", "code", "checks", "action"), FAULTS,
                          ids=[f"{f[0]}-{f[2]}" for f in FAULTS])
 def test_each_fault_class_gives_exactly_one_classified_event(bus, sim, make_agent, fault, kwargs, code, checks, action):
+    sim.boot(time.time() - 3600)  # up an hour: what a boot makes before its links train is long settled
     make_agent()
     sim.inject(fault, **kwargs)
     events = bus.wait_health(1)
@@ -51,6 +57,23 @@ def test_each_fault_class_gives_exactly_one_classified_event(bus, sim, make_agen
     assert event.severity == ("warning" if action == "monitor" else "critical")
     if "gpu" in kwargs:
         assert event.component is not None and event.component.index == kwargs["gpu"]
+
+
+def test_what_a_boot_makes_before_the_fabric_is_up_is_sent_only_once_the_node_has_settled(bus, sim, make_agent):
+    """Right after a boot NVLinks train and Fabric Manager registers the GPUs: a check that reads
+    them then sees a healthy node as broken (NVSentinel #1701). Read until the node has been up
+    boot_settle_seconds, then sent if still so; a GPU failure is sent at once all the same."""
+    agent = make_agent(thresholds={"boot_settle_seconds": 300}, intervals={"poll_seconds": 0.1})
+    sim.inject("nvlink-down", gpu=3)
+    sim.inject("fabric-manager-down")
+    sim.inject("ecc-dbe", gpu=1)
+    assert [e["fault_code"] for e in bus.wait_health(1, settle=1.0)] == ["ECC_DBE"]
+    sim.boot(time.time() - 301)  # the same node, five minutes on: still down
+    codes = sorted(e["fault_code"] for e in bus.wait_health(3, settle=0.5))
+    assert codes == ["ECC_DBE", "GPU_FABRIC_NOT_READY", "NVLINK_DOWN"]
+    [fabric] = [e for e in bus.health_events() if e["fault_code"] == "GPU_FABRIC_NOT_READY"]
+    assert fabric["component"] == {"kind": "node"} and fabric["evidence"]["gpus"] == "0,1,2,3,4,5,6,7"
+    assert "nvidia-fabricmanager" in fabric["evidence"]["summary"] and agent.published == 3
 
 
 def test_gpu_count_lower_than_expected(bus, make_agent):

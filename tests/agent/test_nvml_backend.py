@@ -90,6 +90,13 @@ class FakeNvml:
     def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:  # noqa: N802
         return self._gpu(h).get("errors", 0) if counter == pynvml.NVML_NVLINK_ERROR_DL_REPLAY else 0
 
+    def nvmlDeviceGetGpuFabricInfo(self, h: int, info: Any) -> int:  # noqa: N802 - ``fabric``: (state, status)
+        fabric = self._gpu(h).get("fabric")
+        if fabric is None:  # no NVSwitch (an A100 says so too)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info._obj.state, info._obj.status = fabric  # filled through the pointer, as NVML fills it
+        return pynvml.NVML_SUCCESS
+
 
 @pytest.fixture
 def fake(monkeypatch):
@@ -187,3 +194,29 @@ def test_xids_are_waited_for_on_a_driver_without_the_v2_event_wait(fake):
     api.nvmlDeviceGetIndex = lambda device: device
     [event] = hardware.wait_xid(0.1)
     assert (event.xid, event.gpu_index, event.pci_bus_id) == (79, 0, "00000000:10:00.0")
+
+
+def test_the_gpus_registration_with_the_nvlink_fabric_is_read_and_judged(fake, sim, tmp_path):
+    """nvmlGpuFabricInfo_t: ``status`` counts only once ``state`` is completed (NVML API reference)."""
+    done, started, running = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
+                              pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS)
+    hardware = fake([{"links": 18, "fabric": (done, pynvml.NVML_SUCCESS)},
+                     {"links": 18, "fabric": (started, pynvml.NVML_ERROR_UNKNOWN)},  # not yet: the status means nothing
+                     {"links": 18, "fabric": (running, pynvml.NVML_SUCCESS)},
+                     {"links": 18, "fabric": (done, pynvml.NVML_ERROR_UNKNOWN)},
+                     {"links": 12}])  # an A100: no fabric state
+    gpus = hardware.gpus()
+    assert [(g.fabric_state, bool(g.fabric_error)) for g in gpus] == [
+        ("completed", False), ("not_started", False), ("in_progress", False), ("completed", True), ("", False)]
+    assert "Unknown Error" in gpus[3].fabric_error
+    config = agent_config(sim, tmp_path / "spool", expected={"gpus": 5})
+    found = {f.fault_code: f for f in PolledChecks(hardware, config).gpu().findings}
+    assert sorted(found) == ["GPU_FABRIC_ERROR", "GPU_FABRIC_NOT_READY"]
+    assert found["GPU_FABRIC_NOT_READY"].evidence["gpus"] == "1,2" and found["GPU_FABRIC_NOT_READY"].status == "failed"
+    assert found["GPU_FABRIC_ERROR"].component == {"kind": "gpu", "index": 3, "uuid": "GPU-00000003"}
+
+
+def test_a_node_without_an_nvlink_fabric_reads_healthy(fake, sim, tmp_path):
+    hardware = fake([{"links": 12}, {"links": None}])
+    config = agent_config(sim, tmp_path / "spool", expected={"gpus": 2})
+    assert PolledChecks(hardware, config).gpu().findings == []

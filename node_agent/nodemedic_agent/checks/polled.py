@@ -13,6 +13,11 @@ from nodemedic_agent.hardware.base import EfaDevice, GpuState, Hardware, Hardwar
 # an interface carries no traffic; "unknown" is a driver that does not set it, and "must be
 # considered for user data": its carrier decides
 LINK_DOWN = frozenset({"down", "lowerlayerdown", "notpresent", "dormant", "testing"})
+# what a healthy node reads right after it boots, until its NVLinks train and Fabric Manager has
+# registered its GPUs with the NVLink fabric: the agent sends these only once the node has been up
+# thresholds.boot_settle_seconds (a check run too early flagged 214 healthy GB200 nodes, NVSentinel
+# issue #1701); the deep check after a rung has its own settle rule
+AFTER_BOOT = frozenset({"NVLINK_DOWN", "GPU_FABRIC_NOT_READY"})
 
 
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
@@ -94,10 +99,33 @@ class PolledChecks:
                 found.append(self._found("nvml", "NVLINK_ERRORS",
                                          f"GPU {g.index}: {g.nvlink_errors - before} NVLink errors since the last poll", comp,
                                          {"new_errors": g.nvlink_errors - before, "threshold": thr}))
+        found += self._fabric(gpus)
         lost = sum(g.lost for g in gpus)
         unread = sum(bool(g.unreadable) for g in gpus)
         return CheckResult("gpu", f"{len(gpus) - lost}/{expected} GPUs visible" + (f", {unread} unreadable" if unread else ""),
                            found)
+
+    def _fabric(self, gpus: list[GpuState]) -> list[Finding]:
+        """One finding for the node's GPUs not registered with the NVLink fabric (Fabric Manager
+        not running, or still at it), one for those whose registration failed. Either way CUDA
+        cannot use the node's NVLinks; the GPUs look healthy to every other reading (NVSentinel
+        issues #883, #889: a Fabric Manager down for 20 days, undetected)."""
+        found = []
+        waiting = [g for g in gpus if g.fabric_state in ("not_started", "in_progress")]
+        failed = [g for g in gpus if g.fabric_state == "completed" and g.fabric_error]
+        if waiting:
+            states = ", ".join(f"GPU {g.index} {g.fabric_state.replace('_', ' ')}" for g in waiting)
+            found.append(self._found("nvml", "GPU_FABRIC_NOT_READY",
+                                     f"{len(waiting)} of {len(gpus)} GPUs not registered with the NVLink fabric "
+                                     f"(is nvidia-fabricmanager running?): {states}"[:500], {"kind": "node"},
+                                     {"gpus": ",".join(str(g.index) for g in waiting), "fabric_states": states[:1000]}))
+        if failed:
+            errors = ", ".join(f"GPU {g.index}: {g.fabric_error}" for g in failed)
+            found.append(self._found("nvml", "GPU_FABRIC_ERROR",
+                                     f"{len(failed)} GPUs failed to register with the NVLink fabric: {errors}"[:500],
+                                     {"kind": "node"} if len(failed) > 1 else _gpu(failed[0].index, failed[0].uuid),
+                                     {"gpus": ",".join(str(g.index) for g in failed), "errors": errors[:1000]}))
+        return found
 
     def dcgm(self) -> CheckResult:
         """DCGM's health watches: a Failure is DCGM_HEALTH, a Warning (PCIe replays, an InfoROM

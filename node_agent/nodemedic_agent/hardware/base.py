@@ -40,6 +40,11 @@ class GpuState:
     utilization_pct: float = 0.0
     pcie_width: int = 0  # lanes the link trained at
     pcie_max_width: int = 0
+    # an NVSwitch system (HGX H100/H200/B200): the GPU's registration with the NVLink fabric, which
+    # Fabric Manager makes after each boot (nvmlDeviceGetGpuFabricInfo). "" where NVML does not
+    # report it (no NVSwitch, an A100, a driver before 525); else not_started, in_progress, completed
+    fabric_state: str = ""
+    fabric_error: str = ""  # completed: NVML's error status of the registration ("" is NVML_SUCCESS)
 
     @property
     def sm_clock_ratio(self) -> float | None:
@@ -85,5 +90,8 @@ class Hardware(Protocol):
     def mount_responsive(self, path: str, timeout_s: float) -> bool: ...
 
     def mount_read_only(self, path: str) -> bool: ...
+
+    def uptime(self) -> float:
+        """Seconds since the node booted."""
 
     def close(self) -> None: ...

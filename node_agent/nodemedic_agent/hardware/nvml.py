@@ -8,6 +8,7 @@ error for one GPU is that GPU's check error (the others are read); any other NVM
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import shutil
 import subprocess
@@ -26,6 +27,10 @@ try:  # nvidia-ml-py; its absence is reported by the GPU checks, not at import
     import pynvml
 except ImportError:  # pragma: no cover - the agent package depends on nvidia-ml-py
     pynvml = None
+
+
+# NVML_GPU_FABRIC_STATE_*; NOT_SUPPORTED (0) is no fabric to register with
+FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
 
 
 def _supported(call: Any, default: Any) -> Any:
@@ -130,6 +135,23 @@ class NvmlHardware:
         return errors, down
 
     @staticmethod
+    def _fabric(h: Any) -> tuple[str, str]:
+        """(state, error) of the GPU's registration with the NVLink fabric: ``nvmlGpuFabricInfo_t``,
+        whose ``status`` counts only once ``state`` is completed (NVML API reference; the same
+        test TensorRT-LLM makes before it uses the fabric). ("", "") where NVML does not report it."""
+        struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
+        if struct is None:  # an nvidia-ml-py older than the call
+            return "", ""
+        info = struct()
+        if _supported(lambda: pynvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info)), None) is None:
+            return "", ""
+        state = FABRIC_STATES.get(int(info.state), "")
+        error = ""
+        if state == "completed" and int(info.status) != pynvml.NVML_SUCCESS:
+            error = str(pynvml.NVMLError(int(info.status)))
+        return state, error
+
+    @staticmethod
     def _read(index: int) -> GpuState:
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
         uuid = pynvml.nvmlDeviceGetUUID(h)
@@ -143,6 +165,7 @@ class NvmlHardware:
                                                "nvmlDeviceGetCurrentClocksThrottleReasons"), h), 0)
         thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonSwThermalSlowdown
         nvlink, links_down = NvmlHardware._links(h)
+        fabric_state, fabric_error = NvmlHardware._fabric(h)
         util = _supported(lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, 0)
         return GpuState(
             sm_clock_mhz=int(_supported(lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM), 0)),
@@ -156,6 +179,7 @@ class NvmlHardware:
             remap_failure=bool(remap_failure), thermal_violation=bool(reasons & thermal),
             power_violation=bool(reasons & pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
             nvlink_errors=int(nvlink), nvlink_links_down=links_down,
+            fabric_state=fabric_state, fabric_error=fabric_error,
         )
 
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:
@@ -222,6 +246,10 @@ class NvmlHardware:
 
     def mount_read_only(self, path: str) -> bool:
         return self._storage.mount_read_only(path)
+
+    @staticmethod
+    def uptime() -> float:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)  # suspended time included, as a boot's age
 
     def close(self) -> None:
         if self._ready:

@@ -34,6 +34,8 @@ FAULTS = {
     "reset-required": "NVML answers 'GPU requires reset' for GPU k",
     "nvlink": "NVLink error counters of GPU k jump",
     "nvlink-down": "2 NVLinks of GPU k are not active (as right after a boot, before they train)",
+    "fabric-manager-down": "no GPU is registered with the NVLink fabric (nvidia-fabricmanager is not running)",
+    "fabric-error": "GPU k's registration with the NVLink fabric failed",
     "thermal": "GPU k throttles for temperature",
     "busy": "every GPU at 95 % utilization (a training job runs)",
     "slow": "GPU k runs at 80 % of its maximum SM clock (a hardware slowdown: the node is slow, not dead)",
@@ -95,6 +97,7 @@ class SimulatedNode:
                      for i in range(gpus)],
             "dcgm": None, "nvml_error": None, "disks": {},
             "mounts": {m: {"hung": False, "read_only": False} for m in ("/", *shared_mounts)},
+            "booted_at": time.time(),  # the node boots as it is created
         }
         self._write(state)
         for path in (self.kmsg_path, self.dir / "xids.jsonl"):
@@ -158,6 +161,13 @@ class SimulatedNode:
             self._update_gpu(gpu, nvlink_errors=10_000)
         elif fault == "nvlink-down":
             self._update_gpu(gpu, nvlink_links_down=2)
+        elif fault == "fabric-manager-down":
+            state = self.state()
+            for g in state["gpus"]:
+                g["fabric_state"] = "not_started"
+            self._write(state)
+        elif fault == "fabric-error":
+            self._update_gpu(gpu, fabric_state="completed", fabric_error="Unknown Error")
         elif fault == "thermal":
             self._update_gpu(gpu, thermal_violation=True)
         elif fault == "busy":
@@ -212,9 +222,14 @@ class SimulatedNode:
         else:  # clear
             keep = self.state()
             self.create(gpus=len(keep["gpus"]), efa=0, shared_mounts=tuple(m for m in keep["mounts"] if m != "/"))
+            self.boot(keep.get("booted_at", time.time()))  # cleared, not rebooted
             for port in (self.dir / "sys" / "class" / "infiniband").glob("rdmap*s0/ports/1"):
                 (port / "state").write_text("4: ACTIVE\n")
                 self._set_link(int(port.parent.parent.name[len("rdmap"):-len("s0")]), up=True)
+
+    def boot(self, at: float | None = None) -> None:
+        """The node booted at ``at`` (epoch seconds; now by default)."""
+        self._set_top("booted_at", time.time() if at is None else at)
 
     def _set(self, section: str, key: str, value: Any) -> None:
         state = self.state()
@@ -299,6 +314,9 @@ class SimulatedHardware:
         if mount is None:
             raise HardwareError(f"cannot read {path}: not mounted")
         return bool(mount["read_only"])
+
+    def uptime(self) -> float:
+        return time.time() - float(self._state().get("booted_at", 0.0))
 
     def close(self) -> None:
         pass
