@@ -286,7 +286,10 @@ class Agent:
         results = self.checks.run_all()
         if self.checks.gpus:  # what the GPU check read (kept from its last success); no second NVML pass
             self._map_gpus(self.checks.gpus)
-        booting = self.hw.uptime() < self.config.thresholds.boot_settle_seconds
+        try:
+            booting = self.hw.uptime() < self.config.thresholds.boot_settle_seconds
+        except (HardwareError, OSError, ValueError):  # the boot's age unknown: nothing held back
+            booting = False
         for result in results:
             for finding in result.findings:
                 if booting and finding.fault_code in AFTER_BOOT:

@@ -122,7 +122,8 @@ class PolledChecks:
         if failed:
             errors = ", ".join(f"GPU {g.index}: {g.fabric_error}" for g in failed)
             found.append(self._found("nvml", "GPU_FABRIC_ERROR",
-                                     f"{len(failed)} GPUs failed to register with the NVLink fabric: {errors}"[:500],
+                                     f"{len(failed)} of {len(gpus)} GPUs failed to register with the NVLink fabric: "
+                                     f"{errors}"[:500],
                                      {"kind": "node"} if len(failed) > 1 else _gpu(failed[0].index, failed[0].uuid),
                                      {"gpus": ",".join(str(g.index) for g in failed), "errors": errors[:1000]}))
         return found
