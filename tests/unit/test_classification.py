@@ -18,6 +18,7 @@ from nodemedic.domain.classification import alarm_fault_code, classify, parse_ov
         pytest.param("GPU_LOST", "gpu_lost", "replace", id="gpu_lost_replace"),
         pytest.param("DISK_FULL", "storage", "monitor", id="disk_full_monitor"),
         pytest.param("FS_SHUTDOWN", "filesystem", "reboot", id="xfs_shutdown_reboot"),
+        pytest.param("LUSTRE_EVICTED", "filesystem", "monitor", id="lustre_eviction_recorded"),
         pytest.param("XID 9999", "unknown", "monitor", id="unknown_is_never_acted_on"),
     ],
 )

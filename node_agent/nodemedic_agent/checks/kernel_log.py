@@ -58,6 +58,10 @@ READ_ONLY = re.compile(r"(?:Remounting filesystem read-only|remounted read-only|
 # down filesystem." (fs/xfs/xfs_fsops.c xfs_do_force_shutdown), before 5.x "... Filesystem has been
 # shut down due to log error (0x2)."
 XFS_SHUTDOWN = re.compile(r"\bXFS \(([^)\s]+)\): .*(?:Shutting down filesystem|[Ff]ilesystem has been shut down)")
+# the Lustre client (FSx for Lustre) evicted by a server: its in-flight I/O fails, then it reconnects
+# (lustre/ptlrpc/import.c, LCONSOLE_ERROR_MSG 0x167: "LustreError: 167-0: <device>: This client was
+# evicted by <target>; in progress operations using this service will fail.")
+LUSTRE_EVICTED = re.compile(r"(?:(\S+): )?This client was evicted by ([^;\s]+)")
 OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
 MAX_LINE_BYTES = 65536
 NOT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -131,6 +135,10 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
         return found("SOFT_LOCKUP", f"soft lockup on CPU {m.group(1)}", {"kind": "node"})
     if m := XFS_SHUTDOWN.search(message):
         return found("FS_SHUTDOWN", f"XFS shut down the file system on {m.group(1)}", {"kind": "filesystem", "name": m.group(1)})
+    if "Lustre" in message and (m := LUSTRE_EVICTED.search(message)):
+        evidence["evicted_by"] = m.group(2)[:128]
+        return found("LUSTRE_EVICTED", f"the Lustre client was evicted by {m.group(2)[:128]}",
+                     {"kind": "filesystem", "name": (m.group(1) or m.group(2))[:256]})
     if READ_ONLY.search(message):
         return found("FS_READONLY", "a file system was remounted read-only", {"kind": "filesystem"})
     if m := OOM.search(message):
