@@ -106,3 +106,20 @@ def test_no_mutation_of_a_valid_event_is_coerced_into_another_valid_one() -> Non
         assert got == value or (field in ("observed_at", "sent_at") and isinstance(value, str)), (field, value, got)
 
     check()
+
+
+def test_recorded_rungs_that_are_not_rungs_are_skipped_not_a_crash():
+    """A repair record written by another version (or by hand): the reconciler's lock release reads
+    the incident's instances from it and must not fail on an entry that is no rung."""
+    from datetime import UTC, datetime
+
+    from nodemedic.contracts.incident import Incident, StageRecord
+
+    now = datetime.now(UTC)
+    repair = StageRecord(started_at=now, result={"rungs": ["junk", None, {"rung": "replace", "instance_id": "i-0feed"}]})
+    incident = Incident(incident_id="inc-1", cluster="c", instance_id="i-0123456789abcdef0", slurm_node="gpu-1",
+                        fault_code="XID 79", fault_class="gpu_lost", action="replace", source="nodemedic.agent",
+                        observed_at=now, status="open", detected_at=now, reason="r", stages={"repair": repair})
+    assert incident.instances == ["i-0123456789abcdef0", "i-0feed"]
+    assert [r["rung"] for r in incident.repair_rungs] == ["replace"]
+    assert StageRecord(started_at=now, result={"rungs": "junk"}).repair_rungs == []

@@ -70,6 +70,12 @@ class StageRecord(BaseModel):
     completed_at: AwareDatetime | None = None
     result: dict[str, object] = Field(default_factory=dict)
 
+    @property
+    def repair_rungs(self) -> list[dict[str, Any]]:
+        """The repair rungs this (repair) stage recorded, first first (a new list of the same rungs)."""
+        rungs = self.result.get("rungs")
+        return [r for r in rungs if isinstance(r, dict)] if isinstance(rungs, list) else []
+
 
 class Incident(IncidentRef):
     """The ledger item of an incident."""
@@ -112,7 +118,7 @@ class Incident(IncidentRef):
     def repair_rungs(self) -> list[dict[str, Any]]:
         """The repair rungs recorded on the incident, first first."""
         repaired = self.stages.get("repair")
-        return list(repaired.result.get("rungs", [])) if repaired else []  # type: ignore[call-overload]
+        return repaired.repair_rungs if repaired else []
 
     @property
     def instances(self) -> list[str]:

@@ -95,7 +95,7 @@ def stage_of(purpose: Purpose) -> Stage:
 
 def check_record(record: StageRecord, purpose: Purpose) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The ladder's rungs so far, and the record of the check: the last rung's, or the verification's."""
-    rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
+    rungs = record.repair_rungs
     if purpose == "verify":
         return rungs, dict(record.result.get("check", {}))  # type: ignore[call-overload]
     return rungs, dict(rungs[-1].get("check", {})) if rungs else {}
@@ -150,7 +150,7 @@ def answer(stepfunctions: Any, token: str, out: HealthCheckOutput) -> None:
 def record_on_rung(incident: IncidentRef, command_id: str, out: HealthCheckOutput, ledger: Ledger,
                     now: datetime) -> None:
     record = ledger.get(incident.incident_id).stages.get("repair")
-    rungs: list[dict[str, Any]] = list(record.result.get("rungs", [])) if record else []  # type: ignore[call-overload]
+    rungs = record.repair_rungs if record else []
     if not rungs or rungs[-1].get("check", {}).get("command_id") != command_id:
         return
     rungs[-1]["check"].update(healthy=out.healthy, checks=out.checks, ended_at=now.isoformat())

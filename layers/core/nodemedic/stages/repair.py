@@ -52,7 +52,7 @@ def repair(
     clock: Callable[[], datetime],
 ) -> RepairOutput:
     record = ledger.start_stage(incident, "repair", clock())
-    rungs: list[dict[str, Any]] = list(record.result.get("rungs", []))  # type: ignore[call-overload]
+    rungs = record.repair_rungs
     incident = serving(incident, rungs)
     ladder = incident.rungs
     if rungs and rungs[-1].get("done_at"):
