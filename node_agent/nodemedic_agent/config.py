@@ -117,8 +117,8 @@ class Thresholds(_Section):
     efa_debounce_polls: Count = Field(default=3, ge=1, le=100)
     boot_settle_seconds: float = Field(
         default=300, ge=0, le=3600,
-        description="NVLINK_DOWN and GPU_FABRIC_NOT_READY are sent only once the node has been up this long: "
-                    "until then NVLinks train and Fabric Manager registers the GPUs")
+        description="NVLINK_DOWN, GPU_FABRIC_NOT_READY, GPU_FABRIC_UNHEALTHY and GPU_FABRIC_DEGRADED are sent only "
+                    "once the node has been up this long: until then NVLinks train and Fabric Manager registers the GPUs")
 
     @field_validator("efa_error_rates")
     @classmethod

@@ -24,6 +24,8 @@ FAULTS = [
     ("nvlink-down", {"gpu": 5}, "NVLINK_DOWN", {"nvml"}, "reboot"),
     ("fabric-manager-down", {}, "GPU_FABRIC_NOT_READY", {"nvml"}, "reboot"),
     ("fabric-error", {"gpu": 2}, "GPU_FABRIC_ERROR", {"nvml"}, "reboot"),
+    ("fabric-unhealthy", {"gpu": 4}, "GPU_FABRIC_UNHEALTHY", {"nvml"}, "reboot"),
+    ("fabric-degraded", {"gpu": 1}, "GPU_FABRIC_DEGRADED", {"nvml"}, "degrade"),
     ("thermal", {"gpu": 6}, "THERMAL_VIOLATION", {"nvml"}, "monitor"),
     ("dcgm", {}, "DCGM_HEALTH", {"dcgm"}, "reboot"),
     ("dcgm-warning", {"gpu": 4}, "DCGM_HEALTH_WARNING", {"dcgm"}, "monitor"),
@@ -66,14 +68,15 @@ def test_what_a_boot_makes_before_the_fabric_is_up_is_sent_only_once_the_node_ha
     agent = make_agent(thresholds={"boot_settle_seconds": 300}, intervals={"poll_seconds": 0.1})
     sim.inject("nvlink-down", gpu=3)
     sim.inject("fabric-manager-down")
+    sim.inject("fabric-degraded", gpu=2)  # registered, its bandwidth not yet full
     sim.inject("ecc-dbe", gpu=1)
     assert [e["fault_code"] for e in bus.wait_health(1, settle=1.0)] == ["ECC_DBE"]
     sim.boot(time.time() - 301)  # the same node, five minutes on: still down
-    codes = sorted(e["fault_code"] for e in bus.wait_health(3, settle=0.5))
-    assert codes == ["ECC_DBE", "GPU_FABRIC_NOT_READY", "NVLINK_DOWN"]
+    codes = sorted(e["fault_code"] for e in bus.wait_health(4, settle=0.5))
+    assert codes == ["ECC_DBE", "GPU_FABRIC_DEGRADED", "GPU_FABRIC_NOT_READY", "NVLINK_DOWN"]
     [fabric] = [e for e in bus.health_events() if e["fault_code"] == "GPU_FABRIC_NOT_READY"]
-    assert fabric["component"] == {"kind": "node"} and fabric["evidence"]["gpus"] == "0,1,2,3,4,5,6,7"
-    assert "nvidia-fabricmanager" in fabric["evidence"]["summary"] and agent.published == 3
+    assert fabric["component"] == {"kind": "node"} and fabric["evidence"]["gpus"] == "0,1,3,4,5,6,7"
+    assert "nvidia-fabricmanager" in fabric["evidence"]["summary"] and agent.published == 4
 
 
 def test_gpu_count_lower_than_expected(bus, make_agent):

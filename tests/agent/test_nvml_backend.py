@@ -30,6 +30,7 @@ class FakeNvml:
 
     def __init__(self, gpus: list[dict[str, Any]]) -> None:
         self.gpus = gpus
+        self.asked: list[int] = []  # the fabric struct versions NVML answered
 
     def __getattr__(self, name: str) -> Any:  # constants and error classes: nvidia-ml-py's own
         return getattr(pynvml, name)
@@ -94,7 +95,25 @@ class FakeNvml:
         fabric = self._gpu(h).get("fabric")
         if fabric is None:  # no NVSwitch (an A100 says so too)
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        info._obj.state, info._obj.status = fabric  # filled through the pointer, as NVML fills it
+        info._obj.state, info._obj.status = fabric[:2]  # filled through the pointer, as NVML fills it
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, h: int, info: Any) -> int:  # noqa: N802
+        """``fabric``: (state, status, healthMask, healthSummary); ``fabric_versions``: the struct
+        versions this GPU's driver knows (R535: none, the function is missing; R550: v2)."""
+        versions = self._gpu(h).get("fabric_versions", (pynvml.nvmlGpuFabricInfo_v2, pynvml.nvmlGpuFabricInfo_v3))
+        if not versions:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if info._obj.version not in versions:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        self.asked.append(info._obj.version)
+        fabric = self._gpu(h).get("fabric")
+        if fabric is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        state, status, mask, summary = (*fabric, 0, 0)[:4]
+        info._obj.state, info._obj.status, info._obj.healthMask = state, status, mask
+        if info._obj.version == pynvml.nvmlGpuFabricInfo_v3:
+            info._obj.healthSummary = summary
         return pynvml.NVML_SUCCESS
 
 
@@ -214,6 +233,61 @@ def test_the_gpus_registration_with_the_nvlink_fabric_is_read_and_judged(fake, s
     assert sorted(found) == ["GPU_FABRIC_ERROR", "GPU_FABRIC_NOT_READY"]
     assert found["GPU_FABRIC_NOT_READY"].evidence["gpus"] == "1,2" and found["GPU_FABRIC_NOT_READY"].status == "failed"
     assert found["GPU_FABRIC_ERROR"].component == {"kind": "gpu", "index": 3, "uuid": "GPU-00000003"}
+
+
+def _mask(degraded_bw: int = 2, route_recovery: int = 2, route_unhealthy: int = 2, timeout_recovery: int = 2,
+          config: int = 1) -> int:
+    """A fabric health mask as NVML packs it (NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_*, nvidia-ml-py's
+    own constants); every field's default is its healthy value."""
+    return (degraded_bw << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
+            | route_recovery << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY
+            | route_unhealthy << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY
+            | timeout_recovery << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ACCESS_TIMEOUT_RECOVERY
+            | config << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION)
+
+
+def test_the_fabrics_health_of_each_registered_gpu_is_read_and_judged(fake, sim, tmp_path):
+    """nvmlGpuFabricInfo_v3_t (GB200): the health mask and summary of a registered GPU. A route
+    unhealthy, a wrong configuration or an unhealthy summary is GPU_FABRIC_UNHEALTHY; bandwidth
+    degraded or limited capacity, GPU_FABRIC_DEGRADED (slow, not dead); a recovery in progress,
+    and the health of a GPU not yet registered, are nothing."""
+    done, running, ok = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS
+    healthy, unhealthy, limited = (pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY, pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY,
+                                   pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY)
+    no_partition = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NO_PARTITION
+    hardware = fake([{"links": 18, "fabric": (done, ok, _mask(), healthy)},
+                     {"links": 18, "fabric": (done, ok, _mask(degraded_bw=1), limited)},
+                     {"links": 18, "fabric": (done, ok, _mask(route_unhealthy=1), unhealthy)},
+                     {"links": 18, "fabric": (done, ok, _mask(config=no_partition), unhealthy)},
+                     {"links": 18, "fabric": (done, ok, _mask(route_recovery=1, timeout_recovery=1), healthy)},
+                     {"links": 18, "fabric": (running, ok, _mask(route_unhealthy=1), unhealthy)},
+                     {"links": 18, "fabric": (done, ok, 0, 0)}])  # a driver that reports no health: nothing judged
+    gpus = hardware.gpus()
+    assert [g.fabric_health for g in gpus] == [
+        (), ("bandwidth degraded", "limited capacity"), ("route unhealthy", "unhealthy"),
+        ("incorrect configuration: no partition", "unhealthy"), (), (), ()]
+    assert set(nvml.pynvml.asked) == {pynvml.nvmlGpuFabricInfo_v3}
+    config = agent_config(sim, tmp_path / "spool", expected={"gpus": 7})
+    found = {f.fault_code: f for f in PolledChecks(hardware, config).gpu().findings}
+    assert sorted(found) == ["GPU_FABRIC_DEGRADED", "GPU_FABRIC_NOT_READY", "GPU_FABRIC_UNHEALTHY"]
+    assert found["GPU_FABRIC_UNHEALTHY"].component == {"kind": "node"}
+    assert found["GPU_FABRIC_UNHEALTHY"].evidence["gpus"] == "2,3" and "no partition" in found["GPU_FABRIC_UNHEALTHY"].summary
+    assert found["GPU_FABRIC_DEGRADED"].component == {"kind": "gpu", "index": 1, "uuid": "GPU-00000001"}
+    assert "bandwidth degraded" in found["GPU_FABRIC_DEGRADED"].evidence["errors"]
+
+
+@pytest.mark.parametrize(("versions", "reads_health"), [
+    ((pynvml.nvmlGpuFabricInfo_v2,), True),  # R550: v2, the health mask without the summary
+    ((), False)],  # R535: no nvmlDeviceGetGpuFabricInfoV, the first form: state and status only
+    ids=["v2-driver", "v1-driver"])
+def test_an_older_driver_is_read_in_the_newest_form_it_knows(fake, versions, reads_health):
+    """A driver older than the struct asked for answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    one older than the call has no such function (NVML API reference)."""
+    done = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    [gpu] = fake([{"links": 18, "fabric_versions": versions,
+                   "fabric": (done, pynvml.NVML_SUCCESS, _mask(route_unhealthy=1), 0)}]).gpus()
+    assert gpu.fabric_state == "completed" and gpu.fabric_health == (("route unhealthy",) if reads_health else ())
+    assert nvml.pynvml.asked == list(versions)
 
 
 def test_a_node_without_an_nvlink_fabric_reads_healthy(fake, sim, tmp_path):

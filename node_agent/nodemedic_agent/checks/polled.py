@@ -16,8 +16,12 @@ LINK_DOWN = frozenset({"down", "lowerlayerdown", "notpresent", "dormant", "testi
 # what a healthy node reads right after it boots, until its NVLinks train and Fabric Manager has
 # registered its GPUs with the NVLink fabric: the agent sends these only once the node has been up
 # thresholds.boot_settle_seconds (a check run too early flagged 214 healthy GB200 nodes, NVSentinel
-# issue #1701); the deep check after a rung has its own settle rule
-AFTER_BOOT = frozenset({"NVLINK_DOWN", "GPU_FABRIC_NOT_READY"})
+# issue #1701); the deep check after a rung has its own settle rule. The fabric's health is read
+# the same way: its routes and bandwidth settle as the fabric comes up
+AFTER_BOOT = frozenset({"NVLINK_DOWN", "GPU_FABRIC_NOT_READY", "GPU_FABRIC_UNHEALTHY", "GPU_FABRIC_DEGRADED"})
+# what the fabric's health reports of a GPU that works, slower (nvmlGpuFabricInfo_v3_t); anything
+# else it reports means the GPU cannot use the fabric as it should
+FABRIC_DEGRADED = frozenset({"bandwidth degraded", "limited capacity"})
 
 
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
@@ -106,27 +110,44 @@ class PolledChecks:
                            found)
 
     def _fabric(self, gpus: list[GpuState]) -> list[Finding]:
-        """One finding for the node's GPUs not registered with the NVLink fabric (Fabric Manager
-        not running, or still at it), one for those whose registration failed. Either way CUDA
-        cannot use the node's NVLinks; the GPUs look healthy to every other reading (NVSentinel
-        issues #883, #889: a Fabric Manager down for 20 days, undetected)."""
+        """The GPUs' standing in the NVLink fabric, one finding per kind for the node:
+        - not registered (Fabric Manager not running, or still at it): CUDA cannot use the node's
+          NVLinks and the GPUs look healthy to every other reading (NVSentinel issues #883, #889:
+          a Fabric Manager down for 20 days, undetected);
+        - registration failed;
+        - registered, and the fabric's health says a route is unhealthy, the configuration is
+          wrong or the GPU is unhealthy: it cannot use the fabric as it should;
+        - registered, with bandwidth degraded or limited capacity: the node works, slower (a
+          trunk link lost on a GB200 rack, NVIDIA NMX-M "Partition Health")."""
         found = []
         waiting = [g for g in gpus if g.fabric_state in ("not_started", "in_progress")]
-        failed = [g for g in gpus if g.fabric_state == "completed" and g.fabric_error]
         if waiting:
             states = ", ".join(f"GPU {g.index} {g.fabric_state.replace('_', ' ')}" for g in waiting)
             found.append(self._found("nvml", "GPU_FABRIC_NOT_READY",
                                      f"{len(waiting)} of {len(gpus)} GPUs not registered with the NVLink fabric "
                                      f"(is nvidia-fabricmanager running?): {states}"[:500], {"kind": "node"},
                                      {"gpus": ",".join(str(g.index) for g in waiting), "fabric_states": states[:1000]}))
-        if failed:
-            errors = ", ".join(f"GPU {g.index}: {g.fabric_error}" for g in failed)
-            found.append(self._found("nvml", "GPU_FABRIC_ERROR",
-                                     f"{len(failed)} of {len(gpus)} GPUs failed to register with the NVLink fabric: "
-                                     f"{errors}"[:500],
-                                     {"kind": "node"} if len(failed) > 1 else _gpu(failed[0].index, failed[0].uuid),
-                                     {"gpus": ",".join(str(g.index) for g in failed), "errors": errors[:1000]}))
+        registered = [g for g in gpus if g.fabric_state == "completed"]
+        failed = {g.index: g.fabric_error for g in registered if g.fabric_error}
+        unhealthy = {g.index: ", ".join(g.fabric_health) for g in registered
+                     if not g.fabric_error and set(g.fabric_health) - FABRIC_DEGRADED}
+        degraded = {g.index: ", ".join(g.fabric_health) for g in registered
+                    if not g.fabric_error and g.fabric_health and g.index not in unhealthy}
+        for code, by_gpu, what in (("GPU_FABRIC_ERROR", failed, "failed to register with the NVLink fabric"),
+                                   ("GPU_FABRIC_UNHEALTHY", unhealthy, "unhealthy in the NVLink fabric"),
+                                   ("GPU_FABRIC_DEGRADED", degraded, "with degraded NVLink fabric bandwidth")):
+            if by_gpu:
+                found.append(self._fabric_gpus(code, f"{len(by_gpu)} of {len(gpus)} GPUs {what}", by_gpu, gpus))
         return found
+
+    def _fabric_gpus(self, code: str, summary: str, by_gpu: dict[int, str], gpus: list[GpuState]) -> Finding:
+        """One finding for the GPUs in ``by_gpu`` (index -> what NVML says): the GPU's, or the
+        node's when there are several."""
+        said = ", ".join(f"GPU {i}: {text}" for i, text in by_gpu.items())
+        [first] = [g for g in gpus if g.index == next(iter(by_gpu))]
+        return self._found("nvml", code, f"{summary}: {said}"[:500],
+                           {"kind": "node"} if len(by_gpu) > 1 else _gpu(first.index, first.uuid),
+                           {"gpus": ",".join(str(i) for i in by_gpu), "errors": said[:1000]})
 
     def dcgm(self) -> CheckResult:
         """DCGM's health watches: a Failure is DCGM_HEALTH, a Warning (PCIe replays, an InfoROM

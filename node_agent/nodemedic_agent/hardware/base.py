@@ -45,6 +45,10 @@ class GpuState:
     # report it (no NVSwitch, an A100, a driver before 525); else not_started, in_progress, completed
     fabric_state: str = ""
     fabric_error: str = ""  # completed: NVML's error status of the registration ("" is NVML_SUCCESS)
+    # completed: what the fabric's health mask and summary report of this GPU (nvmlGpuFabricInfo_v3_t,
+    # driver R550 and later; GB200), e.g. "bandwidth degraded", "route unhealthy"; () where healthy
+    # or not reported
+    fabric_health: tuple[str, ...] = ()
 
     @property
     def sm_clock_ratio(self) -> float | None:

@@ -31,6 +31,36 @@ except ImportError:  # pragma: no cover - the agent package depends on nvidia-ml
 
 # NVML_GPU_FABRIC_STATE_*; NOT_SUPPORTED (0) is no fabric to register with
 FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
+VERSION_MISMATCH = 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH: a struct version this driver does not know
+
+# The fabric's health of one GPU, nvmlGpuFabricInfo_v3_t (NVML API reference, "Fabric definitions").
+# healthMask holds one field per condition, NVML_GPU_FABRIC_HEALTH_GET(mask, X) = (mask >> SHIFT_X) &
+# WIDTH_X, each 0 where not supported. Written out here: nvidia-ml-py before 12.550 has none of them.
+# Route recovery and access timeout recovery (shifts 2 and 6) are recoveries in progress, not faults.
+_DEGRADED_BW = (0, 0x3, 1)  # shift, width, the value that is the condition (..._DEGRADED_BW_TRUE)
+_ROUTE_UNHEALTHY = (4, 0x3, 1)
+_INCORRECT_CONFIGURATION = (8, 0xF)  # 0 not supported, 1 none, else the reason below
+INCORRECT_CONFIGURATION = {2: "incorrect SysGUID", 3: "incorrect chassis serial number", 4: "no partition",
+                           5: "insufficient NVLinks", 6: "incompatible GPU firmware", 7: "invalid location",
+                           8: "GPU state invalid"}
+# healthSummary: NVML_GPU_FABRIC_HEALTH_SUMMARY_*; 0 not supported, 1 healthy
+HEALTH_SUMMARY = {2: "unhealthy", 3: "limited capacity"}
+
+
+def fabric_health(mask: int, summary: int) -> tuple[str, ...]:
+    """What a GPU's fabric health mask and summary report, in words; () for a healthy GPU or one
+    whose driver reports neither."""
+    found = []
+    if (mask >> _DEGRADED_BW[0]) & _DEGRADED_BW[1] == _DEGRADED_BW[2]:
+        found.append("bandwidth degraded")
+    if (mask >> _ROUTE_UNHEALTHY[0]) & _ROUTE_UNHEALTHY[1] == _ROUTE_UNHEALTHY[2]:
+        found.append("route unhealthy")
+    config = (mask >> _INCORRECT_CONFIGURATION[0]) & _INCORRECT_CONFIGURATION[1]
+    if config > 1:
+        found.append(f"incorrect configuration: {INCORRECT_CONFIGURATION.get(config, f'reason {config}')}")
+    if summary in HEALTH_SUMMARY:
+        found.append(HEALTH_SUMMARY[summary])
+    return tuple(found)
 
 
 def _supported(call: Any, default: Any) -> Any:
@@ -135,21 +165,46 @@ class NvmlHardware:
         return errors, down
 
     @staticmethod
-    def _fabric(h: Any) -> tuple[str, str]:
-        """(state, error) of the GPU's registration with the NVLink fabric: ``nvmlGpuFabricInfo_t``,
-        whose ``status`` counts only once ``state`` is completed (NVML API reference; the same
-        test TensorRT-LLM makes before it uses the fabric). ("", "") where NVML does not report it."""
+    def _fabric_info(h: Any) -> Any:
+        """NVML's ``nvmlGpuFabricInfo`` of the GPU, the newest this driver and nvidia-ml-py both
+        have: v3 (health mask and summary), v2 (health mask; R550), else the first form (state and
+        status only; R525). A driver older than the struct asked for answers
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH (NVML API reference, nvmlDeviceGetGpuFabricInfoV).
+        None where NVML does not report the fabric."""
+        if hasattr(pynvml, "nvmlDeviceGetGpuFabricInfoV"):
+            for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"):
+                struct = getattr(pynvml, name, None)
+                if struct is None:
+                    continue
+                info = struct()  # nvidia-ml-py sets its version
+                try:
+                    if _supported(lambda i=info: pynvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(i)), None) is None:
+                        break  # not this GPU's, or not this driver's: the first form may answer
+                    return info
+                except pynvml.NVMLError as exc:
+                    if exc.value != VERSION_MISMATCH:
+                        raise
         struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
         if struct is None:  # an nvidia-ml-py older than the call
-            return "", ""
+            return None
         info = struct()
         if _supported(lambda: pynvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info)), None) is None:
-            return "", ""
+            return None
+        return info
+
+    @staticmethod
+    def _fabric(h: Any) -> tuple[str, str, tuple[str, ...]]:
+        """(state, error, health) of the GPU's registration with the NVLink fabric. ``status`` and
+        the health count only once ``state`` is completed (NVML API reference; the same test
+        TensorRT-LLM makes before it uses the fabric). ("", "", ()) where NVML does not report it."""
+        info = NvmlHardware._fabric_info(h)
+        if info is None:
+            return "", "", ()
         state = FABRIC_STATES.get(int(info.state), "")
-        error = ""
-        if state == "completed" and int(info.status) != pynvml.NVML_SUCCESS:
-            error = str(pynvml.NVMLError(int(info.status)))
-        return state, error
+        if state != "completed":
+            return state, "", ()
+        error = str(pynvml.NVMLError(int(info.status))) if int(info.status) != pynvml.NVML_SUCCESS else ""
+        return state, error, fabric_health(int(getattr(info, "healthMask", 0)), int(getattr(info, "healthSummary", 0)))
 
     @staticmethod
     def _read(index: int) -> GpuState:
@@ -165,7 +220,7 @@ class NvmlHardware:
                                                "nvmlDeviceGetCurrentClocksThrottleReasons"), h), 0)
         thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown | pynvml.nvmlClocksEventReasonSwThermalSlowdown
         nvlink, links_down = NvmlHardware._links(h)
-        fabric_state, fabric_error = NvmlHardware._fabric(h)
+        fabric_state, fabric_error, fabric = NvmlHardware._fabric(h)
         util = _supported(lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, 0)
         return GpuState(
             sm_clock_mhz=int(_supported(lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM), 0)),
@@ -179,7 +234,7 @@ class NvmlHardware:
             remap_failure=bool(remap_failure), thermal_violation=bool(reasons & thermal),
             power_violation=bool(reasons & pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
             nvlink_errors=int(nvlink), nvlink_links_down=links_down,
-            fabric_state=fabric_state, fabric_error=fabric_error,
+            fabric_state=fabric_state, fabric_error=fabric_error, fabric_health=fabric,
         )
 
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:

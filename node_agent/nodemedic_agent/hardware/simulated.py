@@ -36,6 +36,8 @@ FAULTS = {
     "nvlink-down": "2 NVLinks of GPU k are not active (as right after a boot, before they train)",
     "fabric-manager-down": "no GPU is registered with the NVLink fabric (nvidia-fabricmanager is not running)",
     "fabric-error": "GPU k's registration with the NVLink fabric failed",
+    "fabric-unhealthy": "the NVLink fabric reports a route of GPU k unhealthy",
+    "fabric-degraded": "the NVLink fabric reports GPU k's bandwidth degraded (a lost trunk link)",
     "thermal": "GPU k throttles for temperature",
     "busy": "every GPU at 95 % utilization (a training job runs)",
     "slow": "GPU k runs at 80 % of its maximum SM clock (a hardware slowdown: the node is slow, not dead)",
@@ -168,6 +170,10 @@ class SimulatedNode:
             self._write(state)
         elif fault == "fabric-error":
             self._update_gpu(gpu, fabric_state="completed", fabric_error="Unknown Error")
+        elif fault == "fabric-unhealthy":
+            self._update_gpu(gpu, fabric_state="completed", fabric_health=["route unhealthy", "unhealthy"])
+        elif fault == "fabric-degraded":
+            self._update_gpu(gpu, fabric_state="completed", fabric_health=["bandwidth degraded", "limited capacity"])
         elif fault == "thermal":
             self._update_gpu(gpu, thermal_violation=True)
         elif fault == "busy":
@@ -262,7 +268,7 @@ class SimulatedHardware:
         state = self._state()
         if state.get("nvml_error"):
             raise HardwareError(str(state["nvml_error"]))
-        return [GpuState(**g) for g in state["gpus"]]
+        return [GpuState(**{**g, "fabric_health": tuple(g.get("fabric_health", ()))}) for g in state["gpus"]]
 
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:
         """Simulated NVML event wait: watches ``xids.jsonl`` (the real backend blocks in the driver)."""
