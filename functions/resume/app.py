@@ -22,13 +22,32 @@ def _job_downtime(incident: Any, jobs: JobsOutput | None) -> None:
         record_durations(metrics, incident, {"JobDowntime": jobs.job_downtime_s or 0.0})
 
 
+def _release_claims(incident_id: str) -> None:
+    """Once the incident has ended, the spare and the replacement it claimed are free again. Never
+    fails the step: the reconciler releases what is left."""
+    try:
+        released = wiring.ledger().release_claims(incident_id)
+    except Exception as exc:  # noqa: BLE001 - the incident has ended; the reconciler's run releases them
+        logger.warning("claims not released; the reconciler releases them", error=str(exc)[:300])
+    else:
+        if released:
+            logger.info("claims released", claims=[f"{c.kind} {c.key}" for c in released])
+
+
 @logger.inject_lambda_context
 @throttling_is_retryable
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = ResumeInput.model_validate(event)
+    logger.append_keys(incident=request.incident.incident_id, node=request.incident.slurm_node, step=request.step)
+    out = _step(request)
+    if request.step != "jobs":  # every other step ends the incident
+        _release_claims(request.incident.incident_id)
+    return out
+
+
+def _step(request: ResumeInput) -> dict[str, Any]:
     incident = request.incident
-    logger.append_keys(incident=incident.incident_id, node=incident.slurm_node, step=request.step)
     s = settings()
     if request.step == "fail":
         ended = fail(incident, request.error, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),

@@ -27,6 +27,7 @@ def test_the_spare_documents_lock_files_stay_in_the_cluster_dir() -> None:
         assert execution["status"] == "SUCCEEDED"
         [incident] = local.incidents()
         assert incident.stages["spare"].result["spare"]  # the spare-take and spare-add documents ran
+        assert local.ledger.bookkeeping(local.cluster.name).claims == []  # the spare and the replacement let go
         root = local.scheduler.root
         assert list(root.glob("nodemedic-*.lock"))  # their lock, in the cluster's dir (TMPDIR)
     assert set(Path(tempfile.gettempdir()).glob("nodemedic-*.lock")) == before and not root.exists()

@@ -37,6 +37,8 @@ def test_xid79_on_a_running_job_is_remediated_end_to_end(local: LocalMode) -> No
     # the ledger has every stage timestamp, in order
     incident = local.incident(execution["name"])
     assert incident.status == "closed"
+    # its close let go of the replacement it claimed: nothing is left for the reconciler
+    assert local.ledger.bookkeeping(local.cluster.name).claims == []
     stamps = [incident.stages[s] for s in ("detect", "drain", "spare", "repair", "resume")]
     assert all(s.completed_at for s in stamps)
     assert [s.completed_at for s in stamps] == sorted(s.completed_at for s in stamps)

@@ -11,15 +11,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from botocore.exceptions import ClientError
 from nodemedic.contracts.events import NodeHealthEvent
-from nodemedic.contracts.incident import Incident, StageRecord
+from nodemedic.contracts.incident import REPLACEMENT_CLAIM, SPARE_CLAIM, Incident, StageRecord
 from nodemedic.errors import DrainFailedError
 from nodemedic.providers.base import Member
 from nodemedic.reconciler import UNWATCHED_AFTER, AgentWatch, ReconcileReport, reconcile
 from nodemedic.stages.drain import drain, drain_reason
 from nodemedic.stages.failure import fail
-from nodemedic.stages.repair import REPLACEMENT
 from nodemedic.stages.resume import end_unrecovered, resume
-from nodemedic.stages.spares import SPARE, swap_in
+from nodemedic.stages.spares import swap_in
 from nodemedic.store.ledger import Ledger
 
 from tests.stages.conftest import PREFIX, clock, opened
@@ -132,7 +131,7 @@ def test_a_spare_claimed_but_not_taken_goes_back_to_the_pool(slurm: MemorySlurm,
         swap_in(incident, orchestrator=slurm, provider=MemoryProvider(), ledger=ledger, pool_size=1, clock=clock)
     _fail(incident, slurm, ledger)
     other = opened(ledger, "gpu-2")
-    assert ledger.claim(SPARE, "spare-1", other.incident_id), "the pool is not empty from then on"
+    assert ledger.claim(SPARE_CLAIM, "spare-1", other.incident_id), "the pool is not empty from then on"
 
 
 def test_the_reconciler_ends_stranded_incidents_and_releases_leaked_locks_and_claims(
@@ -142,7 +141,7 @@ def test_the_reconciler_ends_stranded_incidents_and_releases_leaked_locks_and_cl
     fresh = opened(ledger, "gpu-2")  # its execution not found yet (read after write): left alone
     running = opened(ledger, "gpu-3", minutes_ago=10)
     closed = opened(ledger, "gpu-4", minutes_ago=10)
-    ledger.claim(SPARE, "spare-1", closed.incident_id)
+    ledger.claim(SPARE_CLAIM, "spare-1", closed.incident_id)
     ledger.end(closed, "closed", clock(), "", release_node=False)  # a lock left behind
     quarantined = opened(ledger, "gpu-9", minutes_ago=10)
     ledger.end(quarantined, "quarantined", clock(), "lemon", release_node=False)
@@ -288,7 +287,7 @@ def test_a_held_replacement_an_open_incident_claimed_is_that_incidents_and_a_fai
     """A replacement registers held (Kubernetes: the burn-in startup taint) under its own name;
     the incident that claimed its instance adopts and checks it: the reconciler leaves it alone."""
     incident = opened(ledger, "gpu-1")
-    assert ledger.claim(REPLACEMENT, "i-0000000000000000e", incident.incident_id)
+    assert ledger.claim(REPLACEMENT_CLAIM, "i-0000000000000000e", incident.incident_id)
     slurm.drain("gpu-4", f"{PREFIX}:burn-in i-0000000000000000e joined")
     slurm.drain("gpu-2", f"{PREFIX}:burn-in i-00000000000000002 joined")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from nodemedic.contracts.incident import SPARE_CLAIM
 from nodemedic.errors import CommandPendingError
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.stages.drain import drain
 from nodemedic.stages.repair import repair
 from nodemedic.stages.resume import resume
-from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
 from tests.component.test_requeue_retry import SlowCommandSSM
@@ -66,7 +66,7 @@ def test_a_resume_whose_answer_was_lost_is_recorded_as_nodemedic_returning_the_n
     incident = opened(ledger, "gpu-1")
     drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
     if destination == "pool":
-        assert ledger.claim(SPARE, "gpu-1", incident.incident_id)
+        assert ledger.claim(SPARE_CLAIM, "gpu-1", incident.incident_id)
 
     def back():
         return resume(incident, destination, orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0,
@@ -79,4 +79,4 @@ def test_a_resume_whose_answer_was_lost_is_recorded_as_nodemedic_returning_the_n
     assert out.resumed is True and out.destination == destination
     closed = ledger.get(incident.incident_id)
     assert closed.status == "closed" and "operator" not in closed.outcome
-    assert ledger.claim(SPARE, "gpu-1", "inc-other"), "the node's spare claim was left behind"
+    assert ledger.claim(SPARE_CLAIM, "gpu-1", "inc-other"), "the node's spare claim was left behind"

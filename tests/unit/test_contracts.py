@@ -123,3 +123,27 @@ def test_recorded_rungs_that_are_not_rungs_are_skipped_not_a_crash():
     assert incident.instances == ["i-0123456789abcdef0", "i-0feed"]
     assert [r["rung"] for r in incident.repair_rungs] == ["replace"]
     assert StageRecord(started_at=now, result={"rungs": "junk"}).repair_rungs == []
+
+
+def test_an_incidents_claims_are_read_from_its_records():
+    """What its end releases: the spare its spare stage took, the replacement each replace rung
+    found; a stage that took none, or a record that is no claim, names nothing."""
+    from datetime import UTC, datetime
+
+    from nodemedic.contracts.incident import Claim, Incident, StageRecord
+
+    now = datetime.now(UTC)
+
+    def incident(**stages: StageRecord) -> Incident:
+        return Incident(incident_id="inc-1", cluster="c", instance_id="i-0123456789abcdef0", slurm_node="gpu-1",
+                        fault_code="XID 79", fault_class="gpu_lost", action="replace", source="nodemedic.agent",
+                        observed_at=now, status="closed", detected_at=now, reason="r", stages=stages)
+
+    rungs = [{"rung": "reboot"}, {"rung": "replace", "progress": {"new_instance_id": "i-0feed"}},
+             {"rung": "replace", "progress": "junk"}, {"rung": "replace", "progress": {"requested_at": "x"}}]
+    both = incident(spare=StageRecord(started_at=now, result={"spare": "gpu-5"}),
+                    repair=StageRecord(started_at=now, result={"rungs": rungs}))
+    assert both.claims == [Claim(kind="spare", key="gpu-5", incident_id="inc-1"),
+                           Claim(kind="replacement", key="i-0feed", incident_id="inc-1")]
+    assert incident(spare=StageRecord(started_at=now, result={"spare": None})).claims == []
+    assert incident().claims == []

@@ -51,13 +51,12 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, Field
 
 from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
-from nodemedic.contracts.incident import Bookkeeping, UnwatchedNode, UnwatchedNodes
+from nodemedic.contracts.incident import REPLACEMENT_CLAIM, Bookkeeping, UnwatchedNode, UnwatchedNodes
 from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.planned_events import back_from_interruption
 from nodemedic.providers.base import Member
 from nodemedic.stages.failure import fail
-from nodemedic.stages.repair import REPLACEMENT
 from nodemedic.store.ledger import Ledger
 
 KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated", "retired"})  # see the runbooks: on purpose
@@ -345,7 +344,7 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
                         now: datetime, start_burn_in: Callable[[NodeHealthEvent], None],
                         report: ReconcileReport) -> None:
     busy = _in_hand(books)
-    claimed = {c.key for c in books.claims if c.kind == REPLACEMENT}  # a replacement an open incident adopts
+    claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}  # a replacement an open incident adopts
     awaited = _replacement_awaited(books)
     for node in nodes.values():
         instance = burn_in_instance(prefix, node.reason) if node.drained else None

@@ -127,6 +127,21 @@ class Incident(IncidentRef):
         return list(dict.fromkeys([self.instance_id, *(str(r["instance_id"]) for r in self.repair_rungs
                                                         if r.get("instance_id"))]))
 
+    @property
+    def claims(self) -> list[Claim]:
+        """What the incident's records say it claimed: the hot spare its spare stage took, the
+        replacement instance each replace rung found."""
+        spare = self.stages.get("spare")
+        taken = [(SPARE_CLAIM, spare.result.get("spare") if spare else None)]
+        taken += [(REPLACEMENT_CLAIM, progress.get("new_instance_id")) for r in self.repair_rungs
+                  if isinstance(progress := r.get("progress"), dict)]
+        return [Claim(kind=kind, key=key, incident_id=self.incident_id) for kind, key in taken
+                if isinstance(key, str) and key]
+
+
+SPARE_CLAIM = "spare"  # CLAIM#spare#<node>: a hot spare taken for an incident's jobs
+REPLACEMENT_CLAIM = "replacement"  # CLAIM#replacement#<instance>: the new instance a replace rung found
+
 
 class NodeLock(BaseModel):
     """``NODE#<cluster>#<instance>``: the one incident active for an instance."""

@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from nodemedic.contracts.incident import STAGES, Incident, IncidentRef
+from nodemedic.contracts.incident import SPARE_CLAIM, STAGES, Incident, IncidentRef
 from nodemedic.contracts.stages import EndOutput
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.drain import drain_reason
 from nodemedic.stages.resume import lambda_error_message
-from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
 
@@ -59,7 +58,7 @@ def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestr
     name, cause = error_message(error)
     spare = current.stages.get("spare")
     if spare and not spare.completed_at and spare.result.get("spare"):
-        ledger.release(SPARE, str(spare.result["spare"]))  # claimed, maybe not taken: never lost to the pool
+        ledger.release(SPARE_CLAIM, str(spare.result["spare"]))  # claimed, maybe not taken: never lost to the pool
     node = incident.slurm_node
     acted, resume = allowed_to_act(current), current.stages.get("resume")
     if acted and not (resume and resume.result.get("resumed")):  # NodeMedic keeps the node drained

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from nodemedic.contracts.incident import Incident, IncidentRef
+from nodemedic.contracts.incident import REPLACEMENT_CLAIM, Incident, IncidentRef
 from nodemedic.contracts.stages import Destination, RepairOutput
 from nodemedic.errors import (
     CapacityEndsError,
@@ -29,7 +29,6 @@ from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.stages.drain import drain_reason
 from nodemedic.store.ledger import Ledger
 
-REPLACEMENT = "replacement"
 # how long a GPU reset waits for the GPU clients (Kubernetes) to leave the node; NVIDIA's
 # k8s-driver-manager gives each component five minutes for the same wait
 GPU_CLIENTS_WAIT_S = 300
@@ -189,7 +188,7 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, o
     if not rung.get("progress", {}).get("requested_at"):  # before the instance is terminated or stopped
         _guard(incident, orchestrator)
     step = provider.replace(instance, incident.slurm_node, dict(rung.get("progress", {})),
-                            claim=lambda candidate: ledger.claim(REPLACEMENT, candidate, incident.incident_id))
+                            claim=lambda candidate: ledger.claim(REPLACEMENT_CLAIM, candidate, incident.incident_id))
     rung["progress"] = step.progress
     save()
     if step.instance_id is None:

@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from nodemedic.contracts.incident import Incident, IncidentRef, StageRecord
+from nodemedic.contracts.incident import SPARE_CLAIM, Incident, IncidentRef, StageRecord
 from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, ResumeOutput
 from nodemedic.errors import JobsPendingError
 from nodemedic.orchestrators.base import JobState, Orchestrator
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.repair import capacity_ends, serving
-from nodemedic.stages.spares import SPARE
 from nodemedic.store.ledger import Ledger
 
 POLL_PER_CALL_S = 5.0  # then the state machine retries: no Lambda idles for long
@@ -111,7 +110,7 @@ def resume(
         # controller outlasted the wait, SSM throttled): the node is back, not left to an operator
         resumed, destination = True, returning
         if destination == "pool":
-            ledger.release(SPARE, incident.slurm_node)
+            ledger.release(SPARE_CLAIM, incident.slurm_node)
         ledger.record_progress(incident, "resume", {"resumed": resumed, "destination": destination})
     elif capacity_ends(current, str(rungs[-1]["instance_id"]) if rungs else incident.instance_id):
         return _retire_repaired(incident, current, destination, status.state, ledger=ledger, clock=clock)
@@ -128,7 +127,7 @@ def resume(
         # checks it is still ours (an operator may have drained it again meanwhile)
         if resumed and destination == "pool":
             resumed = orchestrator.add_spare(incident.slurm_node, owner_tag(prefix, incident))
-            ledger.release(SPARE, incident.slurm_node)
+            ledger.release(SPARE_CLAIM, incident.slurm_node)
         elif resumed:
             resumed = orchestrator.resume(incident.slurm_node, owner_tag(prefix, incident))
         if resumed:

@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
+from nodemedic.contracts.incident import NON_DISRUPTIVE, SPARE_CLAIM, IncidentRef
 from nodemedic.contracts.stages import SpareOutput
 from nodemedic.orchestrators.base import UNREADY, Orchestrator
 from nodemedic.providers.base import Provider
 from nodemedic.store.ledger import Ledger
 
-SPARE = "spare"
 RETIRED_STAYS = "the node stays drained (its capacity ends)"
 
 
@@ -70,7 +69,7 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
         if not spare:
             candidates = sorted(s.name for s in pool if ready(s.state) and s.name != incident.slurm_node)
             spare = next((name for name in candidates
-                          if name not in ending and ledger.claim(SPARE, name, incident.incident_id)), None)
+                          if name not in ending and ledger.claim(SPARE_CLAIM, name, incident.incident_id)), None)
             ledger.record_progress(incident, "spare", {"spare": spare})
         if spare:
             orchestrator.take_spare(str(spare))

@@ -421,6 +421,14 @@ class Ledger:
                                  ConditionExpression="incident_id = :id",
                                  ExpressionAttributeValues={":id": {"S": claim.incident_id}})
 
+    def release_claims(self, incident_id: str) -> list[Claim]:
+        """Release what an ended incident claimed (its hot spare, its replacement instances), each
+        only while still its own; an open incident keeps them. Those released. The reconciler
+        releases any claim of an ended incident this misses (an incident's records name only the
+        claims it kept)."""
+        incident = self.get(incident_id)
+        return [] if incident.status == "open" else [c for c in incident.claims if self.release_claim(c)]
+
     def still_open(self, incident_ids: list[str]) -> set[str]:
         """Those of ``incident_ids`` that have not ended (one missing from the ledger counts as open)."""
         statuses = self.statuses(incident_ids)
