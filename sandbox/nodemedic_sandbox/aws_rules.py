@@ -87,11 +87,13 @@ def _list(value: Any) -> list[Any]:
 def parameter_problems(declared: dict[str, dict[str, Any]], given: dict[str, str]) -> list[str]:
     """What CloudFormation refuses in a stack's parameter values before it creates anything: a
     parameter the template does not declare, a Number that is not one, and a value outside the
-    declared MinValue/MaxValue, MinLength/MaxLength, AllowedValues or AllowedPattern
-    (CloudFormation user guide, "Parameters syntax": properties). moto checks none of them."""
+    declared MinValue/MaxValue, MinLength/MaxLength, AllowedValues or AllowedPattern, said by the
+    parameter's ConstraintDescription where it has one (CloudFormation user guide, "Parameters
+    syntax": properties). moto checks none of them."""
     problems = []
     for name, value in given.items():
         spec = declared.get(name)
+        said = spec.get("ConstraintDescription") if spec else None
         if spec is None:
             problems.append(f"Parameters: [{name}] do not exist in the template")
             continue
@@ -111,7 +113,7 @@ def parameter_problems(declared: dict[str, dict[str, Any]], given: dict[str, str
             if "MaxLength" in spec and len(value) > int(spec["MaxLength"]):
                 problems.append(f"Parameter '{name}' must contain at most {spec['MaxLength']} characters")
             if "AllowedPattern" in spec and not re.fullmatch(spec["AllowedPattern"], value):
-                problems.append(f"Parameter '{name}' must match pattern {spec['AllowedPattern']}")
+                problems.append(f"Parameter '{name}' {said or 'must match pattern ' + spec['AllowedPattern']}")
         if "AllowedValues" in spec and value not in [str(v) for v in spec["AllowedValues"]]:
-            problems.append(f"Parameter '{name}' must be one of AllowedValues")
+            problems.append(f"Parameter '{name}' {said or 'must be one of AllowedValues'}")
     return problems

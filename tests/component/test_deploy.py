@@ -101,6 +101,8 @@ def test_parameter_values_outside_the_templates_constraints_are_refused_before_a
                        ({"PlannedSweepMinutes": "sixty"}, "must be a number"),
                        ({"RemediationMode": "yolo"}, "one of AllowedValues"),
                        ({"ClusterName": "-bad"}, "must match pattern"),
+                       ({"FaultActionOverrides": '{"XID 74": "explode"}'},  # said by its ConstraintDescription
+                        "'FaultActionOverrides' must be a JSON object of fault code -> action"),
                        ({"PlannedSweepMinute": "15"}, r"\[PlannedSweepMinute\] do not exist")):
         with EmbeddedAWS() as aws:
             with pytest.raises(DeploymentRefusedError, match=why):

@@ -183,3 +183,34 @@ def test_every_function_run_by_a_schedule_pages_when_it_keeps_failing() -> None:
                  if any(e["Type"] == "Schedule" for e in f["Properties"].get("Events", {}).values())}
     assert scheduled >= {"SilenceSweeperFunction", "ReconcilerFunction", "PlannedEventsFunction"}
     assert scheduled <= watched, scheduled - watched
+
+
+def test_the_fault_action_overrides_a_deploy_takes_are_those_detect_reads() -> None:
+    """CloudFormation refuses a FaultActionOverrides outside its AllowedPattern before it creates
+    anything; Detect parses it for every fault, so a value the pattern lets through must parse,
+    and one Detect refuses must not get through (else every event would fail Detect)."""
+    import re
+    from typing import get_args
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from nodemedic.contracts.incident import Action
+    from nodemedic.domain.classification import parse_overrides
+
+    spec = TEMPLATE["Parameters"]["FaultActionOverrides"]
+    pattern = spec["AllowedPattern"]
+    named = set(re.findall(r'"\(([a-z|_]+)\)"', pattern)[0].split("|"))
+    assert named == set(get_args(Action)) - {"burn_in", "retire"}  # the actions an override may name
+    assert re.fullmatch(pattern, spec["Default"]) and parse_overrides(spec["Default"]) == {}
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.from_regex(pattern, fullmatch=True))
+    def passes_and_parses(value: str) -> None:
+        assert isinstance(parse_overrides(value), dict)
+
+    passes_and_parses()
+    for refused in ('{"XID 74": "explode"}', '{"XID 74": "retire"}', '{"XID 74": "burn_in"}', '["XID 74"]', "{not json",
+                    '{"XID 74": "monitor",}', '\x0c{"XID 74": "monitor"}', '{"XID\t74": "monitor"}'):
+        assert not re.fullmatch(pattern, refused), refused
+        with pytest.raises(ValueError):
+            parse_overrides(refused)
