@@ -5,7 +5,8 @@ job, one at a time; each incident is awaited until closed. With a spare (``HotSp
 requeued job starts on the spare at once and the failed node is replaced and fully checked
 behind it, then joins the pool; without one, the job waits for the replacement to boot, pass
 the quick check and be resumed. Boot time is simulated: a new or rebooted instance answers SSM
-only ``--boot-seconds`` after its launch (default 6 s = the published ~900 s divided by 150).
+only ``--boot-seconds`` after its launch (default 9 s = the published ~900 s divided by 100, the
+scale of the pipeline's retry waits here: one clock for both).
 
 Measured per incident: job downtime = the job's new start (Slurm's StartTime) - the fault's
 observed_at; time to recover (incident closed - observed_at); Step Functions state transitions
@@ -25,12 +26,13 @@ from bench.pipeline import PERMISSIVE_POLICY, history_counts
 from bench.results import record, summarize
 
 PUBLISHED_BOOT_S = 900  # HyperPod's replace step (~15 min), the time a new instance takes
+TIME_SCALE = 0.01  # the retry waits of the state machine, and the default boot: both 1/100 of AWS's
 
 
 def run(spares: int, faults: int, boot_s: float) -> dict[str, list[float]]:
     label = f"{'with' if spares else 'without'} a hot spare"
     out: dict[str, list[float]] = {"downtime": [], "recover": [], "transitions": [], "invocations": []}
-    with LocalMode(nodes=4, spares=spares, boot_seconds=boot_s, scheduler="slurm", retry_time_scale=0.01,
+    with LocalMode(nodes=4, spares=spares, boot_seconds=boot_s, scheduler="slurm", retry_time_scale=TIME_SCALE,
                    extra_parameters=PERMISSIVE_POLICY) as local:
         sfn = local.aws.client("stepfunctions")
         job = local.scheduler.submit(4, name="train")
@@ -78,12 +80,14 @@ def _running(local: LocalMode, job: str, timeout: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faults", type=int, default=25, help="faults per run (two runs: with and without a spare)")
-    parser.add_argument("--boot-seconds", type=float, default=PUBLISHED_BOOT_S / 150,
-                        help="simulated boot of a new or rebooted instance (default: 900 s / 150)")
+    parser.add_argument("--boot-seconds", type=float, default=PUBLISHED_BOOT_S * TIME_SCALE,
+                        help="simulated boot of a new or rebooted instance (default: 900 s / 100, the scale of "
+                             "the retry waits)")
     args = parser.parse_args()
     cmd = f"make bench (python -m bench.recovery --faults {args.faults} --boot-seconds {args.boot_seconds:g})"
     common = {"boot_seconds": args.boot_seconds, "boot_scale": f"published {PUBLISHED_BOOT_S} s / "
-              f"{PUBLISHED_BOOT_S / args.boot_seconds:g}", "fault": "XID 79 -> replace; one 4-node job fills 4 nodes"}
+              f"{PUBLISHED_BOOT_S / args.boot_seconds:g}", "retry_scale": f"1/{1 / TIME_SCALE:g}",
+              "fault": "XID 79 -> replace; one 4-node job fills 4 nodes"}
     results = []
     for spares in (1, 0):
         m = run(spares, args.faults, args.boot_seconds)
