@@ -26,6 +26,7 @@ FAULTS = [
     ("fabric-error", {"gpu": 2}, "GPU_FABRIC_ERROR", {"nvml"}, "reboot"),
     ("fabric-unhealthy", {"gpu": 4}, "GPU_FABRIC_UNHEALTHY", {"nvml"}, "reboot"),
     ("fabric-degraded", {"gpu": 1}, "GPU_FABRIC_DEGRADED", {"nvml"}, "degrade"),
+    ("recovery-action", {"gpu": 3}, "XID154_NODE_REBOOT", {"kernel_log", "nvml"}, "reboot"),
     ("thermal", {"gpu": 6}, "THERMAL_VIOLATION", {"nvml"}, "monitor"),
     ("dcgm", {}, "DCGM_HEALTH", {"dcgm"}, "reboot"),
     ("dcgm-warning", {"gpu": 4}, "DCGM_HEALTH_WARNING", {"dcgm"}, "monitor"),
@@ -77,6 +78,17 @@ def test_what_a_boot_makes_before_the_fabric_is_up_is_sent_only_once_the_node_ha
     [fabric] = [e for e in bus.health_events() if e["fault_code"] == "GPU_FABRIC_NOT_READY"]
     assert fabric["component"] == {"kind": "node"} and fabric["evidence"]["gpus"] == "0,1,3,4,5,6,7"
     assert "nvidia-fabricmanager" in fabric["evidence"]["summary"] and agent.published == 4
+
+
+def test_a_recovery_action_the_driver_asked_for_before_the_agent_started_is_still_sent(bus, sim, make_agent):
+    """Xid 154 says once, in the kernel log, what a GPU needs; the agent reads the log from its own
+    start. An agent (re)started after it reads NVML's recovery action at its first poll."""
+    sim.boot(time.time() - 3600)
+    sim.inject("recovery-action", gpu=2)  # the Xid 154 line is written before the agent reads the log
+    make_agent()
+    [event] = bus.wait_health(1)
+    assert (event["fault_code"], event["check"], event["component"]["index"]) == ("XID154_NODE_REBOOT", "nvml", 2)
+    assert event["evidence"]["recovery_action"] == 2 and "node reboot required" in event["evidence"]["summary"]
 
 
 def test_gpu_count_lower_than_expected(bus, make_agent):

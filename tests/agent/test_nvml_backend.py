@@ -98,6 +98,19 @@ class FakeNvml:
         info._obj.state, info._obj.status = fabric[:2]  # filled through the pointer, as NVML fills it
         return pynvml.NVML_SUCCESS
 
+    def nvmlDeviceGetFieldValues(self, h: int, fields: list[int]) -> Any:  # noqa: N802
+        """``recovery``: the GPU's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), an unsigned
+        int; None: a driver before R550, which answers the field NOT_SUPPORTED in its own status."""
+        gpu = self._gpu(h)
+        assert fields == [nvml.RECOVERY_ACTION_FIELD] == [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+        values = (pynvml.c_nvmlFieldValue_t * 1)()
+        values[0].fieldId, values[0].valueType = fields[0], pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        if gpu.get("recovery") is None:
+            values[0].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        else:
+            values[0].nvmlReturn, values[0].value.uiVal = pynvml.NVML_SUCCESS, gpu["recovery"]
+        return values
+
     def nvmlDeviceGetGpuFabricInfoV(self, h: int, info: Any) -> int:  # noqa: N802
         """``fabric``: (state, status, healthMask, healthSummary); ``fabric_versions``: the struct
         versions this GPU's driver knows (R535: none, the function is missing; R550: v2)."""
@@ -294,3 +307,25 @@ def test_a_node_without_an_nvlink_fabric_reads_healthy(fake, sim, tmp_path):
     hardware = fake([{"links": 12}, {"links": None}])
     config = agent_config(sim, tmp_path / "spool", expected={"gpus": 2})
     assert PolledChecks(hardware, config).gpu().findings == []
+
+
+def test_the_recovery_action_the_driver_states_is_read_each_poll(fake, sim, tmp_path):
+    """NVML's recovery action (nvmlDeviceGpuRecoveryAction_t), the state Xid 154 announces: each
+    action is the Xid 154 code of the same name, so the two readings fold into one event; none,
+    or a driver that does not report it, is nothing; an action this catalog does not know is
+    recorded."""
+    hardware = fake([{"links": 18, "recovery": pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET},
+                     {"links": 18, "recovery": pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT},
+                     {"links": 18, "recovery": pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P},
+                     {"links": 18, "recovery": pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET},
+                     {"links": 18, "recovery": pynvml.NVML_GPU_RECOVERY_ACTION_NONE},
+                     {"links": 18},  # R535: the field is not supported
+                     {"links": 18, "recovery": 99}])
+    assert [g.recovery_action for g in hardware.gpus()] == [1, 2, 3, 4, 0, 0, 99]
+    config = agent_config(sim, tmp_path / "spool", expected={"gpus": 7})
+    found = {f.component["index"]: f for f in PolledChecks(hardware, config).gpu().findings}
+    assert {i: f.fault_code for i, f in found.items()} == {
+        0: "XID154_GPU_RESET", 1: "XID154_NODE_REBOOT", 2: "XID154_DRAIN_P2P", 3: "XID154_DRAIN_AND_RESET",
+        6: "XID154_UNKNOWN"}
+    assert found[1].summary == "GPU 1: the driver says node reboot required" and found[1].status == "failed"
+    assert found[6].status == "degraded"  # recorded, not acted on

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from nodemedic.domain.xid import RECOVERY_CODES, RECOVERY_VALUES
+
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error, status_of
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.hardware.base import EfaDevice, GpuState, Hardware, HardwareError, SourceUnavailableError
@@ -22,6 +24,9 @@ AFTER_BOOT = frozenset({"NVLINK_DOWN", "GPU_FABRIC_NOT_READY", "GPU_FABRIC_UNHEA
 # what the fabric's health reports of a GPU that works, slower (nvmlGpuFabricInfo_v3_t); anything
 # else it reports means the GPU cannot use the fabric as it should
 FABRIC_DEGRADED = frozenset({"bandwidth degraded", "limited capacity"})
+
+
+RECOVERY_NAMES = {code: text for text, code in RECOVERY_CODES.items()}  # XID154_NODE_REBOOT -> "node reboot required"
 
 
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
@@ -93,6 +98,11 @@ class PolledChecks:
                 found.append(self._found("nvml", "PCIE_DEGRADED", f"GPU {g.index}: PCIe link trained at x{g.pcie_width} "
                                          f"of x{g.pcie_max_width}", comp,
                                          {"pcie_width": g.pcie_width, "pcie_max_width": g.pcie_max_width}))
+            if g.recovery_action:
+                code = RECOVERY_VALUES.get(g.recovery_action, "XID154_UNKNOWN")
+                said = RECOVERY_NAMES.get(code, f"recovery action {g.recovery_action}")
+                found.append(self._found("nvml", code, f"GPU {g.index}: the driver says {said}", comp,
+                                         {"recovery_action": g.recovery_action, "read_from": "NVML"}))
             if g.thermal_violation:
                 found.append(self._found("nvml", "THERMAL_VIOLATION", f"GPU {g.index}: thermal slowdown", comp))
             if g.power_violation:

@@ -49,6 +49,10 @@ class GpuState:
     # driver R550 and later; GB200), e.g. "bandwidth degraded", "route unhealthy"; () where healthy
     # or not reported
     fabric_health: tuple[str, ...] = ()
+    # the action the driver says the GPU needs (NVML's nvmlDeviceGpuRecoveryAction_t, driver R550+:
+    # 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset), which Xid 154 announces once;
+    # 0: none, or not reported
+    recovery_action: int = 0
 
     @property
     def sm_clock_ratio(self) -> float | None:

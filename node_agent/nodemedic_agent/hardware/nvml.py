@@ -47,6 +47,12 @@ INCORRECT_CONFIGURATION = {2: "incorrect SysGUID", 3: "incorrect chassis serial 
 HEALTH_SUMMARY = {2: "unhealthy", 3: "limited capacity"}
 
 
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (driver R550+; nvidia-ml-py before 12.550 does not name it)
+RECOVERY_ACTION_FIELD = 230
+# nvmlValueType_t -> the member of nvmlValue_t that holds the value
+_FIELD_VALUE = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
 def fabric_health(mask: int, summary: int) -> tuple[str, ...]:
     """What a GPU's fabric health mask and summary report, in words; () for a healthy GPU or one
     whose driver reports neither."""
@@ -207,6 +213,18 @@ class NvmlHardware:
         return state, error, fabric_health(int(getattr(info, "healthMask", 0)), int(getattr(info, "healthSummary", 0)))
 
     @staticmethod
+    def _recovery_action(h: Any) -> int:
+        """The action the driver says the GPU needs, read every poll (nvmlDeviceGetFieldValues,
+        NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): Xid 154 announces it once, in a kernel log the agent
+        reads only from its start, so a GPU that came to need it while the agent was down is still
+        seen. 0 where this driver or GPU does not report it (the field's own status says so)."""
+        values = _supported(lambda: pynvml.nvmlDeviceGetFieldValues(h, [RECOVERY_ACTION_FIELD]), None)
+        if not values or int(values[0].nvmlReturn) != pynvml.NVML_SUCCESS:
+            return 0
+        value = values[0]
+        return int(getattr(value.value, _FIELD_VALUE.get(int(value.valueType), "uiVal")))
+
+    @staticmethod
     def _read(index: int) -> GpuState:
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
         uuid = pynvml.nvmlDeviceGetUUID(h)
@@ -235,6 +253,7 @@ class NvmlHardware:
             power_violation=bool(reasons & pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
             nvlink_errors=int(nvlink), nvlink_links_down=links_down,
             fabric_state=fabric_state, fabric_error=fabric_error, fabric_health=fabric,
+            recovery_action=NvmlHardware._recovery_action(h),
         )
 
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:

@@ -38,6 +38,7 @@ FAULTS = {
     "fabric-error": "GPU k's registration with the NVLink fabric failed",
     "fabric-unhealthy": "the NVLink fabric reports a route of GPU k unhealthy",
     "fabric-degraded": "the NVLink fabric reports GPU k's bandwidth degraded (a lost trunk link)",
+    "recovery-action": "the driver says GPU k needs a node reboot (Xid 154 in the kernel log, and NVML's recovery action)",
     "thermal": "GPU k throttles for temperature",
     "busy": "every GPU at 95 % utilization (a training job runs)",
     "slow": "GPU k runs at 80 % of its maximum SM clock (a hardware slowdown: the node is slow, not dead)",
@@ -174,6 +175,10 @@ class SimulatedNode:
             self._update_gpu(gpu, fabric_state="completed", fabric_health=["route unhealthy", "unhealthy"])
         elif fault == "fabric-degraded":
             self._update_gpu(gpu, fabric_state="completed", fabric_health=["bandwidth degraded", "limited capacity"])
+        elif fault == "recovery-action":
+            self._update_gpu(gpu, recovery_action=2)
+            self.kmsg(f"NVRM: Xid (PCI:{_pci(gpu)[4:]}): 154, GPU recovery action changed from 0x0 (None) to "
+                      "0x2 (Node Reboot Required)")
         elif fault == "thermal":
             self._update_gpu(gpu, thermal_violation=True)
         elif fault == "busy":
