@@ -38,6 +38,8 @@ FAULTS = [
     ("fs-readonly", {}, "FS_READONLY", {"storage", "kernel_log"}, "reboot"),
     ("fs-hang", {}, "FS_UNRESPONSIVE", {"storage"}, "reboot"),
     ("hang", {}, "HUNG_TASK", {"kernel_log"}, "reboot"),
+    ("memory-ue", {}, "HOST_MEMORY_UE", {"kernel_log"}, "replace"),
+    ("pcie-fatal", {"gpu": 5}, "PCIE_AER_FATAL", {"kernel_log"}, "reboot"),
     ("soft-lockup", {}, "SOFT_LOCKUP", {"kernel_log"}, "reboot"),
     ("oom", {}, "OOM_KILL", {"kernel_log"}, "monitor"),
     ("sxid", {}, "SXID 12028", {"kernel_log"}, "monitor"),

@@ -63,6 +63,22 @@ XFS_SHUTDOWN = re.compile(r"\bXFS \(([^)\s]+)\): .*(?:Shutting down filesystem|[
 # evicted by <target>; in progress operations using this service will fail.")
 LUSTRE_EVICTED = re.compile(r"(?:(\S+): )?This client was evicted by ([^;\s]+)")
 OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
+# the host's memory lost data it cannot correct: the EDAC driver's "EDAC MC0: 1 UE memory read error on
+# CPU_SrcID#0_MC#0_Chan#1_DIMM#0 (channel:0 slot:0 page:0x7e025e ...)" (UE, or Fatal; a corrected
+# error is CE and not a fault: drivers/edac/edac_mc.c), the kernel taking a poisoned page away,
+# "Memory failure: 0x7740c0: recovery action for dirty page: Recovered" (mm/memory-failure.c; in a
+# VM too, where the hypervisor forwards the machine check), and x86's "mce: Uncorrected hardware
+# memory error in user-access at 1a2b3c" (arch/x86/kernel/cpu/mce/core.c)
+HOST_MEMORY_UE = re.compile(r"EDAC (?P<mc>MC\d+): [1-9]\d* (?:UE|Fatal) .*?error on (?P<dimm>\S+)"
+                            r"|Memory failure: (?P<page>0x[0-9A-Fa-f]+)|Uncorrected hardware memory error")
+# a PCIe error the link cannot recover from by itself (drivers/pci/pcie/aer.c, severity "Uncorrected
+# (Fatal)"): the port's "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:3b:00.0"
+# (kernels >= 6.x: "... error message received from 0000:3b:00.0") names the device that sent it,
+# the device's own "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=..." is
+# from it; "(Non-Fatal)" and "Corrected" the link recovers from
+PCI_DEVICE = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
+PCIE_FATAL = re.compile(rf"Uncorrected \(Fatal\)(?: error (?:message )?received(?::| from) (?P<source>{PCI_DEVICE}))?")
+DEVICE_PREFIX = re.compile(rf"\b[\w-]+ ({PCI_DEVICE}): ")  # "<driver> <device>: ", as dev_printk writes it
 MAX_LINE_BYTES = 65536
 NOT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -141,6 +157,19 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
                      {"kind": "filesystem", "name": (m.group(1) or m.group(2))[:256]})
     if READ_ONLY.search(message):
         return found("FS_READONLY", "a file system was remounted read-only", {"kind": "filesystem"})
+    if m := HOST_MEMORY_UE.search(message):
+        where = m.group("dimm") or (f"page {m.group('page')}" if m.group("page") else "")
+        evidence.update({k: v for k, v in (("memory_controller", m.group("mc")), ("dimm", m.group("dimm")),
+                                          ("page", m.group("page"))) if v})
+        return found("HOST_MEMORY_UE", f"uncorrectable host memory error{' on ' + where if where else ''}"[:300],
+                     {"kind": "node"})
+    if m := PCIE_FATAL.search(message):
+        device = m.group("source") or ((d := DEVICE_PREFIX.search(message[:m.start()])) and d.group(1)) or ""
+        index = gpu_index(device) if device else None
+        evidence["pci_device"] = device
+        return found("PCIE_AER_FATAL", f"fatal uncorrected PCIe error{' from ' + device if device else ''}",
+                     {"kind": "gpu", "index": index} if index is not None else
+                     {"kind": "node", **({"name": f"pcie {device}"} if device else {})})
     if m := OOM.search(message):
         return found("OOM_KILL", f"OOM killed {m.group(2)} (pid {m.group(1)})", {"kind": "node"})
     return None

@@ -51,6 +51,8 @@ FAULTS = {
     "fs-readonly": "the root file system is remounted read-only",
     "fs-hang": "the shared file system stops answering",
     "hang": "a hung task in the kernel log",
+    "memory-ue": "an uncorrectable host memory error in the kernel log (EDAC)",
+    "pcie-fatal": "a fatal uncorrected PCIe error (AER) from GPU k in the kernel log",
     "soft-lockup": "a CPU soft lockup in the kernel log",
     "oom": "an OOM kill in the kernel log",
     "sxid": "a non-fatal NVSwitch SXID in the kernel log",
@@ -214,6 +216,11 @@ class SimulatedNode:
                     self._set("mounts", mount, {"hung": True, "read_only": False})
         elif fault == "hang":
             self.kmsg("INFO: task python3:4242 blocked for more than 120 seconds.")
+        elif fault == "memory-ue":
+            self.kmsg("EDAC MC0: 1 UE memory read error on CPU_SrcID#0_MC#0_Chan#1_DIMM#0 (channel:1 slot:0 "
+                      "page:0x7e025e offset:0x400 grain:32)", priority=0)
+        elif fault == "pcie-fatal":
+            self.kmsg(f"pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: {_pci(gpu)}")
         elif fault == "soft-lockup":
             self.kmsg("watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python3:4242]")
         elif fault == "oom":
