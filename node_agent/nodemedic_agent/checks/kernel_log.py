@@ -43,7 +43,9 @@ GPU_PCI = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\
 # device, "efa 0000:10:1b.0 rdmap16s27: " (drivers/infiniband/core/device.c __ibdev_printk); the
 # driver's fallback on older kernels writes the RDMA device alone, "infiniband efa_0: "; dev_err()
 # writes the PCI device, "efa 0000:10:1b.0: "
-EFA_SOURCE = r"(?:\befa [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7](?: [\w-]+)?|\binfiniband [\w-]+): "
+# a PCI device as the kernel names it (domain:bus:device.function)
+PCI_DEVICE = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
+EFA_SOURCE = rf"(?:\befa {PCI_DEVICE}(?: [\w-]+)?|\binfiniband [\w-]+): "
 # the efa driver's admin queue stops (it clears its RUNNING bit) on these: the device is unusable
 # until reset (amzn-drivers kernel/linux/efa efa_com.c)
 EFA_FATAL = re.compile(EFA_SOURCE + r".*(?:Wait for completion \((?:polling|interrupts)\) timeout|Admin queue is closed"
@@ -76,7 +78,6 @@ HOST_MEMORY_UE = re.compile(r"EDAC (?P<mc>MC\d+): [1-9]\d* (?:UE|Fatal) .*?error
 # (kernels >= 6.x: "... error message received from 0000:3b:00.0") names the device that sent it,
 # the device's own "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=..." is
 # from it; "(Non-Fatal)" and "Corrected" the link recovers from
-PCI_DEVICE = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
 PCIE_FATAL = re.compile(rf"Uncorrected \(Fatal\)(?: error (?:message )?received(?::| from) (?P<source>{PCI_DEVICE}))?")
 DEVICE_PREFIX = re.compile(rf"\b[\w-]+ ({PCI_DEVICE}): ")  # "<driver> <device>: ", as dev_printk writes it
 MAX_LINE_BYTES = 65536

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from nodemedic.domain.xid import RECOVERY_CODES, RECOVERY_VALUES
+from nodemedic.domain.xid import RECOVERY_NAMES, recovery_value_code
 
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error, status_of
 from nodemedic_agent.config import AgentConfig
@@ -25,8 +25,6 @@ AFTER_BOOT = frozenset({"NVLINK_DOWN", "GPU_FABRIC_NOT_READY", "GPU_FABRIC_UNHEA
 # else it reports means the GPU cannot use the fabric as it should
 FABRIC_DEGRADED = frozenset({"bandwidth degraded", "limited capacity"})
 
-
-RECOVERY_NAMES = {code: text for text, code in RECOVERY_CODES.items()}  # XID154_NODE_REBOOT -> "node reboot required"
 
 
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
@@ -99,7 +97,7 @@ class PolledChecks:
                                          f"of x{g.pcie_max_width}", comp,
                                          {"pcie_width": g.pcie_width, "pcie_max_width": g.pcie_max_width}))
             if g.recovery_action:
-                code = RECOVERY_VALUES.get(g.recovery_action, "XID154_UNKNOWN")
+                code = recovery_value_code(g.recovery_action)
                 said = RECOVERY_NAMES.get(code, f"recovery action {g.recovery_action}")
                 found.append(self._found("nvml", code, f"GPU {g.index}: the driver says {said}", comp,
                                          {"recovery_action": g.recovery_action, "read_from": "NVML"}))
@@ -137,27 +135,25 @@ class PolledChecks:
                                      f"{len(waiting)} of {len(gpus)} GPUs not registered with the NVLink fabric "
                                      f"(is nvidia-fabricmanager running?): {states}"[:500], {"kind": "node"},
                                      {"gpus": ",".join(str(g.index) for g in waiting), "fabric_states": states[:1000]}))
-        registered = [g for g in gpus if g.fabric_state == "completed"]
-        failed = {g.index: g.fabric_error for g in registered if g.fabric_error}
-        unhealthy = {g.index: ", ".join(g.fabric_health) for g in registered
-                     if not g.fabric_error and set(g.fabric_health) - FABRIC_DEGRADED}
-        degraded = {g.index: ", ".join(g.fabric_health) for g in registered
-                    if not g.fabric_error and g.fabric_health and g.index not in unhealthy}
+        failed = [(g, g.fabric_error) for g in gpus if g.fabric_state == "completed" and g.fabric_error]
+        reported = [g for g in gpus if g.fabric_state == "completed" and not g.fabric_error and g.fabric_health]
+        unhealthy = [(g, ", ".join(g.fabric_health)) for g in reported if set(g.fabric_health) - FABRIC_DEGRADED]
+        degraded = [(g, ", ".join(g.fabric_health)) for g in reported if set(g.fabric_health) <= FABRIC_DEGRADED]
         for code, by_gpu, what in (("GPU_FABRIC_ERROR", failed, "failed to register with the NVLink fabric"),
                                    ("GPU_FABRIC_UNHEALTHY", unhealthy, "unhealthy in the NVLink fabric"),
                                    ("GPU_FABRIC_DEGRADED", degraded, "with degraded NVLink fabric bandwidth")):
             if by_gpu:
-                found.append(self._fabric_gpus(code, f"{len(by_gpu)} of {len(gpus)} GPUs {what}", by_gpu, gpus))
+                found.append(self._fabric_gpus(code, f"{len(by_gpu)} of {len(gpus)} GPUs {what}", by_gpu))
         return found
 
-    def _fabric_gpus(self, code: str, summary: str, by_gpu: dict[int, str], gpus: list[GpuState]) -> Finding:
-        """One finding for the GPUs in ``by_gpu`` (index -> what NVML says): the GPU's, or the
+    def _fabric_gpus(self, code: str, summary: str, by_gpu: list[tuple[GpuState, str]]) -> Finding:
+        """One finding for the GPUs in ``by_gpu`` (each with what NVML says of it): the GPU's, or the
         node's when there are several."""
-        said = ", ".join(f"GPU {i}: {text}" for i, text in by_gpu.items())
-        [first] = [g for g in gpus if g.index == next(iter(by_gpu))]
+        said = ", ".join(f"GPU {g.index}: {text}" for g, text in by_gpu)
+        first = by_gpu[0][0]
         return self._found("nvml", code, f"{summary}: {said}"[:500],
                            {"kind": "node"} if len(by_gpu) > 1 else _gpu(first.index, first.uuid),
-                           {"gpus": ",".join(str(i) for i in by_gpu), "errors": said[:1000]})
+                           {"gpus": ",".join(str(g.index) for g, _ in by_gpu), "errors": said[:1000]})
 
     def dcgm(self) -> CheckResult:
         """DCGM's health watches: a Failure is DCGM_HEALTH, a Warning (PCIe replays, an InfoROM

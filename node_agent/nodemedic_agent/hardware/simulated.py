@@ -136,6 +136,12 @@ class SimulatedNode:
             gpu[key] = gpu[key] + value if isinstance(value, int) and not isinstance(value, bool) else value
         self._write(state)
 
+    def _update_every_gpu(self, **values: Any) -> None:
+        state = self.state()
+        for gpu in state["gpus"]:
+            gpu.update(values)
+        self._write(state)
+
     def kmsg(self, message: str, priority: int = 3) -> None:
         """Append one kernel log record (``/dev/kmsg`` format)."""
         with self._lock, self.kmsg_path.open("a") as f:
@@ -167,10 +173,7 @@ class SimulatedNode:
         elif fault == "nvlink-down":
             self._update_gpu(gpu, nvlink_links_down=2)
         elif fault == "fabric-manager-down":
-            state = self.state()
-            for g in state["gpus"]:
-                g["fabric_state"] = "not_started"
-            self._write(state)
+            self._update_every_gpu(fabric_state="not_started")
         elif fault == "fabric-error":
             self._update_gpu(gpu, fabric_state="completed", fabric_error="Unknown Error")
         elif fault == "fabric-unhealthy":
@@ -184,10 +187,7 @@ class SimulatedNode:
         elif fault == "thermal":
             self._update_gpu(gpu, thermal_violation=True)
         elif fault == "busy":
-            state = self.state()
-            for g in state["gpus"]:
-                g["utilization_pct"] = 95.0
-            self._write(state)
+            self._update_every_gpu(utilization_pct=95.0)
         elif fault == "slow":
             self._update_gpu(gpu, sm_clock_mhz=-round(0.2 * IDLE_GPU["sm_clock_mhz"]))
         elif fault == "pcie-degraded":

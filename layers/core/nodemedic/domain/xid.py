@@ -34,6 +34,7 @@ RECOVERY_CODES = {  # the texts the catalog lists for Xid 154, and NVML's nvmlDe
 }
 RECOVERY_VALUES = {0: "XID154_NONE", 1: "XID154_GPU_RESET", 2: "XID154_NODE_REBOOT", 3: "XID154_DRAIN_P2P",
                    4: "XID154_DRAIN_AND_RESET"}
+RECOVERY_NAMES = {code: text for text, code in RECOVERY_CODES.items()}  # XID154_NODE_REBOOT -> "node reboot required"
 # "149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 ...)"; before R575 the words may
 # be spaced ("XC 1 i 2") and the registers bracketed ("[0x0000000a]")
 NVLINK5_DETAIL = re.compile(
@@ -105,8 +106,13 @@ def recovery_action_code(message: str) -> str | None:
     m = RECOVERY_ACTION.search(message)
     if not m:
         return None
-    by_text = RECOVERY_CODES.get(m.group(2).strip().lower())
-    return by_text or RECOVERY_VALUES.get(int(m.group(1), 16), "XID154_UNKNOWN")
+    return RECOVERY_CODES.get(m.group(2).strip().lower()) or recovery_value_code(int(m.group(1), 16))
+
+
+def recovery_value_code(value: int) -> str:
+    """The fault code of a recovery action value (nvmlDeviceGpuRecoveryAction_t), as Xid 154 states
+    it or NVML reads it; one the catalog does not know is ``XID154_UNKNOWN``."""
+    return RECOVERY_VALUES.get(value, "XID154_UNKNOWN")
 
 
 def _bucket(xid: int, unit: str, status: int, reason: int) -> str | None:
