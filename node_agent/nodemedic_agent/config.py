@@ -143,6 +143,10 @@ class Storage(_Section):
 class KernelLog(_Section):
     source: Literal["kmsg", "journal", "file", "off"] = "kmsg"
     path: AbsolutePath = "/dev/kmsg"
+    replay_seconds: float = Field(
+        default=3600, ge=0, le=86400,
+        description="kmsg: at start, read the records written while the agent was down (since boot when it "
+                    "has not run in this boot) that are younger than this; 0 reads only what comes after the start")
 
 
 class Hardware(_Section):

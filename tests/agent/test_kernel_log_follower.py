@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from nodemedic_agent.checks.kernel_log import (
+    KMSG_RECORD,
     MAX_LINE_BYTES,
     KernelLogEndedError,
     KernelLogFollower,
@@ -158,3 +161,20 @@ def test_journalctl_that_stops_is_an_error_not_a_quiet_end(journalctl: Path, sto
     [ended] = take(seen, 1)
     reader.join(timeout=5)
     assert isinstance(ended, KernelLogEndedError) and "exit status 1" in str(ended)
+
+
+def test_records_overwritten_while_the_agent_was_down_are_counted_as_lost_and_the_rest_replayed(tmp_path: Path) -> None:
+    """The ring buffer holds a few hundred kilobytes: a long downtime on a chatty node loses the
+    oldest records. At the restart the reader says how many, from the gap after its cursor."""
+    follower = KernelLogFollower("kmsg", "/dev/kmsg", threading.Event(), cursor_file=tmp_path / "cursor.json",
+                                 replay_seconds=60)
+    now_usec = int(time.monotonic() * 1e6)
+
+    def record(seq: int, age_s: float) -> re.Match[str]:
+        m = KMSG_RECORD.match(f"6,{seq},{now_usec - int(age_s * 1e6)},-;text\n")
+        assert m is not None
+        return m
+
+    replays = [follower._replays(record(seq, age), seq, after=100) for seq, age in ((99, 5), (100, 5), (105, 5), (106, 90))]
+    assert replays == [False, False, True, False]  # handed on before; the first after the gap; too old
+    assert (follower.stats.lost, follower.stats.replayed, follower.stats.expired) == (4, 1, 1)

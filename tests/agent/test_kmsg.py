@@ -1,34 +1,109 @@
-"""The /dev/kmsg reader against this machine's real kernel log (needs root to write a record)."""
+"""The /dev/kmsg reader against this machine's real kernel log (needs root to write a record). The
+records written are plain markers, never fault-like text: a real agent on this machine must not see
+a fault."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
 import uuid
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from nodemedic_agent.checks.kernel_log import KernelLogFollower
+from nodemedic_agent.checks.kmsg_cursor import current_boot_id
+
+pytestmark = pytest.mark.skipif(not os.access("/dev/kmsg", os.W_OK), reason="writing /dev/kmsg needs root")
 
 
-@pytest.mark.skipif(not os.access("/dev/kmsg", os.W_OK), reason="writing /dev/kmsg needs root")
-def test_the_kmsg_reader_sees_a_new_kernel_record_and_not_the_old_ones():
-    follower = KernelLogFollower("kmsg", "/dev/kmsg", threading.Event())
-    marker = f"nodemedic agent test record {uuid.uuid4()}"
-    seen: list[str] = []
+def marker(name: str) -> str:
+    return f"nodemedic agent test record {name} {uuid.uuid4()}"
 
-    def read() -> None:
-        for message, _ in follower.messages():
-            seen.append(message)
-            if marker in message:
-                follower.stop.set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    threading.Event().wait(0.3)  # the reader has skipped to the end of the log
+def write(text: str) -> None:
     with open("/dev/kmsg", "w") as kmsg:
-        kmsg.write(marker + "\n")
-    reader.join(timeout=5)
-    follower.stop.set()
-    assert any(marker in m for m in seen)
+        kmsg.write(text + "\n")
+
+
+class Reader:
+    """A follower read on a thread until it hands on ``until``."""
+
+    def __init__(self, follower: KernelLogFollower) -> None:
+        self.follower = follower
+        self.seen: list[tuple[str, datetime]] = []
+        self.until = ""
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for message, observed in self.follower.messages():
+            self.seen.append((message, observed))
+            if self.until and self.until in message:
+                self.follower.stop.set()
+        self.done.set()
+
+    def read_until(self, text: str) -> list[str]:
+        """Write ``text`` (once the reader has caught up) and read until it comes."""
+        time.sleep(0.3)
+        self.until = text
+        write(text)
+        self.thread.join(timeout=10)
+        self.follower.stop.set()
+        assert self.done.is_set(), "the reader did not stop"
+        return [m for m, _ in self.seen]
+
+
+def follower(cursor: Path | None = None, replay_seconds: float = 0) -> KernelLogFollower:
+    return KernelLogFollower("kmsg", "/dev/kmsg", threading.Event(), cursor_file=cursor, replay_seconds=replay_seconds)
+
+
+def test_the_kmsg_reader_without_a_cursor_sees_a_new_kernel_record_and_not_the_old_ones() -> None:
+    reader = Reader(follower())
+    seen = reader.read_until(marker("new"))
     assert not any("Linux version" in m for m in seen)  # history before the start is skipped
-    assert follower.stats.skipped == 0
+    assert reader.follower.stats.skipped == 0 and reader.follower.stats.replayed == 0
+
+
+def test_a_record_written_while_the_agent_was_down_is_read_at_its_restart_dated_when_it_was_written(
+        tmp_path: Path) -> None:
+    """The one-off message of a fault (an Xid) written while the agent restarted was lost: the
+    reader skipped to the end of the log."""
+    cursor = tmp_path / "kmsg-cursor.json"
+    before = marker("before")
+    first = Reader(follower(cursor, 3600))
+    assert before in first.read_until(before)
+    saved = json.loads(cursor.read_text())
+    assert saved["boot_id"] == current_boot_id()
+
+    down = marker("while down")
+    written = datetime.now(UTC)
+    write(down)
+    time.sleep(1.5)  # the agent is still down
+    second = Reader(follower(cursor, 3600))
+    after = marker("after")
+    seen = second.read_until(after)
+    assert down in seen and after in seen
+    assert before not in seen  # handed on before the restart: not again
+    observed = next(at for m, at in second.seen if down in m)
+    assert abs((observed - written).total_seconds()) < 1.0  # when it was written, not when it was read
+    assert second.follower.stats.replayed >= 1
+
+
+def test_a_record_older_than_replay_seconds_is_counted_not_read(tmp_path: Path) -> None:
+    """A cursor from another boot (or none) replays this boot's records by their age alone."""
+    cursor = tmp_path / "kmsg-cursor.json"
+    cursor.write_text(json.dumps({"boot_id": "another boot", "seq": 10**12}))
+    old = marker("old")
+    write(old)
+    time.sleep(1.5)
+    recent = marker("recent")
+    write(recent)
+    reader = Reader(follower(cursor, 1.0))
+    live = marker("live")
+    seen = reader.read_until(live)
+    assert recent in seen and live in seen and old not in seen
+    assert reader.follower.stats.expired >= 1

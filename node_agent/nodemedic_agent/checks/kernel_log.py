@@ -4,6 +4,7 @@ the lines that matter into findings. A line it cannot parse is skipped and count
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import select
@@ -19,6 +20,9 @@ from typing import BinaryIO
 from nodemedic.domain.xid import decode_nvlink5, recovery_action_code
 
 from nodemedic_agent.checks.base import Finding, status_of
+from nodemedic_agent.checks.kmsg_cursor import KmsgCursor, current_boot_id, load_cursor, save_cursor
+
+log = logging.getLogger("nodemedic_agent.kernel_log")
 
 # one /dev/kmsg record: "pri,seq,usec,flags[,...];text\n", then the message's device dictionary as
 # continuation lines (" SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1b.0\n"): every dev_err()/ibdev_err()
@@ -180,25 +184,42 @@ def message_finding(message: str, observed_at: datetime, gpu_index: Callable[[st
 class LogStats:
     lines: int = 0
     skipped: int = 0  # lines that are not kernel log records
-    lost: int = 0  # records overwritten before we read them (/dev/kmsg EPIPE)
+    lost: int = 0  # records overwritten before we read them (/dev/kmsg EPIPE, or while the agent was down)
+    replayed: int = 0  # records written while the agent was down, read when it started
+    expired: int = 0  # records written while the agent was down, older than kernel_log.replay_seconds: not read
 
 
-def _record(m: re.Match[str]) -> tuple[str, datetime]:
-    """(message, observed_at) of a matched kmsg record: its text unescaped, dated by its age."""
-    age = time.monotonic() - int(m.group(3)) / 1e6
+def record_age(m: re.Match[str]) -> float:
+    """Seconds since the kernel wrote a matched kmsg record: its timestamp is microseconds of the
+    kernel's clock since boot, which like CLOCK_MONOTONIC stops during suspend."""
+    return time.monotonic() - int(m.group(3)) / 1e6
+
+
+def _record(m: re.Match[str], replayed: bool = False) -> tuple[str, datetime]:
+    """(message, observed_at) of a matched kmsg record: its text unescaped, dated by its age. A
+    record read as it is written is seconds old: an age over 5 minutes there means the two clocks
+    disagree (a file copied from another boot), and it is dated now. A replayed record is as old as
+    it says (journald dates the kernel's records the same way)."""
+    age = record_age(m)
     now = datetime.now(UTC)
-    observed = now - timedelta(seconds=age) if 0 <= age < 300 else now
+    observed = now - timedelta(seconds=age) if 0 <= age and (replayed or age < 300) else now
     return KMSG_ESCAPE.sub(lambda e: chr(int(e.group(1), 16)), m.group(4)), observed
 
 
-def kmsg_message(record: str, stats: LogStats) -> tuple[str, datetime] | None:
-    """(message, observed_at) of one ``/dev/kmsg`` record; its dictionary lines are not the message."""
+def kmsg_record(record: str, stats: LogStats) -> re.Match[str] | None:
+    """One ``/dev/kmsg`` record matched (priority, sequence number, timestamp, text); its
+    dictionary lines are not the message. What is no record is counted."""
     if not record.strip() or record.startswith(" "):
         return None
     if m := KMSG_RECORD.match(record):
-        return _record(m)
+        return m
     stats.skipped += 1
     return None
+
+
+def kmsg_message(record: str, stats: LogStats) -> tuple[str, datetime] | None:
+    """(message, observed_at) of one ``/dev/kmsg`` record read as it is written."""
+    return _record(m) if (m := kmsg_record(record, stats)) else None
 
 
 def log_file_message(line: str, stats: LogStats) -> tuple[str, datetime] | None:
@@ -226,45 +247,111 @@ def rotated(path: Path, f: BinaryIO) -> bool:
 
 
 class KernelLogFollower:
-    """Yields kernel log messages written after it started, until ``stop`` is set."""
+    """Yields kernel log messages, until ``stop`` is set. From a file or the journal, those written
+    after it started. From ``/dev/kmsg``, with ``cursor_file``, also those written while the agent
+    was down (or, when the cursor is from another boot or missing, since boot) and younger than
+    ``replay_seconds``: a one-off message (an Xid, the EFA driver stopping) is not lost to a
+    restart. A record older than that is counted, not read: its fault is either dealt with or for
+    a person to look at, not a new event."""
 
-    def __init__(self, source: str, path: str, stop: Event) -> None:
+    def __init__(self, source: str, path: str, stop: Event, cursor_file: Path | None = None,
+                 replay_seconds: float = 0) -> None:
         self.source = source
         self.path = path
         self.stop = stop
         self.stats = LogStats()
+        self.cursor_file = cursor_file
+        self.replay_seconds = replay_seconds if cursor_file is not None else 0
+        self._cursor_unsaved = False  # a save failed: said once, not at every record
 
     def messages(self) -> Iterator[tuple[str, datetime]]:
         if self.source == "journal":
             yield from self._journal()
             return
-        raw, parse = (self._kmsg(), kmsg_message) if self.source == "kmsg" else (self._file(), log_file_message)
-        for line in raw:
+        if self.source == "kmsg":
+            yield from self._kmsg()
+            return
+        for line in self._file():
             self.stats.lines += 1
-            parsed = parse(line, self.stats)
+            parsed = log_file_message(line, self.stats)
             if parsed:
                 yield parsed
 
-    def _kmsg(self) -> Iterator[str]:
+    def _kmsg(self) -> Iterator[tuple[str, datetime]]:
+        """Read ``/dev/kmsg``, one record per read(). Opened, it stands at the oldest record the
+        kernel still holds: those up to the first EAGAIN are the backlog, read only to replay."""
+        boot = current_boot_id()
+        cursor = load_cursor(self.cursor_file) if self.cursor_file and self.replay_seconds > 0 else None
+        after = cursor.seq if cursor is not None and boot and cursor.boot_id == boot else None
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        backlog = self.replay_seconds > 0
+        last: int | None = None  # the sequence number of the last record handed on or passed over
+        saved_at = time.monotonic()
         try:
-            os.lseek(fd, 0, os.SEEK_END)  # only what happens from now on
+            if not backlog:
+                os.lseek(fd, 0, os.SEEK_END)  # only what happens from now on
             while not self.stop.is_set():
-                ready, _, _ = select.select([fd], [], [], 1.0)
-                if not ready:
-                    continue
+                if not backlog:
+                    ready, _, _ = select.select([fd], [], [], 1.0)
+                    if not ready:
+                        saved_at = self._save_cursor(boot, last, saved_at, at_once=True)
+                        continue
                 try:
-                    record = os.read(fd, 8192)
+                    record = os.read(fd, 8192).decode(errors="replace")
                 except BlockingIOError:
+                    if backlog:  # caught up: from here on, records as they are written
+                        log.info("kernel log: read %d records written before the start (%d older than %.0f s not read)",
+                                 self.stats.replayed, self.stats.expired, self.replay_seconds)
+                    backlog = False
                     continue
                 except OSError as exc:
                     if exc.errno == errno.EPIPE:  # ring buffer overwrote records we had not read
                         self.stats.lost += 1
                         continue
                     raise
-                yield record.decode(errors="replace")
+                self.stats.lines += 1
+                if (m := kmsg_record(record, self.stats)) is None:
+                    continue
+                seq = int(m.group(2))
+                if backlog and not self._replays(m, seq, after):
+                    last = seq
+                    continue
+                yield _record(m, replayed=backlog)
+                last = seq  # handed on and handled: the consumer asked for the next
+                saved_at = self._save_cursor(boot, last, saved_at)
         finally:
+            self._save_cursor(boot, last, saved_at, at_once=True)
             os.close(fd)
+
+    def _replays(self, m: re.Match[str], seq: int, after: int | None) -> bool:
+        """Whether a backlog record is read: not handed on before this restart, and young enough."""
+        if after is not None and seq <= after:
+            return False
+        if after is not None and seq > after + 1 and self.stats.replayed + self.stats.expired == 0:
+            self.stats.lost += seq - after - 1
+            log.warning("%d kernel log records written while the agent was down were overwritten before it "
+                        "started: their faults are seen only where a polled check reads them", seq - after - 1)
+        if record_age(m) > self.replay_seconds:
+            self.stats.expired += 1
+            return False
+        self.stats.replayed += 1
+        return True
+
+    def _save_cursor(self, boot: str, seq: int | None, saved_at: float, at_once: bool = False) -> float:
+        """Save the cursor at most once a second (and ``at_once``): a restart reads again at most
+        the records of that second, whose findings the dedupe memory folds. When it was saved."""
+        now = time.monotonic()
+        if self.cursor_file is None or seq is None or not boot or (not at_once and now - saved_at < 1.0):
+            return saved_at
+        try:
+            save_cursor(self.cursor_file, KmsgCursor(boot, seq))
+        except OSError as exc:
+            if not self._cursor_unsaved:
+                log.warning("the kernel log cursor was not saved (%s): a restart may read some records again", exc)
+            self._cursor_unsaved = True
+            return now
+        self._cursor_unsaved = False
+        return now
 
     def _file(self, idle_s: float = 0.05) -> Iterator[str]:
         """The lines appended to the file, read as bytes: a syslog file may hold bytes that are not
