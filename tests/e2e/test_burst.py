@@ -1,4 +1,4 @@
-"""300 duplicate health events for 10 real Slurm nodes, put as fast as EventBridge takes them:
+"""100 duplicate health events for 10 real Slurm nodes, put as fast as EventBridge takes them:
 exactly 10 incidents, and no node is touched twice. (make test's bounded burst; ``make bench``
 puts 1,000 for 10 nodes and 1,000 for 500 nodes, bench/pipeline.py.)"""
 
@@ -6,7 +6,7 @@ import time
 
 from tests.e2e.support import put_all, stack
 
-EVENTS = 300
+EVENTS = 100
 
 
 def test_a_burst_of_duplicate_events_for_ten_nodes_opens_ten_incidents() -> None:
