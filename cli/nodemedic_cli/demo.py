@@ -43,7 +43,7 @@ def _secs(a: datetime | None, b: datetime | None) -> str:
 
 def _ladder(inc: Incident) -> str:
     mark = {True: "ok", False: "failed", None: "-"}
-    return " > ".join(f"{r['rung']} {mark[r.get('check', {}).get('healthy')]}" for r in inc.repair_rungs) or "-"
+    return " > ".join(f"{r.rung} {mark[r.healthy]}" for r in inc.repair_rungs) or "-"
 
 
 def incident_table(incidents: list[Incident]) -> Table:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from nodemedic import operations
 from nodemedic.contracts.events import RemediationRequest
-from nodemedic.contracts.incident import STAGES, Incident
+from nodemedic.contracts.incident import STAGES, Incident, StageRecord
 from nodemedic.contracts.problems import describe
 from nodemedic.errors import CommandFailedError, IncidentStateError
 from nodemedic.operations import OperatorError
@@ -24,6 +24,7 @@ from nodemedic_cli.target import Target
 
 Action = Literal["drain", "reboot", "replace", "health-check", "resume"]
 ACTIONS: tuple[str, ...] = ("drain", "reboot", "replace", "health-check", "resume")
+ANSWER = {True: "healthy", False: "unhealthy", None: "no answer"}  # a deep health check's verdict
 OPERATOR_DRAIN_PREFIX = "operator"  # not the pipeline's prefix: automation never resumes such a drain
 
 
@@ -152,12 +153,13 @@ def timeline(i: Incident) -> list[dict[str, Any]]:
                      "seconds": round((record.completed_at - record.started_at).total_seconds(), 3)
                      if record.completed_at else None,
                      "from_fault_s": round(((record.completed_at or record.started_at) - i.observed_at).total_seconds(), 3),
-                     "decision": decision_of(stage, record.result)})
+                     "decision": decision_of(stage, record)})
     return rows
 
 
-def decision_of(stage: str, result: dict[str, Any]) -> str:
+def decision_of(stage: str, record: StageRecord) -> str:
     """The one line that says what a stage decided, from what it recorded."""
+    result: dict[str, Any] = record.result
     if stage == "gate":
         return f"{result.get('verdict')}: {result.get('reason')}"
     if stage == "drain":
@@ -167,10 +169,9 @@ def decision_of(stage: str, result: dict[str, Any]) -> str:
     if stage == "jobs":
         return f"running again: {result.get('running')}; pending: {result.get('pending')}"
     if stage == "repair":
-        return " > ".join(f"{r['rung']} skipped ({r['skipped']})" if r.get("skipped") else
-                          f"{r['rung']} on {r['instance_id']}: "
-                          f"{ {True: 'healthy', False: 'unhealthy', None: 'no answer'}[r.get('check', {}).get('healthy')]}"
-                          for r in result.get("rungs", []))
+        return " > ".join(f"{r.rung} skipped ({r.skipped})" if r.skipped else
+                          f"{r.rung} on {r.instance_id}: {ANSWER[r.healthy]}"
+                          for r in record.repair_rungs)
     if stage == "resume":
         return f"{'returned to ' + str(result.get('destination')) if result.get('resumed') else 'left drained'}"
     if stage in ("verify", "approval", "shadow", "detect"):

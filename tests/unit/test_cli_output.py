@@ -86,9 +86,14 @@ def test_json_output_is_json_even_when_a_node_reported_nan(monkeypatch: pytest.M
 def test_a_rung_the_provider_cannot_do_reads_as_skipped_not_as_a_failed_check() -> None:
     """On HyperPod the GPU reset is skipped (SSM does not reach its nodes): `nodemedic show` says
     so, rather than that a reset was done and its node found unhealthy."""
+    from datetime import datetime
+
+    from nodemedic.contracts.incident import StageRecord
     from nodemedic_cli.operator import decision_of
 
-    rungs = [{"rung": "gpu_reset", "instance_id": "i-1", "skipped": "not possible here",
+    at = "2026-11-27T02:00:00+00:00"
+    rungs = [{"rung": "gpu_reset", "instance_id": "i-1", "started_at": at, "skipped": "not possible here",
               "check": {"healthy": False}},
-             {"rung": "reboot", "instance_id": "i-1", "check": {"healthy": True}}]
-    assert decision_of("repair", {"rungs": rungs}) == "gpu_reset skipped (not possible here) > reboot on i-1: healthy"
+             {"rung": "reboot", "instance_id": "i-1", "started_at": at, "check": {"healthy": True}}]
+    record = StageRecord(started_at=datetime.fromisoformat(at), result={"rungs": rungs})
+    assert decision_of("repair", record) == "gpu_reset skipped (not possible here) > reboot on i-1: healthy"

@@ -116,12 +116,13 @@ def test_recorded_rungs_that_are_not_rungs_are_skipped_not_a_crash():
     from nodemedic.contracts.incident import Incident, StageRecord
 
     now = datetime.now(UTC)
-    repair = StageRecord(started_at=now, result={"rungs": ["junk", None, {"rung": "replace", "instance_id": "i-0feed"}]})
+    repair = StageRecord(started_at=now, result={"rungs": ["junk", None, {"rung": "no such rung"},
+                                                            {"rung": "replace", "instance_id": "i-0feed"}]})
     incident = Incident(incident_id="inc-1", cluster="c", instance_id="i-0123456789abcdef0", slurm_node="gpu-1",
                         fault_code="XID 79", fault_class="gpu_lost", action="replace", source="nodemedic.agent",
                         observed_at=now, status="open", detected_at=now, reason="r", stages={"repair": repair})
     assert incident.instances == ["i-0123456789abcdef0", "i-0feed"]
-    assert [r["rung"] for r in incident.repair_rungs] == ["replace"]
+    assert [r.rung for r in incident.repair_rungs] == ["replace"]
     assert StageRecord(started_at=now, result={"rungs": "junk"}).repair_rungs == []
 
 
@@ -139,8 +140,11 @@ def test_an_incidents_claims_are_read_from_its_records():
                         fault_code="XID 79", fault_class="gpu_lost", action="replace", source="nodemedic.agent",
                         observed_at=now, status="closed", detected_at=now, reason="r", stages=stages)
 
-    rungs = [{"rung": "reboot"}, {"rung": "replace", "progress": {"new_instance_id": "i-0feed"}},
-             {"rung": "replace", "progress": "junk"}, {"rung": "replace", "progress": {"requested_at": "x"}}]
+    old = "i-0123456789abcdef0"
+    rungs = [{"rung": "reboot", "instance_id": old},
+             {"rung": "replace", "instance_id": old, "progress": {"new_instance_id": "i-0feed"}},
+             {"rung": "replace", "instance_id": old, "progress": "junk"},
+             {"rung": "replace", "instance_id": old, "progress": {"requested_at": "x"}}]
     both = incident(spare=StageRecord(started_at=now, result={"spare": "gpu-5"}),
                     repair=StageRecord(started_at=now, result={"rungs": rungs}))
     assert both.claims == [Claim(kind="spare", key="gpu-5", incident_id="inc-1"),

@@ -334,7 +334,7 @@ def _replacement_awaited(books: Bookkeeping) -> bool:
     raced the adoption: two incidents deciding on one node."""
     for incident in books.open_incidents:
         rungs = incident.repair_rungs
-        progress = rungs[-1].get("progress", {}) if rungs and rungs[-1].get("rung") == "replace" else {}
+        progress = rungs[-1].progress if rungs and rungs[-1].rung == "replace" else {}
         if progress.get("requested_at") and not progress.get("new_instance_id"):
             return True
     return False

@@ -217,7 +217,8 @@ class NvmlHardware:
         """The action the driver says the GPU needs, read every poll (nvmlDeviceGetFieldValues,
         NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): Xid 154 announces it once, in a kernel log record the
         ring may overwrite (or a journal or file the agent reads only from its start), so a GPU that
-        came to need it while the agent was down is still seen. 0 where this driver or GPU does not report it (the field's own status says so)."""
+        came to need it while the agent was down is still seen. 0 where this driver or GPU does not
+        report it (the field's own status says so)."""
         values = _supported(lambda: pynvml.nvmlDeviceGetFieldValues(h, [RECOVERY_ACTION_FIELD]), None)
         if not values or int(values[0].nvmlReturn) != pynvml.NVML_SUCCESS:
             return 0

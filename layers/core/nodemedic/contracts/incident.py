@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 # burn_in: a node that joined is checked before it takes work; degrade: a node that still works,
 # slower (fail-slow), is drained after its job, never requeued, then checked; retire: capacity AWS
@@ -62,6 +62,69 @@ class IncidentRef(BaseModel):
         return self.ladder or default_ladder(self.action)
 
 
+# a ledger record is read back by whichever version runs next (an upgrade mid-incident): a field it
+# does not know is left out, never a reason to lose the record
+LEDGER_RECORD = ConfigDict(extra="ignore")
+
+
+class CheckRecord(BaseModel):
+    """A deep health check of a node, where its rung (or the verification) keeps it: sent, then
+    answered. Each field is saved before the next step, so a retried invocation goes on from it."""
+
+    model_config = LEDGER_RECORD
+    channel: str = Field(default="", description="hyperpod: HyperPod's own check; empty: the SSM check")
+    level: str = ""
+    instance_id: str = ""
+    command_id: str = Field(default="", description="the SSM command (HyperPod: a name for the reading)")
+    token: str = Field(default="", description="a hash of the task token the check answers: sent once per wait")
+    started_at: AwareDatetime | None = None
+    progress: dict[str, Any] = Field(default_factory=dict, description="HyperPod: what the reading has seen so far")
+    detail: str = ""
+    healthy: bool | None = Field(default=None, description="None until answered")
+    checks: list[dict[str, Any]] = Field(default_factory=list)
+    ended_at: AwareDatetime | None = None
+
+
+class ResetRecord(BaseModel):
+    """How a GPU reset command ended (Skipped: the GPU's clients never left the node)."""
+
+    model_config = LEDGER_RECORD
+    status: str
+    exit_code: int
+    output: str = ""
+
+
+class RungRecord(BaseModel):
+    """One rung of an incident's repair ladder: what was done to which instance, step by step, and
+    the check that judged it."""
+
+    model_config = LEDGER_RECORD
+    rung: Rung
+    instance_id: str = Field(min_length=1, description="the instance the rung acts on, then the one it leaves")
+    started_at: AwareDatetime | None = None
+    done_at: AwareDatetime | None = None
+    skipped: str = Field(default="", description="why the provider cannot do this rung (then its check failed)")
+    check: CheckRecord | None = None
+    reset_command: str = Field(default="", description="gpu_reset: the SSM command sent")
+    reset: ResetRecord | None = None
+    clients_wait_since: AwareDatetime | None = Field(default=None, description="gpu_reset: waiting for the GPU's clients")
+    clients_resumed: bool = False
+    rebooted: bool = False
+    progress: dict[str, Any] = Field(default_factory=dict, description="replace: the provider's own steps")
+    node: str = Field(default="", description="replace: the name the replacement registered under")
+    joined: bool = False
+
+    @property
+    def healthy(self) -> bool | None:
+        """The verdict of the rung's check; None while it has none."""
+        return self.check.healthy if self.check else None
+
+
+def rungs_result(rungs: list[RungRecord]) -> dict[str, Any]:
+    """The repair stage's record of its rungs, as the ledger keeps it."""
+    return {"rungs": [r.model_dump(mode="json", exclude_defaults=True) for r in rungs]}
+
+
 class StageRecord(BaseModel):
     """When a stage started and finished, and what it reported."""
 
@@ -71,10 +134,19 @@ class StageRecord(BaseModel):
     result: dict[str, object] = Field(default_factory=dict)
 
     @property
-    def repair_rungs(self) -> list[dict[str, Any]]:
-        """The repair rungs this (repair) stage recorded, first first (a new list of the same rungs)."""
+    def repair_rungs(self) -> list[RungRecord]:
+        """The repair rungs this (repair) stage recorded, first first (new models of the same rungs)."""
         rungs = self.result.get("rungs")
-        return [r for r in rungs if isinstance(r, dict)] if isinstance(rungs, list) else []
+        return [r for r in map(_rung, rungs) if r is not None] if isinstance(rungs, list) else []
+
+
+def _rung(record: object) -> RungRecord | None:
+    """A recorded rung; None for an entry that is no rung (written by hand, or corrupt): the
+    reconciler reads every open incident's rungs and must not stop at one."""
+    try:
+        return RungRecord.model_validate(record)
+    except ValidationError:
+        return None
 
 
 class Incident(IncidentRef):
@@ -115,7 +187,7 @@ class Incident(IncidentRef):
 
 
     @property
-    def repair_rungs(self) -> list[dict[str, Any]]:
+    def repair_rungs(self) -> list[RungRecord]:
         """The repair rungs recorded on the incident, first first."""
         repaired = self.stages.get("repair")
         return repaired.repair_rungs if repaired else []
@@ -124,8 +196,7 @@ class Incident(IncidentRef):
     def instances(self) -> list[str]:
         """Every instance the incident locked, first first: its own, then each its repair rungs
         left the node on (a replacement)."""
-        return list(dict.fromkeys([self.instance_id, *(str(r["instance_id"]) for r in self.repair_rungs
-                                                        if r.get("instance_id"))]))
+        return list(dict.fromkeys([self.instance_id, *(r.instance_id for r in self.repair_rungs)]))
 
     @property
     def claims(self) -> list[Claim]:
@@ -133,8 +204,7 @@ class Incident(IncidentRef):
         replacement instance each replace rung found."""
         spare = self.stages.get("spare")
         taken = [(SPARE_CLAIM, spare.result.get("spare") if spare else None)]
-        taken += [(REPLACEMENT_CLAIM, progress.get("new_instance_id")) for r in self.repair_rungs
-                  if isinstance(progress := r.get("progress"), dict)]
+        taken += [(REPLACEMENT_CLAIM, r.progress.get("new_instance_id")) for r in self.repair_rungs]
         return [Claim(kind=kind, key=key, incident_id=self.incident_id) for kind, key in taken
                 if isinstance(key, str) and key]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from nodemedic.contracts.incident import IncidentRef, Stage, StageRecord
+from nodemedic.contracts.incident import CheckRecord, IncidentRef, RungRecord, Stage, StageRecord, rungs_result
 from nodemedic.contracts.problems import read_json
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import CommandPendingError
@@ -70,20 +70,18 @@ def start_check(
     ``recovery``: the check after a rung of the ladder (recorded on the rung). ``verify``: an
     ambiguous fault is checked before anything destructive (recorded in the ``verify`` stage)."""
     record = ledger.start_stage(incident, stage_of(purpose), clock())
-    if record.completed_at:  # verify answered already; a late retry sends nothing
-        answered = record.result.get("check", {})
-        return str(answered.get("command_id", "")) if isinstance(answered, dict) else ""
     rungs, sent_before = check_record(record, purpose)
+    if record.completed_at:  # verify answered already; a late retry sends nothing
+        return sent_before.command_id
     token_id = hashlib.sha256(task_token.encode()).hexdigest()[:16]
-    if sent_before.get("token") == token_id:  # a retried invocation for the same wait: sent already
-        return str(sent_before["command_id"])
+    if sent_before.token == token_id:  # a retried invocation for the same wait: sent already
+        return sent_before.command_id
     command_id = runner.send(instance_id, documents.health_check, {"level": level}, timeout_s,
                              f"nodemedic {purpose} {level} check {incident.slurm_node}")
     ledger.save_check(command_id, incident.incident_id, task_token,
                       {"instance_id": instance_id, "level": level, "purpose": purpose,
                        "incident": incident.model_dump(mode="json")})
-    check = {"level": level, "command_id": command_id, "instance_id": instance_id,
-             "started_at": clock().isoformat(), "token": token_id}
+    check = CheckRecord(level=level, command_id=command_id, instance_id=instance_id, started_at=clock(), token=token_id)
     save_check_record(incident, purpose, rungs, check, ledger)
     return command_id
 
@@ -93,22 +91,24 @@ def stage_of(purpose: Purpose) -> Stage:
     return "repair" if purpose == "recovery" else "verify"
 
 
-def check_record(record: StageRecord, purpose: Purpose) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The ladder's rungs so far, and the record of the check: the last rung's, or the verification's."""
+def check_record(record: StageRecord, purpose: Purpose) -> tuple[list[RungRecord], CheckRecord]:
+    """The ladder's rungs so far, and the record of the check: the last rung's, or the verification's
+    (an empty record where none was sent)."""
     rungs = record.repair_rungs
     if purpose == "verify":
-        return rungs, dict(record.result.get("check", {}))  # type: ignore[call-overload]
-    return rungs, dict(rungs[-1].get("check", {})) if rungs else {}
+        saved = record.result.get("check")
+        return rungs, CheckRecord.model_validate(saved) if isinstance(saved, dict) else CheckRecord()
+    return rungs, (rungs[-1].check if rungs and rungs[-1].check else CheckRecord())
 
 
-def save_check_record(incident: IncidentRef, purpose: Purpose, rungs: list[dict[str, Any]], check: dict[str, Any],
+def save_check_record(incident: IncidentRef, purpose: Purpose, rungs: list[RungRecord], check: CheckRecord,
                       ledger: Ledger) -> None:
     """Keep ``check`` where :func:`check_record` reads it."""
     if purpose == "verify":
-        ledger.record_progress(incident, "verify", {"check": check})
+        ledger.record_progress(incident, "verify", {"check": check.model_dump(mode="json", exclude_defaults=True)})
     elif rungs:
-        rungs[-1]["check"] = check
-        ledger.record_progress(incident, "repair", {"rungs": rungs})
+        rungs[-1].check = check
+        ledger.record_progress(incident, "repair", rungs_result(rungs))
 
 
 def complete_check(
@@ -151,12 +151,13 @@ def record_on_rung(incident: IncidentRef, command_id: str, out: HealthCheckOutpu
                     now: datetime) -> None:
     record = ledger.get(incident.incident_id).stages.get("repair")
     rungs = record.repair_rungs if record else []
-    if not rungs or rungs[-1].get("check", {}).get("command_id") != command_id:
+    check = rungs[-1].check if rungs else None
+    if record is None or check is None or check.command_id != command_id:
         return
-    rungs[-1]["check"].update(healthy=out.healthy, checks=out.checks, ended_at=now.isoformat())
-    ledger.record_progress(incident, "repair", {"rungs": rungs})
+    rungs[-1].check = check.model_copy(update={"healthy": out.healthy, "checks": out.checks, "ended_at": now})
+    ledger.record_progress(incident, "repair", rungs_result(rungs))
     if out.healthy:  # the ladder ends here
-        ledger.complete_stage(incident, "repair", now, {**record.result, "rungs": rungs})  # type: ignore[union-attr]
+        ledger.complete_stage(incident, "repair", now, {**record.result, **rungs_result(rungs)})
 
 
 def verified(incident: IncidentRef, out: HealthCheckOutput, *, ledger: Ledger, control: ControlStore,

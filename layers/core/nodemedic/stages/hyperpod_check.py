@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.incident import CheckRecord, IncidentRef
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import HealthCheckPendingError
 from nodemedic.providers.hyperpod import INSTANCE_STRESS, ClusterNodeStatus, HyperPodProvider
@@ -112,19 +112,22 @@ def hyperpod_check(
     record = ledger.start_stage(incident, stage_of(purpose), now)
     rungs, check = check_record(record, purpose)
     if purpose == "verify" and record.completed_at:  # answered already, the answer lost: the same answer again
-        check = {**check, "healthy": record.result.get("healthy"), "checks": record.result.get("checks", [])}
-    if check.get("channel") != CHANNEL or check.get("instance_id") != instance_id:
-        check = {"channel": CHANNEL, "level": level, "instance_id": instance_id, "started_at": now.isoformat(),
-                 "command_id": f"{CHANNEL}:{instance_id}:{now.isoformat()}",
-                 "progress": HyperPodProgress(started_at=now).model_dump(mode="json")}
-    if check.get("healthy") is None:
-        progress = HyperPodProgress.model_validate(check["progress"])
-        after_reboot = purpose == "recovery" and bool(rungs) and rungs[-1].get("rung") == "reboot"
+        healthy = record.result.get("healthy")
+        checks = record.result.get("checks")
+        check = check.model_copy(update={"healthy": healthy if isinstance(healthy, bool) else None,
+                                         "checks": checks if isinstance(checks, list) else []})
+    if check.channel != CHANNEL or check.instance_id != instance_id:
+        check = CheckRecord(channel=CHANNEL, level=level, instance_id=instance_id, started_at=now,
+                            command_id=f"{CHANNEL}:{instance_id}:{now.isoformat()}",
+                            progress=HyperPodProgress(started_at=now).model_dump(mode="json"))
+    if check.healthy is None:
+        progress = HyperPodProgress.model_validate(check.progress)
+        after_reboot = purpose == "recovery" and bool(rungs) and rungs[-1].rung == "reboot"
         node = hyperpod.node_status(instance_id)
         verdict = judge(node, level, progress, now, after_reboot=after_reboot)
         if verdict.request and node is not None:
             hyperpod.start_deep_check(instance_id, node.instance_group)
-        check.update(progress=progress.model_dump(mode="json"), detail=verdict.detail)
+        check = check.model_copy(update={"progress": progress.model_dump(mode="json"), "detail": verdict.detail})
         save_check_record(incident, purpose, rungs, check, ledger)
         if verdict.healthy is None:
             raise HealthCheckPendingError(f"{incident.slurm_node} ({instance_id}): {verdict.detail}")
@@ -133,9 +136,8 @@ def hyperpod_check(
         if purpose == "verify":
             verified(incident, out, ledger=ledger, control=control, now=now)
         else:
-            record_on_rung(incident, str(check["command_id"]), out, ledger, now)
+            record_on_rung(incident, check.command_id, out, ledger, now)
     else:
-        out = HealthCheckOutput(instance_id=instance_id, healthy=bool(check["healthy"]), level=level,
-                                checks=list(check.get("checks", [])))
+        out = HealthCheckOutput(instance_id=instance_id, healthy=check.healthy, level=level, checks=list(check.checks))
     answer(stepfunctions, task_token, out)
     return out

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
-from nodemedic.contracts.incident import REPLACEMENT_CLAIM, Incident, IncidentRef
+from nodemedic.contracts.incident import (
+    REPLACEMENT_CLAIM,
+    CheckRecord,
+    Incident,
+    IncidentRef,
+    ResetRecord,
+    Rung,
+    RungRecord,
+    rungs_result,
+)
 from nodemedic.contracts.stages import Destination, RepairOutput
 from nodemedic.errors import (
     CapacityEndsError,
@@ -32,8 +40,7 @@ from nodemedic.store.ledger import Ledger
 # how long a GPU reset waits for the GPU clients (Kubernetes) to leave the node; NVIDIA's
 # k8s-driver-manager gives each component five minutes for the same wait
 GPU_CLIENTS_WAIT_S = 300
-NO_ANSWER = {"healthy": False, "checks": [{"name": "answer", "ok": False,
-                                           "detail": "the deep health check did not answer in time"}]}
+NO_ANSWER = [{"name": "answer", "ok": False, "detail": "the deep health check did not answer in time"}]
 
 
 def repair(
@@ -54,39 +61,37 @@ def repair(
     rungs = record.repair_rungs
     incident = serving(incident, rungs)
     ladder = incident.rungs
-    if rungs and rungs[-1].get("done_at"):
+    if rungs and rungs[-1].done_at:
         last = rungs[-1]
-        check = last.get("check")
-        if check is None:  # a retried invocation: the rung is done, its check not started
+        if last.check is None:  # a retried invocation: the rung is done, its check not started
             return _output(incident, len(rungs), last, check_timeout_s)
-        if check.get("healthy") is None:  # the check was started and never answered
-            last["check"] = {**check, **NO_ANSWER, "ended_at": clock().isoformat()}
-        elif check.get("healthy"):
-            raise IncidentStateError(f"incident {incident.incident_id}: {last['instance_id']} passed its check; "
+        if last.check.healthy is None:  # the check was started and never answered
+            last.check = last.check.model_copy(update={"healthy": False, "checks": NO_ANSWER, "ended_at": clock()})
+        elif last.check.healthy:
+            raise IncidentStateError(f"incident {incident.incident_id}: {last.instance_id} passed its check; "
                                      "nothing left to repair")
         if len(rungs) >= len(ladder):
             raise IncidentStateError(f"incident {incident.incident_id}: the ladder {list(ladder)} is exhausted")
-    if not rungs or rungs[-1].get("done_at"):
-        instance = rungs[-1]["instance_id"] if rungs else incident.instance_id
+    if not rungs or rungs[-1].done_at:
+        instance = rungs[-1].instance_id if rungs else incident.instance_id
         ending = capacity_ends(ledger.get(incident.incident_id), instance)
         if ending:
             raise CapacityEndsError(f"{incident.slurm_node} ({instance}): {ending}; no further rung, the node is retired")
         while len(rungs) < len(ladder) and not available(ladder[len(rungs)], provider):
             rungs.append(_skipped(ladder[len(rungs)], instance, clock()))
         if len(rungs) >= len(ladder):
-            ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
+            ledger.record_progress(incident, "repair", {**rungs_result(rungs), "destination": destination})
             raise IncidentStateError(f"incident {incident.incident_id}: no rung of the ladder {list(ladder)} "
                                      f"is left that the {provider.kind} provider can do")
-        rungs.append({"rung": ladder[len(rungs)], "instance_id": instance, "started_at": clock().isoformat()})
-        ledger.record_progress(incident, "repair", {"rungs": rungs, "destination": destination})
+        rungs.append(RungRecord(rung=ladder[len(rungs)], instance_id=instance, started_at=clock()))
+        ledger.record_progress(incident, "repair", {**rungs_result(rungs), "destination": destination})
     current = rungs[-1]
-    current["instance_id"] = _climb(incident, current, provider=provider, orchestrator=orchestrator,
-                                    runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
-                                    prefix=prefix, save=lambda: ledger.record_progress(incident, "repair",
-                                                                                       {"rungs": rungs}),
-                                    clock=clock)
-    current["done_at"] = clock().isoformat()
-    ledger.record_progress(incident, "repair", {"rungs": rungs})
+    current.instance_id = _climb(incident, current, provider=provider, orchestrator=orchestrator,
+                                 runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
+                                 prefix=prefix, save=lambda: ledger.record_progress(incident, "repair", rungs_result(rungs)),
+                                 clock=clock)
+    current.done_at = clock()
+    ledger.record_progress(incident, "repair", rungs_result(rungs))
     return _output(incident, len(rungs), current, check_timeout_s)
 
 
@@ -95,13 +100,13 @@ def available(rung: str, provider: Provider) -> bool:
     return rung != "gpu_reset" or runs_commands(provider)
 
 
-def _skipped(rung: str, instance: str, now: datetime) -> dict[str, Any]:
+def _skipped(rung: Rung, instance: str, now: datetime) -> RungRecord:
     """The record of a rung the provider cannot do: done at once, its check failed, so the ladder
     goes on to the next rung with nothing sent to the node."""
     why = "not possible here: SSM Run Command does not reach the nodes of this provider"
-    return {"rung": rung, "instance_id": instance, "started_at": now.isoformat(), "done_at": now.isoformat(),
-            "skipped": why, "check": {"healthy": False, "ended_at": now.isoformat(),
-                                      "checks": [{"name": rung, "ok": False, "detail": f"skipped: {why}"}]}}
+    return RungRecord(rung=rung, instance_id=instance, started_at=now, done_at=now, skipped=why,
+                      check=CheckRecord(healthy=False, ended_at=now,
+                                        checks=[{"name": rung, "ok": False, "detail": f"skipped: {why}"}]))
 
 
 def capacity_ends(current: Incident, instance: str) -> str:
@@ -113,17 +118,17 @@ def capacity_ends(current: Incident, instance: str) -> str:
     return f"its capacity ends ({note.result.get('fault_code')})"
 
 
-def serving(incident: IncidentRef, rungs: list[dict[str, Any]]) -> IncidentRef:
+def serving(incident: IncidentRef, rungs: list[RungRecord]) -> IncidentRef:
     """The incident as its node is named now: a replacement that registered under a name of its
     own (Kubernetes) is the node the later rungs, the check and Resume act on."""
-    named = next((r["node"] for r in reversed(rungs) if r.get("node")), incident.slurm_node)
+    named = next((r.node for r in reversed(rungs) if r.node), incident.slurm_node)
     return incident if named == incident.slurm_node else incident.model_copy(update={"slurm_node": named})
 
 
-def _output(incident: IncidentRef, attempt: int, rung: dict[str, Any], check_timeout_s: int) -> RepairOutput:
+def _output(incident: IncidentRef, attempt: int, rung: RungRecord, check_timeout_s: int) -> RepairOutput:
     """Every node that comes back from a rung (reset, rebooted, a replacement, a joined node as it
     is) is judged by the full check before it takes work: the burn-in gate."""
-    return RepairOutput(rung=rung["rung"], attempt=attempt, instance_id=rung["instance_id"], level="full",
+    return RepairOutput(rung=rung.rung, attempt=attempt, instance_id=rung.instance_id, level="full",
                         last=attempt >= len(incident.rungs), check_timeout_s=check_timeout_s)
 
 
@@ -135,12 +140,12 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
 
 
-def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, orchestrator: Orchestrator,
+def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orchestrator: Orchestrator,
            runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int, prefix: str,
            save: Callable[[], None], clock: Callable[[], datetime]) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
-    instance = str(rung["instance_id"])
-    if rung["rung"] == "check":  # the node as it is: only its check follows, which disturbs any job
+    instance = rung.instance_id
+    if rung.rung == "check":  # the node as it is: only its check follows, which disturbs any job
         if incident.action == "degrade":
             jobs = orchestrator.jobs_on(incident.slurm_node)
             if jobs:  # drained after its job: wait for the job to end, never cut it short
@@ -148,58 +153,58 @@ def _climb(incident: IncidentRef, rung: dict[str, Any], *, provider: Provider, o
                                         f"{', '.join(jobs)}; its check waits for them to end")
         _guard(incident, orchestrator)
         return instance
-    if rung["rung"] == "gpu_reset":
-        if not rung.get("reset"):
+    if rung.rung == "gpu_reset":
+        if rung.reset is None:
             # the command is recorded once sent: a retry whose wait ran out waits for that reset
             # instead of starting a second one on GPUs the first may still be resetting
-            if not rung.get("reset_command"):
+            if not rung.reset_command:
                 _guard(incident, orchestrator)
                 waiting = orchestrator.pause_gpu_clients(incident.slurm_node, incident.incident_id)
                 if waiting:
-                    if "clients_wait_since" not in rung:
-                        rung["clients_wait_since"] = clock().isoformat()
+                    if rung.clients_wait_since is None:
+                        rung.clients_wait_since = clock()
                         save()
-                    if (clock() - datetime.fromisoformat(rung["clients_wait_since"])).total_seconds() < GPU_CLIENTS_WAIT_S:
+                    if (clock() - rung.clients_wait_since).total_seconds() < GPU_CLIENTS_WAIT_S:
                         raise GpuClientsPendingError(waiting)
                     # not reset: the check that follows finds the fault still there, and the ladder goes on
-                    rung["reset"] = {"status": "Skipped", "exit_code": -1,
-                                     "output": f"not reset after {GPU_CLIENTS_WAIT_S} s: {waiting}"[-300:]}
+                    rung.reset = ResetRecord(status="Skipped", exit_code=-1,
+                                             output=f"not reset after {GPU_CLIENTS_WAIT_S} s: {waiting}"[-300:])
                 else:
-                    rung["reset_command"] = runner.send(instance, documents.gpu_reset, {}, timeout_s,
+                    rung.reset_command = runner.send(instance, documents.gpu_reset, {}, timeout_s,
                                                         f"GPU reset {incident.slurm_node}")
                 save()
-            if not rung.get("reset"):
-                result = runner.wait(instance, str(rung["reset_command"]), timeout_s)
-                rung["reset"] = {"status": result.status, "exit_code": result.exit_code,
-                                 "output": (result.stderr or result.stdout).strip()[-300:]}
+            if rung.reset is None:
+                result = runner.wait(instance, rung.reset_command, timeout_s)
+                rung.reset = ResetRecord(status=result.status, exit_code=result.exit_code,
+                                         output=(result.stderr or result.stdout).strip()[-300:])
                 save()
-        if not rung.get("clients_resumed"):  # reset or not: the node's GPU clients come back before its check
+        if not rung.clients_resumed:  # reset or not: the node's GPU clients come back before its check
             orchestrator.resume_gpu_clients(incident.slurm_node, incident.incident_id)
-            rung["clients_resumed"] = True
+            rung.clients_resumed = True
             save()
         return instance
-    if rung["rung"] == "reboot":
-        if not rung.get("rebooted"):
+    if rung.rung == "reboot":
+        if not rung.rebooted:
             _guard(incident, orchestrator)
             provider.reboot([instance])
-            rung["rebooted"] = True
+            rung.rebooted = True
             save()
         return instance
-    if not rung.get("progress", {}).get("requested_at"):  # before the instance is terminated or stopped
+    if not rung.progress.get("requested_at"):  # before the instance is terminated or stopped
         _guard(incident, orchestrator)
-    step = provider.replace(instance, incident.slurm_node, dict(rung.get("progress", {})),
+    step = provider.replace(instance, incident.slurm_node, dict(rung.progress),
                             claim=lambda candidate: ledger.claim(REPLACEMENT_CLAIM, candidate, incident.incident_id))
-    rung["progress"] = step.progress
+    rung.progress = step.progress
     save()
     if step.instance_id is None:
         raise ReplacementPendingError(f"the replacement for {instance} ({incident.slurm_node}) is not running yet")
-    if not rung.get("joined"):
-        began = datetime.fromisoformat(rung["started_at"]).timestamp() if rung.get("started_at") else None
+    if not rung.joined:
+        began = rung.started_at.timestamp() if rung.started_at else None
         node = orchestrator.adopt(incident.slurm_node, step.instance_id, drain_reason(prefix, incident), began)
         if node is None:
             raise ReplacementPendingError(f"the replacement {step.instance_id} for {incident.slurm_node} has not "
                                           "joined the cluster yet")
-        rung["node"] = node
-        rung["joined"] = True
+        rung.node = node
+        rung.joined = True
         save()
     return step.instance_id

@@ -112,7 +112,7 @@ def resume(
         if destination == "pool":
             ledger.release(SPARE_CLAIM, incident.slurm_node)
         ledger.record_progress(incident, "resume", {"resumed": resumed, "destination": destination})
-    elif capacity_ends(current, str(rungs[-1]["instance_id"]) if rungs else incident.instance_id):
+    elif capacity_ends(current, rungs[-1].instance_id if rungs else incident.instance_id):
         return _retire_repaired(incident, current, destination, status.state, ledger=ledger, clock=clock)
     else:
         # NodeMedic stops holding the node first, whoever's drain it carries: the reconciler never
@@ -182,7 +182,7 @@ def retire(incident: IncidentRef, *, ledger: Ledger, clock: Callable[[], datetim
     current = ledger.get(incident.incident_id)
     spare = current.stages.get("spare")
     moved = spare.result.get("spare") if spare else None
-    rungs = [str(r["rung"]) for r in current.repair_rungs]
+    rungs = [r.rung for r in current.repair_rungs]
     note = current.stages.get("capacity_end")
     code = note.result.get("fault_code") if note else incident.fault_code
     message = (f"{incident.slurm_node} ({incident.instance_id}) retired: its capacity ends "
@@ -209,13 +209,12 @@ def end_unrecovered(
         return EndOutput(status="quarantined", message=reason)
     repair = current.stages.get("repair")
     rungs = current.repair_rungs
-    tried = ", ".join(f"{r['rung']} ({r['instance_id']}: "
-                      f"{'healthy' if r.get('check', {}).get('healthy') else 'unhealthy'})" for r in rungs) or "none"
+    tried = ", ".join(f"{r.rung} ({r.instance_id}: {'healthy' if r.healthy else 'unhealthy'})" for r in rungs) or "none"
     if status == "quarantined":
-        last = rungs[-1] if rungs else {}
+        last = rungs[-1] if rungs else None
         failed = "; ".join(f"{c.get('name')}: {c.get('detail', 'failed')}"
-                           for c in last.get("check", {}).get("checks", []) if not c.get("ok"))
-        message = (f"NodeMedic quarantined {incident.slurm_node} ({last.get('instance_id', incident.instance_id)}) "
+                           for c in (last.check.checks if last and last.check else []) if not c.get("ok"))
+        message = (f"NodeMedic quarantined {incident.slurm_node} ({last.instance_id if last else incident.instance_id}) "
                    f"in incident {incident.incident_id}: it failed the deep health check after every rung of its "
                    f"ladder ({tried}); last failure: {failed or 'no answer'}. The node stays drained and is never "
                    f"returned to service by automation. Escalated: replace or investigate it by hand.")
@@ -236,8 +235,8 @@ def end_unrecovered(
                    f"returns.")
     if repair and not repair.completed_at:
         ledger.complete_stage(incident, "repair", clock(), repair.result)
-    if rungs and rungs[-1]["instance_id"] != incident.instance_id:  # a replacement backs the node now
-        ledger.lock(incident, rungs[-1]["instance_id"])
+    if rungs and rungs[-1].instance_id != incident.instance_id:  # a replacement backs the node now
+        ledger.lock(incident, rungs[-1].instance_id)
     if current.status == "open":  # a retried invocation finds it ended already
         ledger.end(incident, status, clock(), message, release_node=False)  # type: ignore[arg-type]
     return EndOutput(status=status, message=message)
