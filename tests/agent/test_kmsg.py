@@ -107,3 +107,23 @@ def test_a_record_older_than_replay_seconds_is_counted_not_read(tmp_path: Path) 
     seen = reader.read_until(live)
     assert recent in seen and live in seen and old not in seen
     assert reader.follower.stats.expired >= 1
+
+
+def test_an_idle_kernel_log_does_not_rewrite_the_cursor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cursor is written when the reader has gone on, at most once a second: not at every idle
+    second of a quiet node (a disk write a second on every node, for nothing)."""
+    import nodemedic_agent.checks.kernel_log as kernel_log
+
+    saves: list[int] = []
+    real_save = kernel_log.save_cursor
+
+    def counting(path: Path, cursor: kernel_log.KmsgCursor) -> None:
+        saves.append(cursor.seq)
+        real_save(path, cursor)
+
+    monkeypatch.setattr(kernel_log, "save_cursor", counting)
+    reader = Reader(follower(tmp_path / "kmsg-cursor.json", 3600))
+    time.sleep(3.5)  # the backlog read, then idle seconds
+    reader.read_until(marker("end"))
+    assert saves, "the cursor was never saved"
+    assert all(a != b for a, b in zip(saves, saves[1:], strict=False)), saves  # each save is a new position

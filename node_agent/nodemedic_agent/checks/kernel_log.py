@@ -263,6 +263,7 @@ class KernelLogFollower:
         self.cursor_file = cursor_file
         self.replay_seconds = replay_seconds if cursor_file is not None else 0
         self._cursor_unsaved = False  # a save failed: said once, not at every record
+        self._saved_seq: int | None = None  # what the cursor file says: an idle log writes nothing
 
     def messages(self) -> Iterator[tuple[str, datetime]]:
         if self.source == "journal":
@@ -341,7 +342,8 @@ class KernelLogFollower:
         """Save the cursor at most once a second (and ``at_once``): a restart reads again at most
         the records of that second, whose findings the dedupe memory folds. When it was saved."""
         now = time.monotonic()
-        if self.cursor_file is None or seq is None or not boot or (not at_once and now - saved_at < 1.0):
+        if self.cursor_file is None or seq is None or seq == self._saved_seq or not boot \
+                or (not at_once and now - saved_at < 1.0):
             return saved_at
         try:
             save_cursor(self.cursor_file, KmsgCursor(boot, seq))
@@ -351,6 +353,7 @@ class KernelLogFollower:
             self._cursor_unsaved = True
             return now
         self._cursor_unsaved = False
+        self._saved_seq = seq
         return now
 
     def _file(self, idle_s: float = 0.05) -> Iterator[str]:
