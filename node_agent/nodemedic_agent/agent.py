@@ -108,8 +108,9 @@ class Agent:
                               state_file=None if dry_run else self.spool.dir / "dedupe.json")
         self.publisher = Publisher(client, self.spool, config.publish.max_backoff_seconds, sending=self._sending)
         self.checks = PolledChecks(hardware, config)
-        self.kernel_log = KernelLogFollower(config.kernel_log.source, config.kernel_log.path, threading.Event(),
-                                            cursor_file=None if dry_run else self.spool.dir / "kmsg-cursor.json",
+        source = config.kernel_log.source
+        self.kernel_log = KernelLogFollower(source, config.kernel_log.path, threading.Event(),
+                                            cursor_file=None if dry_run else self.spool.dir / f"{source}-cursor.json",
                                             replay_seconds=config.kernel_log.replay_seconds)
         self.stop_event = self.kernel_log.stop
         self.published = 0

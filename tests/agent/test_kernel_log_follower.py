@@ -3,10 +3,12 @@ device dictionary, a syslog file that logrotate moves away, and journalctl's bur
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
 import stat
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -138,21 +140,82 @@ def script(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
+def entry(message: object, at: float, cursor: str) -> str:
+    """One line of ``journalctl -o json --output-fields=MESSAGE``: the message and the fields
+    journalctl always writes (journalctl(1), --output-fields)."""
+    return json.dumps({"__CURSOR": cursor, "__REALTIME_TIMESTAMP": str(int(at * 1e6)),
+                       "__MONOTONIC_TIMESTAMP": "8817230911", "_BOOT_ID": "0f3c9a", "MESSAGE": message})
+
+
+def fake_journal(path: Path, lines: list[str], tmp_path: Path) -> Path:
+    """journalctl writing ``lines``, then following (sleeping); its arguments go to a file."""
+    (tmp_path / "entries").write_text("".join(line + "\n" for line in lines))
+    argv = tmp_path / "argv.json"
+    path.write_text(f"#!{sys.executable}\nimport json, os, sys, time\n"
+                    f"open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+                    f"json.dump(sys.argv[1:], open({str(argv)!r}, 'w'))\n"
+                    f"sys.stdout.write(open({str(tmp_path / 'entries')!r}).read()); sys.stdout.flush()\n"
+                    "time.sleep(60)\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return argv
+
+
 def test_a_journal_burst_is_read_whole_at_once(journalctl: Path, stopped: threading.Event, tmp_path: Path) -> None:
-    pid_file = tmp_path / "pid"
-    script(journalctl, f"echo $$ > {pid_file}\n"
-                       "printf 'NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\\n"
-                       "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed "
-                       "from 0x0 (None) to 0x2 (Node Reboot Required)\\n'\n"
-                       "exec sleep 60")
+    now = time.time()
+    fake_journal(journalctl, [entry("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.", now, "c1"),
+                              entry("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed "
+                                    "from 0x0 (None) to 0x2 (Node Reboot Required)", now, "c2")], tmp_path)
     follower = KernelLogFollower("journal", "", stopped)
     seen, reader = follow(follower)
     burst = take(seen, 2)  # both, without waiting for a later message
     stopped.set()
     reader.join(timeout=5)
     assert codes(burst) == ["XID 79", "XID154_NODE_REBOOT"]  # type: ignore[arg-type]
-    pid = int(pid_file.read_text())
+    pid = int((tmp_path / "pid").read_text())
     assert not reader.is_alive() and not Path(f"/proc/{pid}").exists()  # journalctl is stopped and reaped
+
+
+def test_journal_entries_written_while_the_agent_was_down_are_read_at_its_restart(
+        journalctl: Path, tmp_path: Path) -> None:
+    """The journal source read only what came after the start (``-n 0``): a one-off message
+    written during a restart was lost. Now the first start reads ``replay_seconds`` back, each entry
+    dated when journald received it, and a restart resumes after the last entry handed on."""
+    cursor = tmp_path / "journal-cursor.json"
+    now = time.time()
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    argv = fake_journal(journalctl, [entry("old", now - 7200, "c1"), entry(xid, now - 60, "c2"),
+                                     entry(list(b"caf\xe9 bytes"), now - 30, "c3"), entry(None, now - 20, "c4"),
+                                     "no entry", entry("live", now + 1, "c5")], tmp_path)
+    first = KernelLogFollower("journal", "", threading.Event(), cursor_file=cursor, replay_seconds=3600)
+    seen, reader = follow(first)
+    got = take(seen, 3)
+    first.stop.set()
+    reader.join(timeout=5)
+    assert got == [xid, "caf\ufffd bytes", "live"]  # the old one counted, not read
+    args = json.loads(argv.read_text())
+    since = next(a for a in args if a.startswith("--since=@"))
+    assert abs(int(since.removeprefix("--since=@")) - (now - 3600)) < 5 and "--no-tail" in args and "-n" not in args
+    assert (first.stats.replayed, first.stats.expired, first.stats.skipped) == (2, 1, 2)
+    assert json.loads(cursor.read_text()) == {"cursor": "c5"}
+
+    fake_journal(journalctl, [entry("after the restart", time.time(), "c6")], tmp_path)
+    second = KernelLogFollower("journal", "", threading.Event(), cursor_file=cursor, replay_seconds=3600)
+    seen, reader = follow(second)
+    assert take(seen, 1) == ["after the restart"]
+    second.stop.set()
+    reader.join(timeout=5)
+    assert "--after-cursor=c5" in json.loads(argv.read_text())
+
+
+def test_without_replay_the_journal_is_read_from_the_start_on(journalctl: Path, stopped: threading.Event,
+                                                               tmp_path: Path) -> None:
+    argv = fake_journal(journalctl, [entry("live", time.time(), "c1")], tmp_path)
+    seen, reader = follow(KernelLogFollower("journal", "", stopped, cursor_file=tmp_path / "c.json", replay_seconds=0))
+    assert take(seen, 1) == ["live"]
+    stopped.set()
+    reader.join(timeout=5)
+    args = json.loads(argv.read_text())
+    assert args[args.index("-n") + 1] == "0" and not any(a.startswith(("--since", "--after-cursor")) for a in args)
 
 
 def test_journalctl_that_stops_is_an_error_not_a_quiet_end(journalctl: Path, stopped: threading.Event) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from nodemedic_agent.checks.kernel_log import KernelLogFollower
-from nodemedic_agent.checks.kmsg_cursor import current_boot_id
+from nodemedic_agent.checks.log_cursor import current_boot_id
 
 pytestmark = pytest.mark.skipif(not os.access("/dev/kmsg", os.W_OK), reason="writing /dev/kmsg needs root")
 

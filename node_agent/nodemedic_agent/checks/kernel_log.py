@@ -4,6 +4,7 @@ the lines that matter into findings. A line it cannot parse is skipped and count
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ from typing import BinaryIO
 from nodemedic.domain.xid import decode_nvlink5, recovery_action_code
 
 from nodemedic_agent.checks.base import Finding, status_of
-from nodemedic_agent.checks.kmsg_cursor import KmsgCursor, current_boot_id, load_cursor, save_cursor
+from nodemedic_agent.checks.log_cursor import JournalCursor, KmsgCursor, current_boot_id, load_cursor, save_cursor
 
 log = logging.getLogger("nodemedic_agent.kernel_log")
 
@@ -246,6 +247,11 @@ def rotated(path: Path, f: BinaryIO) -> bool:
     return now.st_ino != os.fstat(f.fileno()).st_ino or now.st_size < f.tell()
 
 
+def kmsg_cursor(boot: str, seq: int | None) -> KmsgCursor | None:
+    """Where the kmsg reader is: nowhere yet, or in a boot the kernel does not name."""
+    return KmsgCursor(boot, seq) if boot and seq is not None else None
+
+
 class KernelLogFollower:
     """Yields kernel log messages, until ``stop`` is set. From a file or the journal, those written
     after it started. From ``/dev/kmsg``, with ``cursor_file``, also those written while the agent
@@ -263,7 +269,7 @@ class KernelLogFollower:
         self.cursor_file = cursor_file
         self.replay_seconds = replay_seconds if cursor_file is not None else 0
         self._cursor_unsaved = False  # a save failed: said once, not at every record
-        self._saved_seq: int | None = None  # what the cursor file says: an idle log writes nothing
+        self._saved: KmsgCursor | JournalCursor | None = None  # what the cursor file says: an idle log writes nothing
 
     def messages(self) -> Iterator[tuple[str, datetime]]:
         if self.source == "journal":
@@ -282,7 +288,7 @@ class KernelLogFollower:
         """Read ``/dev/kmsg``, one record per read(). Opened, it stands at the oldest record the
         kernel still holds: those up to the first EAGAIN are the backlog, read only to replay."""
         boot = current_boot_id()
-        cursor = load_cursor(self.cursor_file) if self.cursor_file and self.replay_seconds > 0 else None
+        cursor = load_cursor(self.cursor_file, KmsgCursor.from_json) if self.cursor_file and self.replay_seconds > 0 else None
         after = cursor.seq if cursor is not None and boot and cursor.boot_id == boot else None
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         backlog = self.replay_seconds > 0
@@ -295,7 +301,7 @@ class KernelLogFollower:
                 if not backlog:
                     ready, _, _ = select.select([fd], [], [], 1.0)
                     if not ready:
-                        saved_at = self._save_cursor(boot, last, saved_at, at_once=True)
+                        saved_at = self._save_cursor(kmsg_cursor(boot, last), saved_at, at_once=True)
                         continue
                 try:
                     record = os.read(fd, 8192).decode(errors="replace")
@@ -319,9 +325,9 @@ class KernelLogFollower:
                     continue
                 yield _record(m, replayed=backlog)
                 last = seq  # handed on and handled: the consumer asked for the next
-                saved_at = self._save_cursor(boot, last, saved_at)
+                saved_at = self._save_cursor(kmsg_cursor(boot, last), saved_at)
         finally:
-            self._save_cursor(boot, last, saved_at, at_once=True)
+            self._save_cursor(kmsg_cursor(boot, last), saved_at, at_once=True)
             os.close(fd)
 
     def _replays(self, m: re.Match[str], seq: int, after: int | None) -> bool:
@@ -338,22 +344,22 @@ class KernelLogFollower:
         self.stats.replayed += 1
         return True
 
-    def _save_cursor(self, boot: str, seq: int | None, saved_at: float, at_once: bool = False) -> float:
-        """Save the cursor at most once a second (and ``at_once``): a restart reads again at most
-        the records of that second, whose findings the dedupe memory folds. When it was saved."""
+    def _save_cursor(self, cursor: KmsgCursor | JournalCursor | None, saved_at: float, at_once: bool = False) -> float:
+        """Save the cursor when it moved, at most once a second (and ``at_once``): a restart reads
+        again at most the messages of that second, whose findings the dedupe memory folds. When
+        it was saved."""
         now = time.monotonic()
-        if self.cursor_file is None or seq is None or seq == self._saved_seq or not boot \
-                or (not at_once and now - saved_at < 1.0):
+        if self.cursor_file is None or cursor is None or cursor == self._saved or (not at_once and now - saved_at < 1.0):
             return saved_at
         try:
-            save_cursor(self.cursor_file, KmsgCursor(boot, seq))
+            save_cursor(self.cursor_file, cursor)
         except OSError as exc:
             if not self._cursor_unsaved:
                 log.warning("the kernel log cursor was not saved (%s): a restart may read some records again", exc)
             self._cursor_unsaved = True
             return now
         self._cursor_unsaved = False
-        self._saved_seq = seq
+        self._saved = cursor
         return now
 
     def _file(self, idle_s: float = 0.05) -> Iterator[str]:
@@ -388,29 +394,54 @@ class KernelLogFollower:
             f.close()
 
     def _journal(self) -> Iterator[tuple[str, datetime]]:
-        """The kernel's messages as journald has them. journalctl writes a burst of messages at
-        once, so its pipe is read as bytes and split here: a line read ahead into a buffer that
-        ``select`` cannot see would wait there for the next message, however long that takes."""
-        proc = subprocess.Popen(["journalctl", "-k", "-f", "-n", "0", "-o", "cat"], stdout=subprocess.PIPE)
+        """The kernel's messages as journald has them, each dated when journald received it. With
+        a cursor, journalctl starts after the last entry handed on before the restart (in a later
+        boot: at this boot's first, ``-k`` being this boot's only); without one, ``replay_seconds``
+        back. journalctl writes a burst of entries at once, so its pipe is read as bytes and split
+        here: a line read ahead into a buffer that ``select`` cannot see would wait there for the
+        next entry, however long that takes."""
+        started = time.time()
+        cursor = load_cursor(self.cursor_file, JournalCursor.from_json) \
+            if self.cursor_file and self.replay_seconds > 0 else None
+        # --all: a field over 4 KB or not printable is written, not null (journalctl(1), --all)
+        args = ["journalctl", "-k", "-f", "-o", "json", "--output-fields=MESSAGE", "--all"]
+        if self.replay_seconds <= 0:
+            args += ["-n", "0"]
+        elif cursor is not None:
+            args += [f"--after-cursor={cursor.cursor}", "--no-tail"]
+        else:
+            args += [f"--since=@{int(started - self.replay_seconds)}", "--no-tail"]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE)
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         pending = b""
+        last: JournalCursor | None = None
+        saved_at = time.monotonic()
         try:
             while not self.stop.is_set():
                 ready, _, _ = select.select([fd], [], [], 1.0)
                 if not ready:
+                    saved_at = self._save_cursor(last, saved_at, at_once=True)
                     continue
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     raise KernelLogEndedError(f"journalctl stopped (exit status {proc.wait(timeout=5)})")
                 *lines, pending = (pending + chunk).split(b"\n")
-                if len(pending) > MAX_LINE_BYTES:  # no end of line in sight: not a message
+                if len(pending) > MAX_LINE_BYTES:  # no end of line in sight: not an entry
                     self.stats.skipped += 1
                     pending = b""
                 for line in lines:
                     self.stats.lines += 1
-                    yield line.decode(errors="replace"), datetime.now(UTC)
+                    entry = journal_entry(line, self.stats)
+                    if entry is None:
+                        continue
+                    message, observed, position = entry
+                    if self._journal_replays(observed, started):
+                        yield message, observed
+                    last = JournalCursor(position) if position else last
+                    saved_at = self._save_cursor(last, saved_at)
         finally:
+            self._save_cursor(last, saved_at, at_once=True)
             proc.terminate()
             try:
                 proc.wait(timeout=5)
@@ -418,3 +449,35 @@ class KernelLogFollower:
                 proc.kill()
                 proc.wait()
             proc.stdout.close()
+
+    def _journal_replays(self, observed: datetime, started: float) -> bool:
+        """Whether a journal entry is read: one from before the start (the backlog) only while it
+        is younger than ``replay_seconds``; every one after it."""
+        age = started - observed.timestamp()
+        if age <= 0 or self.replay_seconds <= 0:
+            return True
+        if age > self.replay_seconds:
+            self.stats.expired += 1
+            return False
+        self.stats.replayed += 1
+        return True
+
+
+def journal_entry(line: bytes, stats: LogStats) -> tuple[str, datetime, str] | None:
+    """(message, received, cursor) of one line of ``journalctl -o json``. Its MESSAGE is a string,
+    or an array of bytes where it is not valid UTF-8 (journald's JSON format); an entry without
+    one, or a line that is no entry, is skipped and counted."""
+    try:
+        entry = json.loads(line)
+        message = entry["MESSAGE"]
+        received = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, UTC)
+    except (ValueError, TypeError, KeyError, OverflowError, OSError):
+        stats.skipped += 1
+        return None
+    if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):
+        message = bytes(message).decode(errors="replace")
+    if not isinstance(message, str):
+        stats.skipped += 1
+        return None
+    position = entry.get("__CURSOR")
+    return message, received, position if isinstance(position, str) and "\n" not in position else ""

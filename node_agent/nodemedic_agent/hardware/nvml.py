@@ -216,7 +216,7 @@ class NvmlHardware:
     def _recovery_action(h: Any) -> int:
         """The action the driver says the GPU needs, read every poll (nvmlDeviceGetFieldValues,
         NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): Xid 154 announces it once, in a kernel log record the
-        ring may overwrite (or a journal or file the agent reads only from its start), so a GPU that
+        ring may overwrite (or a file the agent reads only from its start), so a GPU that
         came to need it while the agent was down is still seen. 0 where this driver or GPU does not
         report it (the field's own status says so)."""
         values = _supported(lambda: pynvml.nvmlDeviceGetFieldValues(h, [RECOVERY_ACTION_FIELD]), None)

@@ -1,0 +1,73 @@
+"""Where the kernel log reader left off, kept across agent restarts, so that a restarted agent
+reads the messages written while it was down, not only the ones written after it started:
+
+- ``/dev/kmsg``: the sequence number of the last record handed on, and the boot it was read in
+  (the kernel numbers its records from 0 again at every boot, Documentation/ABI/testing/dev-kmsg);
+- the journal: the last entry's cursor, which journalctl resumes after (``--after-cursor``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+log = logging.getLogger("nodemedic_agent.kernel_log")
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+@dataclass(frozen=True)
+class KmsgCursor:
+    boot_id: str
+    seq: int
+
+    @classmethod
+    def from_json(cls, saved: dict[str, Any]) -> KmsgCursor:
+        if not isinstance(saved["seq"], int) or saved["seq"] < 0:
+            raise ValueError(f"seq {saved['seq']!r} is no record's sequence number")
+        return cls(str(saved["boot_id"]), saved["seq"])
+
+
+@dataclass(frozen=True)
+class JournalCursor:
+    cursor: str
+
+    @classmethod
+    def from_json(cls, saved: dict[str, Any]) -> JournalCursor:
+        if not isinstance(saved["cursor"], str) or not saved["cursor"] or "\n" in saved["cursor"]:
+            raise ValueError("no journal cursor")
+        return cls(saved["cursor"])
+
+
+C = TypeVar("C", KmsgCursor, JournalCursor)
+
+
+def current_boot_id() -> str:
+    """This boot's id (random, new at every boot); "" where the kernel does not say."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def load_cursor(path: Path, parse: Callable[[dict[str, Any]], C]) -> C | None:
+    """The saved cursor; None when there is none or it is unreadable (then the messages are read
+    by their age alone)."""
+    try:
+        return parse(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("the kernel log cursor %s is unreadable (%s): reading the messages by their age", path, exc)
+        return None
+
+
+def save_cursor(path: Path, cursor: KmsgCursor | JournalCursor) -> None:
+    """Write the cursor atomically (OSError when the disk refuses)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(cursor)))
+    os.replace(tmp, path)
