@@ -253,12 +253,12 @@ def kmsg_cursor(boot: str, seq: int | None) -> KmsgCursor | None:
 
 
 class KernelLogFollower:
-    """Yields kernel log messages, until ``stop`` is set. From a file or the journal, those written
-    after it started. From ``/dev/kmsg``, with ``cursor_file``, also those written while the agent
-    was down (or, when the cursor is from another boot or missing, since boot) and younger than
-    ``replay_seconds``: a one-off message (an Xid, the EFA driver stopping) is not lost to a
-    restart. A record older than that is counted, not read: its fault is either dealt with or for
-    a person to look at, not a new event."""
+    """Yields kernel log messages, until ``stop`` is set. From a file, those written after it
+    started. From ``/dev/kmsg`` or the journal, with ``cursor_file``, also those written while the
+    agent was down (or, when the cursor is from another boot or missing, since boot) and younger
+    than ``replay_seconds``: a one-off message (an Xid, the EFA driver stopping) is not lost to a
+    restart. One older than that is counted, not read: its fault is either dealt with or for a
+    person to look at, not a new event."""
 
     def __init__(self, source: str, path: str, stop: Event, cursor_file: Path | None = None,
                  replay_seconds: float = 0) -> None:
@@ -410,7 +410,7 @@ class KernelLogFollower:
         elif cursor is not None:
             args += [f"--after-cursor={cursor.cursor}", "--no-tail"]
         else:
-            args += [f"--since=@{int(started - self.replay_seconds)}", "--no-tail"]
+            args += [f"--since=@{max(0, int(started - self.replay_seconds))}", "--no-tail"]  # a clock at 1970
         proc = subprocess.Popen(args, stdout=subprocess.PIPE)
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
