@@ -16,12 +16,15 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nodemedic_agent.checks.kernel_log import (
     KMSG_RECORD,
     MAX_LINE_BYTES,
     KernelLogEndedError,
     KernelLogFollower,
     LogStats,
+    journal_entry,
     kmsg_message,
     message_finding,
 )
@@ -241,3 +244,24 @@ def test_records_overwritten_while_the_agent_was_down_are_counted_as_lost_and_th
     replays = [follower._replays(record(seq, age), seq, after=100) for seq, age in ((99, 5), (100, 5), (105, 5), (106, 90))]
     assert replays == [False, False, True, False]  # handed on before; the first after the gap; too old
     assert (follower.stats.lost, follower.stats.replayed, follower.stats.expired) == (4, 1, 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=512),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                              lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                                  st.sampled_from(["MESSAGE", "__REALTIME_TIMESTAMP", "__CURSOR", "x"]), inner, max_size=4),
+                              max_leaves=12).map(lambda v: json.dumps(v).encode())))
+def test_any_journal_line_is_an_entry_or_skipped_and_counted(line: bytes) -> None:
+    """Whatever journalctl (or a corrupt journal) writes: an entry, or a line counted as skipped."""
+    stats = LogStats()
+    parsed = journal_entry(line, stats)
+    assert (parsed is None) == (stats.skipped == 1)
+    if parsed is not None:
+        message, received, cursor = parsed
+        assert isinstance(message, str) and received.tzinfo is not None and "\n" not in cursor
+
+
+def test_a_journal_line_nested_past_the_parsers_depth_is_skipped() -> None:
+    stats = LogStats()
+    assert journal_entry(b"[" * 100_000 + b"]" * 100_000, stats) is None and stats.skipped == 1

@@ -471,7 +471,7 @@ def journal_entry(line: bytes, stats: LogStats) -> tuple[str, datetime, str] | N
         entry = json.loads(line)
         message = entry["MESSAGE"]
         received = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, UTC)
-    except (ValueError, TypeError, KeyError, OverflowError, OSError):
+    except (ValueError, TypeError, KeyError, OverflowError, OSError, RecursionError):
         stats.skipped += 1
         return None
     if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):
