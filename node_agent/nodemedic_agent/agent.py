@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import boto3
 from botocore.config import Config
 from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity, PerfSample
+from nodemedic.contracts.problems import read_json
 
 from nodemedic_agent.acknowledgements import Acknowledgements
 from nodemedic_agent.burn_in import joined
@@ -230,7 +231,7 @@ class Agent:
         now = time.monotonic()
         soon = now + self.config.intervals.reassert_seconds
         try:
-            saved = json.loads(self._reassert_file.read_text())
+            saved = read_json(self._reassert_file.read_text())
             return [_Pending(soon, int(p["sends"]), now - _age(p), NodeHealthEvent.model_validate(p["event"]))
                     for p in saved]
         except (OSError, ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from nodemedic.contracts.problems import read_json
 from nodemedic.domain.scontrol import burn_in_reason, drain_reason, parse_scontrol_record
 
 from nodemedic_agent.checks.base import Finding
@@ -89,8 +90,10 @@ def hold(node: str, instance_id: str, *, prefix: str, marker: Path, scontrol: st
 def joined(marker: Path) -> Finding | None:
     """The ``NODE_JOINED`` finding for a hold this boot left, or None when there is none."""
     try:
-        data = json.loads(marker.read_text())
+        data = read_json(marker.read_text())
     except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):  # not the hold's marker (a torn write, a hand edit)
         return None
     held_at = str(data.get("held_at", ""))
     try:

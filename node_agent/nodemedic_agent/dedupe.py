@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nodemedic.contracts.problems import read_json
+
 log = logging.getLogger("nodemedic_agent.dedupe")
 
 
@@ -39,10 +41,14 @@ class Deduper:
         self.suppressed_total = 0
         if state_file and state_file.exists():
             try:
-                saved = json.loads(state_file.read_text())
-                self._seen = {k: _Seen(**v) for k, v in saved.items() if self._within_window(clock() - v["sent_at"])}
-            except (OSError, ValueError, TypeError):
-                self._seen = {}  # a corrupt memory only costs one repeated event
+                saved = read_json(state_file.read_text())
+            except (OSError, ValueError):
+                saved = {}  # a corrupt memory only costs one repeated event
+            now = clock()
+            for key, seen in (saved.items() if isinstance(saved, dict) else ()):
+                sent_at, suppressed = (seen.get("sent_at"), seen.get("suppressed", 0)) if isinstance(seen, dict) else (0, 0)
+                if isinstance(sent_at, int | float) and isinstance(suppressed, int) and self._within_window(now - sent_at):
+                    self._seen[key] = _Seen(float(sent_at), suppressed)
 
     def _within_window(self, elapsed: float) -> bool:
         return 0 <= elapsed < self.window_s  # negative: the clock stepped back since

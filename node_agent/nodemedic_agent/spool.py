@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nodemedic.contracts.problems import read_json
+
 log = logging.getLogger("nodemedic_agent.spool")
 
 
@@ -65,7 +67,7 @@ class Spool:
         out = []
         for name in names:
             try:
-                entry = json.loads((self.dir / name).read_text())
+                entry = read_json((self.dir / name).read_text())
             except (OSError, ValueError):  # unreadable: set aside, never block the queue
                 self.dead([name], "unreadable spool file")
                 continue

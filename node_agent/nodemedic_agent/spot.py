@@ -13,11 +13,12 @@ side leaves the other. Detect folds the second into the incident the first opene
 
 from __future__ import annotations
 
-import json
 import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from nodemedic.contracts.problems import read_json
 
 from nodemedic_agent.checks.base import Finding
 
@@ -51,7 +52,7 @@ def read_notice(get: Callable[[str], str]) -> SpotNotice | None:
             return None
         raise
     try:
-        data = json.loads(text)
+        data = read_json(text)
         action, at = data["action"], datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00"))
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{INSTANCE_ACTION} is not EC2's notice: {text[:200]!r}") from exc

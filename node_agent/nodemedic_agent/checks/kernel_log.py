@@ -4,7 +4,6 @@ the lines that matter into findings. A line it cannot parse is skipped and count
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
@@ -18,6 +17,7 @@ from pathlib import Path
 from threading import Event
 from typing import BinaryIO
 
+from nodemedic.contracts.problems import read_json
 from nodemedic.domain.xid import decode_nvlink5, recovery_action_code
 
 from nodemedic_agent.checks.base import Finding, status_of
@@ -468,10 +468,10 @@ def journal_entry(line: bytes, stats: LogStats) -> tuple[str, datetime, str] | N
     or an array of bytes where it is not valid UTF-8 (journald's JSON format); an entry without
     one, or a line that is no entry, is skipped and counted."""
     try:
-        entry = json.loads(line)
+        entry = read_json(line)
         message = entry["MESSAGE"]
         received = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, UTC)
-    except (ValueError, TypeError, KeyError, OverflowError, OSError, RecursionError):
+    except (ValueError, TypeError, KeyError, OverflowError, OSError):
         stats.skipped += 1
         return None
     if isinstance(message, list) and all(isinstance(b, int) and 0 <= b < 256 for b in message):

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nodemedic.contracts.problems import read_json
+
 log = logging.getLogger("nodemedic_agent.kernel_log")
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -58,7 +60,7 @@ def load_cursor(path: Path, parse: Callable[[dict[str, Any]], C]) -> C | None:
     """The saved cursor; None when there is none or it is unreadable (then the messages are read
     by their age alone)."""
     try:
-        return parse(json.loads(path.read_text()))
+        return parse(read_json(path.read_text()))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:

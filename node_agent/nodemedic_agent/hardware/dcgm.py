@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodemedic.contracts.problems import read_json
+
 # what dcgmi prints (on stdout) when nv-hostengine is not running (dcgmi/Command.cpp)
 HOST_ENGINE_DOWN = re.compile(r"unable to establish a connection|connect to host engine", re.I)
 HEALTH_VALUES = ("Healthy", "Warning", "Failure")
@@ -93,7 +95,7 @@ def _list(value: Any, where: str) -> list[Any]:
 
 def _loads(text: str, what: str) -> dict[str, Any]:
     try:
-        return _object(json.loads(text), what)
+        return _object(read_json(text), what)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{what} printed no JSON: {exc}") from exc
 
