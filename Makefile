@@ -8,7 +8,7 @@ SCHEDULER ?= auto
 PROVIDER ?= autoscaling
 DEMO_NEEDS := $(if $(filter k8s kubernetes,$(SCHEDULER)),kube,slurm)
 
-.PHONY: help venv slurm kube helm chromium demo test lint unit chaos bench gpu-check agent-wheel agent-wheelhouse clean
+.PHONY: help venv slurm kube helm chromium awscli demo test lint unit chaos bench gpu-check agent-wheel agent-wheelhouse clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ helm:  ## fetch the official Helm binary for the Helm chart's tests, once per ma
 chromium:  ## install Debian's Chromium, which renders the HTML report in a test (as root)
 	@sandbox/install-chromium.sh
 
+awscli:  ## install Debian's AWS CLI, which the agent installer's S3 fetch runs in a test (as root)
+	@sandbox/install-awscli.sh
+
 demo: venv $(DEMO_NEEDS)  ## run the local end-to-end demo (SCHEDULER=k8s: on Kubernetes; PROVIDER=karpenter with it)
 	$(BIN)/nodemedic demo --scheduler $(SCHEDULER) --provider $(PROVIDER)
 
@@ -45,7 +48,7 @@ lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in 
 # make test's pytest workers (pytest-xdist); a test file runs whole on one worker, on its own stack
 TEST_WORKERS ?= 2
 
-test: venv slurm kube helm chromium lint  ## run the whole test suite on TEST_WORKERS workers (it lists the tests over 10 s)
+test: venv slurm kube helm chromium awscli lint  ## run the whole test suite on TEST_WORKERS workers (it lists the tests over 10 s)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 --durations-min=10
 
 unit: venv  ## fast tests only (no local stack): units and the stages on in-memory Slurm

@@ -3,13 +3,14 @@
 # user-data script, as HyperPod lifecycle scripts do).
 #
 #   install-agent.sh --cluster NAME --bus BUS [--acknowledgements-table TABLE] [--region R]
-#                    [--wheelhouse PATH_OR_S3_URL | --wheel PATH_OR_S3_URL]
+#                    [--wheelhouse PATH_OR_S3_URL | --wheel PATH_OR_S3_URL] [--s3-endpoint-url URL]
 #                    [--gpus 8] [--efa 32] [--shared-mount /fsx] [--slurm-node NAME] [--instance-id ID]
 #                    [--root DIR] [--no-systemd] [--no-burn-in] [--python python3]
 #
 # --wheelhouse: the tar.gz build-wheelhouse.sh makes; installs with no package index. --wheel: the
 # agent wheel alone; pip fetches its dependencies from PyPI (or the node's pip mirror). Neither:
-# the wheel is built from this checkout.
+# the wheel is built from this checkout. An s3:// URL is fetched with the AWS CLI and the instance
+# role (s3:GetObject); --s3-endpoint-url: through an S3 interface VPC endpoint's URL.
 # Installs into /opt/nodemedic/agent (a venv), writes /etc/nodemedic/agent.toml unless it exists,
 # links /opt/nodemedic/bin/deep-health-check and gpu-reset (the pipeline's DeepHealthCheckCommand
 # and GpuResetCommand), installs
@@ -17,10 +18,10 @@
 # --no-burn-in: not), then prints a first health report.
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "install-agent: $*" >&2; exit 2; }
 
-CLUSTER="" BUS="" ACK_TABLE="" REGION="" WHEEL="" WHEELHOUSE="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3
+CLUSTER="" BUS="" ACK_TABLE="" REGION="" WHEEL="" WHEELHOUSE="" S3_ENDPOINT="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -30,6 +31,7 @@ while [[ $# -gt 0 ]]; do
     --region) REGION="$2"; shift 2 ;;
     --wheel) WHEEL="$2"; shift 2 ;;
     --wheelhouse) WHEELHOUSE="$2"; shift 2 ;;
+    --s3-endpoint-url) S3_ENDPOINT="$2"; shift 2 ;;
     --gpus) GPUS="$2"; shift 2 ;;
     --efa) EFA="$2"; shift 2 ;;
     --shared-mount) SHARED+=("$2"); shift 2 ;;
@@ -60,7 +62,11 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 fetch() {  # a local path as it is, an s3:// object copied into $WORK
   if [[ "$1" == s3://* ]]; then
-    aws s3 cp --quiet "$1" "$WORK/" || die "cannot copy $1 (the instance role needs s3:GetObject on it)"
+    command -v aws >/dev/null || die "$1 needs the AWS CLI (aws) on PATH to fetch it; or copy it to the node and give its path"
+    local aws=(aws)
+    [[ -z "$REGION" ]] || aws+=(--region "$REGION")
+    [[ -z "$S3_ENDPOINT" ]] || aws+=(--endpoint-url "$S3_ENDPOINT")
+    "${aws[@]}" s3 cp --quiet "$1" "$WORK/" >&2 || die "cannot copy $1 (the instance role needs s3:GetObject on it)"
     echo "$WORK/$(basename "$1")"
   else
     [[ -f "$1" ]] || die "no such file: $1"

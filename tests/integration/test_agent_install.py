@@ -12,7 +12,11 @@ import sys
 import tarfile
 import tomllib
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "node_agent/lifecycle/install-agent.sh"
@@ -25,12 +29,21 @@ def no_index_env() -> dict[str, str]:
     return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}
 
 
-def test_lifecycle_script_installs_a_working_agent_from_the_wheelhouse_with_no_index(tmp_path: Path) -> None:
-    build = subprocess.run(["bash", str(ROOT / "node_agent/lifecycle/build-wheelhouse.sh"), "--out", str(tmp_path),
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent's wheelhouse for this machine's Python, built once for the module."""
+    out = tmp_path_factory.mktemp("wheelhouse")
+    build = subprocess.run(["bash", str(ROOT / "node_agent/lifecycle/build-wheelhouse.sh"), "--out", str(out),
                             "--pythons", PYTHON, "--archs", platform.machine(), "--python", sys.executable],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-2000:]
-    [house] = tmp_path.glob("nodemedic-agent-wheelhouse-*.tar.gz")
+    [house] = out.glob("nodemedic-agent-wheelhouse-*.tar.gz")
+    return house
+
+
+def test_lifecycle_script_installs_a_working_agent_from_the_wheelhouse_with_no_index(tmp_path: Path,
+                                                                                    wheelhouse: Path) -> None:
+    house = wheelhouse
     with tarfile.open(house) as tar:
         members = {Path(m).name for m in tar.getnames()}
         manifest = json.load(tar.extractfile("nodemedic-agent-wheelhouse/wheelhouse.json"))
@@ -75,8 +88,6 @@ def test_lifecycle_script_installs_a_working_agent_from_the_wheelhouse_with_no_i
 def test_the_systemd_unit_is_sandboxed_but_keeps_what_the_agent_reads(tmp_path: Path) -> None:
     import re
     import shutil
-
-    import pytest
 
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed (Debian package systemd)")
@@ -129,3 +140,63 @@ def test_a_wheelhouse_for_another_python_is_refused_before_anything_is_installed
                            "--wheel", "agent.whl", "--root", str(tmp_path / "node"), "--no-systemd"],
                           capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and "--wheel and --wheelhouse: give one" in both.stderr
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
+    """The embedded S3 on a real local endpoint (moto's server), which the real AWS CLI talks to;
+    without the AWS CLI (make awscli) the test is skipped, and fails under CI."""
+    import shutil
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from bench.moto_bus import free_port
+    from tests.conftest import require
+
+    require("the AWS CLI (make awscli)", None if shutil.which("aws") else "no aws on PATH")
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+                       "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
+        monkeypatch.setenv(key, value)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+        client.create_bucket(Bucket="lifecycle")
+        yield client, url
+    finally:
+        server.stop()
+
+
+def test_the_wheelhouse_is_fetched_from_s3_with_the_aws_cli(tmp_path: Path, wheelhouse: Path,
+                                                            s3: tuple[Any, str]) -> None:
+    """HyperPod lifecycle scripts and user data fetch from S3: the installer copies the object with
+    the AWS CLI (through an S3 interface endpoint's URL, here the embedded S3's) and installs it."""
+    client, url = s3
+    client.upload_file(str(wheelhouse), "lifecycle", f"agent/{wheelhouse.name}")
+    root = tmp_path / "node"
+    proc = subprocess.run(
+        ["bash", str(INSTALL), "--cluster", "local", "--bus", "nodemedic-local", "--region", "us-east-1",
+         "--instance-id", "i-0123456789abcdef0", "--slurm-node", "gpu-1",
+         "--wheelhouse", f"s3://lifecycle/agent/{wheelhouse.name}", "--s3-endpoint-url", url,
+         "--root", str(root), "--no-systemd", "--python", sys.executable],
+        capture_output=True, text=True, timeout=600, env=no_index_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(from the wheelhouse, no package index)" in proc.stdout
+    assert (root / "opt/nodemedic/agent/bin/nodemedic-agent").exists()
+
+
+def test_an_s3_object_that_cannot_be_copied_stops_the_install_saying_why(tmp_path: Path, s3: tuple[Any, str]) -> None:
+    _, url = s3
+    root = tmp_path / "node"
+    proc = subprocess.run(
+        ["bash", str(INSTALL), "--cluster", "local", "--bus", "nodemedic-local", "--region", "us-east-1",
+         "--wheelhouse", "s3://lifecycle/agent/missing.tar.gz", "--s3-endpoint-url", url,
+         "--root", str(root), "--no-systemd", "--python", sys.executable],
+        capture_output=True, text=True, timeout=120, env=no_index_env())
+    assert proc.returncode == 2
+    assert "cannot copy s3://lifecycle/agent/missing.tar.gz (the instance role needs s3:GetObject on it)" in proc.stderr
+    assert not (root / "opt/nodemedic/agent").exists()  # nothing installed
