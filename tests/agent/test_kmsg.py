@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from nodemedic_agent.checks.kernel_log import KernelLogFollower
+from nodemedic_agent.checks.kernel_log import KMSG_RECORD, KernelLogFollower
 from nodemedic_agent.checks.log_cursor import current_boot_id
 
 pytestmark = pytest.mark.skipif(not os.access("/dev/kmsg", os.W_OK), reason="writing /dev/kmsg needs root")
@@ -69,9 +69,9 @@ def kernel_lag() -> float:
         write(probe)
         after = time.monotonic()
         while True:
-            record = os.read(fd, 8192).decode(errors="replace")
-            if probe in record:
-                return (before + after) / 2 - int(record.split(",")[2]) / 1e6
+            m = KMSG_RECORD.match(os.read(fd, 8192).decode(errors="replace"))
+            if m and probe in m.group(4):
+                return (before + after) / 2 - int(m.group(3)) / 1e6
     finally:
         os.close(fd)
 

@@ -338,7 +338,12 @@ class KernelLogFollower:
             self.stats.lost += seq - after - 1
             log.warning("%d kernel log records written while the agent was down were overwritten before it "
                         "started: their faults are seen only where a polled check reads them", seq - after - 1)
-        if record_age(m) > self.replay_seconds:
+        return self._young_enough(record_age(m))
+
+    def _young_enough(self, age: float) -> bool:
+        """Whether a message written before the start is read (counted as replayed), or is older
+        than ``replay_seconds`` (counted as expired)."""
+        if age > self.replay_seconds:
             self.stats.expired += 1
             return False
         self.stats.replayed += 1
@@ -454,13 +459,7 @@ class KernelLogFollower:
         """Whether a journal entry is read: one from before the start (the backlog) only while it
         is younger than ``replay_seconds``; every one after it."""
         age = started - observed.timestamp()
-        if age <= 0 or self.replay_seconds <= 0:
-            return True
-        if age > self.replay_seconds:
-            self.stats.expired += 1
-            return False
-        self.stats.replayed += 1
-        return True
+        return age <= 0 or self.replay_seconds <= 0 or self._young_enough(age)
 
 
 def journal_entry(line: bytes, stats: LogStats) -> tuple[str, datetime, str] | None:

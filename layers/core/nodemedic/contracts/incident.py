@@ -62,16 +62,21 @@ class IncidentRef(BaseModel):
         return self.ladder or default_ladder(self.action)
 
 
-# a ledger record is read back by whichever version runs next (an upgrade mid-incident): a field it
-# does not know is left out, never a reason to lose the record
-LEDGER_RECORD = ConfigDict(extra="ignore")
+class LedgerRecord(BaseModel):
+    """Progress a stage keeps in the ledger. It is read back by whichever version runs next (an
+    upgrade mid-incident): a field it does not know is left out, never a reason to lose the record."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    def saved(self) -> dict[str, Any]:
+        """The record as the ledger keeps it: JSON, the fields still at their default left out."""
+        return self.model_dump(mode="json", exclude_defaults=True)
 
 
-class CheckRecord(BaseModel):
+class CheckRecord(LedgerRecord):
     """A deep health check of a node, where its rung (or the verification) keeps it: sent, then
     answered. Each field is saved before the next step, so a retried invocation goes on from it."""
 
-    model_config = LEDGER_RECORD
     channel: str = Field(default="", description="hyperpod: HyperPod's own check; empty: the SSM check")
     level: str = ""
     instance_id: str = ""
@@ -85,20 +90,18 @@ class CheckRecord(BaseModel):
     ended_at: AwareDatetime | None = None
 
 
-class ResetRecord(BaseModel):
+class ResetRecord(LedgerRecord):
     """How a GPU reset command ended (Skipped: the GPU's clients never left the node)."""
 
-    model_config = LEDGER_RECORD
     status: str
     exit_code: int
     output: str = ""
 
 
-class RungRecord(BaseModel):
+class RungRecord(LedgerRecord):
     """One rung of an incident's repair ladder: what was done to which instance, step by step, and
     the check that judged it."""
 
-    model_config = LEDGER_RECORD
     rung: Rung
     instance_id: str = Field(min_length=1, description="the instance the rung acts on, then the one it leaves")
     started_at: AwareDatetime | None = None
@@ -122,7 +125,7 @@ class RungRecord(BaseModel):
 
 def rungs_result(rungs: list[RungRecord]) -> dict[str, Any]:
     """The repair stage's record of its rungs, as the ledger keeps it."""
-    return {"rungs": [r.model_dump(mode="json", exclude_defaults=True) for r in rungs]}
+    return {"rungs": [r.saved() for r in rungs]}
 
 
 class StageRecord(BaseModel):

@@ -105,7 +105,7 @@ def save_check_record(incident: IncidentRef, purpose: Purpose, rungs: list[RungR
                       ledger: Ledger) -> None:
     """Keep ``check`` where :func:`check_record` reads it."""
     if purpose == "verify":
-        ledger.record_progress(incident, "verify", {"check": check.model_dump(mode="json", exclude_defaults=True)})
+        ledger.record_progress(incident, "verify", {"check": check.saved()})
     elif rungs:
         rungs[-1].check = check
         ledger.record_progress(incident, "repair", rungs_result(rungs))
