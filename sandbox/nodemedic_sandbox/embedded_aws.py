@@ -65,6 +65,7 @@ from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+from moto.stepfunctions.parser.backend.execution import Execution
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 from moto.utilities.arns import parse_arn
@@ -100,6 +101,7 @@ HOOKED = {
     "states.all matching": (ErrorEqualsDecl, "_eval_body"),
     "eventbridge request size": (EventsBackend, "put_events"),
     "step functions input size": (StepFunctionsParserBackend, "start_execution"),
+    "step functions status of a starting execution": (Execution, "status"),
     **hyperpod.HOOKED,
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
@@ -193,6 +195,14 @@ class _FunctionClients:
 
 _PARSED: dict[str, Any] = {}
 _PARSING = threading.Lock()
+
+
+def _execution_status(execution: Execution) -> str:
+    """An execution's status. moto lists an execution before it starts it (``start_execution``
+    appends it, then sets it RUNNING), so a ListExecutions from another thread in between raised
+    on its status of None. StartExecution returns only once the execution runs (Step Functions
+    API reference): it is RUNNING."""
+    return execution.exec_status.value if execution.exec_status is not None else "RUNNING"
 
 
 def _parsed_program(worker: ExecutionWorker) -> Any:
@@ -832,6 +842,7 @@ class EmbeddedAWS:
             (InstanceBackend, "start_instances", start_instances),
             (InstanceBackend, "describe_instance_status", describe_instance_status),
             (ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program),
+            (Execution, "status", property(_execution_status)),
             (ErrorEqualsDecl, "_eval_body", _states_all_misses_terminal_errors),
             *hyperpod.hooks(self.hyperpod),
             *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name)))

@@ -128,6 +128,25 @@ def test_eventbridge_starts_a_step_functions_target_with_the_whole_event(aws: Em
     assert delivered["time"].endswith("Z")
 
 
+def test_an_execution_listed_while_it_starts_is_running(aws: EmbeddedAWS) -> None:
+    """moto lists an execution before it starts it: a ListExecutions from another thread in that
+    window (the demo's, while EventBridge starts one) raised on its status of None. Step Functions
+    has it RUNNING once StartExecution returns."""
+    from moto.stepfunctions.parser.backend.execution import Execution
+
+    arn = _state_machine(aws, {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}})
+    seen: list[list[str]] = []
+    start = Execution.start
+
+    def listed_first(execution: Execution) -> None:  # the window: listed, not started yet
+        seen.append([e["status"] for e in _executions(aws, arn)])
+        start(execution)
+
+    with mock.patch.object(Execution, "start", listed_first):
+        aws.client("stepfunctions").start_execution(stateMachineArn=arn, input="{}")
+    assert seen == [["RUNNING"]]
+
+
 def test_a_scheduled_rule_is_not_fired_by_events(aws: EmbeddedAWS) -> None:
     events = aws.client("events")
     arn = events.put_rule(Name="every-minute", ScheduleExpression="rate(1 minute)")["RuleArn"]
