@@ -40,10 +40,15 @@ awscli:  ## install Debian's AWS CLI, which the agent installer's S3 fetch runs 
 demo: venv $(DEMO_NEEDS)  ## run the local end-to-end demo (SCHEDULER=k8s: on Kubernetes; PROVIDER=karpenter with it)
 	$(BIN)/nodemedic demo --scheduler $(SCHEDULER) --provider $(PROVIDER)
 
-lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda, on the nodes (the agent) and for the operator (the CLI)
+# what the agent's wheel carries (node_agent/pyproject.toml), checked against the oldest Python it installs on
+AGENT_PACKAGES = node_agent/nodemedic_agent layers/core/nodemedic/contracts layers/core/nodemedic/domain
+AGENT_MIN_PYTHON = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)"/\1/p' node_agent/pyproject.toml)
+
+lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda, on the nodes (the agent, also as its oldest Python) and for the operator (the CLI)
 	$(BIN)/cfn-lint template.yaml
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/mypy --python-version $(AGENT_MIN_PYTHON) $(AGENT_PACKAGES)
 
 # make test's pytest workers (pytest-xdist); a test file runs whole on one worker, on its own stack
 TEST_WORKERS ?= 2

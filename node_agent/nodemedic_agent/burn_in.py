@@ -22,7 +22,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from nodemedic.contracts.problems import read_json
@@ -78,7 +78,7 @@ def hold(node: str, instance_id: str, *, prefix: str, marker: Path, scontrol: st
                 raise HoldError(f"cannot hold {node} for its burn-in: {exc}") from exc
             sleep(2.0)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    held_at = datetime.now(UTC).isoformat()
+    held_at = datetime.now(timezone.utc).isoformat()
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps({"slurm_node": node, "instance_id": instance_id, "reason": reason,
                                "held_at": held_at}))
@@ -99,7 +99,7 @@ def joined(marker: Path) -> Finding | None:
     try:
         observed = datetime.fromisoformat(held_at)
     except ValueError:
-        observed = datetime.now(UTC)
+        observed = datetime.now(timezone.utc)
     return Finding("burn_in", "NODE_JOINED", "degraded",
                    f"joined the cluster and held out of scheduling for its burn-in ({data.get('reason', '')})",
                    {"kind": "node"}, {"held_at": held_at, "drain_reason": str(data.get("reason", ""))},

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -36,7 +36,7 @@ class ClockUnknownError(RuntimeError):
 
 
 class AwsClock:
-    def __init__(self, local: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(self, local: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self._local = local
         self._lock = threading.Lock()
         self.offset = timedelta(0)  # AWS's clock minus this node's, from the last answer's Date
@@ -113,7 +113,7 @@ class _AwsTimeSigV4Auth(SigV4Auth):
     def add_auth(self, request: Any) -> None:
         if self.credentials is None:
             raise NoCredentialsError()
-        request.context["timestamp"] = self.clock.aws_now().astimezone(UTC).strftime(SIGV4_TIMESTAMP)
+        request.context["timestamp"] = self.clock.aws_now().astimezone(timezone.utc).strftime(SIGV4_TIMESTAMP)
         # botocore's own steps of SigV4Auth.add_auth (botocore is pinned); its stubs leave them out
         self._modify_request_before_signing(request)  # type: ignore[attr-defined]
         canonical_request = self.canonical_request(request)

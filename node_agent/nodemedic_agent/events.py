@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from nodemedic.contracts.events import (
@@ -26,7 +26,7 @@ SEVERITY = {"failed": "critical", "degraded": "warning", "error": "warning"}
 
 def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
                  now: datetime | None = None) -> NodeHealthEvent:
-    sent = now or datetime.now(UTC)
+    sent = now or datetime.now(timezone.utc)
     return NodeHealthEvent(
         schema_version=SCHEMA_VERSION, event_id=str(uuid.uuid4()), cluster=cluster, node=node,
         check=finding.check, component=finding.component, fault_code=finding.fault_code,
@@ -38,7 +38,7 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
 
 def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str = "running",
               perf: PerfSample | None = None, now: datetime | None = None) -> NodeHeartbeat:
-    return NodeHeartbeat(schema_version=SCHEMA_VERSION, cluster=cluster, node=node, sent_at=now or datetime.now(UTC),
+    return NodeHeartbeat(schema_version=SCHEMA_VERSION, cluster=cluster, node=node, sent_at=now or datetime.now(timezone.utc),
                          status=status, interval_seconds=interval_s, agent_version=__version__,
                          perf=perf)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from nodemedic.domain.classification import classify
@@ -22,7 +22,7 @@ class Finding:
     summary: str
     component: dict[str, Any] | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
-    observed_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    observed_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     once: str = ""  # set: this finding is one occurrence (a join), never folded with another
 
     @property

@@ -12,7 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from threading import Event
 from typing import BinaryIO
@@ -202,7 +202,7 @@ def _record(m: re.Match[str], replayed: bool = False) -> tuple[str, datetime]:
     disagree (a file copied from another boot), and it is dated now. A replayed record is as old as
     it says (journald dates the kernel's records the same way)."""
     age = record_age(m)
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     observed = now - timedelta(seconds=age) if 0 <= age and (replayed or age < 300) else now
     return KMSG_ESCAPE.sub(lambda e: chr(int(e.group(1), 16)), m.group(4)), observed
 
@@ -234,7 +234,7 @@ def log_file_message(line: str, stats: LogStats) -> tuple[str, datetime] | None:
     if NOT_TEXT.search(text):  # binary junk (a torn write, a corrupt file): no log line
         stats.skipped += 1
         return None
-    return text, datetime.now(UTC)
+    return text, datetime.now(timezone.utc)
 
 
 def rotated(path: Path, f: BinaryIO) -> bool:
@@ -469,7 +469,7 @@ def journal_entry(line: bytes, stats: LogStats) -> tuple[str, datetime, str] | N
     try:
         entry = read_json(line)
         message = entry["MESSAGE"]
-        received = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, UTC)
+        received = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, timezone.utc)
     except (ValueError, TypeError, KeyError, OverflowError, OSError):
         stats.skipped += 1
         return None

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, SourceUnavailableError, XidEvent
@@ -277,7 +277,7 @@ class NvmlHardware:
             pci = pci.decode() if isinstance(pci, bytes) else str(pci)
         except pynvml.NVMLError:
             pass
-        return [XidEvent(int(data.eventData), index, pci, datetime.now(UTC))]
+        return [XidEvent(int(data.eventData), index, pci, datetime.now(timezone.utc))]
 
     @staticmethod
     def _dcgmi(*args: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ import os
 import textwrap
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,7 @@ class SimulatedNode:
         if fault == "xid":
             self.kmsg(f"NVRM: Xid (PCI:{_pci(gpu)[4:]}): {xid}, {text}")
             with (self.dir / "xids.jsonl").open("a") as f:
-                f.write(json.dumps({"xid": xid, "gpu": gpu, "at": datetime.now(UTC).isoformat()}) + "\n")
+                f.write(json.dumps({"xid": xid, "gpu": gpu, "at": datetime.now(timezone.utc).isoformat()}) + "\n")
         elif fault == "ecc-dbe":
             self._update_gpu(gpu, ecc_dbe_volatile=1)
         elif fault == "remap-failure":

@@ -11,7 +11,7 @@ later ``lastUpdatedTime``.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Annotated, Literal
 
@@ -35,7 +35,7 @@ def _health_time(value: object) -> object:
             raise ValueError("a time without a timezone")
         if not EARLIEST <= value < LATEST:
             raise ValueError(f"{value.isoformat()} is not a plausible time")
-        return value.astimezone(UTC)
+        return value.astimezone(timezone.utc)
     return value
 
 

@@ -5,7 +5,7 @@ instance's state change) adds its ``detail-type`` and ``detail``; the rest is ig
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -18,7 +18,7 @@ def _utc(value: datetime) -> datetime:
         raise ValueError("a time without a timezone")
     if not EARLIEST <= value < LATEST:
         raise ValueError(f"{value.isoformat()} is not a plausible time")
-    return value.astimezone(UTC)
+    return value.astimezone(timezone.utc)
 
 
 UtcTime = Annotated[datetime, AfterValidator(_utc)]

@@ -9,7 +9,7 @@ field selects the model.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -53,7 +53,7 @@ NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"  # a Kubernetes node name is a
 CLUSTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 FAULT_CODE = r"^[A-Z][A-Z0-9_]*( [0-9]{1,5})?$"  # "XID 79", "SXID 12028", "ECC_DBE"
 EVENT_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"  # a UUID, or another printable id
-EARLIEST, LATEST = datetime(2020, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC)
+EARLIEST, LATEST = datetime(2020, 1, 1, tzinfo=timezone.utc), datetime(2100, 1, 1, tzinfo=timezone.utc)
 
 
 def _iso_text(value: object) -> object:
