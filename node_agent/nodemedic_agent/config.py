@@ -145,9 +145,9 @@ class KernelLog(_Section):
     path: AbsolutePath = "/dev/kmsg"
     replay_seconds: float = Field(
         default=3600, ge=0, le=86400,
-        description="kmsg and journal: at start, read the messages written while the agent was down (since boot "
-                    "when it has not run in this boot) that are younger than this; 0 reads only what comes after "
-                    "the start")
+        description="at start, read the messages written while the agent was down (since boot when it has not "
+                    "run in this boot; from a file, the lines after its cursor, dated by their own dates) that are "
+                    "younger than this; 0 reads only what comes after the start")
 
 
 class Hardware(_Section):

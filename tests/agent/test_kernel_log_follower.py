@@ -11,13 +11,14 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from datetime import datetime
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from nodemedic_agent.checks import kernel_log
 from nodemedic_agent.checks.kernel_log import (
     KMSG_RECORD,
     MAX_LINE_BYTES,
@@ -26,6 +27,7 @@ from nodemedic_agent.checks.kernel_log import (
     LogStats,
     journal_entry,
     kmsg_message,
+    line_date,
     message_finding,
 )
 
@@ -265,3 +267,163 @@ def test_any_journal_line_is_an_entry_or_skipped_and_counted(line: bytes) -> Non
 def test_a_journal_line_nested_past_the_parsers_depth_is_skipped() -> None:
     stats = LogStats()
     assert journal_entry(b"[" * 100_000 + b"]" * 100_000, stats) is None and stats.skipped == 1
+
+
+# a kernel log file as rsyslog writes it: each line starts with its date
+def rfc3339_line(at: datetime, text: str) -> str:
+    return f"{at.isoformat()} ip-10-0-1-17 kernel: [ 8817.230911] {text}\n"
+
+
+def traditional_line(at: datetime, text: str) -> str:
+    return f"{at.astimezone().strftime('%b %e %H:%M:%S')} ip-10-0-1-17 kernel: {text}\n"
+
+
+def append(log: Path, text: str) -> None:
+    with log.open("a") as f:
+        f.write(text)
+
+
+def ago(**delta: float) -> datetime:
+    return datetime.now(UTC) - timedelta(**delta)
+
+
+XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2749, name=python3, GPU has fallen off the bus."
+XID_48 = "NVRM: Xid (PCI:0000:3b:00): 48, pid=2749, name=python3, An uncorrectable double bit error (DBE) has been detected"
+XID_94 = "NVRM: Xid (PCI:0000:3b:00): 94, pid=2749, name=python3, Contained ECC error."
+
+
+def read_file_log(follower: KernelLogFollower, n: int, then: Callable[[], None] | None = None) -> list[tuple[str, datetime]]:
+    """The first ``n`` messages ``follower`` reads; then, 0.3 s later (it has read what the file
+    held when it started), ``then`` runs and one more message is awaited; then the follower is
+    stopped."""
+    seen: queue.Queue[tuple[str, datetime]] = queue.Queue()
+
+    def read() -> None:
+        for message in follower.messages():
+            seen.put(message)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    got = [seen.get(timeout=5) for _ in range(n)]
+    if then is not None:
+        threading.Event().wait(0.3)
+        then()
+        got.append(seen.get(timeout=5))
+    follower.stop.set()
+    reader.join(timeout=5)
+    assert not reader.is_alive() and seen.empty()
+    return got
+
+
+def file_follower(log: Path, cursor: Path, replay_seconds: float = 3600) -> KernelLogFollower:
+    return KernelLogFollower("file", str(log), threading.Event(), cursor_file=cursor, replay_seconds=replay_seconds)
+
+
+def test_file_lines_written_while_the_agent_was_down_are_read_at_its_restart_dated_by_their_own_date(
+        tmp_path: Path) -> None:
+    """A kernel log file was read from its end at every start: an Xid logged while the agent was
+    down (an upgrade, a crash, the boot before it started) was lost. Now the file source keeps a
+    cursor like /dev/kmsg and the journal: the first start reads the lines of the last
+    ``replay_seconds`` by the date each starts with, a restart resumes after the last line read."""
+    log, cursor = tmp_path / "kern.log", tmp_path / "file-cursor.json"
+    written = ago(minutes=10)
+    log.write_text(rfc3339_line(ago(hours=2), XID_48)  # older than replay_seconds
+                   + "a line without a date\n"
+                   + traditional_line(written, XID_79))
+    first = file_follower(log, cursor)
+    got = read_file_log(first, 1, then=lambda: append(log, rfc3339_line(ago(), "live")))
+    assert codes([m for m, _ in got]) == ["XID 79", None] and got[1][0].endswith("kernel: [ 8817.230911] live")
+    assert abs((got[0][1] - written).total_seconds()) < 1.5  # when it was written, not when it was read
+    assert (first.stats.replayed, first.stats.expired, first.stats.undated) == (1, 1, 1)
+    assert json.loads(cursor.read_text())["offset"] == log.stat().st_size
+
+    append(log, rfc3339_line(ago(seconds=30), XID_94))  # while the agent is down
+    second = file_follower(log, cursor)
+    [(message, at)] = read_file_log(second, 1)
+    assert codes([message]) == ["XID 94"] and second.stats.replayed == 1  # the lines before the cursor: not again
+    assert abs((ago() - at).total_seconds() - 30) < 5
+
+
+def test_a_file_logrotate_moved_away_while_the_agent_was_down_is_read_to_its_end_then_the_new_one(
+        tmp_path: Path) -> None:
+    log, cursor = tmp_path / "kern.log", tmp_path / "file-cursor.json"
+    log.write_text(rfc3339_line(ago(minutes=5), "before the stop"))
+    read_file_log(file_follower(log, cursor), 1)
+    append(log, rfc3339_line(ago(), XID_79))  # while the agent is down: a line, then logrotate moves the file away
+    log.rename(tmp_path / "kern.log.1")
+    log.write_text(rfc3339_line(ago(), XID_48))
+    restarted = file_follower(log, cursor)
+    assert codes([m for m, _ in read_file_log(restarted, 2)]) == ["XID 79", "XID 48"]
+    assert restarted.stats.replayed == 2
+
+
+@pytest.mark.parametrize("cursor_text", [None, "{not json", '{"device": true, "inode": 1, "offset": 0}'])
+def test_a_file_truncated_while_the_agent_was_down_or_an_unreadable_cursor_reads_the_young_lines_at_its_end(
+        tmp_path: Path, cursor_text: str | None) -> None:
+    """copytruncate empties the file in place (the cursor is past its end); a cursor that is
+    garbage names no file: either way the file's young lines are read by their dates."""
+    log, cursor = tmp_path / "kern.log", tmp_path / "file-cursor.json"
+    log.write_text(rfc3339_line(ago(), "x" * 200) * 3)
+    read_file_log(file_follower(log, cursor), 3)
+    if cursor_text is not None:
+        cursor.write_text(cursor_text)
+    log.write_text(rfc3339_line(ago(hours=3), XID_48) + rfc3339_line(ago(seconds=5), XID_79))
+    restarted = file_follower(log, cursor)
+    assert codes([m for m, _ in read_file_log(restarted, 1)]) == ["XID 79"]
+    assert (restarted.stats.replayed, restarted.stats.expired) == (1, 1)
+
+
+def test_without_replay_a_file_is_read_from_its_end(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(rfc3339_line(ago(), XID_48))
+    follower = file_follower(log, tmp_path / "file-cursor.json", replay_seconds=0)
+    got = read_file_log(follower, 0, then=lambda: append(log, rfc3339_line(ago(), XID_79)))
+    assert codes([m for m, _ in got]) == ["XID 79"] and follower.stats.replayed == 0
+
+
+@pytest.fixture
+def kolkata(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The host's local time is UTC+05:30 (rsyslog writes a traditional date in it)."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize(("line", "now", "written"), [
+    ("2026-11-27T05:09:04.123456+00:00 h kernel: x", "2026-11-27T06:00:00+00:00", "2026-11-27T05:09:04.123456+00:00"),
+    ("2026-11-27T05:09:04.123456789Z h kernel: x", "2026-11-27T06:00:00+00:00", "2026-11-27T05:09:04.123456+00:00"),
+    ("2026-11-27 10:39:04,5-0530 h kernel: x", "2026-11-27T17:00:00+00:00", "2026-11-27T16:09:04.5+00:00"),
+    # local time (UTC+05:30), no year: this year's, or last year's where this year's is ahead
+    ("Nov 27 10:39:04 h kernel: x", "2026-11-27T06:00:00+00:00", "2026-11-27T05:09:04+00:00"),
+    ("Dec 31 23:59:59 h kernel: x", "2027-01-01T00:00:00+00:00", "2026-12-31T18:29:59+00:00"),
+    ("Jan  1 05:29:59 h kernel: x", "2026-12-31T23:59:00+00:00", "2026-12-31T23:59:59+00:00"),  # the node's clock a second behind
+    ("Feb 29 12:00:00 h kernel: x", "2028-03-01T00:00:00+00:00", "2028-02-29T06:30:00+00:00"),
+])
+def test_a_log_file_line_is_dated_by_the_date_it_starts_with(kolkata: None, line: str, now: str, written: str) -> None:
+    assert line_date(line, datetime.fromisoformat(now)) == datetime.fromisoformat(written)
+
+
+@pytest.mark.parametrize("line", ["a line without a date", "2026-13-45T99:00:00Z h kernel: x",
+                                  "Foo 27 10:39:04 h kernel: x", "Feb 30 12:00:00 h kernel: x", "Nov 27 10:39 h kernel: x"])
+def test_a_log_file_line_without_a_date_that_tells_has_none(line: str) -> None:
+    assert line_date(line, datetime.now(UTC)) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_any_log_file_line_has_a_date_or_none(line: str) -> None:
+    dated = line_date(line, datetime.now(UTC))
+    assert dated is None or dated.tzinfo is not None
+
+
+def test_file_lines_from_before_this_boot_are_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log file outlives a boot; /dev/kmsg and the journal source read this boot alone, and so
+    does a file: an Xid of the boot before (the GPU has been reset since) is no fault now."""
+    monkeypatch.setattr(kernel_log, "boot_started", lambda: ago(minutes=5))
+    log = tmp_path / "kern.log"
+    log.write_text(rfc3339_line(ago(minutes=10), XID_79) + rfc3339_line(ago(minutes=1), XID_48))
+    follower = file_follower(log, tmp_path / "file-cursor.json")
+    assert codes([m for m, _ in read_file_log(follower, 1)]) == ["XID 48"]
+    assert (follower.stats.replayed, follower.stats.expired) == (1, 1)

@@ -4,6 +4,7 @@ the lines that matter into findings. A line it cannot parse is skipped and count
 from __future__ import annotations
 
 import errno
+import glob
 import logging
 import os
 import re
@@ -21,7 +22,15 @@ from nodemedic.contracts.problems import read_json
 from nodemedic.domain.xid import decode_nvlink5, recovery_action_code
 
 from nodemedic_agent.checks.base import Finding, status_of
-from nodemedic_agent.checks.log_cursor import JournalCursor, KmsgCursor, current_boot_id, load_cursor, save_cursor
+from nodemedic_agent.checks.log_cursor import (
+    Cursor,
+    FileCursor,
+    JournalCursor,
+    KmsgCursor,
+    current_boot_id,
+    load_cursor,
+    save_cursor,
+)
 
 log = logging.getLogger("nodemedic_agent.kernel_log")
 
@@ -87,6 +96,15 @@ PCIE_FATAL = re.compile(rf"Uncorrected \(Fatal\)(?: error (?:message )?received(
 DEVICE_PREFIX = re.compile(rf"\b[\w-]+ ({PCI_DEVICE}): ")  # "<driver> <device>: ", as dev_printk writes it
 MAX_LINE_BYTES = 65536
 NOT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# the date a syslog line starts with: rsyslog's RSYSLOG_FileFormat, RFC 3339 ("2026-11-27T05:09:04.123456+00:00
+# ip-10-0-1-17 kernel: ...", rsyslog's own default, which Debian 12 keeps), or RSYSLOG_TraditionalFileFormat
+# ("Nov 27 05:09:04 ip-10-0-1-17 kernel: ...", local time without a year: Ubuntu 22.04, Amazon Linux 2)
+RFC3339_DATE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)\s")
+TRADITIONAL_DATE = re.compile(r"^(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([ \d]?\d) (\d\d):(\d\d):(\d\d)\s")
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+# at a start, how far back from its end a log file is read at most: lines further back are older
+# than any replay_seconds on a node that logs much, and reading them would delay the start
+REPLAY_MAX_BYTES = 32 << 20
 
 
 class KernelLogEndedError(RuntimeError):
@@ -187,7 +205,9 @@ class LogStats:
     skipped: int = 0  # lines that are not kernel log records
     lost: int = 0  # records overwritten before we read them (/dev/kmsg EPIPE, or while the agent was down)
     replayed: int = 0  # records written while the agent was down, read when it started
-    expired: int = 0  # records written while the agent was down, older than kernel_log.replay_seconds: not read
+    expired: int = 0  # records written while the agent was down, older than kernel_log.replay_seconds (or, in a file,
+    # than this boot): not read
+    undated: int = 0  # lines of a log file written while the agent was down with no date to tell their age: not read
 
 
 def record_age(m: re.Match[str]) -> float:
@@ -237,6 +257,94 @@ def log_file_message(line: str, stats: LogStats) -> tuple[str, datetime] | None:
     return text, datetime.now(timezone.utc)
 
 
+def line_date(line: str, now: datetime) -> datetime | None:
+    """When a line of a log file was written, by its own date (an RFC 3339 or a traditional syslog
+    date, or a kmsg record's timestamp); None when it has none. A traditional date has no year and
+    is the host's local time (as rsyslog writes it): the latest such date not after tomorrow."""
+    if m := RFC3339_DATE.match(line):
+        year, month, day, hour, minute, second, fraction, zone = m.groups()
+        offset = timezone.utc if zone == "Z" else timezone(
+            (-1 if zone[0] == "-" else 1) * timedelta(hours=int(zone[1:3]), minutes=int(zone[-2:])))
+        try:
+            return datetime(int(year), int(month), int(day), int(hour), int(minute), int(second),
+                            int((fraction or "0")[:6].ljust(6, "0")), tzinfo=offset)
+        except ValueError:  # no such day or time
+            return None
+    if m := TRADITIONAL_DATE.match(line):
+        month, day, hour, minute, second = MONTHS.index(m[1]) + 1, int(m[2]), int(m[3]), int(m[4]), int(m[5])
+        for year in (now.astimezone().year + 1, now.astimezone().year, now.astimezone().year - 1):
+            try:
+                written = datetime(year, month, day, hour, minute, second).astimezone()  # naive: local time
+            except ValueError:  # Feb 29 of a year that has none, or no such time
+                continue
+            if written <= now + timedelta(days=1):
+                return written
+        return None
+    if m := KMSG_RECORD.match(line):
+        return now - timedelta(seconds=record_age(m))
+    return None
+
+
+def boot_started() -> datetime:
+    """When this boot began, by the wall clock (CLOCK_BOOTTIME counts the time suspended too)."""
+    return datetime.now(timezone.utc) - timedelta(seconds=time.clock_gettime(time.CLOCK_BOOTTIME))
+
+
+def seek_line(f: BinaryIO, offset: int) -> None:
+    """Position ``f`` at the first line that starts at or after ``offset``."""
+    if offset <= 0:
+        f.seek(0)
+        return
+    f.seek(offset - 1)
+    if f.read(1) != b"\n":
+        f.readline()  # the rest of the line ``offset`` is in
+
+
+def moved_away(path: Path, cursor: FileCursor) -> BinaryIO | None:
+    """The file ``cursor`` is in, opened, where logrotate moved it beside ``path`` ("kern.log.1",
+    "kern.log-20261127"; a compressed one is another file); None where there is none."""
+    for sibling in path.parent.glob(glob.escape(path.name) + "?*"):
+        try:
+            if cursor.names(sibling.stat()):
+                return sibling.open("rb")
+        except OSError:
+            continue
+    return None
+
+
+class LineReader:
+    """The complete lines of a binary file as it grows, each decoded with the bytes that are not
+    UTF-8 replaced (rsyslog passes a device's 8-bit text through): never a decoding error that stops
+    the watcher. A line is bounded: a run of bytes with no end of line in sight (a corrupt file) is
+    skipped and counted, never held in memory."""
+
+    def __init__(self, f: BinaryIO, stats: LogStats) -> None:
+        self.f = f
+        self.stats = stats
+        self.pending = b""
+        self.too_long = False
+
+    @property
+    def offset(self) -> int:
+        """Where the line after the last one returned starts."""
+        return self.f.tell() - len(self.pending)
+
+    def line(self) -> str | None:
+        """The next complete line; None when there is none yet."""
+        while chunk := self.f.readline(MAX_LINE_BYTES + 1):
+            self.pending += chunk
+            if self.pending.endswith(b"\n"):
+                line, self.pending = self.pending, b""
+                if self.too_long:  # the end of a line that was too long
+                    self.too_long = False
+                    continue
+                return line.decode(errors="replace")
+            if len(self.pending) > MAX_LINE_BYTES:
+                self.stats.skipped += 0 if self.too_long else 1
+                self.pending, self.too_long = b"", True
+        return None
+
+
 def rotated(path: Path, f: BinaryIO) -> bool:
     """Whether the file at ``path`` is no longer the one ``f`` reads to its end: truncated
     (copytruncate), or moved away and a new one created (logrotate's default)."""
@@ -253,12 +361,12 @@ def kmsg_cursor(boot: str, seq: int | None) -> KmsgCursor | None:
 
 
 class KernelLogFollower:
-    """Yields kernel log messages, until ``stop`` is set. From a file, those written after it
-    started. From ``/dev/kmsg`` or the journal, with ``cursor_file``, also those written while the
-    agent was down (or, when the cursor is from another boot or missing, since boot) and younger
-    than ``replay_seconds``: a one-off message (an Xid, the EFA driver stopping) is not lost to a
-    restart. One older than that is counted, not read: its fault is either dealt with or for a
-    person to look at, not a new event."""
+    """Yields kernel log messages, until ``stop`` is set: those written after it started and, with
+    ``cursor_file``, also those written while the agent was down (from ``/dev/kmsg`` or the journal,
+    when the cursor is from another boot or missing, since boot; from a file, see :meth:`_file`)
+    that are younger than ``replay_seconds``: a one-off message (an Xid, the EFA driver stopping)
+    is not lost to a restart. One older than that is counted, not read: its fault is either dealt
+    with or for a person to look at, not a new event."""
 
     def __init__(self, source: str, path: str, stop: Event, cursor_file: Path | None = None,
                  replay_seconds: float = 0) -> None:
@@ -269,7 +377,7 @@ class KernelLogFollower:
         self.cursor_file = cursor_file
         self.replay_seconds = replay_seconds if cursor_file is not None else 0
         self._cursor_unsaved = False  # a save failed: said once, not at every record
-        self._saved: KmsgCursor | JournalCursor | None = None  # what the cursor file says: an idle log writes nothing
+        self._saved: Cursor | None = None  # what the cursor file says: an idle log writes nothing
 
     def messages(self) -> Iterator[tuple[str, datetime]]:
         if self.source == "journal":
@@ -278,11 +386,31 @@ class KernelLogFollower:
         if self.source == "kmsg":
             yield from self._kmsg()
             return
-        for line in self._file():
+        booted = boot_started()
+        for line, backlog in self._file():
             self.stats.lines += 1
             parsed = log_file_message(line, self.stats)
+            if parsed and backlog:
+                parsed = self._file_replay(line, parsed[0], booted)
             if parsed:
                 yield parsed
+
+    def _file_replay(self, line: str, message: str, booted: datetime) -> tuple[str, datetime] | None:
+        """A file's line written before the start, dated by its own date; None (counted) when it
+        has no date that tells, or is older than ``replay_seconds`` or than this boot (``booted``):
+        a file outlives a boot, and what a GPU logged before one is history (the boot reset it; the
+        other sources read this boot alone)."""
+        now = datetime.now(timezone.utc)
+        written = line_date(line, now)
+        if written is None:
+            self.stats.undated += 1
+            return None
+        if written < booted:
+            self.stats.expired += 1
+            return None
+        if not self._young_enough((now - written).total_seconds()):
+            return None
+        return message, min(written, now)
 
     def _kmsg(self) -> Iterator[tuple[str, datetime]]:
         """Read ``/dev/kmsg``, one record per read(). Opened, it stands at the oldest record the
@@ -349,7 +477,7 @@ class KernelLogFollower:
         self.stats.replayed += 1
         return True
 
-    def _save_cursor(self, cursor: KmsgCursor | JournalCursor | None, saved_at: float, at_once: bool = False) -> float:
+    def _save_cursor(self, cursor: Cursor | None, saved_at: float, at_once: bool = False) -> float:
         """Save the cursor when it moved, at most once a second (and ``at_once``): a restart reads
         again at most the messages of that second, whose findings the dedupe memory folds. When
         it was saved."""
@@ -367,36 +495,67 @@ class KernelLogFollower:
         self._saved = cursor
         return now
 
-    def _file(self, idle_s: float = 0.05) -> Iterator[str]:
-        """The lines appended to the file, read as bytes: a syslog file may hold bytes that are not
-        UTF-8 (rsyslog passes a device's 8-bit text through), replaced, never a decoding error that
-        stops the watcher. A line is bounded: a run of bytes with no end of line in sight (a
-        corrupt file) is skipped and counted, never held in memory."""
+    def _file(self, idle_s: float = 0.05) -> Iterator[tuple[str, bool]]:
+        """(line, written before the start) for each line of the file, followed across logrotate
+        (moved away and created anew, or truncated). Without replay, from its end. With replay,
+        first the lines written while the agent was down: those after the cursor; where logrotate
+        moved the cursor's file away meanwhile, the rest of that file (found beside it by its
+        inode), then the new file; with no cursor that names either, the file's last lines. Never
+        more than ``REPLAY_MAX_BYTES`` of a file."""
         path = Path(self.path)
         f = path.open("rb")
-        f.seek(0, os.SEEK_END)
-        pending, too_long = b"", False
+        lines = LineReader(f, self.stats)
+        saved_at = time.monotonic()
         try:
+            if self.replay_seconds > 0:
+                cursor = load_cursor(self.cursor_file, FileCursor.from_json) if self.cursor_file else None
+                older = self._replay_start(path, f, cursor)
+                if older is not None:
+                    with older:
+                        before = LineReader(older, self.stats)
+                        while not self.stop.is_set() and (line := before.line()) is not None:
+                            yield line, True
+                            saved_at = self._save_cursor(FileCursor.at(older, before.offset), saved_at)
+                while not self.stop.is_set() and (line := lines.line()) is not None:
+                    yield line, True
+                    saved_at = self._save_cursor(FileCursor.at(f, lines.offset), saved_at)
+                log.info("kernel log: read %d lines written before the start (%d older than %.0f s, %d without a "
+                         "date, not read)", self.stats.replayed, self.stats.expired, self.replay_seconds, self.stats.undated)
+            else:
+                f.seek(0, os.SEEK_END)
             while not self.stop.is_set():
-                chunk = f.readline(MAX_LINE_BYTES + 1)
-                if chunk:
-                    pending += chunk
-                    if pending.endswith(b"\n"):
-                        line, pending = pending, b""
-                        if too_long:  # the end of a line that was too long
-                            too_long = False
-                            continue
-                        yield line.decode(errors="replace")
-                    elif len(pending) > MAX_LINE_BYTES:
-                        self.stats.skipped += 0 if too_long else 1
-                        pending, too_long = b"", True
+                if (line := lines.line()) is not None:
+                    yield line, False
+                    saved_at = self._save_cursor(FileCursor.at(f, lines.offset), saved_at)
                     continue
+                saved_at = self._save_cursor(FileCursor.at(f, lines.offset), saved_at, at_once=True)
                 if rotated(path, f):
+                    while (line := lines.line()) is not None:  # written to it before it was moved away
+                        yield line, False
                     f.close()
                     f = path.open("rb")  # the new file, from its first line
+                    lines = LineReader(f, self.stats)
+                    continue
                 self.stop.wait(idle_s)
         finally:
+            if not f.closed:
+                self._save_cursor(FileCursor.at(f, lines.offset), saved_at, at_once=True)
             f.close()
+
+    @staticmethod
+    def _replay_start(path: Path, f: BinaryIO, cursor: FileCursor | None) -> BinaryIO | None:
+        """Position ``f`` where its replay starts. Returns the file ``cursor`` is in, positioned
+        there, where logrotate moved it away while the agent was down (``f`` then from its start)."""
+        st = os.fstat(f.fileno())
+        if cursor is not None and cursor.names(st) and cursor.offset <= st.st_size:
+            seek_line(f, max(cursor.offset, st.st_size - REPLAY_MAX_BYTES))
+            return None
+        older = moved_away(path, cursor) if cursor is not None else None
+        if cursor is not None and older is not None:
+            size = os.fstat(older.fileno()).st_size
+            seek_line(older, max(min(cursor.offset, size), size - REPLAY_MAX_BYTES))
+        seek_line(f, st.st_size - REPLAY_MAX_BYTES)  # all of a new file, the end of one the cursor is not in
+        return older
 
     def _journal(self) -> Iterator[tuple[str, datetime]]:
         """The kernel's messages as journald has them, each dated when journald received it. With

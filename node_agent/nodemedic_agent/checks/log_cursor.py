@@ -3,7 +3,9 @@ reads the messages written while it was down, not only the ones written after it
 
 - ``/dev/kmsg``: the sequence number of the last record handed on, and the boot it was read in
   (the kernel numbers its records from 0 again at every boot, Documentation/ABI/testing/dev-kmsg);
-- the journal: the last entry's cursor, which journalctl resumes after (``--after-cursor``)."""
+- the journal: the last entry's cursor, which journalctl resumes after (``--after-cursor``);
+- a log file: which file (its device and inode: logrotate moves a file away and creates a new
+  one under its name) and the byte offset after the last line handed on."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from nodemedic.contracts.problems import read_json
 
@@ -45,7 +47,32 @@ class JournalCursor:
         return cls(saved["cursor"])
 
 
-C = TypeVar("C", KmsgCursor, JournalCursor)
+@dataclass(frozen=True)
+class FileCursor:
+    device: int
+    inode: int
+    offset: int
+
+    @classmethod
+    def from_json(cls, saved: dict[str, Any]) -> FileCursor:
+        values = (saved["device"], saved["inode"], saved["offset"])
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise ValueError(f"{values!r} is no position in a file")
+        return cls(*values)
+
+    @classmethod
+    def at(cls, f: BinaryIO, offset: int) -> FileCursor:
+        """``offset`` in the open file ``f``."""
+        st = os.fstat(f.fileno())
+        return cls(st.st_dev, st.st_ino, offset)
+
+    def names(self, st: os.stat_result) -> bool:
+        """Whether the file ``st`` describes is the one this cursor is in."""
+        return (self.device, self.inode) == (st.st_dev, st.st_ino)
+
+
+Cursor = KmsgCursor | JournalCursor | FileCursor
+C = TypeVar("C", KmsgCursor, JournalCursor, FileCursor)
 
 
 def current_boot_id() -> str:
@@ -68,7 +95,7 @@ def load_cursor(path: Path, parse: Callable[[dict[str, Any]], C]) -> C | None:
         return None
 
 
-def save_cursor(path: Path, cursor: KmsgCursor | JournalCursor) -> None:
+def save_cursor(path: Path, cursor: Cursor) -> None:
     """Write the cursor atomically (OSError when the disk refuses)."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(cursor)))
