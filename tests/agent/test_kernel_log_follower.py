@@ -427,3 +427,15 @@ def test_file_lines_from_before_this_boot_are_not_read(tmp_path: Path, monkeypat
     follower = file_follower(log, tmp_path / "file-cursor.json")
     assert codes([m for m, _ in read_file_log(follower, 1)]) == ["XID 48"]
     assert (follower.stats.replayed, follower.stats.expired) == (1, 1)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_a_file_source_that_is_no_file_is_a_clear_error(tmp_path: Path, kind: str) -> None:
+    """``source = "file"`` on /dev/kmsg failed on its first seek (a device cannot), and on a FIFO
+    blocked in open() until something wrote to it: the watcher hung, and said nothing."""
+    path = {"device": Path("/dev/null"), "fifo": tmp_path / "kern.pipe", "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    follower = file_follower(path, tmp_path / "file-cursor.json")
+    with pytest.raises(ValueError, match=r'is not a log file: for /dev/kmsg set kernel_log.source = "kmsg"'):
+        next(follower.messages())

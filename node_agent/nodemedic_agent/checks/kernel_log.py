@@ -272,7 +272,8 @@ def line_date(line: str, now: datetime) -> datetime | None:
             return None
     if m := TRADITIONAL_DATE.match(line):
         month, day, hour, minute, second = MONTHS.index(m[1]) + 1, int(m[2]), int(m[3]), int(m[4]), int(m[5])
-        for year in (now.astimezone().year + 1, now.astimezone().year, now.astimezone().year - 1):
+        this_year = now.astimezone().year
+        for year in (this_year + 1, this_year, this_year - 1):
             try:
                 written = datetime(year, month, day, hour, minute, second).astimezone()  # naive: local time
             except ValueError:  # Feb 29 of a year that has none, or no such time
@@ -503,6 +504,9 @@ class KernelLogFollower:
         inode), then the new file; with no cursor that names either, the file's last lines. Never
         more than ``REPLAY_MAX_BYTES`` of a file."""
         path = Path(self.path)
+        if path.exists() and not path.is_file():  # opened, a FIFO waits for a writer; no device can seek
+            raise ValueError(f"kernel_log.path {self.path} is not a log file: for /dev/kmsg set kernel_log.source = "
+                             f'"kmsg", for journald "journal"')
         f = path.open("rb")
         lines = LineReader(f, self.stats)
         saved_at = time.monotonic()
