@@ -263,12 +263,12 @@ def line_date(line: str, now: datetime) -> datetime | None:
     is the host's local time (as rsyslog writes it): the latest such date not after tomorrow."""
     if m := RFC3339_DATE.match(line):
         year, month, day, hour, minute, second, fraction, zone = m.groups()
-        offset = timezone.utc if zone == "Z" else timezone(
-            (-1 if zone[0] == "-" else 1) * timedelta(hours=int(zone[1:3]), minutes=int(zone[-2:])))
         try:
+            offset = timezone.utc if zone == "Z" else timezone(
+                (-1 if zone[0] == "-" else 1) * timedelta(hours=int(zone[1:3]), minutes=int(zone[-2:])))
             return datetime(int(year), int(month), int(day), int(hour), int(minute), int(second),
                             int((fraction or "0")[:6].ljust(6, "0")), tzinfo=offset)
-        except ValueError:  # no such day or time
+        except ValueError:  # no such day, time or zone
             return None
     if m := TRADITIONAL_DATE.match(line):
         month, day, hour, minute, second = MONTHS.index(m[1]) + 1, int(m[2]), int(m[3]), int(m[4]), int(m[5])
