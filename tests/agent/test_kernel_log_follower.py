@@ -407,13 +407,15 @@ def test_a_log_file_line_is_dated_by_the_date_it_starts_with(kolkata: None, line
 
 @pytest.mark.parametrize("line", ["a line without a date", "2026-13-45T99:00:00Z h kernel: x",
                                   "2026-11-27T05:09:04+99:00 h kernel: x", "0000-01-01T00:00:00Z h kernel: x",
+                                  "4,1,99999999999999999999999999,-;a kmsg record of no time",
                                   "Foo 27 10:39:04 h kernel: x", "Feb 30 12:00:00 h kernel: x", "Nov 27 10:39 h kernel: x"])
 def test_a_log_file_line_without_a_date_that_tells_has_none(line: str) -> None:
     assert line_date(line, datetime.now(UTC)) is None
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=80) | st.from_regex(kernel_log.RFC3339_DATE) | st.from_regex(kernel_log.TRADITIONAL_DATE))
+@given(st.text(max_size=80) | st.from_regex(kernel_log.RFC3339_DATE) | st.from_regex(kernel_log.TRADITIONAL_DATE)
+       | st.from_regex(kernel_log.KMSG_RECORD))
 def test_any_log_file_line_has_a_date_or_none(line: str) -> None:
     dated = line_date(line, datetime.now(UTC))
     assert dated is None or dated.tzinfo is not None

@@ -282,7 +282,10 @@ def line_date(line: str, now: datetime) -> datetime | None:
                 return written
         return None
     if m := KMSG_RECORD.match(line):
-        return now - timedelta(seconds=record_age(m))
+        try:
+            return now - timedelta(seconds=record_age(m))
+        except OverflowError:  # a timestamp no clock reaches
+            return None
     return None
 
 
