@@ -325,10 +325,17 @@ class Agent:
                                   "nvml", self.config.fault_overrides))
 
     def _follow_kernel_log(self) -> None:
+        """Each kernel log message to its finding. A message whose handling fails is skipped and
+        counted: raised out of the loop, it would be read again from the cursor at the loop's
+        restart, and fail again, and hold back every message after it."""
         for message, observed in self.kernel_log.messages():
-            finding = message_finding(message, observed, self.gpu_index, self.config.fault_overrides)
-            if finding:
-                self.emit(finding)
+            try:
+                finding = message_finding(message, observed, self.gpu_index, self.config.fault_overrides)
+                if finding:
+                    self.emit(finding)
+            except Exception:  # noqa: BLE001 - one message must not stop the log
+                self.kernel_log.stats.failed += 1
+                log.exception("kernel log: skipped a message that could not be handled: %.300r", message)
 
     def _spot_watch(self) -> None:
         """On a Spot Instance, EC2's interruption notice, read every ``intervals.spot_seconds``."""

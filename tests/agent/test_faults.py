@@ -129,3 +129,25 @@ def test_a_file_system_that_states_no_size_is_not_full(sim, tmp_path):
     result = PolledChecks(SizelessDisk(), cfg).storage()  # type: ignore[arg-type]
     assert result.findings == []
     assert "states no size" in result.detail
+
+
+def test_a_kernel_message_whose_handling_fails_is_skipped_and_the_log_goes_on(bus, sim, make_agent, monkeypatch):
+    """An exception while handling one message stopped the kernel log watcher: it was reported as
+    the check's error, and after a pause the watcher read again from its cursor, so a /dev/kmsg
+    record that fails failed again at every restart and held back every message after it."""
+    from nodemedic_agent import agent as agent_module
+
+    real = agent_module.message_finding
+
+    def finding(message, *args):
+        if "poison" in message:
+            raise ValueError("a parser bug")
+        return real(message, *args)
+
+    monkeypatch.setattr(agent_module, "message_finding", finding)
+    agent = make_agent(intervals={"poll_seconds": 5})
+    sim.kmsg("poison: a message this parser cannot handle")
+    sim.kmsg("NVRM: Xid (PCI:0000:3b:00): 48, pid=4242, name=python3, An uncorrectable double bit error")
+    events = bus.wait_health(1, timeout=3)
+    assert [e["fault_code"] for e in events] == ["XID 48"]  # at once, and no check error
+    assert agent.kernel_log.stats.failed == 1

@@ -3,11 +3,15 @@ and journald prefixes, pid/name fields, old and new PCI forms, Xid 154 and NVLin
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from nodemedic.contracts.events import NodeIdentity
+from nodemedic_agent.checks import kernel_log
 from nodemedic_agent.checks.kernel_log import KMSG_RECORD, LogStats, bus_key, kmsg_message, message_finding
 from nodemedic_agent.events import health_event
 
@@ -60,3 +64,28 @@ def test_a_mig_xid_names_the_gpu_and_the_instances_the_driver_attributes_it_to()
                               datetime.now(UTC), lambda pci: GPUS.get(bus_key(pci)))
     assert finding is not None and finding.component == {"kind": "gpu", "index": 3}
     assert (finding.evidence["mig_gpu_instance"], finding.evidence["mig_compute_instance"]) == (1, 2)
+
+
+@pytest.mark.parametrize("line", [
+    "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): \u0662\u0664\u0660\u0660\u0667, Fatal, Link 30",  # Arabic-Indic digits
+    "NVRM: Xid (PCI:0000:3b:00): \u0664\u0668, pid=1, name=x, Ch 00000008",
+    "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 199809, Fatal, Link 30",  # more digits than an SXid has
+])
+def test_a_number_the_kernel_does_not_write_is_no_fault(line: str) -> None:
+    """Python's \\d matched any Unicode digit and int() read it: a syslog line any process can write
+    with Arabic-Indic digits was Xid 48, and an SXid of such digits or of six became a fault code the
+    event contract refuses, which stopped the kernel log watcher at every line like it."""
+    assert message_finding(line, datetime.now(UTC), lambda _: 3) is None
+
+
+# every pattern the parser matches, as hypothesis draws text for it, and any text
+_PATTERNS = [p for p in vars(kernel_log).values() if isinstance(p, re.Pattern)]
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.one_of(*(st.from_regex(p) for p in _PATTERNS), st.text(max_size=200)), st.sampled_from([None, 0, 7]))
+def test_any_line_is_no_fault_or_one_the_event_contract_takes(line: str, gpu: int | None) -> None:
+    finding = message_finding(line, datetime.now(UTC), lambda _: gpu)
+    if finding is not None:
+        health_event(finding, "c1", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1", slurm_node="gpu-1"),
+                     1, datetime.now(UTC))

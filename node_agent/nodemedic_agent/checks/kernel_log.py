@@ -37,7 +37,7 @@ log = logging.getLogger("nodemedic_agent.kernel_log")
 # one /dev/kmsg record: "pri,seq,usec,flags[,...];text\n", then the message's device dictionary as
 # continuation lines (" SUBSYSTEM=pci\n DEVICE=+pci:0000:10:1b.0\n"): every dev_err()/ibdev_err()
 # message, the EFA driver's included, has one (Documentation/ABI/testing/dev-kmsg)
-KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;\n]*;([^\n]*)(?:\n|$)")
+KMSG_RECORD = re.compile(r"^(\d+),(\d+),(\d+),[^;\n]*;([^\n]*)(?:\n|$)", re.ASCII)
 # the kernel writes a non-printable byte and "\" itself as "\xNN" in a record's text
 KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus." and its
@@ -45,14 +45,15 @@ KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 # a GPU in MIG mode the GPU instance and compute instance the driver attributes it to,
 # "(PCI:0000:01:00 GPU-I:05 GPU-CI:01)" (open-gpu-kernel-modules, kernel_rc.c krcReportXid)
 XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-                 r"(?:\s+GPU-I:(?P<gi>\d{1,3}))?(?:\s+GPU-CI:(?P<ci>\d{1,3}))?\):?\s*(?P<xid>\d{1,5})\b,?\s*(?P<detail>.*)$")
-PID_NAME = re.compile(r"^(?:pid=(?:'[^']*'|[^,\s]*),\s*)?(?:name=[^,]*,\s*)?")
+                 r"(?:\s+GPU-I:(?P<gi>\d{1,3}))?(?:\s+GPU-CI:(?P<ci>\d{1,3}))?\):?\s*(?P<xid>\d{1,5})\b,?\s*(?P<detail>.*)$",
+                 re.ASCII)
+PID_NAME = re.compile(r"^(?:pid=(?:'[^']*'|[^,\s]*),\s*)?(?:name=[^,]*,\s*)?", re.ASCII)
 # "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 24007, Fatal, Link 30 sourcetrack timeout error": the
 # switch driver states the severity; the lines that follow (", Severity 1 Engine instance ...",
 # ", Data {...}") repeat the code without it
-SXID = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(Fatal|Non-fatal)\b)?")
+SXID = re.compile(r"SXid \(PCI:([0-9A-Fa-f:.]+)\): (\d{1,5})\b(?:,\s*(Fatal|Non-fatal)\b)?", re.ASCII)
 OFF_BUS = re.compile(r"fallen off the bus")
-GPU_PCI = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)")
+GPU_PCI = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)", re.ASCII)
 # who an efa driver message is from: ibdev_err() on kernels >= 5.2 writes the PCI device and the RDMA
 # device, "efa 0000:10:1b.0 rdmap16s27: " (drivers/infiniband/core/device.c __ibdev_printk); the
 # driver's fallback on older kernels writes the RDMA device alone, "infiniband efa_0: "; dev_err()
@@ -64,21 +65,21 @@ EFA_SOURCE = rf"(?:\befa {PCI_DEVICE}(?: [\w-]+)?|\binfiniband [\w-]+): "
 # until reset (amzn-drivers kernel/linux/efa efa_com.c)
 EFA_FATAL = re.compile(EFA_SOURCE + r".*(?:Wait for completion \((?:polling|interrupts)\) timeout|Admin queue is closed"
                        r"|Command was aborted|The device didn't send any completion for admin cmd"
-                       r"|didn't receive any MSI-X interrupt for admin cmd|Changing the admin queue running state)")
-EFA_ERROR = re.compile(EFA_SOURCE + r".*(?:[Ff]ail|[Ee]rror|err -\d+|timed out)")
-HUNG = re.compile(r"INFO: task (\S+) blocked for more than (\d+) seconds")
-LOCKUP = re.compile(r"soft lockup - CPU#(\d+) stuck")
+                       r"|didn't receive any MSI-X interrupt for admin cmd|Changing the admin queue running state)", re.ASCII)
+EFA_ERROR = re.compile(EFA_SOURCE + r".*(?:[Ff]ail|[Ee]rror|err -\d+|timed out)", re.ASCII)
+HUNG = re.compile(r"INFO: task (\S+) blocked for more than (\d+) seconds", re.ASCII)
+LOCKUP = re.compile(r"soft lockup - CPU#(\d+) stuck", re.ASCII)
 READ_ONLY = re.compile(r"(?:Remounting filesystem read-only|remounted read-only|switching to read-only)", re.I)
 # XFS does not remount read-only: it shuts the file system down and every I/O fails, "XFS (nvme1n1):
 # Log I/O Error (0x2) detected at xlog_ioend_work+0x6e/0x70 [xfs] (fs/xfs/xfs_log.c:1378).  Shutting
 # down filesystem." (fs/xfs/xfs_fsops.c xfs_do_force_shutdown), before 5.x "... Filesystem has been
 # shut down due to log error (0x2)."
-XFS_SHUTDOWN = re.compile(r"\bXFS \(([^)\s]+)\): .*(?:Shutting down filesystem|[Ff]ilesystem has been shut down)")
+XFS_SHUTDOWN = re.compile(r"\bXFS \(([^)\s]+)\): .*(?:Shutting down filesystem|[Ff]ilesystem has been shut down)", re.ASCII)
 # the Lustre client (FSx for Lustre) evicted by a server: its in-flight I/O fails, then it reconnects
 # (lustre/ptlrpc/import.c, LCONSOLE_ERROR_MSG 0x167: "LustreError: 167-0: <device>: This client was
 # evicted by <target>; in progress operations using this service will fail.")
-LUSTRE_EVICTED = re.compile(r"(?:(\S+): )?This client was evicted by ([^;\s]+)")
-OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
+LUSTRE_EVICTED = re.compile(r"(?:(\S+): )?This client was evicted by ([^;\s]+)", re.ASCII)
+OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)", re.ASCII)
 # the host's memory lost data it cannot correct: the EDAC driver's "EDAC MC0: 1 UE memory read error on
 # CPU_SrcID#0_MC#0_Chan#1_DIMM#0 (channel:0 slot:0 page:0x7e025e ...)" (UE, or Fatal; a corrected
 # error is CE and not a fault: drivers/edac/edac_mc.c), the kernel taking a poisoned page away,
@@ -86,21 +87,21 @@ OOM = re.compile(r"Out of memory: Killed process (\d+) \(([^)]*)\)")
 # VM too, where the hypervisor forwards the machine check), and x86's "mce: Uncorrected hardware
 # memory error in user-access at 1a2b3c" (arch/x86/kernel/cpu/mce/core.c)
 HOST_MEMORY_UE = re.compile(r"EDAC (?P<mc>MC\d+): [1-9]\d* (?:UE|Fatal) .*?error on (?P<dimm>\S+)"
-                            r"|Memory failure: (?P<page>0x[0-9A-Fa-f]+)|Uncorrected hardware memory error")
+                            r"|Memory failure: (?P<page>0x[0-9A-Fa-f]+)|Uncorrected hardware memory error", re.ASCII)
 # a PCIe error the link cannot recover from by itself (drivers/pci/pcie/aer.c, severity "Uncorrected
 # (Fatal)"): the port's "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:3b:00.0"
 # (kernels >= 6.x: "... error message received from 0000:3b:00.0") names the device that sent it,
 # the device's own "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=..." is
 # from it; "(Non-Fatal)" and "Corrected" the link recovers from
-PCIE_FATAL = re.compile(rf"Uncorrected \(Fatal\)(?: error (?:message )?received(?::| from) (?P<source>{PCI_DEVICE}))?")
-DEVICE_PREFIX = re.compile(rf"\b[\w-]+ ({PCI_DEVICE}): ")  # "<driver> <device>: ", as dev_printk writes it
+PCIE_FATAL = re.compile(rf"Uncorrected \(Fatal\)(?: error (?:message )?received(?::| from) (?P<source>{PCI_DEVICE}))?", re.ASCII)
+DEVICE_PREFIX = re.compile(rf"\b[\w-]+ ({PCI_DEVICE}): ", re.ASCII)  # "<driver> <device>: ", as dev_printk writes it
 MAX_LINE_BYTES = 65536
 NOT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 # the date a syslog line starts with: rsyslog's RSYSLOG_FileFormat, RFC 3339 ("2026-11-27T05:09:04.123456+00:00
 # ip-10-0-1-17 kernel: ...", rsyslog's own default, which Debian 12 keeps), or RSYSLOG_TraditionalFileFormat
 # ("Nov 27 05:09:04 ip-10-0-1-17 kernel: ...", local time without a year: Ubuntu 22.04, Amazon Linux 2)
-RFC3339_DATE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)\s")
-TRADITIONAL_DATE = re.compile(r"^(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([ \d]?\d) (\d\d):(\d\d):(\d\d)\s")
+RFC3339_DATE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)\s", re.ASCII)
+TRADITIONAL_DATE = re.compile(r"^(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([ \d]?\d) (\d\d):(\d\d):(\d\d)\s", re.ASCII)
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 # at a start, how far back from its end a log file is read at most: lines further back are older
 # than any replay_seconds on a node that logs much, and reading them would delay the start
@@ -208,6 +209,7 @@ class LogStats:
     expired: int = 0  # records written while the agent was down, older than kernel_log.replay_seconds (or, in a file,
     # than this boot): not read
     undated: int = 0  # lines of a log file written while the agent was down with no date to tell their age: not read
+    failed: int = 0  # messages whose handling failed (a bug, not the log's fault): skipped, each logged
 
 
 def record_age(m: re.Match[str]) -> float:
