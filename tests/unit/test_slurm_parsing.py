@@ -76,3 +76,26 @@ def test_a_drain_that_does_not_say_what_it_did_fails_and_someone_elses_drain_is_
     silent = SlurmViaSSM(RecordingRunner(""), "i-0ctl", 60, Documents("prod"))  # type: ignore[arg-type]
     with pytest.raises(DrainFailedError, match="did not say"):
         silent.drain("gpu-1", "nodemedic:inc-1 XID 79")
+
+
+def test_a_garbled_number_in_a_job_list_fails_the_command_and_says_what_it_printed() -> None:
+    """The job lists were read with float(): junk raised a bare ValueError that named no command,
+    and "nan", "inf" or non-ASCII digits were read as times."""
+    import pytest
+    from nodemedic.errors import CommandFailedError
+    from nodemedic.orchestrators.slurm import SlurmViaSSM
+    from nodemedic.providers.run_command import Documents
+
+    def slurm(stdout: str) -> SlurmViaSSM:
+        return SlurmViaSSM(RecordingRunner(stdout), "i-0ctl", 60, Documents("prod"))  # type: ignore[arg-type]
+
+    good = slurm("now 1764200000\njob 7 gpu 1764190000 1764199000\njob 8 gpu 1764190001 -\n").running_jobs("gpu-1")
+    assert [(j.job_id, j.started_at, j.marker, j.now) for j in good] == [
+        ("7", 1764190000.0, 1764199000.0, 1764200000.0), ("8", 1764190001.0, None, 1764200000.0)]
+    assert slurm("7|RUNNING|1764190000\n8|PENDING|\n").job_states(["7", "8"])["8"].started_at is None
+    for stdout, call in [("now nan\n", "running_jobs"), ("now -\n", "running_jobs"),
+                         ("now 1764200000\njob 7 gpu inf -\n", "running_jobs"),
+                         ("now 1764200000\njob 7 gpu 1764190000 \u0661\u0662\n", "running_jobs"),
+                         ("7|RUNNING|Unknown\n", "job_states")]:
+        with pytest.raises(CommandFailedError, match="no epoch time|without the controller's clock"):
+            getattr(slurm(stdout), call)(*(["gpu-1"] if call == "running_jobs" else [["7"]]))

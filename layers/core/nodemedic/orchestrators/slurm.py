@@ -23,6 +23,17 @@ def _node_status(fields: dict[str, str]) -> NodeStatus:
     return NodeStatus(name=fields["NodeName"], state=fields.get("State", ""), reason=drain_reason(fields))
 
 
+def _seconds(text: str, what: str, out: str) -> float | None:
+    """An epoch a Slurm document printed ("-": none). Anything else is the command failing (a cut
+    or garbled answer), named with what it printed; never a number read from junk (``float``
+    alone also takes "nan", "inf" and non-ASCII digits)."""
+    if text == "-":
+        return None
+    if not re.fullmatch(r"[0-9]{1,12}(?:\.[0-9]{1,9})?", text):
+        raise CommandFailedError(f"{what}: {text[:40]!r} is no epoch time: {out.strip()[:300]}")
+    return float(text)
+
+
 def _requeue_result(lines: list[str]) -> EvacuationResult:
     """What the slurm-requeue document printed (``requeued <job> <nodes>``, ``not_requeued <job>
     <why>``), over one or more commands: a job one of them requeued is requeued."""
@@ -168,13 +179,16 @@ class SlurmViaSSM(HostGpuClients, NoAutoscalers):
         lines = out.strip().splitlines()
         if not lines or not lines[0].startswith("now "):
             raise CommandFailedError(f"the running jobs on {node} were not listed: {out.strip()[:300]}")
-        now = float(lines[0].split()[1])
+        now = _seconds((lines[0].split() + ["-"])[1], "the controller's clock", out)
+        if now is None:
+            raise CommandFailedError(f"the running jobs on {node} were listed without the controller's clock: "
+                                     f"{out.strip()[:300]}")
         jobs = []
         for line in lines[1:]:
             word, job, group, start, marker = (line.split() + ["-"] * 5)[:5]
             if word == "job":
-                jobs.append(RunningJob(job, group, float(start) if start != "-" else None,
-                                       float(marker) if marker != "-" else None, now))
+                jobs.append(RunningJob(job, group, _seconds(start, f"job {job}'s start", out),
+                                       _seconds(marker, f"job {job}'s checkpoint marker", out), now))
         return jobs
 
     def request_checkpoint(self, node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
@@ -205,7 +219,7 @@ class SlurmViaSSM(HostGpuClients, NoAutoscalers):
             job, _, rest = line.strip().partition("|")
             state, _, epoch = rest.partition("|")
             if job:
-                states[job] = JobState(job, state, float(epoch) if epoch.strip() else None)
+                states[job] = JobState(job, state, _seconds(epoch.strip() or "-", f"job {job}'s start", out))
         return states
 
     # -- hot spares: the nodes of one Slurm reservation -----------------------------------
