@@ -11,7 +11,7 @@ import re
 import select
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -329,11 +329,13 @@ class LineReader:
         self.stats = stats
         self.pending = b""
         self.too_long = False
+        st = os.fstat(f.fileno())  # which file: an open file stays the same one, whatever its name
+        self._file = (st.st_dev, st.st_ino)
 
     @property
-    def offset(self) -> int:
+    def cursor(self) -> FileCursor:
         """Where the line after the last one returned starts."""
-        return self.f.tell() - len(self.pending)
+        return FileCursor(*self._file, self.f.tell() - len(self.pending))
 
     def line(self) -> str | None:
         """The next complete line; None when there is none yet."""
@@ -521,26 +523,17 @@ class KernelLogFollower:
                 older = self._replay_start(path, f, cursor)
                 if older is not None:
                     with older:
-                        before = LineReader(older, self.stats)
-                        while not self.stop.is_set() and (line := before.line()) is not None:
-                            yield line, True
-                            saved_at = self._save_cursor(FileCursor.at(older, before.offset), saved_at)
-                while not self.stop.is_set() and (line := lines.line()) is not None:
-                    yield line, True
-                    saved_at = self._save_cursor(FileCursor.at(f, lines.offset), saved_at)
+                        saved_at = yield from self._read_to_end(LineReader(older, self.stats), True, saved_at)
+                saved_at = yield from self._read_to_end(lines, True, saved_at)
                 log.info("kernel log: read %d lines written before the start (%d older than %.0f s, %d without a "
                          "date, not read)", self.stats.replayed, self.stats.expired, self.replay_seconds, self.stats.undated)
             else:
                 f.seek(0, os.SEEK_END)
             while not self.stop.is_set():
-                if (line := lines.line()) is not None:
-                    yield line, False
-                    saved_at = self._save_cursor(FileCursor.at(f, lines.offset), saved_at)
-                    continue
-                saved_at = self._save_cursor(FileCursor.at(f, lines.offset), saved_at, at_once=True)
+                saved_at = yield from self._read_to_end(lines, False, saved_at)
+                saved_at = self._save_cursor(lines.cursor, saved_at, at_once=True)
                 if rotated(path, f):
-                    while (line := lines.line()) is not None:  # written to it before it was moved away
-                        yield line, False
+                    saved_at = yield from self._read_to_end(lines, False, saved_at)  # written before it was moved away
                     f.close()
                     f = path.open("rb")  # the new file, from its first line
                     lines = LineReader(f, self.stats)
@@ -548,8 +541,16 @@ class KernelLogFollower:
                 self.stop.wait(idle_s)
         finally:
             if not f.closed:
-                self._save_cursor(FileCursor.at(f, lines.offset), saved_at, at_once=True)
+                self._save_cursor(lines.cursor, saved_at, at_once=True)
             f.close()
+
+    def _read_to_end(self, lines: LineReader, backlog: bool, saved_at: float) -> Generator[tuple[str, bool], None, float]:
+        """(line, ``backlog``) for each complete line of the file up to its end for now, the cursor
+        saved after each (at most once a second). When it was last saved."""
+        while not self.stop.is_set() and (line := lines.line()) is not None:
+            yield line, backlog
+            saved_at = self._save_cursor(lines.cursor, saved_at)
+        return saved_at
 
     @staticmethod
     def _replay_start(path: Path, f: BinaryIO, cursor: FileCursor | None) -> BinaryIO | None:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
 from nodemedic.contracts.problems import read_json
 
@@ -59,12 +59,6 @@ class FileCursor:
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
             raise ValueError(f"{values!r} is no position in a file")
         return cls(*values)
-
-    @classmethod
-    def at(cls, f: BinaryIO, offset: int) -> FileCursor:
-        """``offset`` in the open file ``f``."""
-        st = os.fstat(f.fileno())
-        return cls(st.st_dev, st.st_ino, offset)
 
     def names(self, st: os.stat_result) -> bool:
         """Whether the file ``st`` describes is the one this cursor is in."""
