@@ -2,7 +2,8 @@
 
 Threads: the NVML XID event wait, the kernel log follower, the polled checks, the heartbeat and
 the sender. Any error inside a watcher becomes a check-error finding and the watcher carries on
-after a pause; the agent never crash-loops on a bad counter.
+after a pause; the agent never crash-loops on a bad counter. A reading that never returns (a
+driver call that hangs) is seen by the heartbeat's thread and reported as CHECK_STALLED.
 """
 
 from __future__ import annotations
@@ -320,7 +321,9 @@ class Agent:
         return loop
 
     def _xid_watch(self) -> None:
-        for xid in self.hw.wait_xid(1.0):
+        with self.checks.watchdog.watching("the NVML Xid event wait", "nvml"):
+            xids = self.hw.wait_xid(1.0)
+        for xid in xids:
             self.emit(xid_finding(xid.xid, xid.pci_bus_id, xid.gpu_index, xid.observed_at, {"source": "nvml_event"},
                                   "nvml", self.config.fault_overrides))
 
@@ -405,7 +408,18 @@ class Agent:
         self.heartbeats += ok
         return ok
 
+    def report_stalls(self) -> int:
+        """CHECK_STALLED for each reading that has run longer than ``thresholds.check_stall_seconds``
+        (the heartbeat's thread asks: the stalled loop cannot). Returns how many."""
+        limit = self.config.thresholds.check_stall_seconds
+        stalls = self.checks.watchdog.stalls(limit) if limit else []
+        for stall in stalls:
+            log.error("%s has not returned for %.0fs", stall.what, stall.seconds)
+            self.emit(self.checks.stalled(stall))
+        return len(stalls)
+
     def _heartbeat(self) -> None:
+        self.report_stalls()
         try:
             self.send_heartbeat()  # stamping it tries to learn AWS's time while that is unknown
         except ClockUnknownError as exc:  # AWS not reached yet: the next beat tries again

@@ -11,7 +11,16 @@ from typing import Annotated, Literal
 from nodemedic.contracts.events import CLUSTER_NAME, INSTANCE_ID, NODE_NAME
 from nodemedic.contracts.problems import describe
 from nodemedic.domain.classification import parse_overrides
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -119,6 +128,10 @@ class Thresholds(_Section):
         default=300, ge=0, le=3600,
         description="NVLINK_DOWN, GPU_FABRIC_NOT_READY, GPU_FABRIC_UNHEALTHY and GPU_FABRIC_DEGRADED are sent only "
                     "once the node has been up this long: until then NVLinks train and Fabric Manager registers the GPUs")
+    check_stall_seconds: float = Field(
+        default=300, ge=0, le=3600,
+        description="a check (or the NVML Xid event wait) that has not returned for this long is CHECK_STALLED: a "
+                    "driver call or a file system that hangs; 0: never. Longer than a healthy check may take")
 
     @field_validator("efa_error_rates")
     @classmethod
@@ -204,6 +217,22 @@ class AgentConfig(_Section):
 
         parse_overrides(json.dumps(value))
         return value
+
+    @model_validator(mode="after")
+    def _stall_after_the_slowest_healthy_check(self) -> AgentConfig:
+        """A check may take this long and be healthy: the DCGM check's dcgmi calls, each to its
+        timeout; the storage check, each shared mount's probe to its timeout. Anything shorter
+        would call a slow healthy node stalled."""
+        from nodemedic_agent.hardware.base import DCGMI_TIMEOUT_S
+
+        limit = self.thresholds.check_stall_seconds
+        slowest = max(3 * DCGMI_TIMEOUT_S * self.hardware.dcgm,
+                      self.storage.probe_timeout_seconds * len(self.storage.shared_mounts))
+        if 0 < limit <= slowest:
+            raise ValueError(f"thresholds.check_stall_seconds ({limit:g}) must be longer than a healthy check may take "
+                             f"({slowest:g}s: three dcgmi calls of up to {DCGMI_TIMEOUT_S}s each, or each shared mount's "
+                             "probe_timeout_seconds); 0 turns it off")
+        return self
 
 
 def parse_config(data: dict[str, object], origin: str = "config") -> AgentConfig:

@@ -10,6 +10,7 @@ from nodemedic.domain.xid import RECOVERY_NAMES, recovery_value_code
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error, status_of
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.hardware.base import EfaDevice, GpuState, Hardware, HardwareError, SourceUnavailableError
+from nodemedic_agent.watchdog import Stall, Watchdog
 
 # the operational states (RFC 2863, the kernel's Documentation/networking/operstates.rst) in which
 # an interface carries no traffic; "unknown" is a driver that does not set it, and "must be
@@ -34,9 +35,10 @@ def _gpu(index: int, uuid: str = "") -> dict[str, object]:
 class PolledChecks:
     """Runs every polled check once; remembers counters so that a jump is reported once."""
 
-    def __init__(self, hardware: Hardware, config: AgentConfig) -> None:
+    def __init__(self, hardware: Hardware, config: AgentConfig, watchdog: Watchdog | None = None) -> None:
         self.hw = hardware
         self.config = config
+        self.watchdog = watchdog or Watchdog()  # each check runs under it: one that never returns is seen
         self.gpus: list[GpuState] = []  # what the last GPU check read (the agent maps PCI ids from it)
         self._nvlink: dict[int, int] = {}
         self._efa_seen: dict[str, tuple[float, dict[str, int]]] = {}  # device -> (monotonic, counters) last poll
@@ -54,10 +56,22 @@ class PolledChecks:
         results = []
         for check, name, run in checks:
             try:
-                results.append(run())
+                with self.watchdog.watching(f"the {name} check", check):
+                    results.append(run())
             except (HardwareError, OSError, ValueError) as exc:
                 results.append(check_error(check, name, exc))
         return results
+
+    def stalled(self, stall: Stall) -> Finding:
+        """CHECK_STALLED: a reading that has not returned for ``stall.seconds``. It holds up every
+        check after it in its loop, and a driver call that hangs is itself the fault (a GPU or driver
+        that no longer answers; a file system that hangs)."""
+        limit = self.config.thresholds.check_stall_seconds
+        return self._found(stall.check, "CHECK_STALLED",
+                           f"{stall.what} has not returned for {stall.seconds:.0f}s (limit {limit:g}s): a driver "
+                           "call or a file system that does not answer; nothing after it in its loop is read meanwhile",
+                           {"kind": "node"}, {"check": stall.what, "stalled_seconds": round(stall.seconds),
+                                              "limit_seconds": limit})
 
     def gpu(self) -> CheckResult:
         gpus = self.gpus = self.hw.gpus()

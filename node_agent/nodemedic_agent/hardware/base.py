@@ -8,6 +8,7 @@ from typing import Protocol
 
 from nodemedic_agent.hardware.dcgm import DcgmHealth
 
+DCGMI_TIMEOUT_S = 30  # the longest one dcgmi call may run; the DCGM check makes up to three
 
 class HardwareError(Exception):
     """A counter or device could not be read (NVML error, unreadable sysfs file)."""

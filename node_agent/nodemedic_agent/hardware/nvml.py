@@ -17,7 +17,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, SourceUnavailableError, XidEvent
+from nodemedic_agent.hardware.base import DCGMI_TIMEOUT_S, EfaDevice, GpuState, HardwareError, SourceUnavailableError, XidEvent
 from nodemedic_agent.hardware.dcgm import HOST_ENGINE_DOWN, DcgmHealth, parse_health
 from nodemedic_agent.hardware.host import OsStorage, SysfsEfa
 
@@ -282,7 +282,7 @@ class NvmlHardware:
     @staticmethod
     def _dcgmi(*args: str) -> subprocess.CompletedProcess[str]:
         try:
-            return subprocess.run(["dcgmi", *args], capture_output=True, text=True, timeout=30, check=False)
+            return subprocess.run(["dcgmi", *args], capture_output=True, text=True, timeout=DCGMI_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise HardwareError(f"dcgmi {args[0]}: {exc}") from exc
 

@@ -58,6 +58,7 @@ FAULTS = {
     "sxid": "a non-fatal NVSwitch SXID in the kernel log",
     "sxid-fatal": "a fatal NVSwitch SXID in the kernel log",
     "nvml-error": "NVML itself fails (the GPU checks cannot read counters)",
+    "nvml-hang": "NVML stops answering: a GPU reading blocks until the fault is cleared (a wedged driver)",
     "dcgm": "DCGM health watches report a failure on GPU k (a volatile double-bit ECC error)",
     "dcgm-warning": "DCGM health watches warn of GPU k (PCIe replays): recorded, not acted on",
     "clear": "undo every injected fault",
@@ -100,7 +101,7 @@ class SimulatedNode:
         state = {
             "gpus": [dataclasses.asdict(GpuState(index=i, uuid=f"GPU-sim-{i}", pci_bus_id=_pci(i), **IDLE_GPU))
                      for i in range(gpus)],
-            "dcgm": None, "nvml_error": None, "disks": {},
+            "dcgm": None, "nvml_error": None, "nvml_hang": False, "disks": {},
             "mounts": {m: {"hung": False, "read_only": False} for m in ("/", *shared_mounts)},
             "booted_at": time.time(),  # the node boots as it is created
         }
@@ -231,6 +232,8 @@ class SimulatedNode:
             self.kmsg("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up")
         elif fault == "nvml-error":
             self._set_top("nvml_error", "NVML_ERROR_UNKNOWN: simulated driver failure")
+        elif fault == "nvml-hang":
+            self._set_top("nvml_hang", True)
         elif fault == "dcgm":
             self._set_top("dcgm", dcgm_health_report(gpu, "Failure", "Memory system",
                                                      f"A volatile double-bit ECC error has occurred on GPU {gpu}."))
@@ -278,6 +281,9 @@ class SimulatedHardware:
 
     def gpus(self) -> list[GpuState]:
         state = self._state()
+        while state.get("nvml_hang"):  # blocked in the driver: returns once the fault is cleared
+            time.sleep(self._poll_s)
+            state = self._state()
         if state.get("nvml_error"):
             raise HardwareError(str(state["nvml_error"]))
         return [GpuState(**{**g, "fabric_health": tuple(g.get("fabric_health", ()))}) for g in state["gpus"]]

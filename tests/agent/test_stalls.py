@@ -1,0 +1,118 @@
+"""A reading that never returns (NVML on a wedged driver, a stat of a hung file system) stops the
+loop that made it; the heartbeat's own thread keeps telling the cloud the node is fine. The agent
+must report the stall itself: CHECK_STALLED, which the pipeline answers with a reboot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nodemedic.contracts.events import NodeHealthEvent
+from nodemedic.domain.classification import classify
+from nodemedic_agent.checks.polled import PolledChecks
+from nodemedic_agent.config import ConfigError
+from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
+from nodemedic_agent.watchdog import Watchdog
+
+from tests.agent.conftest import agent_config
+
+QUICK = {"hardware": {"dcgm": False}, "thresholds": {"check_stall_seconds": 1.5}}  # no dcgmi: a healthy check is quick
+
+
+def test_a_gpu_reading_that_never_returns_is_reported_while_the_heartbeat_goes_on(bus, sim, make_agent):
+    agent = make_agent(intervals={"heartbeat_seconds": 0.2}, **QUICK)
+    sim.inject("nvml-hang")
+    [event] = bus.wait_health(1, timeout=15)
+    assert (event["fault_code"], event["check"], event["evidence"]["check"]) == ("CHECK_STALLED", "nvml", "the gpu check")
+    assert event["evidence"]["stalled_seconds"] >= 1 and event["evidence"]["limit_seconds"] == 1.5
+    NodeHealthEvent.model_validate(event)
+    assert event["severity"] == "critical" and classify("CHECK_STALLED").action == "reboot"
+    assert any(b["status"] == "running" for b in bus.heartbeats())  # what alone said all was well
+    assert agent.report_stalls() == 1  # still stalled; the dedupe window folds the repeat
+    assert len(bus.health_events()) == 1
+
+    sim.inject("clear")  # the call returns: the checks read again
+    sim.inject("ecc-dbe", gpu=1)
+    assert [e["fault_code"] for e in bus.wait_health(2)] == ["CHECK_STALLED", "ECC_DBE"]
+    assert agent.report_stalls() == 0
+
+
+def test_a_slow_check_under_the_limit_is_no_stall(bus, sim, make_agent):
+    agent = make_agent(**{**QUICK, "thresholds": {"check_stall_seconds": 5}})
+    sim.inject("nvml-hang")
+    time.sleep(1.0)
+    assert agent.report_stalls() == 0
+    sim.inject("clear")
+    assert bus.wait_health(0, settle=0.3) == []
+
+
+def test_off_reports_nothing(bus, sim, make_agent):
+    agent = make_agent(hardware={"dcgm": False}, thresholds={"check_stall_seconds": 0})
+    sim.inject("nvml-hang")
+    time.sleep(0.5)
+    assert agent.report_stalls() == 0
+    sim.inject("clear")
+
+
+class _HungDisk(SimulatedHardware):
+    """A stat of a file system that hangs: ``disk_usage`` blocks until released."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.release = threading.Event()
+
+    def disk_usage(self, path: str) -> tuple[int, int]:
+        self.release.wait()
+        return super().disk_usage(path)
+
+
+def test_a_stat_that_hangs_names_the_storage_check(sim: SimulatedNode, tmp_path: Path):
+    """Only the shared mounts are probed with a timeout; a path in ``storage.paths`` (a local disk
+    by design) that hangs blocks the storage check, and every check after it in the loop."""
+    hw = _HungDisk(sim.dir)
+    checks = PolledChecks(hw, agent_config(sim, tmp_path / "spool", **QUICK))
+    poll = threading.Thread(target=checks.run_all, daemon=True)
+    poll.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not (stalls := checks.watchdog.stalls(0.2)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [(s.what, s.check) for s in stalls] == [("the storage check", "storage")]
+        finding = checks.stalled(stalls[0])
+        assert finding.fault_code == "CHECK_STALLED" and finding.check == "storage" and finding.status == "failed"
+        assert "the storage check has not returned" in finding.summary
+    finally:
+        hw.release.set()
+        poll.join(5)
+    assert checks.watchdog.stalls(0) == []  # returned: no longer running
+
+
+def test_the_watchdog_forgets_a_reading_that_raised():
+    now = [100.0]
+    watchdog = Watchdog(clock=lambda: now[0])
+    with pytest.raises(RuntimeError), watchdog.watching("the gpu check", "nvml"):
+        raise RuntimeError("NVML error")
+    with watchdog.watching("the efa check", "efa"):
+        now[0] += 10
+        assert [(s.what, s.seconds) for s in watchdog.stalls(9.9)] == [("the efa check", 10.0)]
+        assert watchdog.stalls(10) == []
+    assert watchdog.stalls(0) == []
+
+
+@pytest.mark.parametrize(("sections", "refused"), [
+    ({"thresholds": {"check_stall_seconds": 60}}, True),  # dcgmi may run 3 x 30 s on a healthy node
+    ({"thresholds": {"check_stall_seconds": 91}}, False),
+    ({"thresholds": {"check_stall_seconds": 0}}, False),  # off
+    ({"thresholds": {"check_stall_seconds": 60}, "hardware": {"dcgm": False}}, False),
+    ({"thresholds": {"check_stall_seconds": 120},
+      "storage": {"shared_mounts": ["/fsx", "/home"], "probe_timeout_seconds": 60}}, True),  # probes take 120 s
+])
+def test_a_stall_limit_a_healthy_check_can_reach_is_refused(sim, tmp_path, sections: dict[str, Any], refused: bool):
+    if refused:
+        with pytest.raises(ConfigError, match="check_stall_seconds .* must be longer than a healthy check may take"):
+            agent_config(sim, tmp_path, **sections)
+    else:
+        agent_config(sim, tmp_path, **sections)
