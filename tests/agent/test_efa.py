@@ -55,6 +55,24 @@ def test_a_counter_that_goes_back_to_zero_is_not_a_storm(checks) -> None:
     assert [poll(0) for _ in range(4)] == [[], [], [], []]
 
 
+def test_a_jump_is_counted_counter_by_counter(sim, tmp_path) -> None:  # noqa: ANN001
+    """EFA_HW_ERRORS took the sum of every counter against the sum before: a driver reload that
+    zeroed one counter hid another's jump, and a counter whose file appeared counted its history."""
+    counters = {"rx_drops": 50_000, "rdma_write_wr_err": 0}
+
+    class Hw:
+        def efa_devices(self) -> list[EfaDevice]:
+            return [EfaDevice("rdmap0s0", "ACTIVE", dict(counters), "eth1", "up", True)]
+
+    polled = PolledChecks(Hw(), agent_config(sim, tmp_path / "spool", expected={"efa_devices": 1}))  # type: ignore[arg-type]
+    assert polled.efa().findings == []
+    counters.update(rx_drops=0, rdma_write_wr_err=500)  # rx_drops zeroed, 500 new write errors
+    [finding] = polled.efa().findings
+    assert (finding.fault_code, finding.evidence["new_errors"]) == ("EFA_HW_ERRORS", 500)
+    counters["retrans_timeout_events"] = 90_000  # a counter read for the first time: no errors yet
+    assert polled.efa().findings == []
+
+
 def test_a_link_without_carrier_is_down_while_the_port_still_says_active(checks) -> None:
     poll, hw = checks
     hw.carrier = False

@@ -28,6 +28,13 @@ FABRIC_DEGRADED = frozenset({"bandwidth degraded", "limited capacity"})
 
 
 
+def _new_errors(now: dict[str, int], before: dict[str, int]) -> int:
+    """The errors counted since ``before``, counter by counter: one that went down (a driver
+    reload zeroes them) counts none and hides no other's rise; one not read before (its file
+    appeared) counts none, not its whole history."""
+    return sum(max(0, value - before.get(name, value)) for name, value in now.items())
+
+
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
     return {"kind": "gpu", "index": index, **({"uuid": uuid} if uuid else {})}
 
@@ -219,7 +226,7 @@ class PolledChecks:
                     {"polls": self.config.thresholds.efa_debounce_polls,
                      **{f"{k}_per_s": v["per_s"] for k, v in storm.items()},
                      **{f"{k}_threshold": v["threshold"] for k, v in storm.items()}}))
-            jump = sum(dev.counters.values()) - sum(before[1].values()) if before else 0
+            jump = _new_errors(dev.counters, before[1]) if before else 0
             if jump >= thr:
                 found.append(self._found("efa", "EFA_HW_ERRORS", f"{dev.name}: {jump} new hardware errors",
                                          comp, {**dev.counters, "new_errors": jump}))
