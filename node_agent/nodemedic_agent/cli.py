@@ -18,6 +18,7 @@ from nodemedic_agent.config import DEFAULT_PATH, AgentConfig, ConfigError, load_
 
 if TYPE_CHECKING:
     from nodemedic_agent.agent import Agent
+    from nodemedic_agent.checks.base import CheckResult
 
 EXIT_CONFIG = 2
 
@@ -53,22 +54,63 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+PROGRESS_S = 5.0  # check: how often a poll that has not returned says what it waits for
+
+
+def _poll(agent: Agent) -> list[CheckResult] | None:
+    """One poll of every check, on a thread of its own: a check that does not return (NVML on a
+    wedged driver, a hung file system) would hang this command for good. Says on stderr what it
+    waits for; None once a check has run past ``thresholds.check_stall_seconds`` (reported as
+    CHECK_STALLED; 0: wait for ever)."""
+    outcome: list[list[CheckResult] | BaseException] = []
+
+    def poll() -> None:
+        try:
+            outcome.append(agent.poll_once())
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=poll, name="nodemedic-check", daemon=True)  # daemon: a hung one ends with us
+    worker.start()
+    while True:
+        worker.join(PROGRESS_S)
+        if not worker.is_alive():
+            break
+        stalls = agent.checks.watchdog.stalls(0)
+        for stall in stalls[:1]:
+            print(f"waiting for {stall.what}: {stall.seconds:.0f}s", file=sys.stderr, flush=True)
+        if agent.report_stalls():
+            return None
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from nodemedic_agent.report import human
 
     config = _config(args)
     agent = _agent(config, args.dry_run)
     while True:
-        results = agent.poll_once()
+        results = _poll(agent)
+        if results is None:
+            print(f"a check has not returned for {config.thresholds.check_stall_seconds:g}s (CHECK_STALLED): "
+                  "the node cannot be checked", flush=True)
+            _deliver(agent, config, args.dry_run)
+            return 1
         print(human(results, agent.node, config.cluster), flush=True)
-        if not args.dry_run and agent.published:
-            delivered = agent.publisher.flush(10.0)
-            where = "delivered to " + config.event_bus if delivered else (
-                f"NOT delivered ({agent.publisher.last_error}); kept in {agent.spool.dir} for the agent to send")
-            print(f"{agent.published} event(s) {where}", flush=True)
+        _deliver(agent, config, args.dry_run)
         if args.once:
             return 0 if all(r.status == "healthy" for r in results) else 1
         agent.stop_event.wait(config.intervals.poll_seconds)
+
+
+def _deliver(agent: Agent, config: AgentConfig, dry_run: bool) -> None:
+    if not dry_run and agent.published:
+        delivered = agent.publisher.flush(10.0)
+        where = "delivered to " + config.event_bus if delivered else (
+            f"NOT delivered ({agent.publisher.last_error}); kept in {agent.spool.dir} for the agent to send")
+        print(f"{agent.published} event(s) {where}", flush=True)
 
 
 def _instance_type() -> str | None:

@@ -4,6 +4,8 @@ must report the stall itself: CHECK_STALLED, which the pipeline answers with a r
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -116,3 +118,40 @@ def test_a_stall_limit_a_healthy_check_can_reach_is_refused(sim, tmp_path, secti
             agent_config(sim, tmp_path, **sections)
     else:
         agent_config(sim, tmp_path, **sections)
+
+
+def _check_once(sim: SimulatedNode, tmp_path: Path, stall_s: float) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "agent.toml"
+    config.write_text(f"""
+cluster = "local"
+event_bus = "nodemedic-local"
+[node]
+instance_id = "i-0123456789abcdef0"
+[expected]
+efa_devices = 2
+[thresholds]
+check_stall_seconds = {stall_s}
+[kernel_log]
+source = "off"
+[hardware]
+backend = "simulated"
+simulated_dir = "{sim.dir}"
+dcgm = false
+[publish]
+spool_dir = "{tmp_path / 'spool'}"
+""")
+    return subprocess.run([sys.executable, "-m", "nodemedic_agent.cli", "-c", str(config), "check", "--once", "--dry-run"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_check_once_on_a_node_whose_gpus_do_not_answer_says_so_and_exits(sim, tmp_path):
+    """An operator's first question on a sick node: ``check --once`` hung for good, silent, on
+    exactly the node where NVML no longer answers. Now it says what it waits for, reports the stall
+    and exits unhealthy."""
+    assert _check_once(sim, tmp_path, 1.5).returncode == 0  # healthy: as before
+    sim.inject("nvml-hang")
+    proc = _check_once(sim, tmp_path, 1.5)
+    assert proc.returncode == 1, proc.stderr
+    assert "waiting for the gpu check" in proc.stderr
+    assert '"fault_code": "CHECK_STALLED"' in proc.stdout and "the node cannot be checked" in proc.stdout
+    assert "Traceback" not in proc.stderr
