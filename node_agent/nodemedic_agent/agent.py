@@ -431,26 +431,36 @@ class Agent:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> Agent:
+        """Start the loops. The heartbeat and the sender first: the GPUs are read once before the
+        watchers start (the kernel log names a GPU by its PCI bus), and a driver that does not
+        answer blocks that reading; the heartbeat's thread then reports it (CHECK_STALLED) instead
+        of a node that says nothing at all."""
+        self._start_loops([
+            ("sender", self._guarded("sender", None, lambda: self.publisher.run(self.stop_event))),
+            ("heartbeat", self._guarded("heartbeat", "heartbeat", self._heartbeat)),
+            ("reassert", self._guarded("reassert", None, self._reassert)),
+        ])
         try:
-            self._map_gpus(self.hw.gpus())
+            with self.checks.watchdog.watching("the first GPU reading", "nvml"):
+                self._map_gpus(self.hw.gpus())
         except HardwareError:
             pass
         loops: list[tuple[str, Callable[[], None]]] = [
-            ("sender", self._guarded("sender", None, lambda: self.publisher.run(self.stop_event))),
             ("xid", self._guarded("xid watch", "nvml", self._xid_watch)),
             ("poll", self._guarded("polled checks", "nvml", self._poll)),
-            ("heartbeat", self._guarded("heartbeat", "heartbeat", self._heartbeat)),
-            ("reassert", self._guarded("reassert", None, self._reassert)),
         ]
         if self.config.intervals.spot_seconds:
             loops.append(("spot", self._guarded("spot notice", None, self._spot_watch)))
         if self.config.kernel_log.source != "off":
             loops.append(("kernel-log", self._guarded("kernel log", "kernel_log", self._follow_kernel_log)))
+        self._start_loops(loops)
+        return self
+
+    def _start_loops(self, loops: list[tuple[str, Callable[[], None]]]) -> None:
         for name, target in loops:
             thread = threading.Thread(target=target, name=f"nodemedic-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        return self
 
     def stop(self, graceful: bool = True, flush_timeout_s: float = 5.0) -> None:
         """Stop the loops. Graceful: say goodbye (the cloud stops watching this node) and try to

@@ -42,6 +42,22 @@ def test_a_gpu_reading_that_never_returns_is_reported_while_the_heartbeat_goes_o
     assert agent.report_stalls() == 0
 
 
+def test_a_driver_that_hangs_at_the_agents_start_is_reported_not_silence(bus, sim, make_agent):
+    """The agent reads the GPUs once before its watchers start (NVML's initialisation included).
+    That reading blocked before any thread ran: no heartbeat, no event, a node that said nothing."""
+    sim.inject("nvml-hang")
+    agent = make_agent(start=False, intervals={"heartbeat_seconds": 0.2}, **QUICK)
+    starting = threading.Thread(target=agent.start, daemon=True)
+    starting.start()
+    [event] = bus.wait_health(1, timeout=15)
+    assert (event["fault_code"], event["evidence"]["check"]) == ("CHECK_STALLED", "the first GPU reading")
+    assert bus.heartbeats()
+    sim.inject("clear")  # the driver answers: the agent finishes starting and watches
+    starting.join(5)
+    sim.inject("ecc-dbe", gpu=2)
+    assert [e["fault_code"] for e in bus.wait_health(2)] == ["CHECK_STALLED", "ECC_DBE"]
+
+
 def test_a_slow_check_under_the_limit_is_no_stall(bus, sim, make_agent):
     agent = make_agent(**{**QUICK, "thresholds": {"check_stall_seconds": 5}})
     sim.inject("nvml-hang")
