@@ -46,6 +46,7 @@ from moto.core.responses import ActionResult
 from moto.core.routing import get_service_router
 from moto.core.utils import get_service_model, utcnow
 from moto.dynamodb import models as dynamodb_models
+from moto.dynamodb.exceptions import ItemSizeToUpdateTooLarge
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.models.table import Table
 from moto.ec2.exceptions import EC2ClientError
@@ -246,6 +247,46 @@ def _atomic(write: Any) -> Any:
     return locked
 
 
+# "The maximum item size in DynamoDB is 400 KB, which includes both attribute name binary length
+# (UTF-8 length) and attribute value lengths" (Amazon DynamoDB Developer Guide, "Service, account,
+# and table quotas", https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html)
+DYNAMODB_ITEM_BYTES = 400 * 1024
+
+
+def _item_size_checked(update: Any) -> Any:
+    """moto checks an item's size only when an attribute is assigned, so an update can grow an item
+    past what AWS refuses (UpdateItem's ValidationException "Item size to update has exceeded the
+    maximum allowed size"), and one that moto refuses midway keeps what it changed before (``ADD``
+    grows a set in place, then assigns it). Checked here once the update is applied; an update
+    refused for any reason leaves the item as it was, as on AWS."""
+
+    def run(self: DynamoDBBackend, table_name: str, key: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        with _DYNAMODB_WRITES:
+            table = self.get_table(table_name)
+            hash_value, range_value = self.get_keys_value(table, key)
+            before = copy.deepcopy(table.get_item(hash_value, range_value))
+            try:
+                item = update(self, table_name, key, *args, **kwargs)
+                if item.size() > DYNAMODB_ITEM_BYTES:
+                    raise ItemSizeToUpdateTooLarge()
+            except Exception:
+                _put_back(table, hash_value, range_value, before)
+                raise
+            return item
+
+    return run
+
+
+def _put_back(table: Table, hash_value: Any, range_value: Any, item: Any) -> None:
+    """Make ``item`` (None: no item) what the table holds under its key again."""
+    home = table.items[hash_value] if range_value else table.items
+    slot = range_value if range_value else hash_value
+    if item is None:
+        home.pop(slot, None)
+    else:
+        home[slot] = item
+
+
 class _TablesNotCopied:
     """``copy`` as moto's DynamoDB models see it: a whole Table is not deep-copied (see
     :func:`_item_rollback`); anything else is."""
@@ -277,12 +318,7 @@ def _item_rollback(transact: Any) -> Any:
                 transact(self, transact_items)
             except Exception:
                 for table, hash_value, range_value, item in reversed(saved):
-                    home = table.items[hash_value] if range_value else table.items
-                    slot = range_value if range_value else hash_value
-                    if item is None:
-                        home.pop(slot, None)
-                    else:
-                        home[slot] = item
+                    _put_back(table, hash_value, range_value, item)
                 raise
 
     return run
@@ -845,8 +881,8 @@ class EmbeddedAWS:
             (Execution, "status", property(_execution_status)),
             (ErrorEqualsDecl, "_eval_body", _states_all_misses_terminal_errors),
             *hyperpod.hooks(self.hyperpod),
-            *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name)))
-              for name in ("put_item", "update_item", "delete_item")),
+            *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name))) for name in ("put_item", "delete_item")),
+            (DynamoDBBackend, "update_item", _item_size_checked(DynamoDBBackend.update_item)),
             (DynamoDBBackend, "transact_write_items", _item_rollback(DynamoDBBackend.transact_write_items)),
             (dynamodb_models, "copy", _TablesNotCopied),
         ):

@@ -608,6 +608,29 @@ def test_a_cancelled_transaction_undoes_its_writes_and_only_its_items_are_backed
     assert {i["pk"]["S"]: i["v"]["N"] for i in db.scan(TableName="tx")["Items"]} == {"new": "9", "a": "9", "other": "1"}
 
 
+def test_an_update_that_grows_an_item_past_400_kb_is_refused_and_changes_nothing(aws: EmbeddedAWS) -> None:
+    """AWS refuses any write that makes an item larger than 400 KB. moto checked only an assigned
+    attribute: ADD to a set grew an item without bound, so a ledger item that only grows passed
+    here and would fail on AWS."""
+    db = aws.client("dynamodb")
+    db.create_table(TableName="big", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    db.put_item(TableName="big", Item={"pk": {"S": "a"}, "n": {"N": "0"}})
+
+    def add(member: str) -> None:
+        db.update_item(TableName="big", Key={"pk": {"S": "a"}}, UpdateExpression="ADD ids :m, n :one",
+                       ExpressionAttributeValues={":m": {"SS": [member]}, ":one": {"N": "1"}})
+
+    add("x" * 150_000)
+    add("y" * 150_000)
+    with pytest.raises(ClientError, match="Item size to update has exceeded the maximum allowed size"):
+        add("z" * 150_000)  # 450 KB
+    item = db.get_item(TableName="big", Key={"pk": {"S": "a"}})["Item"]
+    assert (len(item["ids"]["SS"]), item["n"]["N"]) == (2, "2")  # as it was before the refused update
+    add("w" * 90_000)  # 390 KB: still allowed
+
+
 def test_a_callback_task_retried_until_its_function_answers_its_own_token(aws: EmbeddedAWS, tmp_path: Path) -> None:
     """HyperPod's check (nodemedic.stages.hyperpod_check): the function raises until HyperPod has
     decided, the state retries it, and the attempt that sees the answer sends it to its own token

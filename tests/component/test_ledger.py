@@ -82,6 +82,20 @@ def test_a_folded_event_is_counted_once_even_when_detect_is_retried(ledger: Ledg
     assert ledger.get("first").duplicate_events == 2
 
 
+def test_an_incident_that_folds_events_for_days_stays_within_dynamodbs_item_size(ledger: Ledger, monkeypatch) -> None:
+    """Every folded event's id was added to the incident's item, past the cap too: an incident
+    held for days grew until DynamoDB refused the item (400 KB) and Detect failed on every event
+    for the node. The local stack refuses an item over 400 KB as AWS does."""
+    monkeypatch.setattr("nodemedic.store.ledger.MAX_FOLDED_IDS", 3)
+    assert ledger.open_incident(incident("held")) is None
+    long_ids = [f"exec-{n:04d}-" + "x" * 70 for n in range(6)]  # execution names of 80 characters
+    for execution in (*long_ids, long_ids[0]):  # the last: a retried Detect, under the cap
+        assert ledger.open_incident(incident(execution)) == "held"
+    item = ledger._db.get_item(TableName="incidents", Key={"pk": {"S": "INCIDENT#held"}})["Item"]
+    assert len(item["folded"]["SS"]) == 3  # kept up to the cap, then no more
+    assert ledger.get("held").duplicate_events == 6  # every event counted, the retry once
+
+
 def test_held_incidents_release_their_node_locks_on_request(ledger: Ledger) -> None:
     held = incident("held-1")
     assert ledger.open_incident(held) is None

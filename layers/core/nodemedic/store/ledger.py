@@ -98,7 +98,10 @@ def condition_failed(exc: ClientError) -> bool:
     return False
 
 
-MAX_FOLDED_IDS = 5000
+# the ids of the events folded into an incident, kept so that a retried Detect counts nothing twice:
+# an id is an execution name (80 characters at most), so they take at most 160 KB of the 400 KB a
+# DynamoDB item holds, beside the incident and its stages
+MAX_FOLDED_IDS = 2000
 
 
 class Ledger:
@@ -203,13 +206,21 @@ class Ledger:
 
     def count_duplicate(self, incident_id: str, event_id: str) -> None:
         """Count one more event folded into the incident, once per ``event_id`` (a retried Detect
-        counts nothing twice). The ids are kept up to ``MAX_FOLDED_IDS`` (item size); beyond
-        that the count goes on without the guard."""
-        guard = "attribute_exists(pk) AND (NOT contains(folded, :id) OR size(folded) >= :cap)"
-        self._conditional("update_item", Key=_incident_key(incident_id),
-                          UpdateExpression="ADD duplicate_events :one, folded :ids", ConditionExpression=guard,
-                          ExpressionAttributeValues={":one": {"N": "1"}, ":ids": {"SS": [event_id]},
-                                                     ":id": {"S": event_id}, ":cap": {"N": str(MAX_FOLDED_IDS)}})
+        counts nothing twice). The ids are kept up to ``MAX_FOLDED_IDS``; beyond, the count goes on
+        without them (a retried Detect may then count its event twice). Before, every id was added
+        past the cap too: an incident held for days (quarantined, waiting for an operator) grew
+        until DynamoDB refused its item, and Detect failed on every event for the node."""
+        key, cap = _incident_key(incident_id), {":cap": {"N": str(MAX_FOLDED_IDS)}}
+        if self._conditional("update_item", Key=key, UpdateExpression="ADD duplicate_events :one, folded :ids",
+                             ConditionExpression="attribute_exists(pk) AND NOT contains(folded, :id) "
+                                                 "AND (attribute_not_exists(folded) OR size(folded) < :cap)",
+                             ExpressionAttributeValues={":one": {"N": "1"}, ":ids": {"SS": [event_id]},
+                                                        ":id": {"S": event_id}, **cap}):
+            return
+        self._conditional("update_item", Key=key, UpdateExpression="ADD duplicate_events :one",
+                          ConditionExpression="attribute_exists(pk) AND size(folded) >= :cap "
+                                              "AND NOT contains(folded, :id)",
+                          ExpressionAttributeValues={":one": {"N": "1"}, ":id": {"S": event_id}, **cap})
 
     # -- reading -------------------------------------------------------------------------
     def get(self, incident_id: str) -> Incident:
