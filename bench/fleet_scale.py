@@ -28,7 +28,7 @@ from typing import Any
 
 from nodemedic.providers.base import Member
 from nodemedic.silence_sweeper import SilenceSweeper
-from nodemedic.store.roster import RosterStore
+from nodemedic.store.roster import SHARD_BYTES, RosterStore
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
 from bench.results import record, summarize
@@ -192,8 +192,9 @@ def run(nodes: int, minutes: float, interval: float, silent: int) -> list[dict[s
     # the bill at this fleet size, per month: what the run counted, scaled to a month
     per_min = {k: v / elapsed_min for k, v in (calls.count + queue.calls).items()}
     heartbeats_min = nodes * 60 / interval
-    shard_kb = 190.0 * min(1.0, nodes / 1000)  # roster shard size (store/roster.py: ~190 KB per 1,000 nodes)
-    shards = -(-nodes // 1000)
+    roster_kb = 0.19 * nodes  # this run's entries (short names, no perf samples) take about 190 bytes a node
+    shards = -(-int(roster_kb * 1000) // SHARD_BYTES)
+    shard_kb = roster_kb / shards
     sweeps_min = 60 / SWEEP_EVERY_S
     cost = {
         "EventBridge heartbeat events": heartbeats_min * PRICES["event"],

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import boto3
 import pytest
 from moto import mock_aws
-from nodemedic.store.roster import RosterConflictError, RosterStore
+from nodemedic.store.roster import SHARD_BYTES, RosterConflictError, RosterStore, shards
 
 
 @pytest.fixture
@@ -33,6 +35,24 @@ def test_a_2500_node_roster_is_sharded_and_read_back_whole(store: RosterStore):
     assert loaded == roster and version == 1
     store.save(dict(list(roster.items())[:10]), version)  # the fleet shrinks: stale shards are not read
     assert len(store.load()[0]) == 10
+
+
+def test_a_fleet_with_long_node_names_and_perf_samples_fits_dynamodbs_item_limit(store: RosterStore):
+    """1,000 nodes a shard fitted short names only: an EKS node named by its host name (42
+    characters, twice in each entry) with ten performance samples takes about 575 bytes, so a
+    1,000-node shard was 575 KB, which DynamoDB refuses (400 KB): every sweep failed."""
+    def eks(i: int) -> dict:
+        name = f"ip-10-0-{i // 250}-{i % 250}.us-west-2.compute.internal"
+        return {"node": {"instance_id": f"i-{i:017x}", "hostname": name, "k8s_node": name},
+                "last_seen": "2026-11-22T03:14:07.120000+00:00", "interval_s": 15.0, "reported_at": None,
+                "perf": [[0.9876, 95.3, 3, "p5.48xlarge"]] * 10}
+
+    roster = {f"i-{i:017x}": eks(i) for i in range(2500)}
+    store.save(roster, 0)
+    loaded, version = store.load()
+    assert loaded == roster and version == 1
+    parts = shards(roster)
+    assert len(parts) > 3 and all(len(json.dumps(p, separators=(",", ":"))) <= SHARD_BYTES for p in parts)
 
 
 def test_a_sweeper_that_lost_the_race_writes_nothing(store: RosterStore):

@@ -1,7 +1,11 @@
 """The heartbeat roster of one cluster, in the ledger table.
 
 A head item ``HEARTBEATS#<cluster>`` holds a version and the number of shards; each shard
-``HEARTBEATS#<cluster>#<n>`` holds up to 1,000 nodes (about 190 KB, under the 400 KB item limit).
+``HEARTBEATS#<cluster>#<n>`` holds as many nodes as fit in ``SHARD_BYTES`` of JSON, under
+DynamoDB's 400 KB item limit. A node takes 200 to 1,400 bytes: its names (an EKS host name of 42
+characters, used as its node name too, takes twice that) and up to ten performance samples. A
+count of nodes per shard (it was 1,000) put a fleet with long names over the limit: DynamoDB
+refused the shard, and every sweep failed, so no silent node was found at all.
 A sweep reads the roster once and writes it once, so the DynamoDB bill grows with the number of
 sweeps, not with the number of heartbeats. The head is written first, conditional on the version
 read, so a second sweeper that lost the race writes nothing.
@@ -16,7 +20,22 @@ from botocore.exceptions import ClientError
 
 from nodemedic.domain.silence import Roster
 
-SHARD_NODES = 1000
+SHARD_BYTES = 350_000  # a shard's JSON: 400 KB (409,600 bytes) less room for its key and attribute names
+
+
+def shards(roster: Roster) -> list[Roster]:
+    """The roster cut, in instance id order, into parts whose JSON is at most ``SHARD_BYTES``."""
+    parts: list[Roster] = []
+    part: Roster = {}
+    size = 2  # the braces
+    for instance in sorted(roster):
+        cost = len(json.dumps({instance: roster[instance]}, separators=(",", ":")).encode()) - 1  # with its comma
+        if part and size + cost > SHARD_BYTES:
+            parts.append(part)
+            part, size = {}, 2
+        part[instance] = roster[instance]
+        size += cost
+    return [*parts, part] if part else parts
 
 
 class RosterConflictError(Exception):
@@ -48,12 +67,11 @@ class RosterStore:
         return roster, int(head["version"]["N"])
 
     def save(self, roster: Roster, version: int) -> None:
-        ids = sorted(roster)
-        shards = [ids[i:i + SHARD_NODES] for i in range(0, len(ids), SHARD_NODES)]
+        parts = shards(roster)
         try:
             self._db.put_item(
                 TableName=self._table,
-                Item={**self._key(), "version": {"N": str(version + 1)}, "shards": {"N": str(len(shards))}},
+                Item={**self._key(), "version": {"N": str(version + 1)}, "shards": {"N": str(len(parts))}},
                 ConditionExpression="attribute_not_exists(pk) OR version = :v",
                 ExpressionAttributeValues={":v": {"N": str(version)}},
             )
@@ -61,7 +79,6 @@ class RosterStore:
             if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
                 raise RosterConflictError("the heartbeat roster changed while this sweep ran") from exc
             raise
-        for n, members in enumerate(shards):
-            nodes = {i: roster[i] for i in members}
+        for n, nodes in enumerate(parts):
             self._db.put_item(TableName=self._table,
                               Item={**self._key(n), "nodes": {"S": json.dumps(nodes, separators=(",", ":"))}})
