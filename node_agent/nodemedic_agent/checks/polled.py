@@ -42,10 +42,10 @@ def _gpu(index: int, uuid: str = "") -> dict[str, object]:
 class PolledChecks:
     """Runs every polled check once; remembers counters so that a jump is reported once."""
 
-    def __init__(self, hardware: Hardware, config: AgentConfig, watchdog: Watchdog | None = None) -> None:
+    def __init__(self, hardware: Hardware, config: AgentConfig) -> None:
         self.hw = hardware
         self.config = config
-        self.watchdog = watchdog or Watchdog()  # each check runs under it: one that never returns is seen
+        self.watchdog = Watchdog()  # each check runs under it: one that never returns is seen
         self.gpus: list[GpuState] = []  # what the last GPU check read (the agent maps PCI ids from it)
         self._nvlink: dict[int, int] = {}
         self._efa_seen: dict[str, tuple[float, dict[str, int]]] = {}  # device -> (monotonic, counters) last poll
