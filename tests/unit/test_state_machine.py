@@ -106,3 +106,69 @@ def test_every_page_keeps_trying_sns_for_twenty_minutes():
         delays = [min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry.get("MaxDelaySeconds", 1e9))
                   for n in range(retry["MaxAttempts"])]
         assert sum(delays) >= 20 * 60, (name, sum(delays))
+
+
+def _delays(retry: dict) -> list[float]:
+    return [min(retry["IntervalSeconds"] * retry.get("BackoffRate", 2.0) ** n, retry.get("MaxDelaySeconds", 1e9))
+            for n in range(retry.get("MaxAttempts", 3))]
+
+
+def test_a_degraded_node_waits_a_week_for_its_job_at_a_few_transitions_an_hour():
+    """Drained after its job, a DEGRADED node's repair waits for the job to end. It read the job
+    every two minutes for a week: 5,040 attempts, about 15,000 history events of the 25,000 an
+    execution may have. Now the reads space out to ten minutes."""
+    [retry] = [r for r in STATES["Repair"]["Retry"] if r["ErrorEquals"] == ["NodeDrainingError"]]
+    delays = _delays(retry)
+    assert sum(delays) >= 7 * 86400 and max(delays) <= 600 and len(delays) <= 1100
+
+
+def _loop() -> set[str]:
+    """The states on a cycle of the state graph (Tarjan's strongly connected components)."""
+    graph = {name: [t for t in [s.get("Next"), s.get("Default"), *(c["Next"] for c in s.get("Choices", [])),
+                                *(c["Next"] for c in s.get("Catch", []))] if t in STATES]
+             for name, s in STATES.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cyclic: set[str] = set()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component or v in graph[v]:
+                cyclic.update([v, *component])
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cyclic
+
+
+def test_the_longest_execution_stays_under_step_functions_history_quota():
+    """A Standard workflow's execution fails once its history reaches 25,000 events (Step Functions
+    developer guide, "Quotas related to state machine executions"), and the incident would end
+    half-done. Counted at its worst: every retrier of every state runs out, and the ladder's
+    states (the only cycle: one pass per rung) run for each rung there is. An attempt of a Lambda
+    task is three events (LambdaFunctionScheduled, Started, Failed); of a service integration that
+    waits (.waitForTaskToken, .sync) four (TaskScheduled, Started, Submitted, Failed), else three."""
+    from nodemedic.contracts.incident import RUNGS
+
+    loop = _loop()
+    assert "Repair" in loop and "CheckHealth" in loop and "Drain" not in loop
+    events = 2  # ExecutionStarted, ExecutionSucceeded
+    for name, state in STATES.items():
+        attempts = 1 + sum(r.get("MaxAttempts", 3) for r in state.get("Retry", []))
+        waits = state.get("Resource", "").endswith((".waitForTaskToken", ".sync"))
+        per_pass = 2 + ((4 if waits else 3) * attempts if state["Type"] == "Task" else 0)  # entered, exited
+        events += per_pass * (len(RUNGS) if name in loop else 1)
+    assert events < 25_000, events
