@@ -25,6 +25,25 @@ PUT_EVENTS_REQUEST_LIMIT = 1_048_576
 STATES_PAYLOAD_LIMIT = 262_144
 
 
+# "Environment variables: 4 KB, for all environment variables associated with the function, in
+# aggregate" (Lambda developer guide, "Lambda quotas"); Lambda measures the variables as one JSON
+# object and refuses the function: "Lambda was unable to configure your environment variables
+# because the environment variables you have provided exceeded the 4KB limit"
+LAMBDA_ENVIRONMENT_LIMIT = 4096
+
+
+def lambda_environment_problem(function: str, variables: dict[str, str]) -> str | None:
+    """Why Lambda refuses ``function`` these environment variables (None when it takes them)."""
+    sizes = {k: len(str(v).encode()) for k, v in variables.items()}
+    size = len(json.dumps({k: str(v) for k, v in variables.items()}, separators=(",", ":")).encode())
+    if size <= LAMBDA_ENVIRONMENT_LIMIT:
+        return None
+    largest = sorted(sizes, key=lambda k: -sizes[k])[:3]
+    return (f"{function}: Lambda was unable to configure your environment variables because the environment "
+            f"variables you have provided exceeded the 4KB limit ({size:,} bytes; the largest: "
+            + ", ".join(f"{k} {sizes[k]:,}" for k in largest) + ")")
+
+
 def put_events_entry_size(entry: dict[str, Any]) -> int:
     """The size EventBridge counts for a PutEvents entry: Time 14 bytes when given; Source,
     DetailType, Detail and each Resources entry as UTF-8 (the user guide's formula)."""

@@ -28,7 +28,12 @@ from samtranslator.translator.managed_policy_translator import ManagedPolicyLoad
 from samtranslator.translator.transform import transform
 from samtranslator.yaml_helper import yaml_parse
 
-from nodemedic_sandbox.aws_rules import alarm_topic_problem, parameter_problems, reserved_concurrency_problem
+from nodemedic_sandbox.aws_rules import (
+    alarm_topic_problem,
+    lambda_environment_problem,
+    parameter_problems,
+    reserved_concurrency_problem,
+)
 from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, EmbeddedAWS, FunctionSource, schedule_period
 
 ARTIFACT_BUCKET = "nodemedic-local-artifacts"
@@ -148,6 +153,12 @@ def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: d
     if described["StackStatus"] != "CREATE_COMPLETE":
         raise RuntimeError(f"stack {stack_name}: {described['StackStatus']}")
     resources = {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in summaries}
+    lambda_ = aws.client("lambda")
+    for logical_id, r in cfn["Resources"].items():  # CloudFormation would have failed (and rolled back) here
+        if r["Type"] == "AWS::Lambda::Function":
+            config = lambda_.get_function_configuration(FunctionName=resources[logical_id])
+            if problem := lambda_environment_problem(logical_id, config.get("Environment", {}).get("Variables", {})):
+                raise DeploymentRefusedError(problem)
     for logical_id, code_dir in code_dirs.items():
         handler = cfn["Resources"][logical_id]["Properties"]["Handler"]
         aws.functions[resources[logical_id]] = FunctionSource(code_dir, handler)

@@ -145,6 +145,24 @@ def test_hyperpods_node_health_events_reach_the_state_machine_for_this_cluster_o
         assert not matches(HealthStatus="Healthy") and not matches(ClusterName="someone-elses")
 
 
+def test_policies_too_large_for_a_functions_environment_are_refused_as_lambda_refuses_them() -> None:
+    """Lambda takes at most 4 KB of environment variables per function. The Drain function carries
+    the drain policy, the checkpoint policy and the fault overrides with some twenty settings:
+    policies for forty namespaces and partitions deployed here, and failed on AWS."""
+    import pytest
+    from nodemedic_sandbox.deploy import DeploymentRefusedError
+
+    drain = {"namespaces": {f"team-{n:02d}-training": {"mode": "wait", "timeout_seconds": 3600} for n in range(40)}}
+    checkpoint = {"partitions": {f"p5-team-{n:02d}": {"signal": "USR2", "grace_seconds": 900} for n in range(40)}}
+    small = {"KubernetesDrainPolicy": json.dumps({"namespaces": dict(list(drain["namespaces"].items())[:5])})}
+    with EmbeddedAWS() as aws:
+        deploy(aws, TEMPLATE, "s", {**PARAMS, **small})  # a few namespaces: as before
+    with EmbeddedAWS() as aws, pytest.raises(DeploymentRefusedError, match=r"DrainFunction: Lambda was unable to "
+                                             r"configure your environment variables .* exceeded the 4KB limit"):
+        deploy(aws, TEMPLATE, "s", {**PARAMS, "KubernetesDrainPolicy": json.dumps(drain),
+                                    "CheckpointPolicy": json.dumps(checkpoint)})
+
+
 def test_a_rate_expression_eventbridge_refuses_is_refused() -> None:
     """EventBridge: a rate of 1 takes a singular unit, any other a plural one."""
     import pytest
