@@ -54,3 +54,39 @@ def test_a_heartbeat_that_cannot_be_stored_is_invalid_and_the_sweep_goes_on(aws:
     result = sweeper.sweep(datetime.now(UTC))
     assert (result.heartbeats, result.invalid, result.watched) == (1, 1, 1)
     assert "Messages" not in sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0)  # neither comes back
+
+
+def test_a_node_its_provider_is_working_on_is_not_reported_and_its_silence_counts_from_then(aws: None) -> None:
+    """HyperPod patches a node (SystemUpdating: cordoned, evicted, its root volume replaced) or runs
+    its deep health check on it; EC2 starts an instance. Its agent is silent meanwhile, for tens of
+    minutes: every node of a rolling patch was reported HEARTBEAT_MISSING, each an incident that
+    raced HyperPod's own work. Now the silence counts from the last sweep that found the provider
+    working on the node."""
+    from datetime import timedelta
+
+    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    boto3.client("events").create_event_bus(Name="bus")
+    instance = "i-0000000000000000a"
+    provider = MemoryProvider(Member(instance, "gpu-1", "pending"))
+    roster = RosterStore(db, "t", "prod")
+    t0 = datetime.now(UTC) - timedelta(minutes=30)
+    roster.save({instance: {"node": {"instance_id": instance, "hostname": "h", "slurm_node": "gpu-1"},
+                            "last_seen": t0.isoformat(), "interval_s": 15.0, "reported_at": None}}, 0)
+    sweeper = SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=roster, provider=provider,
+                             queue_url=sqs.create_queue(QueueName="hb")["QueueUrl"], bus="bus", cluster="prod",
+                             threshold_s=60)
+    busy_at = t0 + timedelta(minutes=29)
+    result = sweeper.sweep(busy_at)  # silent for 29 min, HyperPod updating it
+    assert (result.reported, result.busy) == ([], [instance])
+    provider.by_id[instance] = Member(instance, "gpu-1", "running")  # HyperPod is done; the agent starts
+    assert sweeper.sweep(busy_at + timedelta(seconds=59)).reported == []
+    published: list[dict] = []
+    sweeper.events.meta.events.register("before-parameter-build.events.PutEvents",
+                                        lambda params, **_: published.extend(params["Entries"]))
+    assert sweeper.sweep(busy_at + timedelta(seconds=61)).reported == [instance]  # still silent: a fault now
+    detail = json.loads(published[0]["Detail"])
+    assert datetime.fromisoformat(detail["observed_at"]) == busy_at  # not 30 min ago: not refused as stale
+    assert detail["evidence"]["last_heartbeat"] == t0.isoformat()

@@ -38,6 +38,7 @@ class SweepResult:
     watched: int = 0
     reported: list[str] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)  # silent while their provider works on them (not reported)
     slow: list[str] = field(default_factory=list)
     unpublished: list[str] = field(default_factory=list)  # "<instance> <fault>: why EventBridge did not take it"
 
@@ -100,6 +101,10 @@ class SilenceSweeper:
             if member is None or member.state in GONE:  # replaced, scaled in or stopped: not a fault
                 roster.pop(instance)
                 result.forgotten.append(instance)
+                continue
+            if member.state == "pending":  # its provider is starting, updating or checking it: silence is
+                roster[instance]["provider_busy_at"] = now.isoformat()  # expected, and counts from now on
+                result.busy.append(instance)
                 continue
             missing.append((instance, missing_event(roster, instance, self.cluster, now)))
         reports = ([(instance, event, "reported_at", result.reported) for instance, event in missing]

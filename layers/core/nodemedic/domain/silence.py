@@ -49,11 +49,20 @@ def named_node(seen: dict[str, Any]) -> str | None:
 MISSED_BEATS = 3  # a node is silent once it missed this many of the heartbeats it said it would send
 
 
+def quiet_since(seen: dict[str, Any]) -> datetime:
+    """When the node's unexplained silence began: its last heartbeat, or the last sweep that found
+    its provider working on it (``provider_busy_at``: HyperPod updating or checking it, EC2
+    starting it), whichever is later."""
+    last = datetime.fromisoformat(seen["last_seen"])
+    busy = seen.get("provider_busy_at")
+    return max(last, datetime.fromisoformat(busy)) if busy else last
+
+
 def is_silent(seen: dict[str, Any], now: datetime, threshold_s: float) -> bool:
     """Whether a roster entry's node has been silent for longer than ``threshold_s``, or than three
     of the heartbeat intervals its agent declares where that is longer. An agent set to beat every
     60 s against the stack's 45 s would otherwise be silent between any two beats."""
-    return ((now - datetime.fromisoformat(seen["last_seen"])).total_seconds()
+    return ((now - quiet_since(seen)).total_seconds()
             > max(threshold_s, MISSED_BEATS * float(seen.get("interval_s") or 0)))
 
 
@@ -64,12 +73,14 @@ def silent(roster: Roster, now: datetime, threshold_s: float) -> list[str]:
 
 
 def missing_event(roster: Roster, instance: str, cluster: str, now: datetime) -> NodeHealthEvent:
+    """HEARTBEAT_MISSING, observed when the unexplained silence began (:func:`quiet_since`)."""
     seen = roster[instance]
-    last = datetime.fromisoformat(seen["last_seen"])
+    since = quiet_since(seen)
     return NodeHealthEvent(
         schema_version="1", event_id=str(uuid.uuid4()), cluster=cluster,
         node=NodeIdentity.model_validate(seen["node"]), check="heartbeat", fault_code="HEARTBEAT_MISSING",
-        severity="critical", observed_at=last, sent_at=now,
-        evidence={"last_heartbeat": seen["last_seen"], "silent_for_s": round((now - last).total_seconds(), 1),
-                  "heartbeat_interval_s": seen["interval_s"]},
+        severity="critical", observed_at=since, sent_at=now,
+        evidence={"last_heartbeat": seen["last_seen"], "silent_for_s": round((now - since).total_seconds(), 1),
+                  "heartbeat_interval_s": seen["interval_s"],
+                  **({"provider_busy_until": seen["provider_busy_at"]} if seen.get("provider_busy_at") else {})},
     )
