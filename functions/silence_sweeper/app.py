@@ -50,4 +50,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                          events=result.unpublished)
         if result.forgotten or result.invalid:
             logger.info("roster changes", forgotten=result.forgotten, invalid_heartbeats=result.invalid)
+        if result.busy:
+            summary["busy"] = sorted(set(summary.get("busy", [])) | set(result.busy))
+            logger.info("silent nodes their provider is working on (not reported)", instances=result.busy)
     return summary
