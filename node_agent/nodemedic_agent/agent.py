@@ -372,6 +372,9 @@ class Agent:
     def perf(self) -> PerfSample | None:
         """The node's speed from the last GPU poll: its slowest GPU's SM clock against that GPU's
         maximum, and how busy the GPUs are (the sweeper compares it with the node's peers)."""
+        limit = self.config.thresholds.check_stall_seconds
+        if limit and any(s.what == "the gpu check" for s in self.checks.watchdog.stalls(limit)):
+            return None  # the last reading is from before the GPUs stopped answering: not the node's speed now
         clocked = [(g.sm_clock_ratio, g.index) for g in self.checks.gpus if g.sm_clock_ratio is not None]
         if not clocked:
             return None

@@ -35,11 +35,12 @@ def test_a_gpu_reading_that_never_returns_is_reported_while_the_heartbeat_goes_o
     assert any(b["status"] == "running" for b in bus.heartbeats())  # what alone said all was well
     assert agent.report_stalls() == 1  # still stalled; the dedupe window folds the repeat
     assert len(bus.health_events()) == 1
+    assert agent.perf() is None  # the last GPU reading is stale: no speed sample for the peer comparison
 
     sim.inject("clear")  # the call returns: the checks read again
     sim.inject("ecc-dbe", gpu=1)
     assert [e["fault_code"] for e in bus.wait_health(2)] == ["CHECK_STALLED", "ECC_DBE"]
-    assert agent.report_stalls() == 0
+    assert agent.report_stalls() == 0 and agent.perf() is not None
 
 
 def test_a_driver_that_hangs_at_the_agents_start_is_reported_not_silence(bus, sim, make_agent):
