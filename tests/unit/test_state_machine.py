@@ -10,14 +10,20 @@ ASL = json.loads((ROOT / "statemachines" / "remediation.asl.json").read_text())
 STATES = ASL["States"]
 
 
+def successors(state: dict) -> list[str]:
+    """The states ``state`` may go to next: Next, Default, each Choice's and each Catch's."""
+    return [t for t in [state.get("Next"), state.get("Default"), *(c["Next"] for c in state.get("Choices", [])),
+                        *(c["Next"] for c in state.get("Catch", []))] if t in STATES]
+
+
 def predecessors(name: str) -> list[str]:
-    found = []
-    for key, state in STATES.items():
-        targets = [state.get("Next"), state.get("Default")] + [c["Next"] for c in state.get("Choices", [])] \
-            + [c["Next"] for c in state.get("Catch", [])]
-        if name in targets:
-            found.append(key)
-    return found
+    return [key for key, state in STATES.items() if name in successors(state)]
+
+
+def _delays(retry: dict) -> list[float]:
+    """The waits of a retrier, one per attempt (ASL's defaults: BackoffRate 2.0, MaxAttempts 3)."""
+    return [min(retry["IntervalSeconds"] * retry.get("BackoffRate", 2.0) ** n, retry.get("MaxDelaySeconds", 1e9))
+            for n in range(retry.get("MaxAttempts", 3))]
 
 
 def test_a_fail_state_never_re_raises_a_runtime_error_name():
@@ -65,8 +71,7 @@ def test_each_state_that_sends_to_a_new_instance_waits_for_its_ssm_agent_to_regi
     a 15-minute boot (HyperPod's published replace) costs at most 11 retries, each a transition."""
     for name in ("Repair", "CheckHealth", "Verify"):
         [retry] = [r for r in STATES[name]["Retry"] if r["ErrorEquals"] == ["InstanceNotManagedError"]]
-        delays = [min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry.get("MaxDelaySeconds", 1e9))
-                  for n in range(retry["MaxAttempts"])]
+        delays = _delays(retry)
         assert sum(delays) >= 15 * 60 and max(delays) <= 120, name
         assert sum(1 for n in range(len(delays)) if sum(delays[:n]) < 5 * 60) <= 8, name  # a 5-minute boot
         assert sum(1 for n in range(len(delays)) if sum(delays[:n]) < 15 * 60) <= 11, name  # a 15-minute boot
@@ -81,8 +86,8 @@ def test_hyperpods_own_check_is_read_again_for_hours_and_a_check_it_never_decide
     for name, judged_by in (("CheckHealth", "Healthy"), ("Verify", "VerifyResult")):
         state = STATES[name]
         [retry] = [r for r in state["Retry"] if r["ErrorEquals"] == ["HealthCheckPendingError"]]
-        delays = [min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry["MaxDelaySeconds"])
-                  for n in range(retry["MaxAttempts"])]
+        assert "MaxDelaySeconds" in retry, name
+        delays = _delays(retry)
         assert sum(delays) >= 2 * 3600 and max(delays) <= 300, name
         [caught] = [c for c in state["Catch"] if "HealthCheckPendingError" in c["ErrorEquals"]]
         assert caught["Next"] == judged_by and "States.Timeout" in caught["ErrorEquals"], name
@@ -103,14 +108,8 @@ def test_every_page_keeps_trying_sns_for_twenty_minutes():
     for name, state in pages.items():
         [retry] = state["Retry"]
         assert retry["ErrorEquals"] == ["States.ALL"] and "JitterStrategy" not in retry, name
-        delays = [min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry.get("MaxDelaySeconds", 1e9))
-                  for n in range(retry["MaxAttempts"])]
+        delays = _delays(retry)
         assert sum(delays) >= 20 * 60, (name, sum(delays))
-
-
-def _delays(retry: dict) -> list[float]:
-    return [min(retry["IntervalSeconds"] * retry.get("BackoffRate", 2.0) ** n, retry.get("MaxDelaySeconds", 1e9))
-            for n in range(retry.get("MaxAttempts", 3))]
 
 
 def test_a_degraded_node_waits_a_week_for_its_job_at_a_few_transitions_an_hour():
@@ -124,9 +123,7 @@ def test_a_degraded_node_waits_a_week_for_its_job_at_a_few_transitions_an_hour()
 
 def _loop() -> set[str]:
     """The states on a cycle of the state graph (Tarjan's strongly connected components)."""
-    graph = {name: [t for t in [s.get("Next"), s.get("Default"), *(c["Next"] for c in s.get("Choices", [])),
-                                *(c["Next"] for c in s.get("Catch", []))] if t in STATES]
-             for name, s in STATES.items()}
+    graph = {name: successors(state) for name, state in STATES.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
