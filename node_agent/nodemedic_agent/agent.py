@@ -29,7 +29,7 @@ from nodemedic_agent.acknowledgements import Acknowledgements
 from nodemedic_agent.burn_in import joined
 from nodemedic_agent.checks.base import CheckResult, Finding, check_error
 from nodemedic_agent.checks.kernel_log import KernelLogFollower, bus_key, message_finding, xid_finding
-from nodemedic_agent.checks.polled import AFTER_BOOT, PolledChecks
+from nodemedic_agent.checks.polled import AFTER_BOOT, PolledChecks, reading
 from nodemedic_agent.clock import AwsClock, ClockUnknownError
 from nodemedic_agent.config import AgentConfig
 from nodemedic_agent.dedupe import Deduper
@@ -372,8 +372,7 @@ class Agent:
     def perf(self) -> PerfSample | None:
         """The node's speed from the last GPU poll: its slowest GPU's SM clock against that GPU's
         maximum, and how busy the GPUs are (the sweeper compares it with the node's peers)."""
-        limit = self.config.thresholds.check_stall_seconds
-        if limit and any(s.what == "the gpu check" for s in self.checks.watchdog.stalls(limit)):
+        if any(s.what == reading("gpu") for s in self.checks.stalls()):
             return None  # the last reading is from before the GPUs stopped answering: not the node's speed now
         clocked = [(g.sm_clock_ratio, g.index) for g in self.checks.gpus if g.sm_clock_ratio is not None]
         if not clocked:
@@ -414,8 +413,7 @@ class Agent:
     def report_stalls(self) -> int:
         """CHECK_STALLED for each reading that has run longer than ``thresholds.check_stall_seconds``
         (the heartbeat's thread asks: the stalled loop cannot). Returns how many."""
-        limit = self.config.thresholds.check_stall_seconds
-        stalls = self.checks.watchdog.stalls(limit) if limit else []
+        stalls = self.checks.stalls()
         for stall in stalls:
             log.error("%s has not returned for %.0fs", stall.what, stall.seconds)
             self.emit(self.checks.stalled(stall))

@@ -35,6 +35,11 @@ def _new_errors(now: dict[str, int], before: dict[str, int]) -> int:
     return sum(max(0, value - before.get(name, value)) for name, value in now.items())
 
 
+def reading(name: str) -> str:
+    """How the watchdog names the polled check ``name`` (gpu, dcgm, efa, storage)."""
+    return f"the {name} check"
+
+
 def _gpu(index: int, uuid: str = "") -> dict[str, object]:
     return {"kind": "gpu", "index": index, **({"uuid": uuid} if uuid else {})}
 
@@ -63,11 +68,16 @@ class PolledChecks:
         results = []
         for check, name, run in checks:
             try:
-                with self.watchdog.watching(f"the {name} check", check):
+                with self.watchdog.watching(reading(name), check):
                     results.append(run())
             except (HardwareError, OSError, ValueError) as exc:
                 results.append(check_error(check, name, exc))
         return results
+
+    def stalls(self) -> list[Stall]:
+        """The readings running past ``thresholds.check_stall_seconds`` (none when it is 0)."""
+        limit = self.config.thresholds.check_stall_seconds
+        return self.watchdog.stalls(limit) if limit else []
 
     def stalled(self, stall: Stall) -> Finding:
         """CHECK_STALLED: a reading that has not returned for ``stall.seconds``. It holds up every
