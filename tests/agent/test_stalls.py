@@ -5,7 +5,6 @@ must report the stall itself: CHECK_STALLED, which the pipeline answers with a r
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from nodemedic_agent.hardware.simulated import SimulatedHardware, SimulatedNode
 from nodemedic_agent.watchdog import Watchdog
 
 from tests.agent.conftest import agent_config
+from tests.agent.test_bad_input import run_agent
 
 QUICK = {"hardware": {"dcgm": False}, "thresholds": {"check_stall_seconds": 1.5}}  # no dcgmi: a healthy check is quick
 
@@ -157,8 +157,7 @@ dcgm = false
 [publish]
 spool_dir = "{tmp_path / 'spool'}"
 """)
-    return subprocess.run([sys.executable, "-m", "nodemedic_agent.cli", "-c", str(config), "check", "--once", "--dry-run"],
-                          capture_output=True, text=True, timeout=60)
+    return run_agent("-c", str(config), "check", "--once", "--dry-run")
 
 
 def test_check_once_on_a_node_whose_gpus_do_not_answer_says_so_and_exits(sim, tmp_path):
