@@ -23,19 +23,21 @@ from nodemedic.domain.silence import Roster
 SHARD_BYTES = 350_000  # a shard's JSON: 400 KB (409,600 bytes) less room for its key and attribute names
 
 
-def shards(roster: Roster) -> list[Roster]:
-    """The roster cut, in instance id order, into parts whose JSON is at most ``SHARD_BYTES``."""
-    parts: list[Roster] = []
-    part: Roster = {}
+def shards(roster: Roster) -> list[str]:
+    """The roster as JSON objects of at most ``SHARD_BYTES`` each (UTF-8), cut in instance id order.
+    Each node's entry is serialized once: the text that is measured is the text that is stored."""
+    texts: list[str] = []
+    members: list[str] = []
     size = 2  # the braces
     for instance in sorted(roster):
-        cost = len(json.dumps({instance: roster[instance]}, separators=(",", ":")).encode()) - 1  # with its comma
-        if part and size + cost > SHARD_BYTES:
-            parts.append(part)
-            part, size = {}, 2
-        part[instance] = roster[instance]
+        member = f"{json.dumps(instance)}:{json.dumps(roster[instance], separators=(',', ':'))}"
+        cost = len(member.encode()) + 1  # with its comma
+        if members and size + cost > SHARD_BYTES:
+            texts.append("{" + ",".join(members) + "}")
+            members, size = [], 2
+        members.append(member)
         size += cost
-    return [*parts, part] if part else parts
+    return [*texts, "{" + ",".join(members) + "}"] if members else texts
 
 
 class RosterConflictError(Exception):
@@ -80,5 +82,4 @@ class RosterStore:
                 raise RosterConflictError("the heartbeat roster changed while this sweep ran") from exc
             raise
         for n, nodes in enumerate(parts):
-            self._db.put_item(TableName=self._table,
-                              Item={**self._key(n), "nodes": {"S": json.dumps(nodes, separators=(",", ":"))}})
+            self._db.put_item(TableName=self._table, Item={**self._key(n), "nodes": {"S": nodes}})
