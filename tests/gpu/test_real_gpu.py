@@ -8,6 +8,7 @@ bench/gpu_node.py records the figures.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -148,3 +149,49 @@ def test_a_gpu_whose_memory_another_process_holds_fails_the_burn_by_name(config)
     burn = next(c for c in report["checks"] if c["name"] == "gpu_burn")
     assert code == 1 and not report["healthy"] and burn["ok"] is False, burn
     assert "gpu0: " in burn["detail"] and "out of memory" in burn["detail"].lower(), burn["detail"]
+
+
+def _agent(config: Path, *args: str, seconds: float | None = None) -> tuple[int, str, str]:
+    """The agent's CLI on this GPU; with ``seconds``, a daemon stopped (SIGTERM) after that long."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "nodemedic_agent.cli", "--config", str(config), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if seconds is not None:
+        time.sleep(seconds)
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def _stall_limit(config: Path, seconds: float) -> Path:
+    """A limit far under the default 300 s: every NVML call the agent makes, the Xid event wait
+    (1 s) included, must return well within it on a healthy GPU, or the agent reports CHECK_STALLED.
+    Without DCGM (the lent machines have none), which the config requires of a limit this short."""
+    text = config.read_text().replace('backend = "nvml"\n', 'backend = "nvml"\ndcgm = false\n')
+    config.write_text(text + f"[thresholds]\ncheck_stall_seconds = {seconds}\n"
+                      "[intervals]\nheartbeat_seconds = 0.5\npoll_seconds = 1\n")
+    return config
+
+
+def test_the_agent_on_a_healthy_gpu_reports_no_stall_under_a_tight_limit(config) -> None:
+    """The watchdog on real NVML: the polled checks run on a worker thread, the Xid event wait blocks
+    in the driver for its 1 s timeout, and the first GPU reading includes nvmlInit. None may read as a
+    check that never returns. (A stall itself cannot be made on this GPU without wedging it.)"""
+    code, out, err = _agent(_stall_limit(config, 3), "run", "--dry-run", seconds=15)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    stalled = [e for e in events if e["Detail"].get("fault_code") == "CHECK_STALLED"]
+    assert not stalled, stalled
+    assert "watching gpu-bench" in err and "has not returned" not in err, err[-3000:]
+    assert code == 0, err[-3000:]
+
+
+def test_check_once_on_a_healthy_gpu_answers_without_waiting(config) -> None:
+    """``check --once`` polls on a thread and says on stderr what it waits for after 5 s: on a
+    healthy GPU it answers before that, healthy."""
+    started = time.monotonic()
+    code, out, err = _agent(_stall_limit(config, 3), "check", "--once", "--dry-run")
+    assert code == 0 and "waiting for" not in err and "CHECK_STALLED" not in out, (out, err[-3000:])
+    assert time.monotonic() - started < 30
