@@ -468,9 +468,14 @@ class Agent:
         empty the spool; what is left stays on disk for the next start."""
         self.stop_event.set()
         self.publisher.wake()
-        for thread in self._threads:
-            thread.join(timeout=5)
+        deadline = time.monotonic() + 5
+        for thread in list(self._threads):
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if graceful and not self.dry_run:
             self.send_heartbeat("stopping")
             self.publisher.flush(flush_timeout_s)
-        self.hw.close()
+        inside = [t.name for t in self._threads if t.is_alive()]
+        if inside:  # a call into the driver that never returned: closing NVML under it could block too
+            log.warning("stopping with %s still inside a call that has not returned", ", ".join(inside))
+        else:
+            self.hw.close()

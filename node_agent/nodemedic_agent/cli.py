@@ -47,11 +47,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     pending = len(agent.spool)
     logging.info("nodemedic-agent %s watching %s (%s) for cluster %s on bus %s; %d spooled events to deliver",
                  __version__, agent.node.slurm_node, agent.node.instance_id, config.cluster, config.event_bus, pending)
-    agent.start()
+    failed: list[Exception] = []
+
+    def start() -> None:
+        try:
+            agent.start()
+        except Exception as exc:  # noqa: BLE001 - an agent that cannot start stops, saying why
+            logging.exception("the agent could not start")
+            failed.append(exc)
+            stopped.set()
+
+    # Started on a thread: its first GPU reading blocks for as long as a wedged driver does, and
+    # this thread must still answer SIGTERM (systemd kills the agent 90 s after asking).
+    threading.Thread(target=start, name="nodemedic-start", daemon=True).start()
     stopped.wait()
     logging.info("stopping: goodbye heartbeat, then flushing %d spooled events", len(agent.spool))
     agent.stop(graceful=True)
-    return 0
+    return 1 if failed else 0
 
 
 PROGRESS_S = 5.0  # check: how often a poll that has not returned says what it waits for

@@ -4,7 +4,9 @@ must report the stall itself: CHECK_STALLED, which the pipeline answers with a r
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -41,6 +43,23 @@ def test_a_gpu_reading_that_never_returns_is_reported_while_the_heartbeat_goes_o
     sim.inject("ecc-dbe", gpu=1)
     assert [e["fault_code"] for e in bus.wait_health(2)] == ["CHECK_STALLED", "ECC_DBE"]
     assert agent.report_stalls() == 0 and agent.perf() is not None
+
+
+def test_stopping_leaves_a_hung_reading_behind_and_the_driver_open(bus, sim, make_agent, monkeypatch):
+    """Stopping waits for the loops once, not once per loop; a loop still inside a driver call
+    after that keeps the hardware open (closing NVML under a call that never returned could block the
+    stop as well), and the process's exit frees it."""
+    agent = make_agent(intervals={"heartbeat_seconds": 0.2}, **QUICK)
+    closed: list[bool] = []
+    monkeypatch.setattr(agent.hw, "close", lambda: closed.append(True))
+    sim.inject("nvml-hang")
+    bus.wait_health(1, timeout=15)
+    started = time.monotonic()
+    agent.stop(graceful=False)
+    assert time.monotonic() - started < 6.5 and closed == []
+    sim.inject("clear")  # the call returns: the fixture's second stop closes the hardware
+    agent.stop(graceful=False)
+    assert closed == [True]
 
 
 def test_a_driver_that_hangs_at_the_agents_start_is_reported_not_silence(bus, sim, make_agent):
@@ -137,7 +156,7 @@ def test_a_stall_limit_a_healthy_check_can_reach_is_refused(sim, tmp_path, secti
         agent_config(sim, tmp_path, **sections)
 
 
-def _check_once(sim: SimulatedNode, tmp_path: Path, stall_s: float) -> subprocess.CompletedProcess[str]:
+def _config(sim: SimulatedNode, tmp_path: Path, stall_s: float) -> Path:
     config = tmp_path / "agent.toml"
     config.write_text(f"""
 cluster = "local"
@@ -156,8 +175,14 @@ simulated_dir = "{sim.dir}"
 dcgm = false
 [publish]
 spool_dir = "{tmp_path / 'spool'}"
+[intervals]
+heartbeat_seconds = 0.2
 """)
-    return run_agent("-c", str(config), "check", "--once", "--dry-run")
+    return config
+
+
+def _check_once(sim: SimulatedNode, tmp_path: Path, stall_s: float) -> subprocess.CompletedProcess[str]:
+    return run_agent("-c", str(_config(sim, tmp_path, stall_s)), "check", "--once", "--dry-run")
 
 
 def test_check_once_on_a_node_whose_gpus_do_not_answer_says_so_and_exits(sim, tmp_path):
@@ -171,3 +196,29 @@ def test_check_once_on_a_node_whose_gpus_do_not_answer_says_so_and_exits(sim, tm
     assert "waiting for the gpu check" in proc.stderr
     assert '"fault_code": "CHECK_STALLED"' in proc.stdout and "the node cannot be checked" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("hangs", ["at start", "while watching"])
+def test_the_daemon_stops_when_told_while_a_gpu_reading_hangs(sim, tmp_path, hangs: str):
+    """``systemctl stop`` (SIGTERM) on a node whose driver no longer answers: the agent ignored it
+    while its first GPU reading hung (its main thread was inside that call), until systemd killed
+    it. It reports the stall, then stops when told, leaving the hung call behind."""
+    config = _config(sim, tmp_path, 1.5)
+    if hangs == "at start":
+        sim.inject("nvml-hang")
+    daemon = subprocess.Popen([sys.executable, "-m", "nodemedic_agent.cli", "-c", str(config), "run", "--dry-run"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert daemon.stdout is not None
+        if hangs == "while watching":
+            time.sleep(1)
+            sim.inject("nvml-hang")
+        stalled = daemon.stdout.readline()  # dry run: each event is a line
+        assert '"fault_code": "CHECK_STALLED"' in stalled, stalled
+        daemon.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        daemon.wait(timeout=30)
+        assert time.monotonic() - started < 15 and daemon.returncode == 0  # systemd's stop timeout is 90 s
+    finally:
+        daemon.kill()
+        daemon.communicate()
