@@ -56,6 +56,21 @@ def test_a_heartbeat_that_cannot_be_stored_is_invalid_and_the_sweep_goes_on(aws:
     assert "Messages" not in sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0)  # neither comes back
 
 
+def _silent_since(last_seen: datetime, instance: str, provider: MemoryProvider) -> SilenceSweeper:
+    """A sweeper whose roster holds one node, last heard from at ``last_seen``."""
+    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    boto3.client("events").create_event_bus(Name="bus")
+    roster = RosterStore(db, "t", "prod")
+    roster.save({instance: {"node": {"instance_id": instance, "hostname": "h", "slurm_node": "gpu-1"},
+                            "last_seen": last_seen.isoformat(), "interval_s": 15.0, "reported_at": None}}, 0)
+    return SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=roster, provider=provider,
+                          queue_url=sqs.create_queue(QueueName="hb")["QueueUrl"], bus="bus", cluster="prod",
+                          threshold_s=60)
+
+
 def test_a_node_its_provider_is_working_on_is_not_reported_and_its_silence_counts_from_then(aws: None) -> None:
     """HyperPod patches a node (SystemUpdating: cordoned, evicted, its root volume replaced) or runs
     its deep health check on it; EC2 starts an instance. Its agent is silent meanwhile, for tens of
@@ -64,20 +79,10 @@ def test_a_node_its_provider_is_working_on_is_not_reported_and_its_silence_count
     working on the node."""
     from datetime import timedelta
 
-    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
-    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
-                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
-    boto3.client("events").create_event_bus(Name="bus")
     instance = "i-0000000000000000a"
     provider = MemoryProvider(Member(instance, "gpu-1", "pending"))
-    roster = RosterStore(db, "t", "prod")
     t0 = datetime.now(UTC) - timedelta(minutes=30)
-    roster.save({instance: {"node": {"instance_id": instance, "hostname": "h", "slurm_node": "gpu-1"},
-                            "last_seen": t0.isoformat(), "interval_s": 15.0, "reported_at": None}}, 0)
-    sweeper = SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=roster, provider=provider,
-                             queue_url=sqs.create_queue(QueueName="hb")["QueueUrl"], bus="bus", cluster="prod",
-                             threshold_s=60)
+    sweeper = _silent_since(t0, instance, provider)
     busy_at = t0 + timedelta(minutes=29)
     result = sweeper.sweep(busy_at)  # silent for 29 min, HyperPod updating it
     assert (result.reported, result.busy) == ([], [instance])
@@ -90,3 +95,27 @@ def test_a_node_its_provider_is_working_on_is_not_reported_and_its_silence_count
     detail = json.loads(published[0]["Detail"])
     assert datetime.fromisoformat(detail["observed_at"]) == busy_at  # not 30 min ago: not refused as stale
     assert detail["evidence"]["last_heartbeat"] == t0.isoformat()
+
+
+def test_a_node_its_provider_has_been_working_on_for_hours_is_reported_all_the_same(aws: None) -> None:
+    """A node left in HyperPod's SystemUpdating (or EC2's pending) for good, its agent silent: the
+    sweeper took it for busy at every sweep and never reported it. Past PROVIDER_BUSY_LIMIT of
+    continuous silence under a busy provider, it is reported, saying since when the provider was at it."""
+    from datetime import timedelta
+
+    from nodemedic.domain.silence import PROVIDER_BUSY_LIMIT
+
+    instance = "i-0000000000000000a"
+    t0 = datetime.now(UTC) - timedelta(hours=5)
+    sweeper = _silent_since(t0, instance, MemoryProvider(Member(instance, "gpu-1", "pending")))
+    first = t0 + timedelta(minutes=2)
+    sweeps = [first + timedelta(minutes=m) for m in range(0, int(PROVIDER_BUSY_LIMIT.total_seconds() // 60) + 4, 2)]
+    published: list[dict] = []
+    sweeper.events.meta.events.register("before-parameter-build.events.PutEvents",
+                                        lambda params, **_: published.extend(params["Entries"]))
+    reported = [at for at in sweeps if sweeper.sweep(at).reported]
+    assert reported == [sweeps[-1]] and sweeps[-1] - first > PROVIDER_BUSY_LIMIT >= sweeps[-2] - first
+    detail = json.loads(published[0]["Detail"])
+    assert detail["fault_code"] == "HEARTBEAT_MISSING"
+    assert detail["evidence"]["provider_busy_since"] == first.isoformat()
+    assert datetime.fromisoformat(detail["observed_at"]) == sweeps[-2]  # the last sweep that still waited

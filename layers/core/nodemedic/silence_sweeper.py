@@ -19,7 +19,7 @@ from nodemedic.bus import put_health_events
 from nodemedic.contracts.events import SWEEPER_SOURCE, NodeHealthEvent, NodeHeartbeat
 from nodemedic.contracts.problems import read_json
 from nodemedic.domain.fail_slow import slow_event, slow_nodes
-from nodemedic.domain.silence import Roster, missing_event, record, silent
+from nodemedic.domain.silence import Roster, missing_event, provider_busy, record, silent
 from nodemedic.providers.base import Provider
 from nodemedic.store.roster import RosterStore
 
@@ -102,9 +102,8 @@ class SilenceSweeper:
                 roster.pop(instance)
                 result.forgotten.append(instance)
                 continue
-            if member.state == "pending":  # its provider is starting, updating or checking it: silence is
-                roster[instance]["provider_busy_at"] = now.isoformat()  # expected, and counts from now on
-                result.busy.append(instance)
+            if member.state == "pending" and provider_busy(roster[instance], now):  # its provider is starting,
+                result.busy.append(instance)  # updating or checking it: silence is expected, and counts from now on
                 continue
             missing.append((instance, missing_event(roster, instance, self.cluster, now)))
         reports = ([(instance, event, "reported_at", result.reported) for instance, event in missing]

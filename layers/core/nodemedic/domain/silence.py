@@ -13,7 +13,7 @@ beats, and one whose clock runs ahead would be found silent that much late.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from nodemedic.contracts.events import NodeHealthEvent, NodeHeartbeat, NodeIdentity
@@ -47,6 +47,10 @@ def named_node(seen: dict[str, Any]) -> str | None:
 
 
 MISSED_BEATS = 3  # a node is silent once it missed this many of the heartbeats it said it would send
+# A node its provider has been working on (pending) for longer than this is reported silent all the
+# same: the provider is stuck, not busy. Longer than NodeMedic itself waits for HyperPod's deep
+# health check (the state machine's HealthCheckPendingError retries: about 3 h 8 min).
+PROVIDER_BUSY_LIMIT = timedelta(hours=4)
 
 
 def quiet_since(seen: dict[str, Any]) -> datetime:
@@ -56,6 +60,18 @@ def quiet_since(seen: dict[str, Any]) -> datetime:
     last = datetime.fromisoformat(seen["last_seen"])
     busy = seen.get("provider_busy_at")
     return max(last, datetime.fromisoformat(busy)) if busy else last
+
+
+def provider_busy(seen: dict[str, Any], now: datetime) -> bool:
+    """Record that the node's provider is working on it now (HyperPod updating or checking it, EC2
+    starting it), so its silence counts from now on. False once the provider has been at it, with
+    the node silent throughout, for longer than :data:`PROVIDER_BUSY_LIMIT`: then the silence is
+    reported, naming since when."""
+    since = datetime.fromisoformat(seen.setdefault("provider_busy_since", now.isoformat()))
+    if now - since > PROVIDER_BUSY_LIMIT:
+        return False
+    seen["provider_busy_at"] = now.isoformat()
+    return True
 
 
 def is_silent(seen: dict[str, Any], now: datetime, threshold_s: float) -> bool:
@@ -76,11 +92,12 @@ def missing_event(roster: Roster, instance: str, cluster: str, now: datetime) ->
     """HEARTBEAT_MISSING, observed when the unexplained silence began (:func:`quiet_since`)."""
     seen = roster[instance]
     since = quiet_since(seen)
+    busy = {"provider_busy_since": seen.get("provider_busy_since"), "provider_busy_until": seen.get("provider_busy_at")}
     return NodeHealthEvent(
         schema_version="1", event_id=str(uuid.uuid4()), cluster=cluster,
         node=NodeIdentity.model_validate(seen["node"]), check="heartbeat", fault_code="HEARTBEAT_MISSING",
         severity="critical", observed_at=since, sent_at=now,
         evidence={"last_heartbeat": seen["last_seen"], "silent_for_s": round((now - since).total_seconds(), 1),
                   "heartbeat_interval_s": seen["interval_s"],
-                  **({"provider_busy_until": seen["provider_busy_at"]} if seen.get("provider_busy_at") else {})},
+                  **{name: at for name, at in busy.items() if at}},
     )
