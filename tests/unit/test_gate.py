@@ -23,9 +23,10 @@ def incident(node: str = "gpu-1", code: str = "XID 79", iid: str = "inc-1", **kw
 def facts(inc: IncidentRef | None = None, *, policy: dict[str, Any] | None = None,
           state: ControlState | None = None, size: int = 16, member_topology: dict[str, str] | None = None,
           tags: dict[str, str] | None = None, signals: dict[tuple[str, str], datetime] | None = None,
-          lineage: dict[str, list[tuple[str, datetime]]] | None = None, active: set[str] | None = None) -> Facts:
+          lineage: dict[str, list[tuple[str, datetime]]] | None = None, active: set[str] | None = None,
+          member_state: str = "running") -> Facts:
     inc = inc or incident()
-    member = Member(inc.instance_id, inc.slurm_node, "running", tags or {}, member_topology or {})
+    member = Member(inc.instance_id, inc.slurm_node, member_state, tags or {}, member_topology or {})
     return Facts(inc, member, SafetyPolicy.model_validate(policy or {}), state or ControlState(),
                  active or set(), size, signals or {}, lineage or {}, NOW)
 
@@ -41,7 +42,7 @@ def admitted(state: ControlState, *nodes: str, at: datetime = NOW, rack: str = "
 def test_a_healthy_cluster_lets_a_high_confidence_fault_through_with_every_rule_recorded() -> None:
     d = decide(facts())
     assert d.verdict == "proceed" and not d.needs_approval
-    assert [r["rule"] for r in d.rules] == ["paused", "excluded", "breaker", "cooldown", "lemon",
+    assert [r["rule"] for r in d.rules] == ["paused", "excluded", "breaker", "provider", "cooldown", "lemon",
                                             "breaker_limit", "concurrency", "corroboration"]
     assert all(r["result"] == "pass" for r in d.rules)
 
@@ -60,6 +61,20 @@ def test_paused_automation_holds_and_says_who_paused_it() -> None:
 def test_excluded_nodes_are_held(exclusions: dict[str, Any], tags: dict[str, str]) -> None:
     d = decide(facts(policy={"exclusions": exclusions}, tags=tags))
     assert d.verdict == "hold" and d.reason.startswith("excluded")
+
+
+@pytest.mark.parametrize(("action", "verdict"), [("replace", "hold"), ("reboot", "hold"),
+                                                ("burn_in", "proceed"), ("retire", "proceed")])
+def test_a_node_its_provider_is_working_on_is_held_untouched_without_a_page(action: str, verdict: str) -> None:
+    """HyperPod patching the node (SystemUpdating) or running its deep health check: an agent event
+    then started a remediation that raced HyperPod's work, and HyperPod refused its reboot or
+    replace (InvalidInstanceStatus): the incident failed and paged. A joined node's burn-in and a
+    retiring node's drain still go ahead."""
+    d = decide(facts(incident(action=action), member_state="pending"))
+    assert d.verdict == verdict and not d.notify
+    if verdict == "hold":
+        assert d.reason.startswith("provider: its provider is working on gpu-1") and "node untouched" in d.reason
+        assert decide(facts(incident(action=action))).verdict == "proceed"  # the same fault on a running node
 
 
 def test_an_open_breaker_holds_without_a_new_notification() -> None:
@@ -231,7 +246,8 @@ def test_a_whole_capacity_block_ending_is_drained_without_tripping_or_filling_th
         active.add(inc.incident_id)
     # a fault meanwhile is judged on the remediations only: none, so it goes through
     d = decide(facts(incident("gpu-9", iid="inc-9"), policy=policy, state=state, active=active))
-    assert d.verdict == "proceed" and "1 of at most 3" in d.rules[5]["detail"], d.rules
+    limit = next(r for r in d.rules if r["rule"] == "breaker_limit")
+    assert d.verdict == "proceed" and "1 of at most 3" in limit["detail"], d.rules
 
 
 @pytest.mark.parametrize("why", ["paused", "breaker", "excluded"])

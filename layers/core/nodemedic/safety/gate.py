@@ -115,6 +115,7 @@ def decide(f: Facts) -> Decision:
         # a joined node is not in service yet: checking it takes no capacity from anyone, so it
         # neither counts toward nor waits for the breaker's limit or the concurrency cap; and it
         # is no remediation of the slot (no cooldown, no lemon count): held, it would stay out
+        ok("provider", "burn-in: its provider may still be checking it; the full deep health check decides")
         ok("cooldown", "burn-in: not a remediation")
         ok("lemon", "burn-in: not a remediation")
         ok("breaker_limit", "burn-in of a node not yet in service: not counted")
@@ -133,6 +134,7 @@ def decide(f: Facts) -> Decision:
         # Capacity Block ending neither trips nor waits for the breaker's limit or the cap; and
         # nothing is repaired, so neither cooldown nor lemon applies. A pause or an open breaker
         # (above) still holds it: then the job meets the end unprepared, as without NodeMedic.
+        ok("provider", "retire: the capacity ends whatever its provider is doing")
         ok("cooldown", "retire: nothing is repaired")
         ok("lemon", "retire: nothing is repaired")
         ok("breaker_limit", "retire: capacity AWS takes back; not counted")
@@ -140,6 +142,15 @@ def decide(f: Facts) -> Decision:
         ok("corroboration", "retire: EC2 announced the end of the capacity")
         return _dry(f, Decision("proceed", "retire: the node's capacity ends; drain it before AWS takes it back",
                                 rules))
+
+    if f.member.state == "pending":
+        # HyperPod patching the node (SystemUpdating) or running its deep health check, EC2 starting
+        # it: what the agent sees meanwhile (a driver being replaced, a GPU under stress) races the
+        # provider's own work, and HyperPod refuses a reboot or replace of a node it is working on.
+        # Its work decides; a fault the agent still finds afterwards is reported again, decided then.
+        return _dry(f, stop("hold", "provider", f"its provider is working on {node} (pending): its work decides; "
+                                                "recorded, node untouched"))
+    ok("provider", f"{node} is {f.member.state} at its provider")
 
     slot = lineage_keys(f.incident)[0]
     cooldown = timedelta(minutes=p.node_cooldown_minutes)
