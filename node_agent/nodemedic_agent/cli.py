@@ -19,6 +19,8 @@ from nodemedic_agent.config import DEFAULT_PATH, AgentConfig, ConfigError, load_
 if TYPE_CHECKING:
     from nodemedic_agent.agent import Agent
     from nodemedic_agent.checks.base import CheckResult
+    from nodemedic_agent.checks.polled import PolledChecks
+    from nodemedic_agent.watchdog import Stall
 
 EXIT_CONFIG = 2
 
@@ -66,36 +68,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-PROGRESS_S = 5.0  # check: how often a poll that has not returned says what it waits for
+PROGRESS_S = 5.0  # check, health-check: how often a poll that has not returned says what it waits for
 
 
-def _poll(agent: Agent) -> list[CheckResult] | None:
+def _watched(poll: Callable[[], list[CheckResult]], checks: PolledChecks) -> tuple[list[CheckResult], list[Stall]]:
     """One poll of every check, on a thread of its own: a check that does not return (NVML on a
-    wedged driver, a hung file system) would hang this command for good. Says on stderr what it
-    waits for; None once a check has run past ``thresholds.check_stall_seconds`` (reported as
-    CHECK_STALLED; 0: wait for ever)."""
+    wedged driver, a hung file system) would hang the command for good. Says on stderr what it
+    waits for; gives up once a check has run past ``thresholds.check_stall_seconds`` (0: waits for
+    ever) and returns the stalls instead of results, leaving the hung call behind."""
     outcome: list[list[CheckResult] | BaseException] = []
 
-    def poll() -> None:
+    def run() -> None:
         try:
-            outcome.append(agent.poll_once())
+            outcome.append(poll())
         except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
             outcome.append(exc)
 
-    worker = threading.Thread(target=poll, name="nodemedic-check", daemon=True)  # daemon: a hung one ends with us
+    worker = threading.Thread(target=run, name="nodemedic-check", daemon=True)  # daemon: a hung one ends with us
     worker.start()
     while True:
         worker.join(PROGRESS_S)
         if not worker.is_alive():
             break
-        stalls = agent.checks.watchdog.stalls(0)
-        for stall in stalls[:1]:
+        for stall in checks.watchdog.stalls(0)[:1]:
             print(f"waiting for {stall.what}: {stall.seconds:.0f}s", file=sys.stderr, flush=True)
-        if agent.report_stalls():
-            return None
+        stalls = checks.stalls()
+        if stalls:
+            return [], stalls
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
-    return outcome[0]
+    return outcome[0], []
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -104,8 +106,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = _config(args)
     agent = _agent(config, args.dry_run)
     while True:
-        results = _poll(agent)
-        if results is None:
+        results, stalls = _watched(agent.poll_once, agent.checks)
+        if stalls:
+            agent.report_stalls()  # CHECK_STALLED
             print(f"a check has not returned for {config.thresholds.check_stall_seconds:g}s (CHECK_STALLED): "
                   "the node cannot be checked", flush=True)
             _deliver(agent, config, args.dry_run)
@@ -137,7 +140,8 @@ def _instance_type() -> str | None:
 def cmd_health_check(args: argparse.Namespace) -> int:
     import time
 
-    from nodemedic_agent.checks.deep import full_checks, profile, settle
+    from nodemedic_agent.checks.base import CheckResult
+    from nodemedic_agent.checks.deep import StalledError, full_checks, profile, settle
     from nodemedic_agent.checks.polled import PolledChecks
     from nodemedic_agent.hardware import open_hardware
     from nodemedic_agent.hardware.base import HardwareError
@@ -150,10 +154,21 @@ def cmd_health_check(args: argparse.Namespace) -> int:
     hardware = open_hardware(config)
     polled = PolledChecks(hardware, config)
     settle_s = node.settle_seconds if args.settle_seconds is None else args.settle_seconds
-    results, settled = settle(polled.run_all, settle_s, args.settle_polls, min(config.intervals.poll_seconds, 5.0))
+
+    def poll() -> list[CheckResult]:
+        results, stalls = _watched(polled.run_all, polled)
+        if stalls:
+            findings = [polled.stalled(s) for s in stalls]
+            raise StalledError([CheckResult(f.check, f.summary, [f]) for f in findings])
+        return results
+
+    try:
+        results, settled = settle(poll, settle_s, args.settle_polls, min(config.intervals.poll_seconds, 5.0))
+    except StalledError as stalled:  # the node cannot be checked: waiting longer, or a GPU burn, would hang too
+        results, settled = stalled.results, {"stalled": True}
     report = machine(results, args.level, resolve_identity(config).instance_id)
     report["settle"] = settled
-    if args.level == "full":
+    if args.level == "full" and not settled.get("stalled"):
         try:
             visible = len(hardware.gpus())
         except HardwareError:

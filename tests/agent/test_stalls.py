@@ -4,6 +4,7 @@ must report the stall itself: CHECK_STALLED, which the pipeline answers with a r
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -222,3 +223,21 @@ def test_the_daemon_stops_when_told_while_a_gpu_reading_hangs(sim, tmp_path, han
     finally:
         daemon.kill()
         daemon.communicate()
+
+
+@pytest.mark.parametrize("level", ["quick", "full"])
+def test_the_deep_health_check_on_a_node_whose_gpus_do_not_answer_fails_naming_the_stall(sim, tmp_path, level: str):
+    """The pipeline's deep check of a wedged node hung until its command timed out (20 min by
+    default, HealthCheckTimeoutSeconds) and left only "no answer". It now answers once a check has
+    run past the stall limit: unhealthy, CHECK_STALLED, and no GPU burn started on a driver that
+    does not answer."""
+    config = _config(sim, tmp_path, 1.5)
+    sim.inject("nvml-hang")
+    started = time.monotonic()
+    proc = run_agent("-c", str(config), "health-check", "--level", level, "--instance-type", "p5.48xlarge")
+    assert proc.returncode == 1 and time.monotonic() - started < 30, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["healthy"] is False and report["settle"] == {"stalled": True}
+    [check] = report["checks"]
+    assert check["findings"] == ["CHECK_STALLED"] and check["detail"].startswith("the gpu check has not returned")
+    assert "waiting for the gpu check" in proc.stderr and "Traceback" not in proc.stderr

@@ -89,6 +89,14 @@ class Measured:
                 "measurements": self.measurements}
 
 
+class StalledError(Exception):
+    """A poll whose check never returned: these results (CHECK_STALLED) are the verdict."""
+
+    def __init__(self, results: list[CheckResult]) -> None:
+        super().__init__("a check has not returned")
+        self.results = results
+
+
 def settle(run: Callable[[], list[CheckResult]], settle_s: float, polls: int, interval_s: float,
            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
            ) -> tuple[list[CheckResult], dict[str, Any]]:
