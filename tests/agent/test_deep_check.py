@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from nodemedic_agent.checks.base import CheckResult, Finding
-from nodemedic_agent.checks.deep import profile, settle
+from nodemedic_agent.checks.deep import Profile, gpu_burn, profile, settle
 from nodemedic_agent.cli import main
 
 from tests.agent.conftest import agent_config, tool
@@ -76,10 +77,12 @@ def test_full_reports_each_measurement_with_its_threshold(config_file, capsys, m
 
 
 class _FakeTorch:
-    """Enough of PyTorch for the burn: GPU ``sick`` raises the CUDA error a failing GPU gives."""
+    """Enough of PyTorch for the burn: GPU ``sick`` raises the CUDA error a failing GPU gives; on GPU
+    ``hung`` waiting for the work never returns (until ``release`` is set)."""
 
-    def __init__(self, gpus: int, sick: int, error: str) -> None:
-        self.gpus, self.sick, self.error, self.current = gpus, sick, error, 0
+    def __init__(self, gpus: int, sick: int, error: str, hung: int | None = None) -> None:
+        self.gpus, self.sick, self.error, self.current, self.hung = gpus, sick, error, 0, hung
+        self.release = threading.Event()
         self.bfloat16, self.uint8 = "bf16", "u8"
         torch = self
 
@@ -104,7 +107,8 @@ class _FakeTorch:
                 self.at = _Event.clock
 
             def synchronize(self) -> None:
-                pass
+                if torch.current == torch.hung:
+                    torch.release.wait()
 
             def elapsed_time(self, end: _Event) -> float:
                 return (end.at - self.at) * 1000
@@ -145,6 +149,25 @@ def test_a_gpu_whose_burn_raises_a_cuda_error_fails_by_name_and_the_report_is_wr
     assert code == 1 and not full["healthy"] and burn["ok"] is False
     assert "gpu1: CUDA error: uncorrectable ECC error encountered CUDA kernel errors" in burn["detail"]
     assert {m["target"] for m in burn["measurements"]} == {"gpu0", "gpu2"}  # the others still measured
+
+
+def test_a_gpu_whose_burn_never_finishes_fails_as_hung_and_the_check_answers(monkeypatch) -> None:
+    """A GPU that stops processing work: waiting for its GEMM blocked the full check until the
+    pipeline's command timed out, with no report. It fails by name once past its deadline, the GPUs
+    before it measured; those after it are not (the burn stops there) and the report says so."""
+    import sys
+
+    fake = _FakeTorch(gpus=4, sick=-1, error="", hung=1)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    started = time.monotonic()
+    try:
+        burn = gpu_burn(Profile("test", 4, 1.0, 1.0, None, 0), seconds=0.1, grace_s=0.5)
+    finally:
+        fake.release.set()  # the hung call returns: its thread ends
+    assert time.monotonic() - started < 5
+    assert burn.ok is False
+    assert burn.detail.startswith("gpu1: the burn did not finish in 1s (a GPU that hangs); gpu2-gpu3 not measured")
+    assert {m["target"] for m in burn.measurements} == {"gpu0"}
 
 
 def test_a_tool_on_path_that_cannot_start_is_not_run_with_the_reason(config_file, capsys, monkeypatch, tmp_path):

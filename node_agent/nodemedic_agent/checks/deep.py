@@ -18,6 +18,7 @@ import json
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -149,9 +150,16 @@ def dcgm_diag(level: int = 3, timeout_s: float = 900) -> Measured:
     return Measured("dcgm_diag", ok, detail[:2000])
 
 
-def gpu_burn(p: Profile, seconds: float = 10.0) -> Measured:
+# A GPU's burn that has not finished this long after its measuring time hangs (a GPU that stopped
+# processing work): CUDA's start, the allocations and the warm-up take seconds on a healthy one
+BURN_GRACE_S = 60.0
+
+
+def gpu_burn(p: Profile, seconds: float = 10.0, grace_s: float = BURN_GRACE_S) -> Measured:
     """Per GPU: dense BF16 GEMM TFLOPS and device-to-device copy GB/s, against the thresholds. A
-    GPU whose burn raises a CUDA error fails with the error's text; the report is still written."""
+    GPU whose burn raises a CUDA error fails with the error's text; one whose burn does not finish
+    (``seconds`` + ``grace_s``) fails as hung, and the burn stops there (the GPUs after it are not
+    measured). The report is still written."""
     try:
         import torch  # type: ignore[import-not-found]
     except ImportError:
@@ -163,9 +171,11 @@ def gpu_burn(p: Profile, seconds: float = 10.0) -> Measured:
     gpus = torch.cuda.device_count()
     for i in range(gpus):
         try:
-            with torch.cuda.device(i):
-                tflops = _gemm_tflops(torch, seconds / 2)
-                gbps = _copy_gbps(torch, seconds / 2)
+            tflops, gbps = _burn_one(torch, i, seconds, seconds + grace_s)
+        except TimeoutError:
+            rest = f"; gpu{i + 1}-gpu{gpus - 1} not measured" if i + 1 < gpus else ""
+            failed.append(f"gpu{i}: the burn did not finish in {seconds + grace_s:.0f}s (a GPU that hangs){rest}")
+            break
         except RuntimeError as exc:  # a CUDA error (a sick GPU, memory another process holds): this GPU fails
             failed.append(f"gpu{i}: {' '.join(str(exc).split())[:200]}")
             continue
@@ -177,6 +187,29 @@ def gpu_burn(p: Profile, seconds: float = 10.0) -> Measured:
                       if r["threshold"] is not None and r["value"] < r["threshold"]]
     verdict = "; ".join(below) if below else f"{gpus} GPUs pass"
     return Measured("gpu_burn", not below, f"{verdict} ({p.basis})", rows)
+
+
+def _burn_one(torch: Any, gpu: int, seconds: float, deadline_s: float) -> tuple[float, float]:
+    """GPU ``gpu``'s GEMM TFLOPS and copy GB/s, measured on a thread of its own: a GPU that stops
+    processing work blocks the call that waits for it for good. TimeoutError past ``deadline_s``
+    (the thread is left behind; a daemon, it ends with the process)."""
+    outcome: list[tuple[float, float] | BaseException] = []
+
+    def burn() -> None:
+        try:
+            with torch.cuda.device(gpu):
+                outcome.append((_gemm_tflops(torch, seconds / 2), _copy_gbps(torch, seconds / 2)))
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=burn, name=f"nodemedic-burn-gpu{gpu}", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if not outcome:
+        raise TimeoutError(f"gpu{gpu}")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _timed(torch: Any, work: Callable[[], None], seconds: float) -> tuple[int, float]:
