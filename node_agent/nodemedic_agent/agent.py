@@ -474,8 +474,10 @@ class Agent:
         if graceful and not self.dry_run:
             self.send_heartbeat("stopping")
             self.publisher.flush(flush_timeout_s)
-        inside = [t.name for t in self._threads if t.is_alive()]
-        if inside:  # a call into the driver that never returned: closing NVML under it could block too
+        # a reading still running (a loop's, or the first GPU reading of an agent still starting) is
+        # inside a call that never returned: closing NVML under it could block the stop too
+        inside = [stall.what for stall in self.checks.watchdog.stalls(0)]
+        if inside:
             log.warning("stopping with %s still inside a call that has not returned", ", ".join(inside))
         else:
             self.hw.close()

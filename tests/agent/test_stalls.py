@@ -46,19 +46,29 @@ def test_a_gpu_reading_that_never_returns_is_reported_while_the_heartbeat_goes_o
     assert agent.report_stalls() == 0 and agent.perf() is not None
 
 
-def test_stopping_leaves_a_hung_reading_behind_and_the_driver_open(bus, sim, make_agent, monkeypatch):
-    """Stopping waits for the loops once, not once per loop; a loop still inside a driver call
-    after that keeps the hardware open (closing NVML under a call that never returned could block the
-    stop as well), and the process's exit frees it."""
-    agent = make_agent(intervals={"heartbeat_seconds": 0.2}, **QUICK)
+@pytest.mark.parametrize("hangs", ["at start", "while watching"])
+def test_stopping_leaves_a_hung_reading_behind_and_the_driver_open(bus, sim, make_agent, monkeypatch, hangs: str):
+    """Stopping waits for the loops once, not once per loop; a reading still inside a driver call
+    after that (a loop's, or the first GPU reading of an agent still starting) keeps the hardware
+    open: closing NVML under a call that never returned could block the stop as well, and the
+    process's exit frees it."""
+    if hangs == "at start":
+        sim.inject("nvml-hang")
+    agent = make_agent(start=False, intervals={"heartbeat_seconds": 0.2}, **QUICK)
     closed: list[bool] = []
     monkeypatch.setattr(agent.hw, "close", lambda: closed.append(True))
-    sim.inject("nvml-hang")
+    starting = threading.Thread(target=agent.start, daemon=True)
+    starting.start()
+    if hangs == "while watching":
+        starting.join(5)
+        sim.inject("nvml-hang")
     bus.wait_health(1, timeout=15)
     started = time.monotonic()
     agent.stop(graceful=False)
     assert time.monotonic() - started < 6.5 and closed == []
-    sim.inject("clear")  # the call returns: the fixture's second stop closes the hardware
+    sim.inject("clear")  # the call returns: a second stop closes the hardware
+    starting.join(5)
+    time.sleep(0.5)
     agent.stop(graceful=False)
     assert closed == [True]
 
