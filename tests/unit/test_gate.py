@@ -77,6 +77,15 @@ def test_a_node_its_provider_is_working_on_is_held_untouched_without_a_page(acti
         assert decide(facts(incident(action=action))).verdict == "proceed"  # the same fault on a running node
 
 
+def test_a_silent_node_its_provider_still_reports_pending_is_held_and_a_person_told() -> None:
+    """The sweeper reports a silent node whose provider reads pending only after hours of it (the
+    provider is stuck): held quietly like an agent's fault, nobody would ever hear of it."""
+    d = decide(facts(incident(code="HEARTBEAT_MISSING", action="reboot", confidence="ambiguous"),
+                     member_state="pending"))
+    assert d.verdict == "hold" and d.reason.startswith("provider:")
+    assert "gpu-1" in d.notify and "still reports it pending" in d.notify and "needs a person" in d.notify
+
+
 def test_an_open_breaker_holds_without_a_new_notification() -> None:
     state = ControlState()
     state.breaker.state = "open"

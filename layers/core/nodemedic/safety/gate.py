@@ -148,8 +148,15 @@ def decide(f: Facts) -> Decision:
         # it: what the agent sees meanwhile (a driver being replaced, a GPU under stress) races the
         # provider's own work, and HyperPod refuses a reboot or replace of a node it is working on.
         # Its work decides; a fault the agent still finds afterwards is reported again, decided then.
-        return _dry(f, stop("hold", "provider", f"its provider is working on {node} (pending): its work decides; "
-                                                "recorded, node untouched"))
+        detail = f"its provider is working on {node} (pending): its work decides; recorded, node untouched"
+        if f.incident.fault_code != "HEARTBEAT_MISSING":
+            return _dry(f, stop("hold", "provider", detail))
+        # the sweeper reports a silent node its provider works on only once that has gone on for
+        # hours (PROVIDER_BUSY_LIMIT): the provider is stuck, and nobody but a person can act
+        return _dry(f, stop("hold", "provider", detail, notify=(
+            f"NodeMedic: {node} ({f.incident.instance_id}) is silent and its provider still reports it pending "
+            "(HyperPod updating or checking it, EC2 starting it). NodeMedic cannot act on a node its provider is "
+            f"working on; if that work does not end, the node needs a person. Incident {f.incident.incident_id}.")))
     ok("provider", f"{node} is {f.member.state} at its provider")
 
     slot = lineage_keys(f.incident)[0]
