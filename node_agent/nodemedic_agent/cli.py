@@ -285,7 +285,9 @@ def parser() -> argparse.ArgumentParser:
     hc.add_argument("--level", choices=["quick", "full"], default="quick",
                     help="quick: the agent's checks, judged once settled. full: also DCGM diagnostics (dcgmi diag), "
                          "a GEMM/HBM burn per GPU (PyTorch) and an NCCL all-reduce (all_reduce_perf), each against "
-                         "its instance type's threshold; a missing tool is reported 'not run', never a pass")
+                         "its instance type's threshold; a missing tool is reported 'not run', never a pass. A check "
+                         "that has not returned after thresholds.check_stall_seconds, or a GPU burn that does not finish, fails "
+                         "the node, naming it")
     hc.add_argument("--instance-type", default=None,
                     help="thresholds and settle time of this type (default: from instance metadata; unknown types "
                          "are measured, not judged)")
