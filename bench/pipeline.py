@@ -56,11 +56,23 @@ def history_counts(sfn: Any, arn: str) -> dict[str, float]:
 # the overhead run remediates the same 4 nodes 25 times each, one at a time: the safety rails
 # that would rightly stop that (breaker, cooldown, lemon) are opened wide; the Gate still runs
 PERMISSIVE_POLICY = {"BreakerMaxPercent": "100", "BreakerMaxNodes": "1000", "NodeCooldownMinutes": "0",
-                     "LemonIncidents": "100000"}
+                     "LemonIncidents": "100"}
+OVERHEAD_NODES = 4
+# the lemon rule counts at most 100 incidents a node (LemonIncidents' maximum): 99 a node stay under it
+MAX_OVERHEAD_INCIDENTS = OVERHEAD_NODES * 99
+
+
+def _overhead_incidents(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= MAX_OVERHEAD_INCIDENTS:
+        raise argparse.ArgumentTypeError(f"1 to {MAX_OVERHEAD_INCIDENTS}: more would make the lemon rule quarantine "
+                                         f"the {OVERHEAD_NODES} nodes")
+    return n
 
 
 def overhead(incidents: int, scheduler: str) -> None:
-    with LocalMode(nodes=4, scheduler=scheduler, retry_time_scale=0.01, extra_parameters=PERMISSIVE_POLICY) as local:
+    with LocalMode(nodes=OVERHEAD_NODES, scheduler=scheduler, retry_time_scale=0.01,
+                   extra_parameters=PERMISSIVE_POLICY) as local:
         print(f"{local.scheduler_note}; {incidents} incidents, one at a time", flush=True)
         sfn = local.aws.client("stepfunctions")
         to_drain, to_closed, waits, transitions, invocations, gb_s = [], [], [], [], [], []
@@ -174,7 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
     o = sub.add_parser("overhead")
-    o.add_argument("--incidents", type=int, default=100)
+    o.add_argument("--incidents", type=_overhead_incidents, default=100, help=f"1 to {MAX_OVERHEAD_INCIDENTS}")
     o.add_argument("--scheduler", default="auto", choices=["auto", "slurm", "simulated"])
     b = sub.add_parser("burst")
     b.add_argument("--nodes", type=int, default=10)

@@ -32,3 +32,4 @@ def test_a_fault_on_a_node_its_provider_works_on_is_held_and_the_node_left_free(
     assert gate(again, load_policy=lambda: SafetyPolicy(), provider=provider, control=control, ledger=ledger,
                 clock=clock).verdict == "proceed"
     assert [iid for iid, _ in control.lineage(slot)] == [again.incident_id]
+

@@ -33,10 +33,14 @@ class Breaker(_Section):
     window_minutes: float = Field(default=60, gt=0, le=7 * 24 * 60)
 
 
+# the most incidents the lemon rule may count: a lineage keeps only its newest ones (store.control)
+MAX_LEMON_INCIDENTS = 100
+
+
 class Lemon(_Section):
     """A node slot (or EC2 host) with this many incidents in the window is quarantined."""
 
-    incidents: int = Field(default=3, ge=2)
+    incidents: int = Field(default=3, ge=2, le=MAX_LEMON_INCIDENTS)
     window_hours: float = Field(default=72, gt=0, le=90 * 24)
 
 

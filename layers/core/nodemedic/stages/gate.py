@@ -81,7 +81,7 @@ def gate(
     # (nor is what the breaker does not count: a burn-in, nothing remediated; a retire, nothing repaired)
     lineage = {} if d.verdict == "verify" or not admission.counted else \
         {k: (incident.incident_id, now) for k in keys}
-    control.save(state, lineage)
+    control.save(state, lineage, facts.lineage)
     return _complete(incident, ledger, clock, out)
 
 

@@ -21,9 +21,18 @@ from botocore.exceptions import ClientError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from nodemedic.errors import ControlConflictError
+from nodemedic.safety.policy import MAX_LEMON_INCIDENTS
 from nodemedic.store.ledger import condition_failed
 
 _SIGNAL = "s:"
+# A lineage keeps its newest incidents only: the lemon rule counts at most MAX_LEMON_INCIDENTS and
+# the cooldown reads the newest. Appended to without end, a node slot's item would pass DynamoDB's
+# 400 KB after some 4,000 incidents, and from then on every Gate for the node would fail.
+LINEAGE_KEPT = MAX_LEMON_INCIDENTS
+
+
+def _lineage_entry(incident_id: str, at: datetime) -> dict[str, str]:
+    return {"S": json.dumps({"incident": incident_id, "at": at.isoformat()})}
 
 
 class Admission(BaseModel):
@@ -121,19 +130,24 @@ class ControlStore:
             raise
         state.version = read_version + 1
 
-    def save(self, state: ControlState, lineage: dict[str, tuple[str, datetime]] | None = None) -> None:
-        """Write the state (and append ``incident, at`` to each lineage key) atomically."""
-        self._put(state, [{"Update": self._lineage_update(k, iid, at)} for k, (iid, at) in (lineage or {}).items()])
+    def save(self, state: ControlState, lineage: dict[str, tuple[str, datetime]] | None = None,
+             read: dict[str, list[tuple[str, datetime]]] | None = None) -> None:
+        """Write the state (and append ``incident, at`` to each lineage key) atomically. ``read``:
+        each key's lineage as the caller read it; one that already holds LINEAGE_KEPT entries is
+        rewritten to its newest, if it has not grown since (else ControlConflictError: retried)."""
+        self._put(state, [{"Update": self._lineage_update(k, iid, at, (read or {}).get(k))}
+                          for k, (iid, at) in (lineage or {}).items()])
 
-    def _lineage_update(self, key: str, incident_id: str, at: datetime) -> dict[str, Any]:
-        return {
-            "TableName": self._table, "Key": self._lineage_key(key),
-            "UpdateExpression": "SET incidents = list_append(if_not_exists(incidents, :empty), :one)",
-            "ExpressionAttributeValues": {
-                ":empty": {"L": []},
-                ":one": {"L": [{"S": json.dumps({"incident": incident_id, "at": at.isoformat()})}]},
-            },
-        }
+    def _lineage_update(self, key: str, incident_id: str, at: datetime,
+                        read: list[tuple[str, datetime]] | None = None) -> dict[str, Any]:
+        update: dict[str, Any] = {"TableName": self._table, "Key": self._lineage_key(key)}
+        if read is None or len(read) < LINEAGE_KEPT:
+            return update | {
+                "UpdateExpression": "SET incidents = list_append(if_not_exists(incidents, :empty), :one)",
+                "ExpressionAttributeValues": {":empty": {"L": []}, ":one": {"L": [_lineage_entry(incident_id, at)]}}}
+        kept = [_lineage_entry(i, a) for i, a in read[len(read) - LINEAGE_KEPT + 1:]] + [_lineage_entry(incident_id, at)]
+        return update | {"UpdateExpression": "SET incidents = :kept", "ConditionExpression": "size(incidents) = :read",
+                         "ExpressionAttributeValues": {":kept": {"L": kept}, ":read": {"N": str(len(read))}}}
 
     def append_lineage(self, keys: list[str], incident_id: str, at: datetime) -> None:
         for key in keys:
