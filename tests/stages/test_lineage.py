@@ -47,3 +47,14 @@ def test_the_lemon_rule_cannot_count_more_incidents_than_a_lineage_keeps() -> No
     assert parse_policy(f'{{"lemon": {{"incidents": {LINEAGE_KEPT}}}}}').lemon.incidents == LINEAGE_KEPT
     with pytest.raises(PolicyError, match="lemon.incidents"):
         parse_policy(f'{{"lemon": {{"incidents": {LINEAGE_KEPT + 1}}}}}')
+
+
+def test_a_lineage_grown_by_verified_faults_alone_is_kept_bounded_too(ledger: Ledger) -> None:
+    """An ambiguous fault's incident enters the lineage once its check confirms it (append_lineage),
+    not at the Gate: a slot whose incidents were all of that kind grew without end all the same."""
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    long_ago = clock() - timedelta(days=30)
+    for n in range(LINEAGE_KEPT + 5):
+        control.append_lineage(["node:gpu-1"], f"inc-{n}", long_ago + timedelta(minutes=n))
+    kept = [iid for iid, _ in control.lineage("node:gpu-1")]
+    assert kept == [f"inc-{n}" for n in range(5, LINEAGE_KEPT + 5)]

@@ -134,7 +134,7 @@ class ControlStore:
              read: dict[str, list[tuple[str, datetime]]] | None = None) -> None:
         """Write the state (and append ``incident, at`` to each lineage key) atomically. ``read``:
         each key's lineage as the caller read it; one that already holds LINEAGE_KEPT entries is
-        rewritten to its newest, if it has not grown since (else ControlConflictError: retried)."""
+        rewritten to its newest, if it has not changed since (else ControlConflictError: retried)."""
         self._put(state, [{"Update": self._lineage_update(k, iid, at, (read or {}).get(k))}
                           for k, (iid, at) in (lineage or {}).items()])
 
@@ -146,12 +146,25 @@ class ControlStore:
                 "UpdateExpression": "SET incidents = list_append(if_not_exists(incidents, :empty), :one)",
                 "ExpressionAttributeValues": {":empty": {"L": []}, ":one": {"L": [_lineage_entry(incident_id, at)]}}}
         kept = [_lineage_entry(i, a) for i, a in read[len(read) - LINEAGE_KEPT + 1:]] + [_lineage_entry(incident_id, at)]
-        return update | {"UpdateExpression": "SET incidents = :kept", "ConditionExpression": "size(incidents) = :read",
-                         "ExpressionAttributeValues": {":kept": {"L": kept}, ":read": {"N": str(len(read))}}}
+        # unchanged since read: as long, and the same newest entry (a concurrent rewrite keeps the length)
+        return update | {"UpdateExpression": "SET incidents = :kept",
+                         "ConditionExpression": f"size(incidents) = :read AND incidents[{len(read) - 1}] = :newest",
+                         "ExpressionAttributeValues": {":kept": {"L": kept}, ":read": {"N": str(len(read))},
+                                                       ":newest": _lineage_entry(*read[-1])}}
 
-    def append_lineage(self, keys: list[str], incident_id: str, at: datetime) -> None:
+    def append_lineage(self, keys: list[str], incident_id: str, at: datetime, attempts: int = 5) -> None:
+        """Append ``incident, at`` to each key's lineage, keeping its newest LINEAGE_KEPT (re-read
+        and tried again when another write came between)."""
         for key in keys:
-            self._db.update_item(**self._lineage_update(key, incident_id, at))
+            for attempt in range(attempts):
+                try:
+                    self._db.update_item(**self._lineage_update(key, incident_id, at, self.lineage(key)))
+                    break
+                except ClientError as exc:
+                    if not condition_failed(exc):
+                        raise
+                    if attempt == attempts - 1:
+                        raise ControlConflictError(f"the lineage {key} kept changing while appending") from exc
 
     def change(self, edit: Any, attempts: int = 5) -> ControlState:
         """Read, apply ``edit(state)`` and write, retrying on a concurrent change (operator actions)."""
