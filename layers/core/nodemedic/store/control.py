@@ -7,8 +7,8 @@ Items (partition key ``pk``):
   version read, so two gates deciding at once never both take the last slot.
 - ``SIGNALS#<cluster>#<instance>``: the latest time each (source, fault code) was reported for
   an instance; corroboration looks for an independent second signal here.
-- ``LINEAGE#<cluster>#<key>``: the incidents a node slot or an EC2 host had; lemon detection
-  counts them. The key survives an instance replacement.
+- ``LINEAGE#<cluster>#<key>``: the incidents a node slot or an EC2 host had, the newest
+  ``LINEAGE_KEPT``; lemon detection counts them. The key survives an instance replacement.
 """
 
 from __future__ import annotations
