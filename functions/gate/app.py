@@ -1,4 +1,4 @@
-"""Gate stage: apply the cluster's safety policy (pause, exclusions, breaker, cooldown, lemon,
+"""Gate stage: apply the cluster's safety policy (pause, exclusions, breaker, provider at work, cooldown, lemon,
 concurrency, corroboration, mode) and record the decision with its reasons."""
 
 from typing import Any
