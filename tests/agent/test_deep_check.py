@@ -170,6 +170,22 @@ def test_a_gpu_whose_burn_never_finishes_fails_as_hung_and_the_check_answers(mon
     assert {m["target"] for m in burn.measurements} == {"gpu0"}
 
 
+def test_after_a_gpu_that_hangs_the_all_reduce_is_not_started(monkeypatch, tmp_path) -> None:
+    """An all-reduce over a GPU that stopped processing work would hang too, for its 300 s limit,
+    beside the burn's thread: it is reported not run, naming the GPU, and never started."""
+    from nodemedic_agent.checks import deep
+
+    tool(tmp_path, "all_reduce_perf", f": > {tmp_path / 'started'}\n")  # a shell builtin: PATH holds only this
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(deep, "gpu_burn", lambda p: deep.Measured("gpu_burn", False, "gpu1: ...", [], "gpu1"))
+    _, burn, nccl = deep.full_checks(Profile("test", 8, 1.0, 1.0, None, 0), 3, 8)
+    assert burn.ok is False and (nccl.ok, nccl.detail) == (None, "not run: gpu1 hangs (gpu_burn)")
+    assert not (tmp_path / "started").exists()
+    monkeypatch.setattr(deep, "gpu_burn", lambda p: deep.Measured("gpu_burn", True, "8 GPUs pass"))
+    deep.full_checks(Profile("test", 8, 1.0, 1.0, None, 0), 3, 8)
+    assert (tmp_path / "started").exists()  # a burn that finished: the all-reduce runs
+
+
 def test_a_tool_on_path_that_cannot_start_is_not_run_with_the_reason(config_file, capsys, monkeypatch, tmp_path):
     """A broken install (a binary for another CPU, a truncated file): subprocess raised OSError
     ("Exec format error") and the check crashed with no report."""

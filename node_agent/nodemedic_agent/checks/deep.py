@@ -82,6 +82,7 @@ class Measured:
     ok: bool | None
     detail: str
     measurements: list[dict[str, Any]] = field(default_factory=list)
+    hung: str = ""  # the GPU whose work never finished: what runs after it on the GPUs would hang too
 
     def report(self) -> dict[str, Any]:
         status = "not_run" if self.ok is None else ("healthy" if self.ok else "failed")
@@ -168,6 +169,7 @@ def gpu_burn(p: Profile, seconds: float = 10.0, grace_s: float = BURN_GRACE_S) -
         return Measured("gpu_burn", None, "not run: no CUDA device visible to PyTorch")
     rows: list[dict[str, Any]] = []
     failed: list[str] = []
+    hung = ""
     gpus = torch.cuda.device_count()
     for i in range(gpus):
         try:
@@ -175,6 +177,7 @@ def gpu_burn(p: Profile, seconds: float = 10.0, grace_s: float = BURN_GRACE_S) -
         except TimeoutError:
             rest = f"; gpu{i + 1}-gpu{gpus - 1} not measured" if i + 1 < gpus else ""
             failed.append(f"gpu{i}: the burn did not finish in {seconds + grace_s:.0f}s (a GPU that hangs){rest}")
+            hung = f"gpu{i}"
             break
         except RuntimeError as exc:  # a CUDA error (a sick GPU, memory another process holds): this GPU fails
             failed.append(f"gpu{i}: {' '.join(str(exc).split())[:200]}")
@@ -186,7 +189,7 @@ def gpu_burn(p: Profile, seconds: float = 10.0, grace_s: float = BURN_GRACE_S) -
     below = failed + [f"{r['target']} {r['metric']} {r['value']} < {r['threshold']:.0f}" for r in rows
                       if r["threshold"] is not None and r["value"] < r["threshold"]]
     verdict = "; ".join(below) if below else f"{gpus} GPUs pass"
-    return Measured("gpu_burn", not below, f"{verdict} ({p.basis})", rows)
+    return Measured("gpu_burn", not below, f"{verdict} ({p.basis})", rows, hung)
 
 
 def _burn_one(torch: Any, gpu: int, seconds: float, deadline_s: float) -> tuple[float, float]:
@@ -274,4 +277,7 @@ def nccl_all_reduce(p: Profile, gpus: int, timeout_s: float = 300) -> Measured:
 
 def full_checks(p: Profile, dcgm_level: int, gpus: int) -> list[Measured]:
     """``gpus``: how many the node shows (a missing GPU fails the quick check's count already)."""
-    return [dcgm_diag(dcgm_level), gpu_burn(p), nccl_all_reduce(p, gpus)]
+    diag, burn = dcgm_diag(dcgm_level), gpu_burn(p)
+    if burn.hung:  # an all-reduce over a GPU that stopped processing work would hang to its time limit
+        return [diag, burn, Measured("nccl_all_reduce", None, f"not run: {burn.hung} hangs (gpu_burn)")]
+    return [diag, burn, nccl_all_reduce(p, gpus)]
