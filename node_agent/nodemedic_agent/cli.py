@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from nodemedic_agent import __version__
 from nodemedic_agent.config import DEFAULT_PATH, AgentConfig, ConfigError, load_config
+from nodemedic_agent.watchdog import Stall, Worker
 
 if TYPE_CHECKING:
     from nodemedic_agent.agent import Agent
     from nodemedic_agent.checks.base import CheckResult
     from nodemedic_agent.checks.polled import PolledChecks
-    from nodemedic_agent.watchdog import Stall
 
 EXIT_CONFIG = 2
 
@@ -76,28 +76,14 @@ def _watched(poll: Callable[[], list[CheckResult]], checks: PolledChecks) -> tup
     wedged driver, a hung file system) would hang the command for good. Says on stderr what it
     waits for; gives up once a check has run past ``thresholds.check_stall_seconds`` (0: waits for
     ever) and returns the stalls instead of results, leaving the hung call behind."""
-    outcome: list[list[CheckResult] | BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(poll())
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            outcome.append(exc)
-
-    worker = threading.Thread(target=run, name="nodemedic-check", daemon=True)  # daemon: a hung one ends with us
-    worker.start()
-    while True:
-        worker.join(PROGRESS_S)
-        if not worker.is_alive():
-            break
+    worker = Worker(poll, "nodemedic-check")
+    while not worker.wait(PROGRESS_S):
         for stall in checks.watchdog.stalls(0)[:1]:
             print(f"waiting for {stall.what}: {stall.seconds:.0f}s", file=sys.stderr, flush=True)
         stalls = checks.stalls()
         if stalls:
             return [], stalls
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0], []
+    return worker.result(), []
 
 
 def cmd_check(args: argparse.Namespace) -> int:

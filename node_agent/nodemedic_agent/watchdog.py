@@ -10,10 +10,14 @@ when it is done, and the heartbeat's thread asks which one has been running too 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -45,3 +49,32 @@ class Watchdog:
         running = list(self._running.items())  # a snapshot: the readings' threads change the dict
         return sorted((Stall(what, check, now - since) for what, (check, since) in running if now - since > longer_than),
                       key=lambda s: -s.seconds)
+
+
+class Worker(Generic[T]):
+    """``call`` on a daemon thread of its own, so that a call that never returns is left behind
+    (it ends with the process) instead of holding up the thread that waits for it."""
+
+    def __init__(self, call: Callable[[], T], name: str) -> None:
+        self._outcome: list[T | BaseException] = []
+        self._call = call
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._outcome.append(self._call())
+        except BaseException as exc:  # noqa: BLE001 - raised again on the waiting thread
+            self._outcome.append(exc)
+
+    def wait(self, seconds: float) -> bool:
+        """Whether the call has returned (or raised) within ``seconds``."""
+        self._thread.join(seconds)
+        return bool(self._outcome)
+
+    def result(self) -> T:
+        """What the call returned; what it raised is raised here. Only once :meth:`wait` is True."""
+        outcome = self._outcome[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome

@@ -18,7 +18,6 @@ import json
 import re
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 
 from nodemedic_agent.checks.base import CheckResult
 from nodemedic_agent.hardware.dcgm import HOST_ENGINE_DOWN, parse_diag
+from nodemedic_agent.watchdog import Worker
 
 
 @dataclass(frozen=True)
@@ -195,24 +195,15 @@ def gpu_burn(p: Profile, seconds: float = 10.0, grace_s: float = BURN_GRACE_S) -
 def _burn_one(torch: Any, gpu: int, seconds: float, deadline_s: float) -> tuple[float, float]:
     """GPU ``gpu``'s GEMM TFLOPS and copy GB/s, measured on a thread of its own: a GPU that stops
     processing work blocks the call that waits for it for good. TimeoutError past ``deadline_s``
-    (the thread is left behind; a daemon, it ends with the process)."""
-    outcome: list[tuple[float, float] | BaseException] = []
+    (the thread is left behind)."""
+    def burn() -> tuple[float, float]:
+        with torch.cuda.device(gpu):
+            return _gemm_tflops(torch, seconds / 2), _copy_gbps(torch, seconds / 2)
 
-    def burn() -> None:
-        try:
-            with torch.cuda.device(gpu):
-                outcome.append((_gemm_tflops(torch, seconds / 2), _copy_gbps(torch, seconds / 2)))
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            outcome.append(exc)
-
-    worker = threading.Thread(target=burn, name=f"nodemedic-burn-gpu{gpu}", daemon=True)
-    worker.start()
-    worker.join(deadline_s)
-    if not outcome:
+    worker = Worker(burn, f"nodemedic-burn-gpu{gpu}")
+    if not worker.wait(deadline_s):
         raise TimeoutError(f"gpu{gpu}")
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+    return worker.result()
 
 
 def _timed(torch: Any, work: Callable[[], None], seconds: float) -> tuple[int, float]:
