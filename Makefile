@@ -44,7 +44,7 @@ demo: venv $(DEMO_NEEDS)  ## run the local end-to-end demo (SCHEDULER=k8s: on Ku
 AGENT_PACKAGES = node_agent/nodemedic_agent layers/core/nodemedic/contracts layers/core/nodemedic/domain
 AGENT_MIN_PYTHON = $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)"/\1/p' node_agent/pyproject.toml)
 
-lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda, on the nodes (the agent, also as its oldest Python) and for the operator (the CLI)
+lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in Lambda, on the nodes (the agent, also as its oldest Python), for the operator (the CLI) and the local stack
 	$(BIN)/cfn-lint template.yaml
 	$(BIN)/ruff check .
 	$(BIN)/mypy

@@ -244,11 +244,12 @@ class SimCluster:
         ids = [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]]
         if len(ids) != 1:
             raise LookupError(f"{len(ids)} running instances back {node}")
-        return ids[0]
+        return str(ids[0])
 
     def group_instances(self) -> list[dict[str, str]]:
         groups = self.aws.client("autoscaling").describe_auto_scaling_groups(AutoScalingGroupNames=[self.asg_name])
-        return groups["AutoScalingGroups"][0]["Instances"]
+        instances: list[dict[str, str]] = groups["AutoScalingGroups"][0]["Instances"]
+        return instances
 
     # -- fault injection for the node-side health check -----------------------------------
     def fail_replacement_of(self, node: str) -> None:

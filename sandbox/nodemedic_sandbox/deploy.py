@@ -43,7 +43,7 @@ class DeploymentRefusedError(RuntimeError):
     """Real AWS would refuse this deployment, or leave part of it unable to work."""
 
 
-class _NoManagedPolicies(ManagedPolicyLoader):
+class _NoManagedPolicies(ManagedPolicyLoader):  # type: ignore[misc]  # samtranslator ships no type information
     """The template names no AWS managed policies by name; nothing to look up offline."""
 
     def __init__(self) -> None:

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 from unittest import mock
 
 import boto3
 from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.exceptions import ClientError
 from botocore.retries.standard import ExponentialBackoff
 from moto import mock_aws
@@ -56,6 +57,7 @@ from moto.ec2.utils import filter_dict_attribute_mapping
 from moto.eks.models import eks_backends
 from moto.events.exceptions import ValidationException as EventsValidationException
 from moto.events.models import EventsBackend, Rule, events_backends
+from moto.events.utils import EventMessageType
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
 from moto.ssm.responses import SimpleSystemManagerResponse
@@ -483,7 +485,7 @@ def _error_response(url: str, protocol: str, code: str, message: str, status: in
     else:  # query
         body = f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code><Message>{message}</Message></Error></ErrorResponse>"
         headers = {"Content-Type": "text/xml"}
-    return AWSResponse(url, status, headers, MockRawResponse(body))
+    return AWSResponse(url, status, HTTPHeaders.from_dict(headers), MockRawResponse(body))
 
 
 # AWS refuses a request signed too far from its own time: "a request must reach AWS within five
@@ -591,8 +593,8 @@ class _Capture(io.TextIOBase):
         return getattr(self._local, "buffer", None) is not None
 
     def write(self, text: str) -> int:
-        buffer = getattr(self._local, "buffer", None)
-        return (buffer or sys.__stdout__).write(text)
+        buffer: TextIO | None = getattr(self._local, "buffer", None) or sys.__stdout__
+        return buffer.write(text) if buffer else len(text)  # no stdout at all (pythonw): nowhere to write
 
     def flush(self) -> None:
         return None
@@ -744,13 +746,15 @@ class EmbeddedAWS:
         # creating Lambda clients at once would otherwise each parse again.
         session = boto3._get_default_session()
         for service in SERVICES:
-            session.client(service)  # load each model once, before any burst
+            session.client(service)  # type: ignore[call-overload]  # load each model once, before any burst
         session.events.register("before-parameter-build", _remember_parameters)
         session.events.register("before-call", self._authorize)
-        session.events.register_first("before-send", self._maybe_throttle)  # ahead of moto's stubber
-        session.events.register_first("before-send", _check_signing_time)  # AWS looks at it first
-        self._stack.callback(session.events.unregister, "before-send", self._maybe_throttle)
-        self._stack.callback(session.events.unregister, "before-send", _check_signing_time)
+        # a before-send handler answers the request when it returns a response (botocore's
+        # endpoint.py); botocore-stubs types every handler as returning None
+        answering: list[Callable[..., None]] = [self._maybe_throttle, _check_signing_time]  # type: ignore[list-item]
+        for handler in answering:  # registered first: ahead of moto's stubber; AWS looks at the signing time first
+            session.events.register_first("before-send", handler)
+            self._stack.callback(session.events.unregister, "before-send", handler)
         self._stack.callback(session.events.unregister, "before-parameter-build", _remember_parameters)
         self._stack.callback(session.events.unregister, "before-call", self._authorize)
         from nodemedic import wiring
@@ -764,7 +768,7 @@ class EmbeddedAWS:
                    body: Any, headers: Any, response_headers: dict[str, str]) -> bytes:
             return embedded._invoke(backend, function_name, qualifier, body, headers, response_headers)
 
-        def send_to_targets(rule: Rule, event: dict[str, Any], transform_input: bool = True) -> None:
+        def send_to_targets(rule: Rule, event: EventMessageType, transform_input: bool = True) -> None:
             if rule.scheduled_expression:  # a schedule matches no event (moto's empty pattern matches all)
                 return
             embedded._deliver(rule, event, transform_input)
@@ -899,7 +903,7 @@ class EmbeddedAWS:
         as if launched into it."""
         backend = ec2_backends[ACCOUNT_ID][self.region]
         for instance_id in instance_ids:
-            backend.get_instance(instance_id).capacity_reservation_id = reservation_id
+            backend.get_instance(instance_id).capacity_reservation_id = reservation_id  # type: ignore[attr-defined]
 
     def schedule_instance_event(self, instance_id: str, code: str, not_before: datetime, *,
                                 description: str = "", event_id: str = "") -> str:
@@ -907,7 +911,7 @@ class EmbeddedAWS:
         window, a description that starts with ``[Completed]`` once it is over). Returns its id."""
         event_id = event_id or f"instance-event-{uuid.uuid4().hex[:17]}"
         instance = ec2_backends[ACCOUNT_ID][self.region].get_instance(instance_id)
-        instance.events = [*(getattr(instance, "events", None) or []), {
+        instance.events = [*(getattr(instance, "events", None) or []), {  # type: ignore[attr-defined]
             "InstanceEventId": event_id, "Code": code, "Description": description or f"The instance is scheduled "
             f"for {code.replace('-', ' ')}", "NotBefore": not_before.strftime("%Y-%m-%dT%H:%M:%S.000Z")}]
         return event_id
@@ -947,7 +951,7 @@ class EmbeddedAWS:
             while not stop.wait(0.05):
                 now = time.monotonic()
                 for rule in self._scheduled_rules():
-                    period = schedule_period(rule.scheduled_expression) * scale
+                    period = schedule_period(str(rule.scheduled_expression)) * scale
                     when = due.setdefault(rule.arn, now + period)
                     if now >= when:
                         due[rule.arn] = now + period
@@ -961,7 +965,8 @@ class EmbeddedAWS:
                 if rule.scheduled_expression and rule.state == "ENABLED"]
 
     def _fire(self, rule: Rule) -> None:
-        event = {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
+        event: EventMessageType = {
+            "version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
                  "account": ACCOUNT_ID, "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                  "region": self.region, "resources": [rule.arn], "detail": {}}
         try:
@@ -985,7 +990,7 @@ class EmbeddedAWS:
 
     def _new_client(self, service: str) -> Any:
         assert self._own is not None, "the embedded AWS is not started"
-        return self._own.client(service)
+        return self._own.client(service)  # type: ignore[call-overload]  # any service, by name
 
     # -- IAM: authorize each call of a function (or of the state machine) against its role --
     def _as_submitter(self, submit: Callable[..., Any]) -> Callable[..., Any]:
@@ -1245,7 +1250,7 @@ class EmbeddedAWS:
                     Namespace=datum.pop("Namespace"), MetricData=[datum])
 
     # -- EventBridge: deliver to Step Functions and Lambda targets ----------------------
-    def _deliver(self, rule: Rule, event: dict[str, Any], transform_input: bool) -> None:
+    def _deliver(self, rule: Rule, event: EventMessageType, transform_input: bool) -> None:
         if rule.state != "ENABLED" or not rule.event_pattern.matches_event(event):
             return
         delivered = {**event, "time": _iso_time(event.get("time"))}

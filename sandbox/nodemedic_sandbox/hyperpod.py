@@ -76,8 +76,8 @@ class HyperPodEmulation:
         """``DescribeClusterNode``'s details, or with ``original`` the summary: both as HyperPod fills them."""
         details = original(node)
         details["InstanceStatus"] = {"Status": node.status, "Message": getattr(node, "status_message", "")}
-        if getattr(node, "private_dns_hostname", None):
-            details["PrivateDnsHostname"] = f"{node.private_dns_hostname}.ec2.internal"
+        if host := getattr(node, "private_dns_hostname", None):
+            details["PrivateDnsHostname"] = f"{host}.ec2.internal"
         return details
 
     def batch(self, operation: str, response: SageMakerResponse) -> ActionResult:

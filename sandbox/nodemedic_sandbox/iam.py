@@ -266,7 +266,9 @@ class Authorizer:
 
     # one method per service prefix ----------------------------------------------------------
     def _dynamodb(self, action: str, operation: str, params: dict[str, Any]) -> Iterable[Request]:
-        table = lambda name: self.arn("dynamodb", f"table/{name}")  # noqa: E731
+        def table(name: str) -> str:
+            return self.arn("dynamodb", f"table/{name}")
+
         if operation == "TransactWriteItems":  # authorized per item, as the individual action
             kinds = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem",
                      "ConditionCheck": "ConditionCheckItem"}

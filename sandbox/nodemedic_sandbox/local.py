@@ -116,9 +116,10 @@ class LocalMode:
 
     def put_event(self, detail: dict[str, Any], source: str = "nodemedic.agent",
                   detail_type: str = "Node Health Event") -> dict[str, Any]:
-        return self.aws.client("events").put_events(Entries=[{
+        sent: dict[str, Any] = self.aws.client("events").put_events(Entries=[{
             "Source": source, "DetailType": detail_type, "EventBusName": self.stack.bus_name,
             "Detail": json.dumps(detail)}])
+        return sent
 
     def emit_as_aws(self, event: dict[str, Any], at: datetime | None = None) -> dict[str, Any]:
         """An AWS service's part: deliver an ``aws.*`` event (its documented shape, e.g. a sample
@@ -129,7 +130,8 @@ class LocalMode:
         entry = {"Source": event["source"], "DetailType": event["detail-type"], "Resources": event.get("resources", []),
                  "Detail": json.dumps(event["detail"]), **({"Time": at} if at else {})}
         with as_aws_service():
-            return self.aws.client("events").put_events(Entries=[entry])
+            sent: dict[str, Any] = self.aws.client("events").put_events(Entries=[entry])
+        return sent
 
     def _subscribe_queue(self, topic_arn: str) -> str:
         sqs = self.aws.client("sqs")
@@ -171,8 +173,8 @@ class LocalMode:
     @staticmethod
     def detect_decision(execution: dict[str, Any]) -> str | None:
         """What Detect decided in a finished execution (None if it never decided)."""
-        output = json.loads(execution.get("output") or "{}")
-        return output.get("detect", {}).get("decision")
+        decision = json.loads(execution.get("output") or "{}").get("detect", {}).get("decision")
+        return None if decision is None else str(decision)
 
     def incident(self, incident_id: str) -> Incident:
         return self.ledger.get(incident_id)
@@ -189,7 +191,7 @@ class LocalMode:
             Namespace="NodeMedic", MetricName=name, Dimensions=dims,
             StartTime=datetime.fromtimestamp(now.timestamp() - 3600, UTC),
             EndTime=datetime.fromtimestamp(now.timestamp() + 60, UTC),
-            Period=60, Statistics=[statistic])  # type: ignore[list-item]
+            Period=60, Statistics=[statistic])
         return [p[statistic] for p in stats["Datapoints"]]
 
     def reconcile(self) -> dict[str, Any]:

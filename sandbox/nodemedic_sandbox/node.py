@@ -60,7 +60,7 @@ def gpu_reset(state: Path, instance_id: str) -> int:
 
 def health_check(state: Path, instance_id: str, level: str) -> int:
     faults = faults_file.read(state)
-    broken = dict(faults.get("broken", {})).get(instance_id)  # type: ignore[call-overload]
+    broken = dict(faults.get("broken", {})).get(instance_id)
     gpus = EXPECTED_GPUS - 1 if broken else EXPECTED_GPUS
     checks = [{"name": "gpu_count", "ok": gpus >= EXPECTED_GPUS,
                "detail": f"{gpus}/{EXPECTED_GPUS} GPUs visible (simulated)"},
@@ -69,7 +69,7 @@ def health_check(state: Path, instance_id: str, level: str) -> int:
     if level == "full":
         checks.append({"name": "nccl_all_reduce", "ok": not broken,
                        "detail": "2-node all_reduce with a healthy neighbour (simulated)"})
-    node = dict(faults.get("members", {})).get(instance_id)  # type: ignore[call-overload]
+    node = dict(faults.get("members", {})).get(instance_id)
     if node:
         info = scheduler.load(state).node(node)
         responding = not any(s in info.get("State", "") for s in ("DOWN", "NOT_RESPONDING", "*"))

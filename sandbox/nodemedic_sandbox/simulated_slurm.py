@@ -182,12 +182,12 @@ class SimulatedSlurm:
         return [n for n in nodelist.split(",") if n]
 
     def job(self, job_id: str) -> dict[str, str]:
-        from nodemedic.orchestrators.slurm import parse_scontrol_record
+        from nodemedic.domain.scontrol import parse_scontrol_record
 
         return parse_scontrol_record(self._call("scontrol", "show", "job", job_id))
 
     def node(self, node: str) -> dict[str, str]:
-        from nodemedic.orchestrators.slurm import parse_scontrol_record
+        from nodemedic.domain.scontrol import parse_scontrol_record
 
         return parse_scontrol_record(self._call("scontrol", "show", "node", node))
 

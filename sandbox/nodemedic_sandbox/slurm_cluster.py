@@ -287,6 +287,6 @@ class LocalSlurm:
 
 
 def _parse_kv(line: str) -> dict[str, str]:
-    from nodemedic.orchestrators.slurm import parse_scontrol_record
+    from nodemedic.domain.scontrol import parse_scontrol_record
 
     return parse_scontrol_record(line)
