@@ -1,8 +1,8 @@
 """Planned events: an AWS Health scheduled change (instance retirement, stop, reboot maintenance),
 the same found by the function's periodic sweep of EC2's scheduled events (what AWS Health did
-not deliver), EC2's warning that a Capacity Block ends, or its two-minute warning that it
-interrupts a Spot Instance becomes one Node Health Event per affected node of
-this cluster on NodeMedic's bus, so each is handled before AWS acts; everything else it names is
+not deliver) or read by a node's agent from its instance metadata, EC2's warning that a Capacity
+Block ends, or its two-minute warning that it interrupts a Spot Instance becomes one Node Health
+Event per affected node of this cluster on NodeMedic's bus, so each is handled before AWS acts; everything else it names is
 ignored and counted with the reason. An instance that runs again after a Spot stop or hibernation
 NodeMedic retired its node for gets a ``NODE_JOINED`` event: its burn-in returns it. A Capacity
 Block's end is also said on the escalation topic, once for the whole block, however often the
@@ -21,6 +21,7 @@ from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
+from nodemedic.contracts.scheduled_notice import ScheduledEventsEnvelope
 from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
 from nodemedic.errors import InvalidEventError
 from nodemedic.planned_events import (
@@ -30,6 +31,7 @@ from nodemedic.planned_events import (
     parse_planned_event,
     plan,
     plan_capacity_end,
+    plan_node_scheduled,
     plan_return,
     plan_scheduled,
     plan_spot_interruption,
@@ -114,6 +116,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                               retired_by=lambda instance: wiring.ledger().lock_holder(s.cluster_name, instance),
                               now=now)
         what = {"running_again": envelope.detail.instance_id, "since": envelope.time.isoformat()}
+    elif isinstance(envelope, ScheduledEventsEnvelope):
+        planned = plan_node_scheduled(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
+        what = {"node_scheduled_events": envelope.detail.node.instance_id,
+                "codes": ",".join(e.code for e in envelope.detail.events)}
     else:
         ec2 = wiring.client("ec2")
         planned = plan_capacity_end(envelope, cluster=s.cluster_name, provider=wiring.provider(),

@@ -24,6 +24,7 @@ import boto3
 from botocore.config import Config
 from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity, PerfSample
 from nodemedic.contracts.problems import read_json
+from nodemedic.contracts.scheduled_notice import ScheduledEvent, ScheduledEventsNotice
 
 from nodemedic_agent.acknowledgements import Acknowledgements
 from nodemedic_agent.burn_in import joined
@@ -37,6 +38,7 @@ from nodemedic_agent.events import entry, health_event, heartbeat, sent_now
 from nodemedic_agent.hardware.base import GpuState, Hardware, HardwareError
 from nodemedic_agent.identity import imds
 from nodemedic_agent.publisher import Publisher
+from nodemedic_agent.scheduled_events import read_scheduled
 from nodemedic_agent.spool import Spool
 from nodemedic_agent.spot import is_spot, notice_finding, read_notice
 
@@ -99,6 +101,8 @@ class Agent:
         self.config = config
         self.metadata = metadata  # one instance metadata path (IMDSv2): the Spot interruption notice
         self._spot: bool | None = None  # a Spot Instance: not known until metadata answers
+        self._scheduled_sent: list[ScheduledEvent] | None = None  # the scheduled events last sent
+        self.scheduled_notices = 0
         self.aws_clock = aws_clock or AwsClock()  # AWS's time, learned from every answer: signing and stamps
         self.client = self.aws_clock.attach(client)
         self.hw = hardware
@@ -365,6 +369,35 @@ class Agent:
                 self.emit(finding)
         self.stop_event.wait(self.config.intervals.spot_seconds)
 
+    def _scheduled_watch(self) -> None:
+        """EC2's scheduled events for this instance, read every ``intervals.scheduled_events_seconds``
+        and sent when they differ from what was last sent (once after a start: the pipeline
+        deduplicates). Not on EC2, or an answer that is not EC2's: logged, read again later."""
+        try:
+            events = read_scheduled(self.metadata)
+        except OSError as exc:
+            log.info("instance metadata unreachable (%s): scheduled events not read for now", exc)
+        except ValueError as exc:
+            log.warning("scheduled events not read: %s", exc)
+        else:
+            if events != (self._scheduled_sent or []):
+                self.send_scheduled(events)
+        self.stop_event.wait(self.config.intervals.scheduled_events_seconds)
+
+    def send_scheduled(self, events: list[ScheduledEvent]) -> None:
+        item = entry(self.config.event_bus, ScheduledEventsNotice(schema_version="1", cluster=self.config.cluster,
+                                                                 node=self.node, events=events))
+        log.info("EC2 scheduled events of this instance: %s", ", ".join(f"{e.code} {e.event_id} ({e.state}, not before "
+                                                                         f"{e.not_before.isoformat()})" for e in events))
+        if self.dry_run:
+            with self._print_lock:
+                print(json.dumps({"Source": item["Source"], "DetailType": item["DetailType"],
+                                  "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
+        else:
+            self._publish(item, "scheduled-events")
+        self._scheduled_sent = events
+        self.scheduled_notices += 1
+
     def _poll(self) -> None:
         self.poll_once()
         self.stop_event.wait(self.config.intervals.poll_seconds)
@@ -452,6 +485,8 @@ class Agent:
         ]
         if self.config.intervals.spot_seconds:
             loops.append(("spot", self._guarded("spot notice", None, self._spot_watch)))
+        if self.config.intervals.scheduled_events_seconds:
+            loops.append(("scheduled", self._guarded("scheduled events", None, self._scheduled_watch)))
         if self.config.kernel_log.source != "off":
             loops.append(("kernel-log", self._guarded("kernel log", "kernel_log", self._follow_kernel_log)))
         self._start_loops(loops)

@@ -92,6 +92,10 @@ class Intervals(_Section):
     spot_seconds: float = Field(
         default=5, ge=0, le=60, description="on a Spot Instance, read EC2's interruption notice from instance "
                                            "metadata this often (AWS recommends 5 s); 0: never")
+    scheduled_events_seconds: float = Field(
+        default=300, ge=0, le=3600, description="read EC2's scheduled events for this instance (a retirement, "
+                                                "a reboot or a maintenance: posted days ahead) from instance "
+                                                "metadata this often, and send them when they change; 0: never")
     reassert_seconds: float = Field(
         default=60, ge=0, le=3600, description="send a health event again (same event_id) after this, doubling "
                                                "each time: a delivery the pipeline could not act on is not lost")

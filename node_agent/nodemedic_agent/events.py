@@ -1,4 +1,4 @@
-"""Findings and heartbeats as PutEvents entries, validated against the shared contract."""
+"""Findings, heartbeats and scheduled-event notices as PutEvents entries, validated against the shared contract."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from nodemedic.contracts.events import (
     NodeIdentity,
     PerfSample,
 )
+from nodemedic.contracts.scheduled_notice import SCHEDULED_DETAIL_TYPE, ScheduledEventsNotice
 
 from nodemedic_agent import __version__
 from nodemedic_agent.checks.base import Finding
@@ -59,7 +60,8 @@ def sent_now(item: dict[str, Any], now: datetime) -> dict[str, Any]:
     return {**item, "Detail": json.dumps(again.model_dump(mode="json", exclude_none=True), separators=(",", ":"))}
 
 
-def entry(bus: str, model: NodeHealthEvent | NodeHeartbeat) -> dict[str, Any]:
-    detail_type = HEALTH_DETAIL_TYPE if isinstance(model, NodeHealthEvent) else HEARTBEAT_DETAIL_TYPE
+def entry(bus: str, model: NodeHealthEvent | NodeHeartbeat | ScheduledEventsNotice) -> dict[str, Any]:
+    detail_type = (HEALTH_DETAIL_TYPE if isinstance(model, NodeHealthEvent) else
+                   SCHEDULED_DETAIL_TYPE if isinstance(model, ScheduledEventsNotice) else HEARTBEAT_DETAIL_TYPE)
     return {"Source": AGENT_SOURCE, "DetailType": detail_type, "EventBusName": bus,
             "Detail": json.dumps(model.model_dump(mode="json", exclude_none=True), separators=(",", ":"))}

@@ -80,6 +80,6 @@ def test_on_a_spot_instance_the_notice_is_sent_once_with_the_pipelines_evidence(
 
 def test_an_on_demand_instance_never_reads_the_notice(bus, make_agent) -> None:  # noqa: ANN001
     metadata = Metadata(life_cycle="on-demand")
-    make_agent(metadata=metadata, intervals={"spot_seconds": 0.05})
+    make_agent(metadata=metadata, intervals={"spot_seconds": 0.05, "scheduled_events_seconds": 0})
     time.sleep(0.3)
     assert metadata.paths == ["instance-life-cycle"] and bus.health_events() == []

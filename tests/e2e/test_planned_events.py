@@ -160,3 +160,38 @@ def test_a_waiting_notice_is_acted_on_early_when_its_node_has_slack() -> None:
         executions = local.wait_for_executions(3)
         assert sorted(i.slurm_node for i in local.incidents()) == ["gpu-1", "gpu-2", "gpu-3"]
         assert waiting.waiting() == []
+
+
+def _node_notice(local: LocalMode, node: str, *, named: str | None = None) -> dict:
+    """What a node's agent sends after reading a retirement from its instance metadata."""
+    notice = json.loads((EVENTS / "scheduled-events" / "ec2-scheduled-events.json").read_text())["detail"]
+    notice["cluster"] = local.cluster.name
+    notice["node"] = {"instance_id": local.cluster.instance_of(node), "hostname": node, "slurm_node": named or node}
+    notice["events"][0]["not_before"] = (datetime.now(UTC) + timedelta(days=10)).isoformat()
+    return notice
+
+
+def test_a_nodes_own_reading_of_a_scheduled_retirement_replaces_it_and_a_forged_one_touches_nothing(
+        local: LocalMode) -> None:
+    """The agent's notice (source nodemedic.agent, detail-type EC2 Scheduled Events: what a HyperPod
+    node alone can read) reaches the planned-events function through the template's rule on
+    NodeMedic's bus; sent twice (an agent restarted), it opens one incident. A notice naming the
+    instance of another node than the one it backs drains nothing."""
+    def ignored() -> float:
+        return sum(local.metric_values("PlannedIgnored", "Sum", Cluster=local.cluster.name))
+
+    local.put_event(_node_notice(local, "gpu-1", named="gpu-2"), detail_type="EC2 Scheduled Events")
+    wait_for(lambda: ignored() >= 1, "the forged notice ignored")
+    assert local.executions() == []
+
+    retiring = local.cluster.instance_of("gpu-3")
+    notice = _node_notice(local, "gpu-3")
+    local.put_event(notice, detail_type="EC2 Scheduled Events")
+    local.put_event(notice, detail_type="EC2 Scheduled Events")
+    executions = local.wait_for_executions(2)
+    assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+    [incident] = local.incidents()
+    assert (incident.slurm_node, incident.fault_code, incident.status) == ("gpu-3", "PLANNED_RETIREMENT", "closed")
+    evidence = incident.stages["detect"].result["evidence"]
+    assert evidence["ec2_event_id"] == notice["events"][0]["event_id"]
+    assert local.cluster.instance_of("gpu-3") != retiring  # replaced before EC2 retires it

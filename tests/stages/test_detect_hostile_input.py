@@ -4,8 +4,8 @@ other exception: a crash is no clear error, and the Lambda's retries would run i
 
 Every trigger sample in events/ (the agent's health events, a CloudWatch alarm, HyperPod's node
 health events, the runbooks' requests) with one to three of its fields, at any depth, replaced by
-a value of another JSON type or removed. The planned-event samples (AWS Health, Capacity Block)
-go through their own parser the same way."""
+a value of another JSON type or removed. The planned-event samples (AWS Health, Capacity Block,
+a node's reading of its scheduled events) go through their own parser the same way."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from tests.stages.memory_provider import MemoryProvider
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 TRIGGERS = sorted(p for d in ("health", "alarms", "hyperpod", "runbooks") for p in (EVENTS / d).glob("*.json"))
-PLANNED = sorted(p for d in ("aws-health", "aws-ec2") for p in (EVENTS / d).glob("*.json"))
+PLANNED = sorted(p for d in ("aws-health", "aws-ec2", "scheduled-events") for p in (EVENTS / d).glob("*.json"))
 REFUSALS = (InvalidEventError, UnknownNodeError, UnknownNodeQuietError)
 MEMBER = Member("i-0a1b2c3d4e5f60789", "gpu-2", "running")  # the node every trigger sample names
 

@@ -8,8 +8,10 @@ from nodemedic.errors import InvalidEventError
 from nodemedic.stages.detect import parse_trigger
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
-SAMPLES = sorted(p for p in EVENTS.rglob("*.json") if p.parent.name not in ("schema", "heartbeats", "aws-health", "aws-ec2"))
-# events/aws-health/ are AWS's events, read by the planned-events function: tests/unit/test_planned_events.py
+SAMPLES = sorted(p for p in EVENTS.rglob("*.json")
+                 if p.parent.name not in ("schema", "heartbeats", "aws-health", "aws-ec2", "scheduled-events"))
+# events/aws-health/, aws-ec2/ and scheduled-events/ are read by the planned-events function:
+# tests/unit/test_planned_events.py
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: f"{p.parent.name}/{p.stem}")

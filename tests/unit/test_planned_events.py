@@ -19,6 +19,7 @@ from nodemedic.planned_events import (
     parse_planned_event,
     plan,
     plan_capacity_end,
+    plan_node_scheduled,
     plan_return,
     plan_scheduled,
     plan_spot_interruption,
@@ -458,3 +459,53 @@ def test_a_notice_aws_closes_or_cancels_withdraws_the_event_it_would_have_been()
     canceled = plan_scheduled([_scheduled("system-reboot", description="[Canceled] Scheduled reboot")],
                               cluster="local", provider=_Cluster(), now=NOW)  # type: ignore[arg-type]
     assert canceled.withdrawn == [scheduled.event_id]
+
+
+NODE_NOTICE = json.loads((SAMPLES.parent / "scheduled-events" / "ec2-scheduled-events.json").read_text())
+
+
+def _node_plan(change: dict[str, Any] | None = None) -> Any:
+    event = copy.deepcopy(NODE_NOTICE)
+    event["detail"].update(change or {})
+    return plan_node_scheduled(parse_planned_event(event), cluster="local", provider=_Cluster(), now=NOW)  # type: ignore[arg-type]
+
+
+def test_a_nodes_reading_of_its_scheduled_events_is_planned_as_the_sweeps_find_with_the_same_event_id() -> None:
+    """The agent read instance metadata (the one source on a HyperPod node): the active event is the
+    sweep's event, so whichever arrives second is a redelivery; a canceled one withdraws its copy
+    that waits for its lead time."""
+    planned = _node_plan()
+    [event] = planned.events
+    [swept] = plan_scheduled([_scheduled("instance-retirement", event_id="instance-event-0d59937288b749b32")],
+                             cluster="local", provider=_Cluster(), now=NOW).events  # type: ignore[arg-type]
+    assert (event.node.slurm_node, event.fault_code, event.event_id) == ("gpu-2", "PLANNED_RETIREMENT", swept.event_id)
+    assert event.evidence["deadline"] == "2026-12-06T00:00:00+00:00"
+    [canceled] = plan_scheduled([_scheduled("system-reboot", event_id="instance-event-0a1b2c3d4e5f6a7b8")],
+                                cluster="local", provider=_Cluster(), now=NOW).events  # type: ignore[arg-type]
+    assert planned.withdrawn == [canceled.event_id]
+    assert planned.ignored == [(OURS, "system-reboot instance-event-0a1b2c3d4e5f6a7b8 is canceled, not active")]
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"cluster": "other"}, "the notice is for cluster other; this pipeline serves local"),
+    ({"node": {"instance_id": OURS, "hostname": "gpu-3", "slurm_node": "gpu-3"}},
+     f"the notice names node gpu-3, but {OURS} backs gpu-2: not believed"),
+    ({"node": {"instance_id": THEIRS, "hostname": "gpu-9", "slurm_node": "gpu-9"}}, "not a member of cluster local"),
+])
+def test_a_nodes_notice_for_another_cluster_or_naming_another_nodes_instance_plans_nothing(change: dict[str, Any],
+                                                                                          why: str) -> None:
+    planned = _node_plan(change)
+    assert planned.events == [] and why in [w for _, w in planned.ignored]
+
+
+@pytest.mark.parametrize("change", [
+    {"events": [{**NODE_NOTICE["detail"]["events"][0], "not_before": "2026-12-06T00:00:00"}]},  # no time zone
+    {"events": [{**NODE_NOTICE["detail"]["events"][0], "event_id": "../../etc"}]},
+    {"events": [NODE_NOTICE["detail"]["events"][0]] * 21},  # more than an instance has
+    {"node": {"instance_id": "i-1", "hostname": "x"}},
+])
+def test_a_node_notice_that_is_not_the_contract_is_refused_with_its_reason(change: dict[str, Any]) -> None:
+    event = copy.deepcopy(NODE_NOTICE)
+    event["detail"].update(change)
+    with pytest.raises(InvalidEventError, match="rejected node's scheduled events"):
+        parse_planned_event(event)

@@ -1,8 +1,9 @@
 """AWS Health scheduled changes for the cluster's instances (an instance retirement, a stop, a
 reboot maintenance...), the same changes found by a periodic sweep of EC2's scheduled events
-(``DescribeInstanceStatus``: what AWS Health did not deliver), and EC2's warning that a Capacity
-Block ends, turned into one Node Health
-Event per affected node of this cluster, from source ``nodemedic.planned``, on NodeMedic's own
+(``DescribeInstanceStatus``: what AWS Health did not deliver) or by a node's agent in its instance
+metadata (:func:`plan_node_scheduled`: the one source that reaches a HyperPod node), and EC2's
+warning that a Capacity Block ends, turned into one Node Health Event per affected node of this
+cluster, from source ``nodemedic.planned``, on NodeMedic's own
 bus. The state machine then handles each like a fault: drain, spare, the rung the event needs
 (fault_table.json: a retirement or stop is a replace, which on the ec2 provider is the stop/start
 AWS recommends; an instance-reboot maintenance is a reboot, which applies it), check, resume, all
@@ -41,6 +42,7 @@ from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHe
 from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import STATE_CHANGE_DETAIL_TYPE, InstanceRunningEnvelope
 from nodemedic.contracts.problems import describe, not_unicode
+from nodemedic.contracts.scheduled_notice import SCHEDULED_DETAIL_TYPE, ScheduledEventsEnvelope
 from nodemedic.contracts.spot_interruption import INTERRUPTION_LEAD, SPOT_DETAIL_TYPE, SpotInterruptionEnvelope
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
@@ -147,12 +149,14 @@ def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
     return None
 
 
-PlannedEnvelope = AwsHealthEnvelope | CapacityBlockEnvelope | SpotInterruptionEnvelope | InstanceRunningEnvelope
+PlannedEnvelope = (AwsHealthEnvelope | CapacityBlockEnvelope | SpotInterruptionEnvelope | InstanceRunningEnvelope
+                   | ScheduledEventsEnvelope)
 
 
 def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
     """An AWS Health event, a Spot interruption warning, an instance's state change to running,
-    or else a Capacity Block expiry warning; anything else is rejected."""
+    a node's own reading of its scheduled events, or else a Capacity Block expiry warning;
+    anything else is rejected."""
     model: type[PlannedEnvelope]
     detail_types = (event.get("detail-type"), event.get("detail_type"))
     if event.get("source") == HEALTH_SOURCE:
@@ -161,6 +165,8 @@ def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
         model, kind = SpotInterruptionEnvelope, "Spot interruption warning"
     elif STATE_CHANGE_DETAIL_TYPE in detail_types:
         model, kind = InstanceRunningEnvelope, "instance state change"
+    elif SCHEDULED_DETAIL_TYPE in detail_types:
+        model, kind = ScheduledEventsEnvelope, "node's scheduled events"
     else:
         model, kind = CapacityBlockEnvelope, "Capacity Block expiry warning"
     if where := not_unicode(event, "event"):
@@ -357,4 +363,31 @@ def plan_scheduled(events: Iterable[tuple[str, dict[str, Any]]], *, cluster: str
                                  "deadline": not_before.isoformat() if isinstance(not_before, datetime) else None,
                                  "window_end": not_after.isoformat() if isinstance(not_after, datetime) else None,
                                  "description": description[:256]})
+    return result
+
+
+def plan_node_scheduled(envelope: ScheduledEventsEnvelope, *, cluster: str, provider: Provider,
+                        now: datetime) -> Plan:
+    """A node's agent read its instance's scheduled events from instance metadata: planned as the
+    sweep plans what ``DescribeInstanceStatus`` shows (:func:`plan_scheduled`: the same event ids,
+    so an event both find opens one incident). A notice that names the instance of another node
+    than the one the provider maps it to is not believed, as Detect believes no such health event:
+    one node cannot get another drained."""
+    d = envelope.detail
+    instance = d.node.instance_id
+    if d.cluster != cluster:
+        return Plan(ignored=[(instance, f"the notice is for cluster {d.cluster[:64]}; this pipeline serves {cluster}")])
+    member = provider.member(instance)
+    named = d.node.slurm_node or d.node.k8s_node
+    if member is not None and member.slurm_node is not None and named is not None and named != member.slurm_node:
+        return Plan(ignored=[(instance, f"the notice names node {named}, but {instance} backs {member.slurm_node}: "
+                                        "not believed")])
+    active = [e for e in d.events if e.state == "active"]
+    result = plan_scheduled([(instance, {"Code": e.code, "Description": e.description, "InstanceEventId": e.event_id,
+                                         "NotBefore": e.not_before, "NotAfter": e.not_after}) for e in active],
+                            cluster=cluster, provider=provider, now=now)
+    for e in d.events:  # completed or canceled (instance metadata's history): a copy waiting for its time is dropped
+        if e.state != "active":
+            result.ignored.append((instance, f"{e.code} {e.event_id} is {e.state}, not active"))
+            result.withdrawn.append(event_id(f"ec2-scheduled/{e.event_id}/{instance}"))
     return result
