@@ -371,8 +371,8 @@ class Agent:
 
     def _scheduled_watch(self) -> None:
         """EC2's scheduled events for this instance, read every ``intervals.scheduled_events_seconds``
-        and sent when they differ from what was last sent (once after a start: the pipeline
-        deduplicates). Not on EC2, or an answer that is not EC2's: logged, read again later."""
+        and sent when they differ from what was last sent (after a start, when there are any: the
+        pipeline deduplicates). Not on EC2, or an answer that is not EC2's: logged, read again later."""
         try:
             events = read_scheduled(self.metadata)
         except OSError as exc:

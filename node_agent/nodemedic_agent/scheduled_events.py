@@ -10,7 +10,7 @@ ahead. The pipeline hears of the same events from AWS Health and its own sweep o
 so only the node itself can read them.
 
 The agent sends what it read (``EC2 Scheduled Events``, :mod:`nodemedic.contracts.scheduled_notice`)
-when it differs from what it last sent, and once after it starts: the planned-events function
+when it differs from what it last sent (after it starts, when there is any): the planned-events function
 plans the active events like its sweep's (the same event ids, deduplicated) and forgets a waiting
 one that is completed or canceled since.
 """
