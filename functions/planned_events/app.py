@@ -27,6 +27,7 @@ from nodemedic.errors import InvalidEventError
 from nodemedic.planned_events import (
     Plan,
     act_at,
+    moot,
     notice_kept_until,
     parse_planned_event,
     plan,
@@ -130,9 +131,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     sweep = timedelta(minutes=s.planned_sweep_minutes)
     due, deferred = _later(planned.events, store, timedelta(hours=s.planned_lead_time_hours), sweep, now)
     waiting = store.waiting() if isinstance(envelope, ScheduledSweep) else []
-    came = [released(d.event, now) for d in waiting if d.act_at <= now]
-    came += [released(d.event, now, early=why)
-             for d, why in _with_slack([d for d in waiting if d.act_at > now], sweep)]
+    later = [d for d in waiting if d.act_at > now]
+    came = [released(d.event, now) for d in _current([d for d in waiting if d.act_at <= now], planned)]
+    came += [released(d.event, now, early=why) for d, why in _with_slack(_current(later[:SLACK_LOOKS], planned), sweep)]
     # a sweep may find again what comes out of waiting now: one event per id; raised when refused:
     # EventBridge retries the invocation
     publish_health_events(wiring.client("events"), s.event_bus_name, PLANNED_SOURCE,
@@ -140,7 +141,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # what was published waits no longer, nor does a notice AWS withdrew: a copy of a due event
     # kept from an earlier version of its notice (a window AWS has since moved nearer) would come
     # out again at its old time, maybe after Detect's memory of this one has lapsed
-    gone = [e.event_id for e in [*due, *came]] + planned.withdrawn
+    gone = [e.event_id for e in [*due, *came]] + planned.withdrawn + planned.moot
     if gone:
         store.forget(gone)
     if deferred:
@@ -154,6 +155,20 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(nodes))
     metrics.add_metric(name="PlannedIgnored", unit=MetricUnit.Count, value=len(planned.ignored))
     return {"nodes": nodes, "deferred": deferred, "ignored": planned.ignored}
+
+
+def _current(waiting: list[Deferred], planned: Plan) -> list[Deferred]:
+    """Those of ``waiting`` whose instance still backs their node; each other is added to
+    ``planned`` as ignored and moot (forgotten: nothing is published for it)."""
+    provider, kept = wiring.provider(), []
+    for d in waiting:
+        why = moot(d.event, provider.member(d.event.node.instance_id))
+        if why:
+            planned.ignored.append((d.event.node.instance_id, why))
+            planned.moot.append(d.event.event_id)
+        else:
+            kept.append(d)
+    return kept
 
 
 def _with_slack(waiting: list[Deferred], sweep: timedelta) -> list[tuple[Deferred, str]]:

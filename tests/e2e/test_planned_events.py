@@ -74,7 +74,8 @@ def test_with_a_lead_time_a_far_notice_waits_and_the_sweep_acts_on_it_when_its_t
     """PlannedLeadTimeHours=48: a retirement 14 days out opens nothing yet (the job runs on; a
     fault meanwhile is a fault like any other); the hourly sweep that comes 48 h (and one sweep)
     before the deadline publishes it, observed then, and the node is replaced before AWS acts. A
-    notice AWS closes meanwhile is withdrawn."""
+    notice AWS closes meanwhile is withdrawn; one whose instance left the cluster meanwhile is
+    dropped at its time."""
     require_slurm()
     with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
                    extra_parameters={"PlannedLeadTimeHours": "48"}) as local:
@@ -118,6 +119,16 @@ def test_with_a_lead_time_a_far_notice_waits_and_the_sweep_acts_on_it_when_its_t
         assert local.cluster.instance_of("gpu-2") != retiring and waiting.waiting() == []
         local.fire_schedule("PlannedEventsFunction")  # published once: nothing more
         assert len(local.wait_for_executions(1)) == 1
+
+        # another notice that waited for the instance since replaced (here by the retirement; as
+        # well by a fault's incident or an operator) is moot at its time: forgotten with the
+        # reason, nothing opened, nobody paged about an instance that is no longer a member
+        local.escalations()
+        before = ignored()
+        waiting.defer(kept.event.model_copy(update={"event_id": "moot-notice"}), datetime.now(UTC) - timedelta(minutes=1))
+        local.fire_schedule("PlannedEventsFunction")
+        wait_for(lambda: waiting.waiting() == [] and ignored() > before, "the moot notice forgotten")
+        assert len(local.wait_for_executions(1)) == 1 and local.escalations() == []
 
 
 def test_a_waiting_notice_is_acted_on_early_when_its_node_has_slack() -> None:

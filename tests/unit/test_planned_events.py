@@ -16,6 +16,7 @@ from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
 from nodemedic.planned_events import (
     act_at,
+    moot,
     parse_planned_event,
     plan,
     plan_capacity_end,
@@ -509,3 +510,12 @@ def test_a_node_notice_that_is_not_the_contract_is_refused_with_its_reason(chang
     event["detail"].update(change)
     with pytest.raises(InvalidEventError, match="rejected node's scheduled events"):
         parse_planned_event(event)
+
+
+def test_a_waiting_notice_is_moot_once_its_instance_left_the_cluster_or_backs_another_node() -> None:
+    [event] = plan_scheduled([_scheduled("instance-retirement")], cluster="local", provider=_Cluster(),
+                             now=NOW).events  # type: ignore[arg-type]
+    assert moot(event, Member(OURS, "gpu-2", "running")) is None
+    assert moot(event, Member(OURS, "gpu-2", "stopped")) is None  # stopped and started by the ec2 provider: still its node
+    assert moot(event, None) == f"{OURS} is no longer a member of the cluster: the notice for gpu-2 is moot"
+    assert moot(event, Member(OURS, "gpu-5", "running")) == f"{OURS} backs gpu-5 now, not gpu-2: the notice is moot"

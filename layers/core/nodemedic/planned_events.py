@@ -46,7 +46,7 @@ from nodemedic.contracts.scheduled_notice import SCHEDULED_DETAIL_TYPE, Schedule
 from nodemedic.contracts.spot_interruption import INTERRUPTION_LEAD, SPOT_DETAIL_TYPE, SpotInterruptionEnvelope
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
-from nodemedic.providers.base import Provider
+from nodemedic.providers.base import Member, Provider
 from nodemedic.store.ledger import EVENT_MEMORY
 
 # AWS Health event type -> NodeMedic fault code (fault_table.json says what each one does).
@@ -90,6 +90,7 @@ class Plan:
     events: list[NodeHealthEvent] = field(default_factory=list)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (entity, why)
     withdrawn: list[str] = field(default_factory=list)  # ids of events AWS closed or canceled since
+    moot: list[str] = field(default_factory=list)  # ids of waiting events whose instance no longer backs their node
 
     def add(self, provider: Provider, cluster: str, instance: str, key: str, now: datetime, *, check: Check,
             fault_code: str, evidence: dict[str, EvidenceValue]) -> None:
@@ -133,6 +134,19 @@ def released(event: NodeHealthEvent, now: datetime, early: str | None = None) ->
     :func:`slack`): observed now, the notice's own time kept in the evidence."""
     evidence = {**event.evidence, "noticed_at": event.observed_at.isoformat(), **({"early": early} if early else {})}
     return event.model_copy(update={"observed_at": now, "sent_at": now, "evidence": evidence})
+
+
+def moot(event: NodeHealthEvent, member: Member | None) -> str | None:
+    """Why a notice that waited for its lead time no longer concerns its node (None: it does): its
+    instance left the cluster (replaced meanwhile for a fault, by an operator, by its Auto Scaling
+    group) or backs another node now. Published, it would page the on-call about an instance that
+    is not a member (Detect believes no event naming one), weeks after it stopped mattering."""
+    instance, node = event.node.instance_id, event.node.slurm_node or event.node.k8s_node
+    if member is None:
+        return f"{instance} is no longer a member of the cluster: the notice for {node} is moot"
+    if member.slurm_node != node:
+        return f"{instance} backs {member.slurm_node or 'no node'} now, not {node}: the notice is moot"
+    return None
 
 
 def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
