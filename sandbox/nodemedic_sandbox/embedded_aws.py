@@ -916,6 +916,15 @@ class EmbeddedAWS:
             f"for {code.replace('-', ' ')}", "NotBefore": not_before.strftime("%Y-%m-%dT%H:%M:%S.000Z")}]
         return event_id
 
+    def scheduled_events_of(self, instance_id: str) -> list[dict[str, str]]:
+        """The scheduled events recorded for the instance (:meth:`schedule_instance_event`), as
+        ``DescribeInstanceStatus`` shows them; none for an instance that is gone."""
+        try:
+            instance = ec2_backends[ACCOUNT_ID][self.region].get_instance(instance_id)
+        except Exception:  # noqa: BLE001 - moto's InvalidInstanceID: terminated and forgotten
+            return []
+        return list(getattr(instance, "events", None) or [])
+
     def fire_schedules(self, target_arn: str) -> int:
         """Fire now every scheduled rule that targets ``target_arn`` (AWS's ``Scheduled Event``, as
         the schedule would deliver it); how many fired."""

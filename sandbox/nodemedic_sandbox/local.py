@@ -89,11 +89,12 @@ class LocalMode:
             raise PermissionError("IAM denied calls that template.yaml's roles must allow (AWS would too):\n"
                                   + "\n".join(f"- {d}" for d in self.aws.denials))
 
-    def start_agents(self, heartbeat_s: float = 15.0, poll_s: float = 2.0, reassert_s: float = 60.0) -> NodeAgents:
+    def start_agents(self, heartbeat_s: float = 15.0, poll_s: float = 2.0, reassert_s: float = 60.0,
+                     scheduled_s: float = 300.0) -> NodeAgents:
         """A real node agent on every node (simulated hardware), publishing to the stack's bus and
         reading the pipeline's decisions on its events from the stack's ledger."""
         self.agents = NodeAgents(self.cluster, self.stack.bus_name, self.node_names, heartbeat_s, poll_s,
-                                 table=self.stack.table_name, reassert_s=reassert_s).start()
+                                 table=self.stack.table_name, reassert_s=reassert_s, scheduled_s=scheduled_s).start()
         return self.agents
 
     # -- inputs -----------------------------------------------------------------------------

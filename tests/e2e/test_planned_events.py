@@ -206,3 +206,20 @@ def test_a_nodes_own_reading_of_a_scheduled_retirement_replaces_it_and_a_forged_
     evidence = incident.stages["detect"].result["evidence"]
     assert evidence["ec2_event_id"] == notice["events"][0]["event_id"]
     assert local.cluster.instance_of("gpu-3") != retiring  # replaced before EC2 retires it
+
+
+def test_a_retirement_a_real_agent_reads_from_its_instance_metadata_replaces_its_node(local: LocalMode) -> None:
+    """The whole path a HyperPod node relies on: EC2 schedules a retirement; the node's agent (signed
+    as the nodes' role, held to AgentPublishPolicy) reads it from its instance metadata (the local
+    mode's shows what its EC2 holds) and sends it; no sweep runs; the node is replaced before EC2
+    acts, and the agents go on without sending it again."""
+    retiring = local.cluster.instance_of("gpu-2")
+    event_id = local.aws.schedule_instance_event(retiring, "instance-retirement", datetime.now(UTC) + timedelta(days=10))
+    local.start_agents(heartbeat_s=5.0, scheduled_s=0.5)
+    [execution] = local.wait_for_executions(1, timeout=60)
+    assert execution["status"] == "SUCCEEDED", execution.get("cause")
+    [incident] = local.incidents()
+    assert (incident.slurm_node, incident.fault_code, incident.status) == ("gpu-2", "PLANNED_RETIREMENT", "closed")
+    assert incident.stages["detect"].result["evidence"]["ec2_event_id"] == event_id
+    assert local.cluster.instance_of("gpu-2") != retiring
+    assert len(local.wait_for_executions(1)) == 1
