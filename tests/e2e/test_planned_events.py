@@ -220,6 +220,7 @@ def test_a_retirement_a_real_agent_reads_from_its_instance_metadata_replaces_its
     assert execution["status"] == "SUCCEEDED", execution.get("cause")
     [incident] = local.incidents()
     assert (incident.slurm_node, incident.fault_code, incident.status) == ("gpu-2", "PLANNED_RETIREMENT", "closed")
-    assert incident.stages["detect"].result["evidence"]["ec2_event_id"] == event_id
+    evidence = incident.stages["detect"].result["evidence"]
+    assert (evidence["ec2_event_id"], evidence["read_from"]) == (event_id, "instance metadata")
     assert local.cluster.instance_of("gpu-2") != retiring
     assert len(local.wait_for_executions(1)) == 1

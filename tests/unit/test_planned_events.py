@@ -480,7 +480,7 @@ def test_a_nodes_reading_of_its_scheduled_events_is_planned_as_the_sweeps_find_w
     [swept] = plan_scheduled([_scheduled("instance-retirement", event_id="instance-event-0d59937288b749b32")],
                              cluster="local", provider=_Cluster(), now=NOW).events  # type: ignore[arg-type]
     assert (event.node.slurm_node, event.fault_code, event.event_id) == ("gpu-2", "PLANNED_RETIREMENT", swept.event_id)
-    assert event.evidence["deadline"] == "2026-12-06T00:00:00+00:00"
+    assert event.evidence["deadline"] == "2026-12-06T00:00:00+00:00" and event.evidence["read_from"] == "instance metadata"
     [canceled] = plan_scheduled([_scheduled("system-reboot", event_id="instance-event-0a1b2c3d4e5f6a7b8")],
                                 cluster="local", provider=_Cluster(), now=NOW).events  # type: ignore[arg-type]
     assert planned.withdrawn == [canceled.event_id]

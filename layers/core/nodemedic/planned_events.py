@@ -404,4 +404,6 @@ def plan_node_scheduled(envelope: ScheduledEventsEnvelope, *, cluster: str, prov
         if e.state != "active":
             result.ignored.append((instance, f"{e.code} {e.event_id} is {e.state}, not active"))
             result.withdrawn.append(event_id(f"ec2-scheduled/{e.event_id}/{instance}"))
-    return result
+    # the incident says where its notice came from (the sweep's copy, the same event id, says nothing)
+    return Plan(events=[e.model_copy(update={"evidence": {**e.evidence, "read_from": "instance metadata"}})
+                        for e in result.events], ignored=result.ignored, withdrawn=result.withdrawn)
