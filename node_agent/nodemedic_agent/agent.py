@@ -101,7 +101,7 @@ class Agent:
         self.config = config
         self.metadata = metadata  # one instance metadata path (IMDSv2): the Spot interruption notice
         self._spot: bool | None = None  # a Spot Instance: not known until metadata answers
-        self._scheduled_sent: list[ScheduledEvent] | None = None  # the scheduled events last sent
+        self._scheduled_sent: list[ScheduledEvent] = []  # the scheduled events last sent
         self.scheduled_notices = 0
         self.aws_clock = aws_clock or AwsClock()  # AWS's time, learned from every answer: signing and stamps
         self.client = self.aws_clock.attach(client)
@@ -171,14 +171,18 @@ class Agent:
         event = health_event(finding, self.config.cluster, self.node, count, now)
         item = entry(self.config.event_bus, event)
         if self.dry_run:
-            with self._print_lock:
-                print(json.dumps({"Source": item["Source"], "DetailType": item["DetailType"],
-                                  "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
+            self._print_entry(item)
         else:
             self._publish(item, event.event_id)
             self._schedule_reassert(_Pending(time.monotonic(), 0, time.monotonic(), event))
         self.published += 1
         return True
+
+    def _print_entry(self, item: dict[str, Any]) -> None:
+        """A dry run's entry, on ``out`` instead of the bus: one JSON line."""
+        with self._print_lock:
+            print(json.dumps({"Source": item["Source"], "DetailType": item["DetailType"],
+                              "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
 
     # -- re-asserting: the same event again, so a delivery the pipeline dropped is not lost --
     def _schedule_reassert(self, last: _Pending) -> None:
@@ -380,7 +384,7 @@ class Agent:
         except ValueError as exc:
             log.warning("scheduled events not read: %s", exc)
         else:
-            if events != (self._scheduled_sent or []):
+            if events != self._scheduled_sent:
                 self.send_scheduled(events)
         self.stop_event.wait(self.config.intervals.scheduled_events_seconds)
 
@@ -390,9 +394,7 @@ class Agent:
         log.info("EC2 scheduled events of this instance: %s", ", ".join(f"{e.code} {e.event_id} ({e.state}, not before "
                                                                          f"{e.not_before.isoformat()})" for e in events))
         if self.dry_run:
-            with self._print_lock:
-                print(json.dumps({"Source": item["Source"], "DetailType": item["DetailType"],
-                                  "Detail": json.loads(item["Detail"])}), file=self.out, flush=True)
+            self._print_entry(item)
         else:
             self._publish(item, "scheduled-events")
         self._scheduled_sent = events

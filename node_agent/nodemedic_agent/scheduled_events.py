@@ -46,7 +46,9 @@ def _event(e: dict[str, object]) -> ScheduledEvent:
                           state=str(e["State"]))
 
 
-def _read(get: Callable[[str], str], path: str) -> list[dict[str, object]]:
+def _read(get: Callable[[str], str], path: str,
+          event: Callable[[dict[str, object]], ScheduledEvent | None]) -> list[ScheduledEvent]:
+    """The events at ``path``, each read by ``event`` (None: left out)."""
     try:
         text = get(path)
     except urllib.error.HTTPError as exc:
@@ -57,11 +59,9 @@ def _read(get: Callable[[str], str], path: str) -> list[dict[str, object]]:
         return []
     try:
         data = read_json(text)
-        if not isinstance(data, list):
-            raise TypeError("not a list")
-        if path == SCHEDULED:  # every active event must be read: one that is not, is not EC2's answer
-            [_event(e) for e in data]
-        return [dict(e) for e in data]
+        if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+            raise TypeError("not a list of objects")
+        return [e for e in map(event, data) if e is not None]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:  # pydantic's ValidationError is a ValueError
         raise ValueError(f"{path} is not EC2's answer ({exc.__class__.__name__}): {text[:200]!r}") from exc
 
@@ -79,8 +79,7 @@ def read_scheduled(get: Callable[[str], str]) -> list[ScheduledEvent]:
     """This instance's active scheduled events, then its completed or canceled ones (the newest
     first, as many as a notice carries). ``get`` reads one metadata path; an answer that is not
     what EC2 documents is a ``ValueError``, an unreachable IMDS an ``OSError``."""
-    active = [_event(e) for e in _read(get, SCHEDULED)]
-    ended = sorted((e for e in map(_ended, _read(get, HISTORY)) if e is not None), key=lambda e: e.not_before,
-                   reverse=True)
+    active = _read(get, SCHEDULED, _event)  # every active event must be read: one that is not, is not EC2's answer
+    ended = sorted(_read(get, HISTORY, _ended), key=lambda e: e.not_before, reverse=True)
     seen = {e.event_id for e in active}
     return (active + [e for e in ended if e.event_id not in seen])[:MAX_EVENTS]
