@@ -6,9 +6,11 @@ Event per affected node of this cluster on NodeMedic's bus, so each is handled b
 ignored and counted with the reason. An instance that runs again after a Spot stop or hibernation
 NodeMedic retired its node for gets a ``NODE_JOINED`` event: its burn-in returns it. A Capacity
 Block's end is also said on the escalation topic, once for the whole block, however often the
-warning is delivered."""
+warning is delivered. Planned work the gate counts is paced under the circuit breaker
+(:class:`Pacer`): a campaign of many nodes waits for room instead of tripping it."""
 
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -23,7 +25,8 @@ from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
 from nodemedic.contracts.scheduled_notice import ScheduledEventsEnvelope
 from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
-from nodemedic.errors import InvalidEventError
+from nodemedic.domain.classification import classify, parse_overrides
+from nodemedic.errors import InvalidEventError, PolicyError
 from nodemedic.planned_events import (
     Plan,
     act_at,
@@ -42,8 +45,12 @@ from nodemedic.planned_events import (
     slack,
     superseded,
 )
-from nodemedic.settings import settings
+from nodemedic.safety.pacing import UNCOUNTED, Room, gap, planned_share, room, start_times
+from nodemedic.safety.policy import SafetyPolicy
+from nodemedic.settings import Settings, settings
+from nodemedic.store.control import ControlState
 from nodemedic.store.deferred import Deferred, DeferredPlans
+from nodemedic.store.paced import PacedReleases, PacingConflictError, Release, Releases
 
 logger = Logger(service="planned_events")
 metrics = Metrics()
@@ -131,30 +138,143 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     sweep = timedelta(minutes=s.planned_sweep_minutes)
     due, deferred = _later(planned.events, store, timedelta(hours=s.planned_lead_time_hours), sweep, now)
     waiting = store.waiting() if isinstance(envelope, ScheduledSweep) else []
-    later = [d for d in waiting if d.act_at > now]
+    pacer = Pacer(s, sweep, now)
     came = [released(d.event, now) for d in _current([d for d in waiting if d.act_at <= now], planned)]
-    came += [released(d.event, now, early=why) for d, why in _with_slack(_current(later[:SLACK_LOOKS], planned), sweep)]
-    # a sweep may find again what comes out of waiting now: one event per id; raised when refused:
-    # EventBridge retries the invocation
-    publish_health_events(wiring.client("events"), s.event_bus_name, PLANNED_SOURCE,
-                          list({e.event_id: e for e in [*due, *came]}.values()))
+    later = [d for d in waiting if d.act_at > now]
+    early = _current(pacer.campaign(later), planned)
+    came += [released(d.event, now, early=pacer.why_early) for d in early]
+    # a sweep may find again what comes out of waiting now: one event per id
+    ready = list({e.event_id: e for e in [*due, *came]}.values())
+    if later and pacer.room_left(ready):
+        rest = [d for d in later if d not in early]
+        came += [released(d.event, now, early=why) for d, why in _with_slack(_current(rest[:SLACK_LOOKS], planned), sweep)]
+        ready = list({e.event_id: e for e in [*due, *came]}.values())
+    go, wait = pacer.take(ready)
+    kept = {e.event_id for e in wait}
+    unkept = [e for e in due if e.event_id in kept and not store.defer(e, now)]  # for a sweep; a full store: now
+    go += unkept
+    # raised when refused: EventBridge retries the invocation
+    publish_health_events(wiring.client("events"), s.event_bus_name, PLANNED_SOURCE, go)
     # what was published waits no longer, nor does a notice AWS withdrew: a copy of a due event
     # kept from an earlier version of its notice (a window AWS has since moved nearer) would come
     # out again at its old time, maybe after Detect's memory of this one has lapsed
-    gone = [e.event_id for e in [*due, *came]] + planned.withdrawn + planned.moot
+    gone = [e.event_id for e in go] + planned.withdrawn + planned.moot
     if gone:
         store.forget(gone)
+    paced = sorted(str(e.node.slurm_node) for e in wait if e not in unkept)  # what waits for room
+    if paced:
+        logger.info("planned events wait for room under the circuit breaker", room=pacer.why, waiting=paced)
     if deferred:
         logger.info("planned events deferred until their lead time", deferred=deferred)
     if planned.ignored:
         logger.info("affected resources ignored", ignored=[f"{entity}: {why}" for entity, why in planned.ignored])
     if isinstance(envelope, CapacityBlockEnvelope) and planned.events:
         _announce_capacity_end(envelope, planned, s.cluster_name, s.escalation_topic_arn, now)
-    nodes = sorted({str(e.node.slurm_node) for e in [*due, *came]})
+    nodes = sorted({str(e.node.slurm_node) for e in go})
     logger.info("planned events published", extra={**what, "nodes": nodes})
     metrics.add_metric(name="PlannedNodes", unit=MetricUnit.Count, value=len(nodes))
     metrics.add_metric(name="PlannedIgnored", unit=MetricUnit.Count, value=len(planned.ignored))
-    return {"nodes": nodes, "deferred": deferred, "ignored": planned.ignored}
+    metrics.add_metric(name="PlannedPaced", unit=MetricUnit.Count, value=len(paced))
+    return {"nodes": nodes, "deferred": deferred, "paced": paced, "ignored": planned.ignored}
+
+
+class Pacer:
+    """Planned work under the breaker (:mod:`nodemedic.safety.pacing`): what of it may start now.
+    The policy, the control state and the cluster's size are read once; the room is taken by a
+    write conditional on the recent releases read (:mod:`nodemedic.store.paced`), so the many
+    invocations of one campaign's notices never take more than there is."""
+
+    ATTEMPTS = 8
+
+    def __init__(self, s: Settings, sweep: timedelta, now: datetime) -> None:
+        self.now = now
+        try:
+            self._overrides = parse_overrides(s.fault_action_overrides)
+        except ValueError:  # Detect says so for every event; here the fault table's own actions
+            self._overrides = {}
+        self._releases = PacedReleases(wiring.client("dynamodb"), s.incidents_table, s.cluster_name)
+        self._sweep = sweep
+        self.why = ""
+        self.why_early = ""
+
+    @cached_property
+    def _facts(self) -> tuple[SafetyPolicy, ControlState, set[str], int] | None:
+        """Read when planned work the gate counts is in play (a Spot warning's two minutes wait for none)."""
+        try:
+            policy = wiring.policy()
+        except PolicyError as exc:
+            self.why = f"the safety policy cannot be read: {exc}"
+            return None
+        state = wiring.control().read()
+        active = wiring.ledger().still_open([*state.admissions, *state.waiting])
+        return policy, state, active, wiring.provider().size()
+
+    def counted(self, event: NodeHealthEvent) -> bool:
+        """Whether the gate counts the event's remediation (not a retire, a burn-in, a monitor)."""
+        return classify(event.fault_code, self._overrides).action not in UNCOUNTED
+
+    def _room(self, releases: Releases) -> Room:
+        if self._facts is None:
+            return Room(0, self.why)
+        policy, state, active, size = self._facts
+        window = timedelta(minutes=policy.breaker.window_minutes)
+        return room(state, policy, active, size, releases.recent(self.now, window), self.now,
+                    lambda code: classify(code, self._overrides).fault_class == "planned")
+
+    def campaign(self, later: list[Deferred]) -> list[Deferred]:
+        """Those of the notices waiting for their time whose campaign must start now to be done
+        by then (:func:`start_times`), the nearest first."""
+        counted = [d for d in later if self.counted(d.event)]
+        if not counted or self._facts is None:
+            return []
+        policy, _, _, size = self._facts
+        share, spacing = planned_share(policy.breaker_limit(size)), gap(policy.breaker.window_minutes, self._sweep)
+        starts = start_times([d.act_at for d in counted], share, spacing)
+        self.why_early = (f"paced: {len(counted)} waiting notice(s) of this cluster are acted on {share} node(s) "
+                          f"at a time, {spacing.total_seconds() / 60:g} min apart, to be done by their times")
+        return [d for d, start in zip(counted, starts, strict=True) if start <= self.now]
+
+    def room_left(self, ready: list[NodeHealthEvent]) -> bool:
+        """Whether the room now is more than ``ready`` takes."""
+        return self._room(self._releases.read()).nodes > len({e.node.slurm_node for e in ready if self.counted(e)})
+
+    def take(self, ready: list[NodeHealthEvent]) -> tuple[list[NodeHealthEvent], list[NodeHealthEvent]]:
+        """(to publish, to keep waiting): every event the gate does not count, and of the others
+        the most urgent (nearest deadline) the room holds; each node once."""
+        counted = sorted((e for e in ready if self.counted(e)), key=_urgency)
+        go = [e for e in ready if not self.counted(e)]
+        if not counted or self._facts is None:  # no policy: the gate would hold it; it waits
+            return go, counted
+        window = timedelta(minutes=self._facts[0].breaker.window_minutes)
+        for _ in range(self.ATTEMPTS):
+            releases = self._releases.read()
+            r = self._room(releases)
+            self.why = r.why
+            before = {releases.releases[e.event_id].node for e in counted if e.event_id in releases.releases}
+            taken: list[NodeHealthEvent] = []
+            fresh_nodes: set[str] = set()
+            for e in counted:
+                node = str(e.node.slurm_node)
+                if e.event_id in releases.releases or node in before | fresh_nodes or len(fresh_nodes) < r.nodes:
+                    taken.append(e)
+                    fresh_nodes |= {node} - before
+            fresh = [e for e in taken if e.event_id not in releases.releases]
+            if not fresh:
+                return go + taken, [e for e in counted if e not in taken]
+            releases.prune(self.now, window)
+            releases.releases |= {e.event_id: Release(node=str(e.node.slurm_node), at=self.now) for e in fresh}
+            try:
+                self._releases.save(releases)
+            except PacingConflictError:
+                continue
+            return go + taken, [e for e in counted if e not in taken]
+        self.why = "other invocations kept taking the room meanwhile: the next sweep decides"
+        return go, counted
+
+
+def _urgency(event: NodeHealthEvent) -> datetime:
+    deadline = event.evidence.get("deadline")
+    return datetime.fromisoformat(deadline) if isinstance(deadline, str) else event.observed_at
 
 
 def _current(waiting: list[Deferred], planned: Plan) -> list[Deferred]:

@@ -8,11 +8,13 @@ import json
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
+from nodemedic.store.control import ControlStore
 from nodemedic.store.deferred import DeferredPlans
+from nodemedic.store.paced import PacedReleases
 from nodemedic_sandbox.local import LocalMode
 
 from tests.conftest import EVENTS, require_slurm
-from tests.e2e.support import job_running, wait_for
+from tests.e2e.support import OPEN, job_running, wait_for
 
 
 def _retirement(instances: list[str], starts_in: timedelta) -> dict:
@@ -136,10 +138,12 @@ def test_a_waiting_notice_is_acted_on_early_when_its_node_has_slack() -> None:
     just reported a checkpoint, gpu-2 one that has reported none, gpu-3 is idle. The next sweep
     acts on gpu-1 (its job loses at most the minutes since its checkpoint, where at the lead
     time it could lose a whole interval) and gpu-3 (nothing to lose), each saying why; gpu-2
-    waits for its job's next checkpoint or its lead time."""
+    waits for its job's next checkpoint or its lead time. (Six nodes and a breaker open to all of
+    them let planned work take three at once; the default's one would pace them: the test after
+    this one.)"""
     require_slurm()
-    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
-                   extra_parameters={"PlannedLeadTimeHours": "48"}) as local:
+    with LocalMode(nodes=6, scheduler="slurm", retry_time_scale=0.01,
+                   extra_parameters={**OPEN, "PlannedLeadTimeHours": "48"}) as local:
         waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
         checkpointed = local.scheduler.submit(1, name="checkpointed", on="gpu-1", body=(
             'scontrol update jobid="$SLURM_JOB_ID" comment="nodemedic-checkpoint=$(date +%s)"\nsleep 3600'))
@@ -171,6 +175,81 @@ def test_a_waiting_notice_is_acted_on_early_when_its_node_has_slack() -> None:
         executions = local.wait_for_executions(3)
         assert sorted(i.slurm_node for i in local.incidents()) == ["gpu-1", "gpu-2", "gpu-3"]
         assert waiting.waiting() == []
+
+
+def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() -> None:
+    """AWS retires three of four nodes' hosts at once, one AWS Health event each, delivered
+    together. The breaker allows one node within its 60 min window (10 % of 4, at least one), so
+    planned work takes one: one node is drained and replaced, the other two notices wait, and
+    the breaker stays closed (tripped, it would stop every repair, faults' too, until an operator
+    reset it). Each later sweep with room (the window since passed) takes the next waiting one,
+    the nearest deadline first."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as local:
+        waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        control = ControlStore(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        paced = PacedReleases(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        retiring = {n: local.cluster.instance_of(n) for n in ("gpu-1", "gpu-2", "gpu-3")}
+        deadlines = {"gpu-1": 9, "gpu-2": 5, "gpu-3": 7}  # days away
+        for node, days in deadlines.items():
+            event = _retirement([retiring[node]], timedelta(days=days))
+            event["detail"]["eventArn"] += f"-{node}"
+            local.emit_as_aws(event)
+        [execution] = local.wait_for_executions(1)
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        wait_for(lambda: len(waiting.waiting()) == 2, "the other two notices to wait")
+        [first] = local.incidents()  # the notice whose delivery came first took the room
+        assert first.status == "closed"
+        rest = sorted(set(deadlines) - {first.slurm_node}, key=deadlines.__getitem__)
+        assert control.read().breaker.state == "closed"
+        assert sum(local.metric_values("PlannedPaced", "Sum", Cluster=local.cluster.name)) >= 2
+
+        local.fire_schedule("PlannedEventsFunction")  # within the window: no room yet
+        assert len(local.wait_for_executions(1)) == 1 and len(waiting.waiting()) == 2
+
+        def an_hour_passes() -> None:
+            hour = timedelta(minutes=61)
+            control.change(lambda state: state.admissions.update(
+                {i: a.model_copy(update={"at": a.at - hour}) for i, a in state.admissions.items()}))
+            releases = paced.read()
+            releases.releases = {i: r.model_copy(update={"at": r.at - hour}) for i, r in releases.releases.items()}
+            paced.save(releases)
+
+        an_hour_passes()
+        local.fire_schedule("PlannedEventsFunction")
+        local.wait_for_executions(2)
+        assert sorted(i.slurm_node for i in local.incidents()) == sorted([first.slurm_node, rest[0]])
+        an_hour_passes()
+        local.fire_schedule("PlannedEventsFunction")
+        executions = local.wait_for_executions(3)
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        assert {i.slurm_node: i.status for i in local.incidents()} == {"gpu-1": "closed", "gpu-2": "closed",
+                                                                        "gpu-3": "closed"}
+        assert all(local.cluster.instance_of(n) != i for n, i in retiring.items())  # all replaced before AWS acts
+        assert waiting.waiting() == [] and control.read().breaker.state == "closed"
+
+
+def test_a_campaign_waiting_for_its_lead_time_starts_early_enough_to_be_done_by_then() -> None:
+    """PlannedLeadTimeHours=48, two retirements whose time to act comes in 30 min, on nodes whose
+    jobs report no checkpoint (no slack). The breaker's room is one node per two hours (its 60
+    min window, then the next sweep), so both cannot start at their time: the sweep now starts one,
+    saying why, and the other waits for its time."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
+                   extra_parameters={"PlannedLeadTimeHours": "48"}) as local:
+        waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        job_running(local, local.scheduler.submit(2, on="gpu-[1-2]"))
+        local.emit_as_aws(_retirement([local.cluster.instance_of(n) for n in ("gpu-1", "gpu-2")],
+                                      timedelta(hours=49, minutes=30)))
+        wait_for(lambda: len(waiting.waiting()) == 2, "both notices to wait for their lead time")
+        local.fire_schedule("PlannedEventsFunction")
+        [execution] = local.wait_for_executions(1)
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        [incident] = local.incidents()
+        early = incident.stages["detect"].result["evidence"]["early"]
+        assert early.startswith("paced: 2 waiting notice(s)") and "1 node(s) at a time, 120 min apart" in early
+        [other] = waiting.waiting()
+        assert other.event.node.slurm_node != incident.slurm_node and other.act_at > datetime.now(UTC)
 
 
 def _node_notice(local: LocalMode, node: str, *, named: str | None = None) -> dict:
