@@ -196,6 +196,7 @@ class Pacer:
         self._sweep = sweep
         self.why = ""
         self.why_early = ""
+        self._handled_ids: dict[str, bool] = {}
 
     @cached_property
     def _facts(self) -> tuple[SafetyPolicy, ControlState, set[str], int] | None:
@@ -238,6 +239,15 @@ class Pacer:
         """Whether the room now is more than ``ready`` takes."""
         return self._room(self._releases.read()).nodes > len({e.node.slurm_node for e in ready if self.counted(e)})
 
+    def _handled(self, event: NodeHealthEvent) -> bool:
+        """Whether an incident took the event already (Detect remembers it for ``EVENT_MEMORY``): a
+        notice a sweep finds again (EC2 still lists it, or its incident was held) publishes nothing
+        new, so it takes none of the room the notices behind it wait for."""
+        if event.event_id not in self._handled_ids:
+            self._handled_ids[event.event_id] = wiring.ledger().event_handled_by(
+                f"{PLANNED_SOURCE}/{event.event_id}") is not None
+        return self._handled_ids[event.event_id]
+
     def take(self, ready: list[NodeHealthEvent]) -> tuple[list[NodeHealthEvent], list[NodeHealthEvent]]:
         """(to publish, to keep waiting): every event the gate does not count, and of the others
         the most urgent (nearest deadline) the room holds; each node once."""
@@ -248,6 +258,7 @@ class Pacer:
         window = timedelta(minutes=self._facts[0].breaker.window_minutes)
         for _ in range(self.ATTEMPTS):
             releases = self._releases.read()
+            releases.prune(self.now, window)  # what is left: released within the window
             r = self._room(releases)
             self.why = r.why
             before = {releases.releases[e.event_id].node for e in counted if e.event_id in releases.releases}
@@ -255,13 +266,14 @@ class Pacer:
             fresh_nodes: set[str] = set()
             for e in counted:
                 node = str(e.node.slurm_node)
-                if e.event_id in releases.releases or node in before | fresh_nodes or len(fresh_nodes) < r.nodes:
+                if e.event_id in releases.releases or node in before | fresh_nodes or self._handled(e):
+                    taken.append(e)  # takes no room: the node's is taken, or Detect only deduplicates it
+                elif len(fresh_nodes) < r.nodes:
                     taken.append(e)
-                    fresh_nodes |= {node} - before
+                    fresh_nodes.add(node)
             fresh = [e for e in taken if e.event_id not in releases.releases]
             if not fresh:
                 return go + taken, [e for e in counted if e not in taken]
-            releases.prune(self.now, window)
             releases.releases |= {e.event_id: Release(node=str(e.node.slurm_node), at=self.now) for e in fresh}
             try:
                 self._releases.save(releases)

@@ -177,6 +177,19 @@ def test_a_waiting_notice_is_acted_on_early_when_its_node_has_slack() -> None:
         assert waiting.waiting() == []
 
 
+def _an_hour_passes(local: LocalMode) -> None:
+    """Move what the breaker's 60 min window counts (the gate's admissions, the planned work
+    released) an hour into the past, as the clock would."""
+    hour = timedelta(minutes=61)
+    db = local.aws.client("dynamodb")
+    ControlStore(db, local.stack.table_name, local.cluster.name).change(lambda state: state.admissions.update(
+        {i: a.model_copy(update={"at": a.at - hour}) for i, a in state.admissions.items()}))
+    paced = PacedReleases(db, local.stack.table_name, local.cluster.name)
+    releases = paced.read()
+    releases.releases = {i: r.model_copy(update={"at": r.at - hour}) for i, r in releases.releases.items()}
+    paced.save(releases)
+
+
 def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() -> None:
     """AWS retires three of four nodes' hosts at once, one AWS Health event each, delivered
     together. The breaker allows one node within its 60 min window (10 % of 4, at least one), so
@@ -188,7 +201,6 @@ def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() 
     with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as local:
         waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
         control = ControlStore(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
-        paced = PacedReleases(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
         retiring = {n: local.cluster.instance_of(n) for n in ("gpu-1", "gpu-2", "gpu-3")}
         deadlines = {"gpu-1": 9, "gpu-2": 5, "gpu-3": 7}  # days away
         for node, days in deadlines.items():
@@ -207,19 +219,11 @@ def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() 
         local.fire_schedule("PlannedEventsFunction")  # within the window: no room yet
         assert len(local.wait_for_executions(1)) == 1 and len(waiting.waiting()) == 2
 
-        def an_hour_passes() -> None:
-            hour = timedelta(minutes=61)
-            control.change(lambda state: state.admissions.update(
-                {i: a.model_copy(update={"at": a.at - hour}) for i, a in state.admissions.items()}))
-            releases = paced.read()
-            releases.releases = {i: r.model_copy(update={"at": r.at - hour}) for i, r in releases.releases.items()}
-            paced.save(releases)
-
-        an_hour_passes()
+        _an_hour_passes(local)
         local.fire_schedule("PlannedEventsFunction")
         local.wait_for_executions(2)
         assert sorted(i.slurm_node for i in local.incidents()) == sorted([first.slurm_node, rest[0]])
-        an_hour_passes()
+        _an_hour_passes(local)
         local.fire_schedule("PlannedEventsFunction")
         executions = local.wait_for_executions(3)
         assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
@@ -250,6 +254,31 @@ def test_a_campaign_waiting_for_its_lead_time_starts_early_enough_to_be_done_by_
         assert early.startswith("paced: 2 waiting notice(s)") and "1 node(s) at a time, 120 min apart" in early
         [other] = waiting.waiting()
         assert other.event.node.slurm_node != incident.slurm_node and other.act_at > datetime.now(UTC)
+
+
+def test_a_notice_the_sweep_finds_again_after_its_incident_takes_no_room_from_the_others() -> None:
+    """gpu-1 is excluded from automation; EC2 lists retirements for gpu-1 (the nearer) and gpu-2.
+    The sweep acts on gpu-1 first (the breaker's room here is one node): the gate holds it, and EC2
+    goes on listing it. Every later sweep finds it again; Detect took it already, so it takes no
+    room, and gpu-2 is replaced at the next sweep with room. Before, gpu-1 took the room at every
+    sweep, and gpu-2 waited until AWS retired it under its job."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
+                   extra_parameters={"ExcludedNodes": '["gpu-1"]'}) as local:
+        now = datetime.now(UTC)
+        local.aws.schedule_instance_event(local.cluster.instance_of("gpu-1"), "instance-retirement", now + timedelta(days=3))
+        retiring = local.cluster.instance_of("gpu-2")
+        local.aws.schedule_instance_event(retiring, "instance-retirement", now + timedelta(days=6))
+        local.fire_schedule("PlannedEventsFunction")
+        [held] = local.wait_for_executions(1)
+        [incident] = local.incidents()
+        assert (incident.slurm_node, incident.status) == ("gpu-1", "held")
+        _an_hour_passes(local)
+        local.fire_schedule("PlannedEventsFunction")
+        executions = local.wait_for_executions(3)  # gpu-1's again (deduplicated), gpu-2's
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        replaced = [i for i in local.incidents() if i.slurm_node == "gpu-2"]
+        assert [i.status for i in replaced] == ["closed"] and local.cluster.instance_of("gpu-2") != retiring
 
 
 def _node_notice(local: LocalMode, node: str, *, named: str | None = None) -> dict:
