@@ -102,6 +102,7 @@ class Agent:
         self.metadata = metadata  # one instance metadata path (IMDSv2): the Spot interruption notice
         self._spot: bool | None = None  # a Spot Instance: not known until metadata answers
         self._scheduled_sent: list[ScheduledEvent] = []  # the scheduled events last sent
+        self._scheduled_sent_at = 0.0  # and when (time.monotonic)
         self.scheduled_notices = 0
         self.aws_clock = aws_clock or AwsClock()  # AWS's time, learned from every answer: signing and stamps
         self.client = self.aws_clock.attach(client)
@@ -376,7 +377,10 @@ class Agent:
     def _scheduled_watch(self) -> None:
         """EC2's scheduled events for this instance, read every ``intervals.scheduled_events_seconds``
         and sent when they differ from what was last sent (after a start, when there are any: the
-        pipeline deduplicates). Not on EC2, or an answer that is not EC2's: logged, read again later."""
+        pipeline deduplicates), and again every ``intervals.scheduled_events_resend_seconds`` while
+        one is active: the agent cannot see whether the planned-events function took a notice (a
+        failed delivery waits in its dead-letter queue until someone redrives it). Not on EC2, or an
+        answer that is not EC2's: logged, read again later."""
         try:
             events = read_scheduled(self.metadata)
         except OSError as exc:
@@ -384,7 +388,9 @@ class Agent:
         except ValueError as exc:
             log.warning("scheduled events not read: %s", exc)
         else:
-            if events != self._scheduled_sent:
+            resend = self.config.intervals.scheduled_events_resend_seconds
+            due = resend and time.monotonic() - self._scheduled_sent_at >= resend
+            if events != self._scheduled_sent or (due and any(e.state == "active" for e in events)):
                 self.send_scheduled(events)
         self.stop_event.wait(self.config.intervals.scheduled_events_seconds)
 
@@ -397,7 +403,7 @@ class Agent:
             self._print_entry(item)
         else:
             self._publish(item, "scheduled-events")
-        self._scheduled_sent = events
+        self._scheduled_sent, self._scheduled_sent_at = events, time.monotonic()
         self.scheduled_notices += 1
 
     def _poll(self) -> None:

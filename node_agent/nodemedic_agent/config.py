@@ -96,6 +96,10 @@ class Intervals(_Section):
         default=300, ge=0, le=3600, description="read EC2's scheduled events for this instance (a retirement, "
                                                 "a reboot or a maintenance: posted days ahead) from instance "
                                                 "metadata this often, and send them when they change; 0: never")
+    scheduled_events_resend_seconds: float = Field(
+        default=3600, ge=0, le=86400, description="send active scheduled events again after this though unchanged: "
+                                                  "a notice whose delivery the pipeline lost is planned at the next "
+                                                  "one (the same event ids: deduplicated); 0: only when they change")
     reassert_seconds: float = Field(
         default=60, ge=0, le=3600, description="send a health event again (same event_id) after this, doubling "
                                                "each time: a delivery the pipeline could not act on is not lost")

@@ -109,3 +109,29 @@ def test_not_on_ec2_or_a_wrong_answer_sends_nothing_and_the_agent_runs_on(bus, m
     time.sleep(0.4)
     assert metadata.reads >= 2 and agent.scheduled_notices == 0
     assert [e for e in bus.drain() if e["detail-type"] == "EC2 Scheduled Events"] == []
+
+
+def test_an_active_event_is_sent_again_while_it_lasts_an_ended_one_is_not(bus, make_agent) -> None:  # noqa: ANN001
+    """The agent cannot see whether the planned-events function took its notice (a delivery that
+    failed waits in a dead-letter queue): while an event is active it sends it again every
+    ``scheduled_events_resend_seconds`` (the same event ids: the pipeline deduplicates)."""
+    metadata = Metadata()
+    metadata.events([RETIREMENT])
+    agent = make_agent(metadata=metadata, intervals={"scheduled_events_seconds": 0.05,
+                                                     "scheduled_events_resend_seconds": 0.4})
+
+    def notices() -> list[dict[str, Any]]:
+        return [e["detail"] for e in bus.drain() if e["detail-type"] == "EC2 Scheduled Events"]
+
+    deadline = time.monotonic() + 10
+    while len(notices()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sent = notices()
+    assert len(sent) >= 3 and all(n["events"] == sent[0]["events"] for n in sent)
+    metadata.events([], history=[{**RETIREMENT, "State": "completed"}])
+    while notices()[-1]["events"][0]["state"] != "completed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ended = len(notices())
+    time.sleep(1.0)  # more than two resend periods: an ended event is not sent again
+    assert len(notices()) == ended == agent.scheduled_notices
+    assert [e["state"] for e in notices()[-1]["events"]] == ["completed"]
