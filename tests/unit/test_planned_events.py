@@ -499,6 +499,22 @@ def test_a_nodes_notice_for_another_cluster_or_naming_another_nodes_instance_pla
     assert planned.events == [] and why in [w for _, w in planned.ignored]
 
 
+def test_a_nodes_notice_replayed_after_detect_forgot_what_it_acted_on_plans_nothing() -> None:
+    """An archive of NodeMedic's bus replayed weeks later: the notice calls a retirement active
+    that AWS carried out long ago (the instance since started on new hardware, a member again).
+    Detect no longer remembers the incident that acted on it, so it would drain the node again;
+    the agent sends a current notice every hour anyway. A notice within that memory is planned
+    (a redelivery Detect deduplicates)."""
+    event = copy.deepcopy(NODE_NOTICE)
+    sent = datetime.fromisoformat(event["time"])
+    envelope = parse_planned_event(event)
+    late = plan_node_scheduled(envelope, cluster="local", provider=_Cluster(), now=sent + timedelta(days=15, minutes=1))  # type: ignore[arg-type]
+    assert late.events == [] and late.ignored == [
+        (OURS, "the notice was sent at 2026-11-22T03:00:05+00:00, more than 15 days ago: a replay, not believed")]
+    within = plan_node_scheduled(envelope, cluster="local", provider=_Cluster(), now=sent + timedelta(days=14))  # type: ignore[arg-type]
+    assert [e.node.slurm_node for e in within.events] == ["gpu-2"]
+
+
 @pytest.mark.parametrize("change", [
     {"events": [{**NODE_NOTICE["detail"]["events"][0], "not_before": "2026-12-06T00:00:00"}]},  # no time zone
     {"events": [{**NODE_NOTICE["detail"]["events"][0], "event_id": "../../etc"}]},

@@ -391,6 +391,13 @@ def plan_node_scheduled(envelope: ScheduledEventsEnvelope, *, cluster: str, prov
     instance = d.node.instance_id
     if d.cluster != cluster:
         return Plan(ignored=[(instance, f"the notice is for cluster {d.cluster[:64]}; this pipeline serves {cluster}")])
+    if envelope.time < now - EVENT_MEMORY:
+        # an archive of the bus replayed (a dead-letter queue keeps 14 days at most): what it acted
+        # on has left Detect's memory, and an event it calls active may be long over (AWS rebooted
+        # the node, or retired it and it was started again). A current notice comes anyway: the
+        # agent sends its active events again every hour
+        return Plan(ignored=[(instance, f"the notice was sent at {envelope.time.isoformat()}, more than "
+                                        f"{EVENT_MEMORY.days} days ago: a replay, not believed")])
     member = provider.member(instance)
     named = d.node.slurm_node or d.node.k8s_node
     if member is not None and member.slurm_node is not None and named is not None and named != member.slurm_node:
