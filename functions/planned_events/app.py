@@ -22,14 +22,17 @@ from nodemedic.bus import publish_health_events
 from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
+from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
 from nodemedic.contracts.scheduled_notice import ScheduledEventsEnvelope
 from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
+from nodemedic.contracts.stages import GateOutput
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError, PolicyError
 from nodemedic.planned_events import (
     Plan,
     act_at,
+    event_id,
     moot,
     notice_kept_until,
     parse_planned_event,
@@ -55,6 +58,9 @@ from nodemedic.store.paced import PacedReleases, PacingConflictError, Release, R
 logger = Logger(service="planned_events")
 metrics = Metrics()
 SLACK_LOOKS = 10  # nodes whose jobs one sweep reads (an SSM command each on Slurm): the function's timeout
+# gate rules whose hold passes by itself: a planned notice they held is offered again at a later sweep
+PASSING_HOLDS = frozenset({"cooldown", "provider", "paused", "breaker", "breaker_limit", "policy"})
+MAX_OFFERS = 48  # incidents that may hold one notice for a passing reason before it is left to a person
 
 
 class ScheduledSweep:
@@ -158,7 +164,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # what was published waits no longer, nor does a notice AWS withdrew: a copy of a due event
     # kept from an earlier version of its notice (a window AWS has since moved nearer) would come
     # out again at its old time, maybe after Detect's memory of this one has lapsed
-    gone = [e.event_id for e in go] + planned.withdrawn + planned.moot
+    gone = [e.event_id for e in [*go, *ready] if e.event_id not in kept] + planned.withdrawn + planned.moot
     if gone:
         store.forget(gone)
     paced = sorted(str(e.node.slurm_node) for e in wait if e not in unkept)  # what waits for room
@@ -196,7 +202,7 @@ class Pacer:
         self._sweep = sweep
         self.why = ""
         self.why_early = ""
-        self._handled_ids: dict[str, bool] = {}
+        self._offers: dict[str, NodeHealthEvent | None] = {}
 
     @cached_property
     def _facts(self) -> tuple[SafetyPolicy, ControlState, set[str], int] | None:
@@ -239,18 +245,38 @@ class Pacer:
         """Whether the room now is more than ``ready`` takes."""
         return self._room(self._releases.read()).nodes > len({e.node.slurm_node for e in ready if self.counted(e)})
 
-    def _handled(self, event: NodeHealthEvent) -> bool:
-        """Whether an incident took the event already (Detect remembers it for ``EVENT_MEMORY``): a
-        notice a sweep finds again (EC2 still lists it, or its incident was held) publishes nothing
-        new, so it takes none of the room the notices behind it wait for."""
-        if event.event_id not in self._handled_ids:
-            self._handled_ids[event.event_id] = wiring.ledger().event_handled_by(
-                f"{PLANNED_SOURCE}/{event.event_id}") is not None
-        return self._handled_ids[event.event_id]
+    def _offer(self, event: NodeHealthEvent) -> NodeHealthEvent | None:
+        """The event as it is offered now: itself while no incident has taken it; None once one
+        took it for good (acted on it, is acting, or was held for a reason that stays: an excluded
+        node, dry run), as a notice a sweep finds again (EC2 still lists it) then publishes nothing
+        new and takes no room; and a copy under a new id when each incident that took it was held
+        for a reason that passes (a cooldown, its provider at work, a pause, the breaker, a policy
+        that could not be read). Detect remembers an event for ``EVENT_MEMORY``: offered under its
+        own id again, it would only be deduplicated, and AWS would act under the node's job."""
+        if event.event_id not in self._offers:
+            ledger = wiring.ledger()
+            current: NodeHealthEvent | None = event
+            for n in range(1, MAX_OFFERS + 1):
+                taker = ledger.event_handled_by(f"{PLANNED_SOURCE}/{current.event_id}") if current else None
+                if taker is None:
+                    break
+                if _held_by(ledger.get(taker)) not in PASSING_HOLDS:
+                    current = None
+                    break
+                # the n-th offer (not one per incident: one folded into a held incident that kept the
+                # node's lock, a pause or the breaker, is offered anew once an operator lifted it)
+                current = event.model_copy(update={"event_id": event_id(f"{event.event_id}/offer/{n}"),
+                                                   "evidence": {**event.evidence, "offered_again_after": taker}})
+            else:
+                current = None  # held again and again: a person sees the held incidents
+            self._offers[event.event_id] = current
+        return self._offers[event.event_id]
 
     def take(self, ready: list[NodeHealthEvent]) -> tuple[list[NodeHealthEvent], list[NodeHealthEvent]]:
         """(to publish, to keep waiting): every event the gate does not count, and of the others
-        the most urgent (nearest deadline) the room holds; each node once."""
+        the most urgent (nearest deadline) the room holds, each as it is offered now
+        (:meth:`_offer`); what an incident took for good goes too (Detect only deduplicates it),
+        as does another event of a node whose room is taken. What waits is read no further."""
         counted = sorted((e for e in ready if self.counted(e)), key=_urgency)
         go = [e for e in ready if not self.counted(e)]
         if not counted or self._facts is None:  # no policy: the gate would hold it; it waits
@@ -261,27 +287,38 @@ class Pacer:
             releases.prune(self.now, window)  # what is left: released within the window
             r = self._room(releases)
             self.why = r.why
-            before = {releases.releases[e.event_id].node for e in counted if e.event_id in releases.releases}
-            taken: list[NodeHealthEvent] = []
-            fresh_nodes: set[str] = set()
+            recent = {release.node for release in releases.releases.values()}
+            taken: dict[str, NodeHealthEvent] = {}  # original id -> what is published
+            fresh: dict[str, NodeHealthEvent] = {}  # node -> the event that takes room for it
             for e in counted:
                 node = str(e.node.slurm_node)
-                if e.event_id in releases.releases or node in before | fresh_nodes or self._handled(e):
-                    taken.append(e)  # takes no room: the node's is taken, or Detect only deduplicates it
-                elif len(fresh_nodes) < r.nodes:
-                    taken.append(e)
-                    fresh_nodes.add(node)
-            fresh = [e for e in taken if e.event_id not in releases.releases]
+                free = node in recent or node in fresh
+                if not free and len(fresh) >= r.nodes:
+                    continue
+                offer = self._offer(e)
+                taken[e.event_id] = offer or e
+                if offer is not None and not free:
+                    fresh[node] = offer
+            wait = [e for e in counted if e.event_id not in taken]
             if not fresh:
-                return go + taken, [e for e in counted if e not in taken]
-            releases.releases |= {e.event_id: Release(node=str(e.node.slurm_node), at=self.now) for e in fresh}
+                return go + list(taken.values()), wait
+            releases.releases |= {e.event_id: Release(node=node, at=self.now) for node, e in fresh.items()}
             try:
                 self._releases.save(releases)
             except PacingConflictError:
                 continue
-            return go + taken, [e for e in counted if e not in taken]
+            return go + list(taken.values()), wait
         self.why = "other invocations kept taking the room meanwhile: the next sweep decides"
         return go, counted
+
+
+def _held_by(incident: Incident) -> str:
+    """The gate rule that held ``incident`` ("" when it was not held)."""
+    gate = incident.stages.get("gate")
+    if incident.status != "held" or gate is None or not gate.result:
+        return ""
+    rules = GateOutput.model_validate(gate.result).rules
+    return rules[-1].get("rule", "") if rules else ""
 
 
 def _urgency(event: NodeHealthEvent) -> datetime:

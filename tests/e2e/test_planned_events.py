@@ -281,6 +281,40 @@ def test_a_notice_the_sweep_finds_again_after_its_incident_takes_no_room_from_th
         assert [i.status for i in replaced] == ["closed"] and local.cluster.instance_of("gpu-2") != retiring
 
 
+def test_a_notice_held_for_a_reason_that_passes_is_offered_again_once_it_has() -> None:
+    """gpu-1 is rebooted for EC2's reboot maintenance; moments later EC2 schedules its retirement.
+    The gate holds the retirement (the node slot's 30 min cooldown). Detect remembers the
+    notice's event for 15 days, so offered again under its id it would only be deduplicated, and
+    AWS would retire the node under its job. The first sweep after the cooldown offers it under a
+    new id, saying after which held incident: the node is replaced."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as local:
+        retiring = local.cluster.instance_of("gpu-1")
+        local.aws.schedule_instance_event(retiring, "instance-reboot", datetime.now(UTC) + timedelta(days=2))
+        local.fire_schedule("PlannedEventsFunction")
+        [rebooted] = local.wait_for_executions(1)
+        local.aws.schedule_instance_event(retiring, "instance-retirement", datetime.now(UTC) + timedelta(days=9))
+        local.fire_schedule("PlannedEventsFunction")
+        local.wait_for_executions(3)  # the reboot notice again (EC2 still lists it: deduplicated), the retirement
+        [reboot] = [i for i in local.incidents() if i.fault_code == "PLANNED_REBOOT"]
+        [held] = [i for i in local.incidents() if i.fault_code == "PLANNED_RETIREMENT"]
+        assert (reboot.status, held.status) == ("closed", "held") and held.outcome.startswith("cooldown:")
+        # half an hour later (the slot's remediation moved back, as the clock would)
+        control = ControlStore(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        remediated = control.lineage("node:gpu-1")
+        local.aws.client("dynamodb").put_item(TableName=local.stack.table_name, Item={
+            "pk": {"S": f"LINEAGE#{local.cluster.name}#node:gpu-1"}, "incidents": {"L": [
+                {"S": json.dumps({"incident": i, "at": (at - timedelta(minutes=31)).isoformat()})}
+                for i, at in remediated]}})
+
+        local.fire_schedule("PlannedEventsFunction")
+        executions = local.wait_for_executions(5)  # the reboot notice again, the retirement offered again
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        [again] = [i for i in local.incidents() if i.fault_code == "PLANNED_RETIREMENT" and i.incident_id != held.incident_id]
+        assert again.status == "closed" and local.cluster.instance_of("gpu-1") != retiring
+        assert again.stages["detect"].result["evidence"]["offered_again_after"] == held.incident_id
+
+
 def _node_notice(local: LocalMode, node: str, *, named: str | None = None) -> dict:
     """What a node's agent sends after reading a retirement from its instance metadata."""
     notice = json.loads((EVENTS / "scheduled-events" / "ec2-scheduled-events.json").read_text())["detail"]
