@@ -171,7 +171,15 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                   ("dynamodb", "DeleteItem", {**table, "Key": {"pk": {"S": "ANNOUNCED#doctor"}}}),
                                   ("dynamodb", "GetItem", {**table, "Key": {"pk": {"S": "DEFERRED#doctor"}}}),
                                   ("dynamodb", "UpdateItem", {**table, "Key": {"pk": {"S": "DEFERRED#doctor"}}}),
-                                  ("ec2", "DescribeInstanceStatus", {})],  # the sweep of scheduled events
+                                  ("ec2", "DescribeInstanceStatus", {}),  # the sweep of scheduled events
+                                  # planned work paced under the breaker: the policy, the control
+                                  # state and its incidents, the work released lately, Detect's memory
+                                  ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]}),
+                                  ("dynamodb", "GetItem", {**table, "Key": {"pk": {"S": "CONTROL#doctor"}}}),
+                                  ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {
+                                      "Keys": [{"pk": {"S": "INCIDENT#doctor"}}]}}}),
+                                  ("dynamodb", "GetItem", {**table, "Key": {"pk": {"S": "EVENT#doctor"}}}),
+                                  ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "PACED#doctor"}}})],
         "SilenceSweeperFunction": [("sqs", "ReceiveMessage", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("sqs", "DeleteMessageBatch", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("dynamodb", "GetItem", table), ("dynamodb", "PutItem", table),
