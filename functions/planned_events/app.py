@@ -48,7 +48,7 @@ from nodemedic.planned_events import (
     slack,
     superseded,
 )
-from nodemedic.safety.pacing import UNCOUNTED, Room, gap, planned_share, room, start_times
+from nodemedic.safety.pacing import UNCOUNTED, Room, choose, gap, planned_share, room, start_times
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.settings import Settings, settings
 from nodemedic.store.control import ControlState
@@ -287,27 +287,14 @@ class Pacer:
             releases.prune(self.now, window)  # what is left: released within the window
             r = self._room(releases)
             self.why = r.why
-            recent = {release.node for release in releases.releases.values()}
-            taken: dict[str, NodeHealthEvent] = {}  # original id -> what is published
-            fresh: dict[str, NodeHealthEvent] = {}  # node -> the event that takes room for it
-            for e in counted:
-                node = str(e.node.slurm_node)
-                free = node in recent or node in fresh
-                if not free and len(fresh) >= r.nodes:
+            chosen = choose(counted, r.nodes, {release.node for release in releases.releases.values()}, self._offer)
+            if chosen.fresh:
+                releases.releases |= {e.event_id: Release(node=node, at=self.now) for node, e in chosen.fresh.items()}
+                try:
+                    self._releases.save(releases)
+                except PacingConflictError:
                     continue
-                offer = self._offer(e)
-                taken[e.event_id] = offer or e
-                if offer is not None and not free:
-                    fresh[node] = offer
-            wait = [e for e in counted if e.event_id not in taken]
-            if not fresh:
-                return go + list(taken.values()), wait
-            releases.releases |= {e.event_id: Release(node=node, at=self.now) for node, e in fresh.items()}
-            try:
-                self._releases.save(releases)
-            except PacingConflictError:
-                continue
-            return go + list(taken.values()), wait
+            return go + chosen.publish, chosen.wait
         self.why = "other invocations kept taking the room meanwhile: the next sweep decides"
         return go, counted
 

@@ -5,11 +5,12 @@ from datetime import UTC, datetime, timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
+from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.domain.classification import classify
 from nodemedic.providers.base import Member
 from nodemedic.safety.gate import Facts, admission_of, decide
-from nodemedic.safety.pacing import Room, gap, planned_share, room, start_times
+from nodemedic.safety.pacing import Room, choose, gap, planned_share, room, start_times
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import ControlState, Switch
 
@@ -132,3 +133,39 @@ def test_no_notice_starts_after_its_time_and_no_window_holds_more_than_a_group(
     assert all(s <= a for s, a in zip(starts, act_at, strict=True))
     for s in starts:
         assert sum(s <= other < s + spacing for other in starts) <= per_group
+
+
+def notice(node: str, n: int = 0) -> NodeHealthEvent:
+    instance = f"i-{zlib.crc32(node.encode()):017x}"
+    return NodeHealthEvent(schema_version="1", event_id=f"ev-{node}-{n}", cluster="c",
+                           node=NodeIdentity(instance_id=instance, hostname=instance, slurm_node=node),
+                           check="aws_health", fault_code="PLANNED_RETIREMENT", severity="warning",
+                           observed_at=NOW, sent_at=NOW, evidence={})
+
+
+def test_the_room_goes_to_the_most_urgent_and_what_waits_is_not_read() -> None:
+    offered: list[str] = []
+
+    def as_is(e: NodeHealthEvent) -> NodeHealthEvent:
+        offered.append(e.event_id)
+        return e
+
+    urgent_first = [notice("gpu-1"), notice("gpu-2"), notice("gpu-1", 1), notice("gpu-3"), notice("gpu-9")]
+    chosen = choose(urgent_first, room_nodes=1, recent={"gpu-9"}, offer=as_is)
+    # gpu-1 takes the room; its second notice and gpu-9's (released within the window) take none
+    assert [e.event_id for e in chosen.publish] == ["ev-gpu-1-0", "ev-gpu-1-1", "ev-gpu-9-0"]
+    assert list(chosen.fresh) == ["gpu-1"] and [e.event_id for e in chosen.wait] == ["ev-gpu-2-0", "ev-gpu-3-0"]
+    assert offered == ["ev-gpu-1-0", "ev-gpu-1-1", "ev-gpu-9-0"]
+    assert choose(urgent_first[:2], room_nodes=0, recent=set(), offer=as_is).publish == []
+
+
+def test_a_notice_taken_for_good_takes_no_room_and_one_offered_again_takes_it_under_its_new_id() -> None:
+    settled, held = notice("gpu-1"), notice("gpu-2")
+    again = held.model_copy(update={"event_id": "ev-gpu-2-offer-1"})
+
+    def offer(e: NodeHealthEvent) -> NodeHealthEvent | None:
+        return {settled.event_id: None, held.event_id: again}.get(e.event_id, e)
+
+    chosen = choose([settled, held, notice("gpu-3")], room_nodes=1, recent=set(), offer=offer)
+    assert [e.event_id for e in chosen.publish] == ["ev-gpu-1-0", "ev-gpu-2-offer-1"]
+    assert chosen.fresh == {"gpu-2": again} and [e.event_id for e in chosen.wait] == ["ev-gpu-3-0"]

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import ControlState
 
@@ -70,6 +71,36 @@ def room(state: ControlState, policy: SafetyPolicy, active: set[str], cluster_si
     return Room(max(0, n), f"{len(planned)} of {share} planned node(s), {len(nodes)} of the breaker's {limit} "
                            f"within {policy.breaker.window_minutes:g} min, {in_progress} of "
                            f"{policy.max_concurrent} remediation(s) in progress")
+
+
+@dataclass(frozen=True)
+class Choice:
+    publish: list[NodeHealthEvent]  # each as offered now
+    fresh: dict[str, NodeHealthEvent]  # node -> the event that takes room for it
+    wait: list[NodeHealthEvent]  # as they came
+
+
+def choose(urgent_first: list[NodeHealthEvent], room_nodes: int, recent: set[str],
+           offer: Callable[[NodeHealthEvent], NodeHealthEvent | None]) -> Choice:
+    """Which of the counted events to publish now, the most urgent first: one whose node is
+    ``recent`` (released within the window) or already chosen takes no room; one ``offer`` says
+    an incident took for good (None) is published as it is (Detect only deduplicates it) and
+    takes none either; every other takes a node of ``room_nodes`` while there is one. What waits
+    is not offered (a read of the ledger each)."""
+    publish: list[NodeHealthEvent] = []
+    fresh: dict[str, NodeHealthEvent] = {}
+    wait: list[NodeHealthEvent] = []
+    for e in urgent_first:
+        node = str(e.node.slurm_node or e.node.k8s_node)
+        free = node in recent or node in fresh
+        if not free and len(fresh) >= room_nodes:
+            wait.append(e)
+            continue
+        offered = offer(e)
+        publish.append(offered or e)
+        if offered is not None and not free:
+            fresh[node] = offered
+    return Choice(publish, fresh, wait)
 
 
 def start_times(act_at: list[datetime], per_group: int, spacing: timedelta) -> list[datetime]:
