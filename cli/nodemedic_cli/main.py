@@ -406,6 +406,24 @@ def _doctor_local() -> list[dict[str, str]]:
     return [r.as_dict() for r in rows]
 
 
+@app.command("planned")
+def planned_command(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """Planned notices (AWS retirements, stops, reboot maintenance) still waiting: for their lead
+    time (PlannedLeadTimeHours), or for room under the circuit breaker, which a campaign of many
+    nodes takes a few at a time; and the planned work released within the breaker's window."""
+    def show(r: dict[str, Any]) -> None:
+        table = Table(title=f"{len(r['waiting'])} planned notice(s) waiting")
+        for col in ("node", "instance", "fault", "deadline", "acts at", "waits for"):
+            table.add_column(col)
+        for w in r["waiting"]:
+            table.add_row(*(plain(w[k] or "-") for k in ("node", "instance", "fault")), plain((w["deadline"] or "-")[:16]),
+                          plain(w["act_at"][:16]), plain(w["waits_for"]))
+        console.print(table)
+        released = ", ".join(f"{x['node']} ({x['at'][11:16]}Z)" for x in r["released"]) or "none"
+        console.print(f"planned work released within the last {r['window_minutes']:g} min: {plain(released)}")
+    _run(ctx, as_json, operator.planned, show)
+
+
 @app.command("spares")
 def spares_command(ctx: typer.Context, as_json: AsJson = False) -> None:
     """The hot-spare pool: its nodes (Slurm: in the spare reservation; Kubernetes: with the spare

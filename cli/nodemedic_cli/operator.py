@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from nodemedic import operations
@@ -17,7 +17,10 @@ from nodemedic.contracts.problems import describe
 from nodemedic.errors import CommandFailedError, IncidentStateError
 from nodemedic.operations import OperatorError
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.safety.policy import parse_policy
 from nodemedic.stages.health_check import parse_report
+from nodemedic.store.deferred import DeferredPlans
+from nodemedic.store.paced import PacedReleases
 from pydantic import ValidationError
 
 from nodemedic_cli.target import Target
@@ -202,6 +205,25 @@ def reenabled(target: Target, change: operations.Reenabled) -> dict[str, Any]:
     """The status after a resume of automation or a breaker reset, with the held incidents it
     released."""
     return {**control_status(target), "released_held": [incident_summary(i) for i in change.released]}
+
+
+def planned(target: Target) -> dict[str, Any]:
+    """The planned notices waiting (for their lead time, or for room under the circuit breaker),
+    the nearest first, and the planned work released within the breaker's window."""
+    table, db, now = target.output("IncidentsTableName"), target.client("dynamodb"), datetime.now(UTC)
+    name = target.output("SafetyPolicyParameterName")
+    policy = parse_policy(target.client("ssm").get_parameter(Name=name)["Parameter"]["Value"], origin=name)
+    window = timedelta(minutes=policy.breaker.window_minutes)
+    releases = PacedReleases(db, table, target.cluster).read().releases
+    return {
+        "waiting": [{"node": str(d.event.node.slurm_node or d.event.node.k8s_node), "instance": d.event.node.instance_id,
+                     "fault": d.event.fault_code, "deadline": d.event.evidence.get("deadline"),
+                     "act_at": d.act_at.isoformat(),
+                     "waits_for": "room under the circuit breaker" if d.act_at <= now else "its lead time"}
+                    for d in DeferredPlans(db, table, target.cluster).waiting()],
+        "released": [{"node": r.node, "event": event_id, "at": r.at.isoformat()}
+                     for event_id, r in sorted(releases.items(), key=lambda kv: kv[1].at) if now - r.at <= window],
+        "window_minutes": policy.breaker.window_minutes}
 
 
 def spares(target: Target) -> dict[str, Any]:

@@ -8,10 +8,14 @@ import json
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
+import boto3
 from nodemedic.store.control import ControlStore
 from nodemedic.store.deferred import DeferredPlans
 from nodemedic.store.paced import PacedReleases
+from nodemedic_cli.main import app
+from nodemedic_cli.target import Target
 from nodemedic_sandbox.local import LocalMode
+from typer.testing import CliRunner
 
 from tests.conftest import EVENTS, require_slurm
 from tests.e2e.support import OPEN, job_running, wait_for
@@ -195,8 +199,8 @@ def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() 
     together. The breaker allows one node within its 60 min window (10 % of 4, at least one), so
     planned work takes one: one node is drained and replaced, the other two notices wait, and
     the breaker stays closed (tripped, it would stop every repair, faults' too, until an operator
-    reset it). Each later sweep with room (the window since passed) takes the next waiting one,
-    the nearest deadline first."""
+    reset it); `nodemedic planned` lists the two and what they wait for. Each later sweep with
+    room (the window since passed) takes the next waiting one, the nearest deadline first."""
     require_slurm()
     with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as local:
         waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
@@ -215,6 +219,16 @@ def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() 
         rest = sorted(set(deadlines) - {first.slurm_node}, key=deadlines.__getitem__)
         assert control.read().breaker.state == "closed"
         assert sum(local.metric_values("PlannedPaced", "Sum", Cluster=local.cluster.name)) >= 2
+        # what an operator sees: nodemedic planned
+        target = Target(local.stack.name, session=boto3.Session())
+        shown = CliRunner().invoke(app, ["planned", "--json"], obj=target)
+        assert shown.exit_code == 0, shown.output
+        listed = json.loads(shown.output)
+        assert [(w["node"], w["waits_for"]) for w in listed["waiting"]] == [
+            (n, "room under the circuit breaker") for n in sorted(rest)]  # both due: in the order they came
+        assert [r["node"] for r in listed["released"]] == [first.slurm_node] and listed["window_minutes"] == 60
+        table = CliRunner().invoke(app, ["planned"], obj=target)
+        assert "2 planned notice(s) waiting" in table.output and "room under the circuit" in table.output
 
         local.fire_schedule("PlannedEventsFunction")  # within the window: no room yet
         assert len(local.wait_for_executions(1)) == 1 and len(waiting.waiting()) == 2

@@ -8,7 +8,7 @@ from nodemedic_cli.main import app
 from typer.testing import CliRunner
 
 COMMANDS = [[], ["demo"], ["doctor"], ["report"], ["fleet"], ["fleet", "simulate"], ["xid"], ["xid", "import"],
-            ["breaker"], ["breaker", "reset"]]
+            ["breaker"], ["breaker", "reset"], ["planned"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "nodemedic")
