@@ -93,6 +93,30 @@ def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, clust
         raise
 
 
+def _announce_late(waiting: list[NodeHealthEvent], why: str, cluster: str, topic_arn: str, next_sweep: datetime,
+                   now: datetime) -> None:
+    """Tell the on-call, once per notice, about planned work still waiting for room whose deadline
+    comes before the next sweep: AWS will act under the node's job, and a person may act first.
+    Said once however often it is found (a conditional write per notice); if SNS cannot be
+    reached, taken back and raised, so the retried invocation says it."""
+    late = [e for e in waiting if _urgency(e) <= next_sweep]
+    told = [e for e in late if wiring.ledger().first_announcement(f"planned-late/{e.event_id}", now)]
+    if not told:
+        return
+    nodes = "; ".join(f"{e.node.slurm_node} ({e.node.instance_id}, {e.fault_code}, AWS acts from "
+                      f"{_urgency(e):%Y-%m-%d %H:%M}Z)" for e in told)
+    message = (f"NodeMedic could not act on {len(told)} planned event(s) of cluster {cluster} before AWS does: "
+               f"{nodes}. The room planned work may take under the circuit breaker is taken ({why}). "
+               f"AWS will act under the node's job; to act first, replace or drain the node by hand "
+               f"(docs/runbooks/maintenance-campaign.md). `nodemedic planned` lists what still waits.")
+    try:
+        wiring.client("sns").publish(TopicArn=topic_arn, Subject="NodeMedic: planned work runs late", Message=message)
+    except Exception:
+        for e in told:
+            wiring.ledger().forget_announcement(f"planned-late/{e.event_id}")
+        raise
+
+
 @logger.inject_lambda_context
 @throttling_is_retryable
 @metrics.log_metrics
@@ -170,6 +194,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     paced = sorted(str(e.node.slurm_node) for e in wait if e not in unkept)  # what waits for room
     if paced:
         logger.info("planned events wait for room under the circuit breaker", room=pacer.why, waiting=paced)
+        _announce_late([e for e in wait if e not in unkept], pacer.why, s.cluster_name, s.escalation_topic_arn,
+                       now + sweep, now)
     if deferred:
         logger.info("planned events deferred until their lead time", deferred=deferred)
     if planned.ignored:

@@ -230,6 +230,27 @@ def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() 
         table = CliRunner().invoke(app, ["planned"], obj=target)
         assert "2 planned notice(s) waiting" in table.output and "room under the circuit" in table.output
 
+        # AWS moves one waiting notice's window to 30 min from now: there is still no room, and AWS
+        # will act before the next sweep. The on-call is told, once however often it is delivered
+        local.escalations()
+        soon = _retirement([retiring[rest[0]]], timedelta(minutes=30))
+        soon["detail"]["eventArn"] += f"-{rest[0]}"
+        soon["detail"]["lastUpdatedTime"] = format_datetime(datetime.now(UTC), usegmt=True)
+        local.emit_as_aws(soon)
+        [page] = wait_for(lambda: local.escalations(), "the on-call told")
+        assert page["Subject"] == "NodeMedic: planned work runs late"
+        assert f"{rest[0]} ({retiring[rest[0]]}, PLANNED_RETIREMENT" in page["Message"]
+        function = local.stack.resources["PlannedEventsFunction"]
+
+        def planned_runs() -> int:
+            return sum(i.function == function for i in local.aws.invocations)
+
+        before = planned_runs()
+        local.emit_as_aws(soon)
+        local.fire_schedule("PlannedEventsFunction")
+        wait_for(lambda: planned_runs() >= before + 2, "both handled")
+        assert local.escalations() == [] and len(local.executions()) == 1
+
         local.fire_schedule("PlannedEventsFunction")  # within the window: no room yet
         assert len(local.wait_for_executions(1)) == 1 and len(waiting.waiting()) == 2
 
