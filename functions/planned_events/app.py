@@ -74,8 +74,8 @@ def _is_schedule(event: dict[str, Any]) -> bool:
 def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, cluster: str, topic_arn: str,
                            now: datetime) -> None:
     """Say once, however often the warning is delivered, that the block's nodes are drained. The
-    first delivery decides (a conditional write); if SNS cannot be reached it takes that back and
-    fails, so EventBridge's retry of the delivery says it."""
+    first delivery decides (a conditional write); if SNS cannot be reached, :func:`_say` takes
+    that back and fails, so EventBridge's retry of the delivery says it."""
     d = envelope.detail
     key = f"capacity-block/{d.capacity_reservation_id}/{d.end_date:%Y%m%dT%H%M%SZ}"
     if not wiring.ledger().first_announcement(key, now):
@@ -86,10 +86,17 @@ def _announce_capacity_end(envelope: CapacityBlockEnvelope, planned: Plan, clust
                f"node(s) of cluster {cluster} ({', '.join(nodes)}): each job is checkpointed (per "
                f"the CheckpointPolicy) and moved to a spare outside the block; nothing is repaired or replaced "
                f"into the block. The nodes stay drained: add capacity (a new block) for the jobs that need it.")
+    _say(topic_arn, "NodeMedic: Capacity Block ending", message, [key])
+
+
+def _say(topic_arn: str, subject: str, message: str, announced: list[str]) -> None:
+    """Publish to the escalation topic what ``announced`` (keys of :meth:`Ledger.first_announcement`)
+    claimed to say; if SNS cannot be reached, take them back and raise, so the retry says it."""
     try:
-        wiring.client("sns").publish(TopicArn=topic_arn, Subject="NodeMedic: Capacity Block ending", Message=message)
+        wiring.client("sns").publish(TopicArn=topic_arn, Subject=subject, Message=message)
     except Exception:
-        wiring.ledger().forget_announcement(key)
+        for key in announced:
+            wiring.ledger().forget_announcement(key)
         raise
 
 
@@ -99,22 +106,17 @@ def _announce_late(waiting: list[NodeHealthEvent], why: str, cluster: str, topic
     comes before the next sweep: AWS will act under the node's job, and a person may act first.
     Said once however often it is found (a conditional write per notice); if SNS cannot be
     reached, taken back and raised, so the retried invocation says it."""
-    late = [e for e in waiting if _urgency(e) <= next_sweep]
-    told = [e for e in late if wiring.ledger().first_announcement(f"planned-late/{e.event_id}", now)]
+    keys = {f"planned-late/{e.event_id}": e for e in waiting if _urgency(e) <= next_sweep}
+    told = {key: e for key, e in keys.items() if wiring.ledger().first_announcement(key, now)}
     if not told:
         return
     nodes = "; ".join(f"{e.node.slurm_node} ({e.node.instance_id}, {e.fault_code}, AWS acts from "
-                      f"{_urgency(e):%Y-%m-%d %H:%M}Z)" for e in told)
+                      f"{_urgency(e):%Y-%m-%d %H:%M}Z)" for e in told.values())
     message = (f"NodeMedic could not act on {len(told)} planned event(s) of cluster {cluster} before AWS does: "
                f"{nodes}. The room planned work may take under the circuit breaker is taken ({why}). "
                f"AWS will act under the node's job; to act first, replace or drain the node by hand "
                f"(docs/runbooks/maintenance-campaign.md). `nodemedic planned` lists what still waits.")
-    try:
-        wiring.client("sns").publish(TopicArn=topic_arn, Subject="NodeMedic: planned work runs late", Message=message)
-    except Exception:
-        for e in told:
-            wiring.ledger().forget_announcement(f"planned-late/{e.event_id}")
-        raise
+    _say(topic_arn, "NodeMedic: planned work runs late", message, list(told))
 
 
 @logger.inject_lambda_context
