@@ -263,7 +263,7 @@ class Pacer:
         if not counted or self._facts is None:
             return []
         policy, _, _, size = self._facts
-        share, spacing = planned_share(policy.breaker_limit(size)), gap(policy.breaker.window_minutes, self._sweep)
+        share, spacing = planned_share(policy, size), gap(policy.breaker.window_minutes, self._sweep)
         starts = start_times([d.act_at for d in counted], share, spacing)
         self.why_early = (f"paced: {len(counted)} waiting notice(s) of this cluster are acted on {share} node(s) "
                           f"at a time, {spacing.total_seconds() / 60:g} min apart, to be done by their times")

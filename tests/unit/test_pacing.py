@@ -41,10 +41,19 @@ def room_of(state: ControlState, active: set[str], size: int = 64, recent: dict[
 
 
 def test_planned_work_takes_half_the_breakers_limit_of_an_idle_cluster() -> None:
-    assert POLICY.breaker_limit(64) == 6 and planned_share(6) == 3
+    assert POLICY.breaker_limit(64) == 6 and planned_share(POLICY, 64) == 3
     r = room_of(ControlState(), set())
     assert r.nodes == 3 and "0 of 3 planned node(s)" in r.why
     assert room_of(ControlState(), set(), size=8).nodes == 1  # a small cluster's limit of one: one at a time
+
+
+def test_an_operator_may_give_planned_work_more_of_the_breakers_limit_for_a_campaign() -> None:
+    policy = SafetyPolicy.model_validate({"breaker": {"planned_percent": 100}})
+    assert planned_share(policy, 64) == 6 and room_of(ControlState(), set(), policy=policy).nodes == 4  # the cap
+    state = ControlState()
+    admit(state, "gpu-1", "XID 79", at=NOW - timedelta(minutes=10))  # a fault still takes its node of the limit
+    assert room_of(state, set(), policy=policy).nodes == 4 and room_of(state, set(), size=40, policy=policy).nodes == 3
+    assert planned_share(SafetyPolicy.model_validate({"breaker": {"planned_percent": 1}}), 64) == 1  # at least one
 
 
 def test_faults_within_the_window_leave_planned_work_only_what_the_breaker_has_left() -> None:
@@ -90,12 +99,15 @@ def test_nothing_while_automation_is_paused_or_the_breaker_is_open() -> None:
 
 
 @given(size=st.integers(1, 400), faults=st.integers(0, 12), done=st.integers(0, 12),
-       max_percent=st.sampled_from([5, 10, 25, 100]), max_nodes=st.integers(1, 20), max_concurrent=st.integers(1, 8))
+       max_percent=st.sampled_from([5, 10, 25, 100]), max_nodes=st.integers(1, 20), max_concurrent=st.integers(1, 8),
+       planned_percent=st.sampled_from([1, 50, 100]))
 def test_planned_work_the_room_holds_never_trips_the_breaker(size: int, faults: int, done: int, max_percent: int,
-                                                               max_nodes: int, max_concurrent: int) -> None:
+                                                               max_nodes: int, max_concurrent: int,
+                                                               planned_percent: int) -> None:
     """Whatever faults are in progress or were repaired within the window, the planned work the
     room lets start passes the gate: none trips the breaker, none waits for a slot."""
-    policy = SafetyPolicy.model_validate({"breaker": {"max_percent": max_percent, "max_nodes": max_nodes},
+    policy = SafetyPolicy.model_validate({"breaker": {"max_percent": max_percent, "max_nodes": max_nodes,
+                                                      "planned_percent": planned_percent},
                                           "max_concurrent": max_concurrent})
     state = ControlState()
     active = {admit(state, f"fault-{n}", "XID 79") for n in range(faults)}

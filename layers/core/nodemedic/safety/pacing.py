@@ -7,7 +7,8 @@ circuit breaker allows within its window: it trips, and every destructive action
 faults too, until an operator resets it; beyond the concurrency cap they wait for a slot and fail
 after about ten minutes. So planned work:
 
-- takes at most half of the breaker's limit (at least one node: :func:`planned_share`), and never
+- takes at most ``breaker.planned_percent`` of the breaker's limit (half by default, at least one
+  node: :func:`planned_share`), and never
   what the limit or the concurrency cap has left after the faults under remediation;
 - takes nothing while automation is paused or the breaker is open (the gate would hold the
   incident, and the notice would be gone; waiting, it is acted on once automation is back);
@@ -39,9 +40,10 @@ class Room:
     why: str  # what decides it, for the log
 
 
-def planned_share(limit: int) -> int:
-    """The most nodes planned work may hold within the breaker's window: half its limit, at least one."""
-    return max(1, limit // 2)
+def planned_share(policy: SafetyPolicy, cluster_size: int) -> int:
+    """The most nodes planned work may hold within the breaker's window: ``planned_percent`` of
+    its limit, at least one."""
+    return max(1, int(policy.breaker_limit(cluster_size) * policy.breaker.planned_percent / 100))
 
 
 def gap(window_minutes: float, sweep: timedelta) -> timedelta:
@@ -66,7 +68,7 @@ def room(state: ControlState, policy: SafetyPolicy, active: set[str], cluster_si
     nodes = {a.slurm_node for a in held} | released
     planned = {a.slurm_node for a in held if is_planned(a.fault_code)} | released
     in_progress = sum(a.counted and i in active for i, a in state.admissions.items())
-    share = planned_share(limit)
+    share = planned_share(policy, cluster_size)
     n = min(share - len(planned), limit - len(nodes), policy.max_concurrent - in_progress)
     return Room(max(0, n), f"{len(planned)} of {share} planned node(s), {len(nodes)} of the breaker's {limit} "
                            f"within {policy.breaker.window_minutes:g} min, {in_progress} of "

@@ -31,6 +31,10 @@ class Breaker(_Section):
                                description="of the cluster's nodes, remediated within the window")
     max_nodes: int = Field(default=8, ge=1, description="absolute cap; the smaller limit wins")
     window_minutes: float = Field(default=60, gt=0, le=7 * 24 * 60)
+    planned_percent: float = Field(
+        default=50, gt=0, le=100, description="of the limit, what planned work (AWS maintenance acted on before "
+                                              "AWS acts) may take within the window, at least one node; the "
+                                              "rest stays for faults")
 
 
 # the most incidents the lemon rule may count: a lineage keeps only its newest ones (store.control)
