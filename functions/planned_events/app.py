@@ -28,7 +28,7 @@ from nodemedic.contracts.scheduled_notice import ScheduledEventsEnvelope
 from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
 from nodemedic.contracts.stages import GateOutput
 from nodemedic.domain.classification import classify, parse_overrides
-from nodemedic.errors import InvalidEventError, PolicyError
+from nodemedic.errors import IncidentStateError, InvalidEventError, PolicyError
 from nodemedic.planned_events import (
     Plan,
     act_at,
@@ -288,7 +288,11 @@ class Pacer:
                 taker = ledger.event_handled_by(f"{PLANNED_SOURCE}/{current.event_id}") if current else None
                 if taker is None:
                     break
-                if _held_by(ledger.get(taker)) not in PASSING_HOLDS:
+                try:
+                    held = _held_by(ledger.get(taker))
+                except IncidentStateError:  # not in the ledger: nothing says it may be offered again
+                    held = ""
+                if held not in PASSING_HOLDS:
                     current = None
                     break
                 # the n-th offer (not one per incident: one folded into a held incident that kept the
