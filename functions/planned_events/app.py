@@ -171,15 +171,15 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     due, deferred = _later(planned.events, store, timedelta(hours=s.planned_lead_time_hours), sweep, now)
     waiting = store.waiting() if isinstance(envelope, ScheduledSweep) else []
     pacer = Pacer(s, sweep, now)
-    came = [released(d.event, now) for d in _current([d for d in waiting if d.act_at <= now], planned)]
+    came = [released(d.event, now) for d in _current([d for d in waiting if d.act_at <= now], planned, now)]
     later = [d for d in waiting if d.act_at > now]
-    early = _current(pacer.campaign(later), planned)
+    early = _current(pacer.campaign(later), planned, now)
     came += [released(d.event, now, early=pacer.why_early) for d in early]
     # a sweep may find again what comes out of waiting now: one event per id
     ready = list({e.event_id: e for e in [*due, *came]}.values())
     if later and pacer.room_left(ready):
         rest = [d for d in later if d not in early]
-        came += [released(d.event, now, early=why) for d, why in _with_slack(_current(rest[:SLACK_LOOKS], planned), sweep)]
+        came += [released(d.event, now, early=why) for d, why in _with_slack(_current(rest[:SLACK_LOOKS], planned, now), sweep)]
         ready = list({e.event_id: e for e in [*due, *came]}.values())
     go, wait = pacer.take(ready)
     kept = {e.event_id for e in wait}
@@ -345,12 +345,13 @@ def _urgency(event: NodeHealthEvent) -> datetime:
     return datetime.fromisoformat(deadline) if isinstance(deadline, str) else event.observed_at
 
 
-def _current(waiting: list[Deferred], planned: Plan) -> list[Deferred]:
-    """Those of ``waiting`` whose instance still backs their node; each other is added to
-    ``planned`` as ignored and moot (forgotten: nothing is published for it)."""
+def _current(waiting: list[Deferred], planned: Plan, now: datetime) -> list[Deferred]:
+    """Those of ``waiting`` that still concern their node (:func:`moot`: its window has not ended,
+    its instance still backs it); each other is added to ``planned`` as ignored and moot
+    (forgotten: nothing is published for it)."""
     provider, kept = wiring.provider(), []
     for d in waiting:
-        why = moot(d.event, provider.member(d.event.node.instance_id))
+        why = moot(d.event, provider.member(d.event.node.instance_id), now)
         if why:
             planned.ignored.append((d.event.node.instance_id, why))
             planned.moot.append(d.event.event_id)

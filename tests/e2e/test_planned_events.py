@@ -272,7 +272,7 @@ def test_a_campaign_waiting_for_its_lead_time_starts_early_enough_to_be_done_by_
     """PlannedLeadTimeHours=48, two retirements whose time to act comes in 30 min, on nodes whose
     jobs report no checkpoint (no slack). The breaker's room is one node per two hours (its 60
     min window, then the next sweep), so both cannot start at their time: the sweep now starts one,
-    saying why, and the other waits for its time."""
+    saying why, and the other waits for its time. Kept waiting past its window, it is forgotten."""
     require_slurm()
     with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01,
                    extra_parameters={"PlannedLeadTimeHours": "48"}) as local:
@@ -289,6 +289,16 @@ def test_a_campaign_waiting_for_its_lead_time_starts_early_enough_to_be_done_by_
         assert early.startswith("paced: 2 waiting notice(s)") and "1 node(s) at a time, 120 min apart" in early
         [other] = waiting.waiting()
         assert other.event.node.slurm_node != incident.slurm_node and other.act_at > datetime.now(UTC)
+
+        # it waits on past its window (here: its time come and its window moved into the past, as
+        # after days of paused automation): AWS has done what it announced, so it is forgotten, and
+        # its node, still a member running its job, is not touched
+        ended = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
+        waiting.defer(other.event.model_copy(update={"evidence": {**other.event.evidence, "window_end": ended}}),
+                      datetime.now(UTC) - timedelta(minutes=1))
+        local.fire_schedule("PlannedEventsFunction")
+        wait_for(lambda: waiting.waiting() == [], "the notice whose window ended forgotten")
+        assert len(local.wait_for_executions(1)) == 1
 
 
 def test_a_notice_the_sweep_finds_again_after_its_incident_takes_no_room_from_the_others() -> None:

@@ -531,7 +531,24 @@ def test_a_node_notice_that_is_not_the_contract_is_refused_with_its_reason(chang
 def test_a_waiting_notice_is_moot_once_its_instance_left_the_cluster_or_backs_another_node() -> None:
     [event] = plan_scheduled([_scheduled("instance-retirement")], cluster="local", provider=_Cluster(),
                              now=NOW).events  # type: ignore[arg-type]
-    assert moot(event, Member(OURS, "gpu-2", "running")) is None
-    assert moot(event, Member(OURS, "gpu-2", "stopped")) is None  # stopped and started by the ec2 provider: still its node
-    assert moot(event, None) == f"{OURS} is no longer a member of the cluster: the notice for gpu-2 is moot"
-    assert moot(event, Member(OURS, "gpu-5", "running")) == f"{OURS} backs gpu-5 now, not gpu-2: the notice is moot"
+    assert moot(event, Member(OURS, "gpu-2", "running"), NOW) is None
+    assert moot(event, Member(OURS, "gpu-2", "stopped"), NOW) is None  # stopped and started by the ec2 provider: still its node
+    assert moot(event, None, NOW) == f"{OURS} is no longer a member of the cluster: the notice for gpu-2 is moot"
+    assert moot(event, Member(OURS, "gpu-5", "running"), NOW) == f"{OURS} backs gpu-5 now, not gpu-2: the notice is moot"
+
+
+def test_a_notice_whose_window_ended_while_it_waited_is_moot_one_with_no_end_is_not() -> None:
+    """A reboot maintenance that waited past its window (automation paused for days, the breaker's
+    room taken by a campaign): AWS has rebooted the node already, so rebooting it again would only
+    cost its job. A retirement has no window end ("after" its date): while its instance is a
+    member, AWS has not acted yet, and it is acted on."""
+    end = NOW + timedelta(hours=2)
+    [reboot] = plan_scheduled([_scheduled("system-reboot", not_after=end)], cluster="local", provider=_Cluster(),
+                              now=NOW).events  # type: ignore[arg-type]
+    member = Member(OURS, "gpu-2", "running")
+    assert moot(reboot, member, end - timedelta(seconds=1)) is None
+    assert moot(reboot, member, end) == (f"its window ended at {end.isoformat()} while it waited: AWS has done "
+                                         "what it announced")
+    [retirement] = plan_scheduled([_scheduled("instance-retirement")], cluster="local", provider=_Cluster(),
+                                  now=NOW).events  # type: ignore[arg-type]
+    assert retirement.evidence["window_end"] is None and moot(retirement, member, NOW + timedelta(days=60)) is None

@@ -136,11 +136,17 @@ def released(event: NodeHealthEvent, now: datetime, early: str | None = None) ->
     return event.model_copy(update={"observed_at": now, "sent_at": now, "evidence": evidence})
 
 
-def moot(event: NodeHealthEvent, member: Member | None) -> str | None:
-    """Why a notice that waited for its lead time no longer concerns its node (None: it does): its
-    instance left the cluster (replaced meanwhile for a fault, by an operator, by its Auto Scaling
-    group) or backs another node now. Published, it would page the on-call about an instance that
-    is not a member (Detect believes no event naming one), weeks after it stopped mattering."""
+def moot(event: NodeHealthEvent, member: Member | None, now: datetime) -> str | None:
+    """Why a notice that waited (for its lead time, or for room under the breaker) no longer
+    concerns its node (None: it does): its window ended meanwhile (AWS has done what it announced:
+    rebooting the node again would only cost its job), its instance left the cluster (replaced
+    meanwhile for a fault, by an operator, by its Auto Scaling group) or backs another node now.
+    Published, it would page the on-call about an instance that is not a member (Detect believes
+    no event naming one), weeks after it stopped mattering. A notice with no window end (a
+    retirement: "after" its date) stays while its instance is a member: AWS has not acted yet."""
+    window_end = event.evidence.get("window_end")
+    if isinstance(window_end, str) and datetime.fromisoformat(window_end) <= now:
+        return f"its window ended at {window_end} while it waited: AWS has done what it announced"
     instance, node = event.node.instance_id, event.node.slurm_node or event.node.k8s_node
     if member is None:
         return f"{instance} is no longer a member of the cluster: the notice for {node} is moot"
