@@ -171,3 +171,19 @@ def test_releasing_an_ended_incident_after_a_replace_frees_the_replaced_instance
     ledger.end(ref, "quarantined", now, "failed its check after every rung", release_node=False)
     assert ledger.release_ended("c", new) == "inc-replaced"
     assert ledger.active_incident_id("c", new) is None and ledger.active_incident_id("c", old) is None
+
+
+def test_the_incident_an_event_opened_stays_its_taker_whatever_later_deliveries_are_decided(ledger: Ledger) -> None:
+    """A planned notice opens incident A; a later delivery of it (a sweep that finds it again) is
+    folded into B, another incident of the node, or refused as stale. Detect's memory still names
+    A: overwritten with B, a B held for a cooldown made the notice look never acted on, and it was
+    offered again (the node rebooted twice for one maintenance)."""
+    now = datetime.now(UTC)
+    key = "nodemedic.planned/ev-1"
+    assert ledger.event_handled_by(key) is None
+    ledger.acknowledge_event(key, "deduplicated", "inc-0", now)  # before it opened one: any decision is kept
+    assert ledger.event_handled_by(key) == "inc-0"
+    ledger.acknowledge_event(key, "remediate", "inc-A", now)
+    ledger.acknowledge_event(key, "deduplicated", "inc-B", now)
+    ledger.acknowledge_event(key, "rejected", None, now)
+    assert ledger.event_handled_by(key) == "inc-A"

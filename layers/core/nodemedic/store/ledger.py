@@ -471,11 +471,15 @@ class Ledger:
     def acknowledge_event(self, event_key: str, decision: str, incident_id: str | None, now: datetime) -> None:
         """Record Detect's decision on an event (``remediate``, ``deduplicated``, ``monitor``,
         ``rejected``) and the incident that took it, if one did: the item an agent reads to stop
-        sending the event again (``acknowledgement_key``)."""
-        self._db.put_item(TableName=self._table, Item={
+        sending the event again (``acknowledgement_key``). The incident an event opened stays its
+        taker: a later delivery folded into another incident of the node (or refused as stale)
+        does not overwrite it, so :meth:`event_handled_by` names the incident that acted on it."""
+        self._conditional("put_item", Item={
             "pk": {"S": ACKNOWLEDGEMENT_PREFIX + event_key}, "decision": {"S": decision},
             **({"incident_id": {"S": incident_id}} if incident_id else {}),
-            "at": {"S": now.isoformat()}, "expires_at": _ttl(now + EVENT_MEMORY)})
+            "at": {"S": now.isoformat()}, "expires_at": _ttl(now + EVENT_MEMORY)},
+            ConditionExpression="attribute_not_exists(pk) OR decision <> :opened",
+            ExpressionAttributeValues={":opened": {"S": "remediate"}})
 
     def first_announcement(self, key: str, now: datetime) -> bool:
         """True the first time ``key`` is announced within ``EVENT_MEMORY``: a redelivered event
