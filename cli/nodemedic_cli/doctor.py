@@ -435,7 +435,6 @@ def check_configuration(target: Target) -> Iterator[Row]:
     from nodemedic.domain.checkpoint import parse_checkpoint_policy
     from nodemedic.domain.classification import parse_overrides
     from nodemedic.orchestrators.kubernetes import parse_drain_policy
-    from nodemedic.safety.policy import parse_policy
 
     parsers: list[tuple[str, Callable[[str], object], str]] = [
         ("FaultActionOverrides", parse_overrides, 'a JSON object of fault code -> action, e.g. {"XID 74": "monitor"}'),
@@ -452,9 +451,8 @@ def check_configuration(target: Target) -> Iterator[Row]:
         else:
             yield Row(f"parameter {key}", "pass", "valid")
     name = target.output("SafetyPolicyParameterName")
-    text = target.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
     try:
-        parse_policy(text, origin=f"safety policy {name}")
+        target.policy()
     except NodeMedicError as exc:
         yield Row("safety policy", "fail", f"{str(exc)[:500]}; every incident is held until it is fixed",
                   f"aws ssm put-parameter --overwrite --name {name} --value '<valid JSON>' (docs/safety.md)")

@@ -17,7 +17,6 @@ from nodemedic.contracts.problems import describe
 from nodemedic.errors import CommandFailedError, IncidentStateError
 from nodemedic.operations import OperatorError
 from nodemedic.providers.run_command import Documents, RunCommand
-from nodemedic.safety.policy import parse_policy
 from nodemedic.stages.health_check import parse_report
 from nodemedic.store.deferred import DeferredPlans
 from nodemedic.store.paced import PacedReleases
@@ -211,9 +210,8 @@ def planned(target: Target) -> dict[str, Any]:
     """The planned notices waiting (for their lead time, or for room under the circuit breaker),
     the nearest first, and the planned work released within the breaker's window."""
     table, db, now = target.output("IncidentsTableName"), target.client("dynamodb"), datetime.now(UTC)
-    name = target.output("SafetyPolicyParameterName")
-    policy = parse_policy(target.client("ssm").get_parameter(Name=name)["Parameter"]["Value"], origin=name)
-    window = timedelta(minutes=policy.breaker.window_minutes)
+    minutes = target.policy().breaker.window_minutes
+    window = timedelta(minutes=minutes)
     releases = PacedReleases(db, table, target.cluster).read().releases
     return {
         "waiting": [{"node": str(d.event.node.slurm_node or d.event.node.k8s_node), "instance": d.event.node.instance_id,
@@ -223,7 +221,7 @@ def planned(target: Target) -> dict[str, Any]:
                     for d in DeferredPlans(db, table, target.cluster).waiting()],
         "released": [{"node": r.node, "event": event_id, "at": r.at.isoformat()}
                      for event_id, r in sorted(releases.items(), key=lambda kv: kv[1].at) if now - r.at <= window],
-        "window_minutes": policy.breaker.window_minutes}
+        "window_minutes": minutes}
 
 
 def spares(target: Target) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from nodemedic.providers.base import Provider
 from nodemedic.providers.kinds import provider_for
 from nodemedic.providers.node_names import NamedByOrchestrator
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
@@ -129,6 +130,12 @@ class Target:
     @cached_property
     def control(self) -> ControlStore:
         return ControlStore(self.client("dynamodb"), self.output("IncidentsTableName"), self.cluster)
+
+    def policy(self) -> SafetyPolicy:
+        """The cluster's safety policy, read as the gate reads it; PolicyError when it is invalid."""
+        name = self.output("SafetyPolicyParameterName")
+        text = self.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+        return parse_policy(text, origin=f"safety policy {name}")
 
     @property
     def on_kubernetes(self) -> bool:

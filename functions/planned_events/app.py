@@ -32,6 +32,7 @@ from nodemedic.errors import IncidentStateError, InvalidEventError, PolicyError
 from nodemedic.planned_events import (
     Plan,
     act_at,
+    deadline_of,
     event_id,
     moot,
     notice_kept_until,
@@ -51,6 +52,7 @@ from nodemedic.planned_events import (
 from nodemedic.safety.pacing import UNCOUNTED, Room, choose, gap, planned_share, room, start_times
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.settings import Settings, settings
+from nodemedic.stages.gate import STORM_RULES
 from nodemedic.store.control import ControlState
 from nodemedic.store.deferred import Deferred, DeferredPlans
 from nodemedic.store.paced import PacedReleases, PacingConflictError, Release, Releases
@@ -59,7 +61,7 @@ logger = Logger(service="planned_events")
 metrics = Metrics()
 SLACK_LOOKS = 10  # nodes whose jobs one sweep reads (an SSM command each on Slurm): the function's timeout
 # gate rules whose hold passes by itself: a planned notice they held is offered again at a later sweep
-PASSING_HOLDS = frozenset({"cooldown", "provider", "paused", "breaker", "breaker_limit", "policy"})
+PASSING_HOLDS = STORM_RULES | {"cooldown", "provider", "policy"}
 MAX_OFFERS = 48  # incidents that may hold one notice for a passing reason before it is left to a person
 
 
@@ -193,11 +195,11 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     gone = [e.event_id for e in [*go, *ready] if e.event_id not in kept] + planned.withdrawn + planned.moot
     if gone:
         store.forget(gone)
-    paced = sorted(str(e.node.slurm_node) for e in wait if e not in unkept)  # what waits for room
+    for_room = [e for e in wait if e not in unkept]  # what waits for room
+    paced = sorted(str(e.node.slurm_node) for e in for_room)
     if paced:
         logger.info("planned events wait for room under the circuit breaker", room=pacer.why, waiting=paced)
-        _announce_late([e for e in wait if e not in unkept], pacer.why, s.cluster_name, s.escalation_topic_arn,
-                       now + sweep, now)
+        _announce_late(for_room, pacer.why, s.cluster_name, s.escalation_topic_arn, now + sweep, now)
     if deferred:
         logger.info("planned events deferred until their lead time", deferred=deferred)
     if planned.ignored:
@@ -248,13 +250,14 @@ class Pacer:
         """Whether the gate counts the event's remediation (not a retire, a burn-in, a monitor)."""
         return classify(event.fault_code, self._overrides).action not in UNCOUNTED
 
-    def _room(self, releases: Releases) -> Room:
+    def _room(self, releases: Releases) -> tuple[Room, dict[str, datetime]]:
+        """The room now, and the nodes released within the breaker's window (when)."""
         if self._facts is None:
-            return Room(0, self.why)
+            return Room(0, self.why), {}
         policy, state, active, size = self._facts
-        window = timedelta(minutes=policy.breaker.window_minutes)
-        return room(state, policy, active, size, releases.recent(self.now, window), self.now,
-                    lambda code: classify(code, self._overrides).fault_class == "planned")
+        recent = releases.recent(self.now, timedelta(minutes=policy.breaker.window_minutes))
+        return room(state, policy, active, size, recent, self.now,
+                    lambda code: classify(code, self._overrides).fault_class == "planned"), recent
 
     def campaign(self, later: list[Deferred]) -> list[Deferred]:
         """Those of the notices waiting for their time whose campaign must start now to be done
@@ -271,7 +274,7 @@ class Pacer:
 
     def room_left(self, ready: list[NodeHealthEvent]) -> bool:
         """Whether the room now is more than ``ready`` takes."""
-        return self._room(self._releases.read()).nodes > len({e.node.slurm_node for e in ready if self.counted(e)})
+        return self._room(self._releases.read())[0].nodes > len({e.node.slurm_node for e in ready if self.counted(e)})
 
     def _offer(self, event: NodeHealthEvent) -> NodeHealthEvent | None:
         """The event as it is offered now: itself while no incident has taken it; None once one
@@ -316,11 +319,11 @@ class Pacer:
         window = timedelta(minutes=self._facts[0].breaker.window_minutes)
         for _ in range(self.ATTEMPTS):
             releases = self._releases.read()
-            releases.prune(self.now, window)  # what is left: released within the window
-            r = self._room(releases)
+            r, recent = self._room(releases)
             self.why = r.why
-            chosen = choose(counted, r.nodes, {release.node for release in releases.releases.values()}, self._offer)
+            chosen = choose(counted, r.nodes, set(recent), self._offer)
             if chosen.fresh:
+                releases.prune(self.now, window)  # the item keeps what the breaker's window still counts
                 releases.releases |= {e.event_id: Release(node=node, at=self.now) for node, e in chosen.fresh.items()}
                 try:
                     self._releases.save(releases)
@@ -341,8 +344,7 @@ def _held_by(incident: Incident) -> str:
 
 
 def _urgency(event: NodeHealthEvent) -> datetime:
-    deadline = event.evidence.get("deadline")
-    return datetime.fromisoformat(deadline) if isinstance(deadline, str) else event.observed_at
+    return deadline_of(event) or event.observed_at
 
 
 def _current(waiting: list[Deferred], planned: Plan, now: datetime) -> list[Deferred]:

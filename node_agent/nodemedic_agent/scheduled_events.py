@@ -10,7 +10,8 @@ ahead. The pipeline hears of the same events from AWS Health and its own sweep o
 so only the node itself can read them.
 
 The agent sends what it read (``EC2 Scheduled Events``, :mod:`nodemedic.contracts.scheduled_notice`)
-when it differs from what it last sent (after it starts, when there is any): the planned-events function
+when it differs from what it last sent (after it starts, when there is any), and again every
+``intervals.scheduled_events_resend_seconds`` while an event is active: the planned-events function
 plans the active events like its sweep's (the same event ids, deduplicated) and forgets a waiting
 one that is completed or canceled since.
 """

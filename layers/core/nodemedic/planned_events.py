@@ -119,14 +119,20 @@ SPOT_INTERRUPTION = "PLANNED_SPOT_INTERRUPTION"
 LATE_WARNING = INTERRUPTION_LEAD
 
 
+def deadline_of(event: NodeHealthEvent) -> datetime | None:
+    """When AWS acts on a planned event (the start of its window), if its notice says."""
+    deadline = event.evidence.get("deadline")
+    return datetime.fromisoformat(deadline) if isinstance(deadline, str) else None
+
+
 def act_at(event: NodeHealthEvent, lead: timedelta, sweep: timedelta) -> datetime:
     """When to publish a planned event: at a sweep (every ``sweep``, the function's schedule) no
     later than ``lead`` before its deadline (so one sweep period earlier), or at once (its
     ``observed_at``) when ``lead`` is 0, it names no deadline, or that moment has passed."""
-    deadline = event.evidence.get("deadline")
-    if not lead or not isinstance(deadline, str):
+    deadline = deadline_of(event)
+    if not lead or deadline is None:
         return event.observed_at
-    return max(event.observed_at, datetime.fromisoformat(deadline) - lead - sweep)
+    return max(event.observed_at, deadline - lead - sweep)
 
 
 def released(event: NodeHealthEvent, now: datetime, early: str | None = None) -> NodeHealthEvent:

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from nodemedic.contracts.events import NodeHealthEvent
+from nodemedic.domain.classification import UNREPAIRED
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import ControlState
 
-# what the gate does not count: nothing changed (monitor), a node not yet in service (burn_in),
-# capacity AWS takes back whatever NodeMedic does (retire)
-UNCOUNTED: frozenset[str] = frozenset({"monitor", "burn_in", "retire"})
+# what the gate does not count: what nothing repairs (monitor; retire: capacity AWS takes back
+# whatever NodeMedic does), and a node not yet in service (burn_in)
+UNCOUNTED: frozenset[str] = UNREPAIRED | {"burn_in"}
 
 
 @dataclass(frozen=True)

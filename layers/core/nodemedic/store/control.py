@@ -22,7 +22,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from nodemedic.errors import ControlConflictError
 from nodemedic.safety.policy import MAX_LEMON_INCIDENTS
-from nodemedic.store.ledger import condition_failed
+from nodemedic.store.ledger import condition_failed, unchanged_since
 
 _SIGNAL = "s:"
 # A lineage keeps its newest incidents only: the lemon rule counts at most MAX_LEMON_INCIDENTS and
@@ -116,12 +116,7 @@ class ControlStore:
         read_version = state.version
         item = {**self._key(), "doc": {"S": state.model_dump_json(exclude={"version"})},
                 "version": {"N": str(read_version + 1)}}
-        put: dict[str, Any] = {"TableName": self._table, "Item": item}
-        if read_version:
-            put |= {"ConditionExpression": "version = :v",
-                    "ExpressionAttributeValues": {":v": {"N": str(read_version)}}}
-        else:
-            put |= {"ConditionExpression": "attribute_not_exists(pk)"}
+        put: dict[str, Any] = {"TableName": self._table, "Item": item, **unchanged_since(read_version)}
         try:
             self._db.transact_write_items(TransactItems=[{"Put": put}, *(extra or [])])
         except ClientError as exc:

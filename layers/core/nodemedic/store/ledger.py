@@ -88,6 +88,14 @@ EVENT_MEMORY = timedelta(days=15)
 INTERRUPTION_MEMORY = timedelta(hours=1)
 
 
+def unchanged_since(version: int) -> dict[str, Any]:
+    """The condition of a write over an item read at ``version`` (0: it was not there): refused
+    when another writer came between (:func:`condition_failed`)."""
+    if version:
+        return {"ConditionExpression": "version = :v", "ExpressionAttributeValues": {":v": {"N": str(version)}}}
+    return {"ConditionExpression": "attribute_not_exists(pk)"}
+
+
 def condition_failed(exc: ClientError) -> bool:
     code = exc.response["Error"]["Code"]
     if code == "ConditionalCheckFailedException":

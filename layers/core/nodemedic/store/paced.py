@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from nodemedic.errors import RetryableError
-from nodemedic.store.ledger import condition_failed
+from nodemedic.store.ledger import condition_failed, unchanged_since
 
 
 class PacingConflictError(RetryableError):
@@ -62,13 +62,10 @@ class PacedReleases:
     def save(self, releases: Releases) -> None:
         """Write ``releases`` if nobody wrote since they were read; else :class:`PacingConflictError`."""
         read = releases.version
-        condition: dict[str, Any] = (
-            {"ConditionExpression": "version = :v", "ExpressionAttributeValues": {":v": {"N": str(read)}}} if read
-            else {"ConditionExpression": "attribute_not_exists(pk)"})
         try:
             self._db.put_item(TableName=self._table, Item={
                 **self._key, "doc": {"S": releases.model_dump_json(exclude={"version"})},
-                "version": {"N": str(read + 1)}}, **condition)
+                "version": {"N": str(read + 1)}}, **unchanged_since(read))
         except ClientError as exc:
             if condition_failed(exc):
                 raise PacingConflictError("planned work was released meanwhile") from exc
