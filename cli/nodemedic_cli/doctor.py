@@ -21,6 +21,7 @@ from nodemedic.errors import NodeMedicError
 from nodemedic.providers.base import Member
 from nodemedic.providers.run_command import Documents
 from nodemedic.reconciler import execution_arn
+from nodemedic.store.ledger import BOOKS_INDEX
 from nodemedic.store.roster import RosterStore
 from nodemedic_sandbox import iam
 from nodemedic_sandbox.aws_rules import alarm_topic_problem
@@ -137,6 +138,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "ResumeFunction": [*db, ("dynamodb", "DeleteItem", table), ("dynamodb", "TransactWriteItems", fail_incident),
                            *on_controller(docs.slurm_query, docs.slurm_resume, docs.spare_add, docs.slurm_drain)],
         "ReconcilerFunction": [*db, ("dynamodb", "Scan", table), ("dynamodb", "DeleteItem", table),
+                               ("dynamodb", "Query", {**table, "IndexName": BOOKS_INDEX}),
                                ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {}}}),
                                ("dynamodb", "TransactWriteItems", fail_incident),
                                ("states", "DescribeExecution", {"executionArn": execution}),

@@ -271,3 +271,16 @@ def _recreate_state_machines(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, A
         sfn.create_state_machine(name=arn.rsplit(":", 1)[1], definition=definition, roleArn=role,
                                  type=props.get("StateMachineType", "STANDARD"))
         aws.state_machine_roles.append(role)  # its Lambda and SDK calls are authorized against it
+
+
+def create_table_as_declared(db: Any, name: str, resource: str = "IncidentsTable", template_path: Path | None = None) -> str:
+    """Create a DynamoDB table named ``name`` with the keys and indexes ``resource`` declares in
+    the template (the project's ``template.yaml`` by default): for tests of the stores on a table
+    of their own, with what the stack has."""
+    path = template_path or Path(__file__).resolve().parents[2] / "template.yaml"
+    props = yaml_parse(path.read_text())["Resources"][resource]["Properties"]
+    db.create_table(TableName=name, BillingMode=props["BillingMode"], AttributeDefinitions=props["AttributeDefinitions"],
+                    KeySchema=props["KeySchema"],
+                    **({"GlobalSecondaryIndexes": props["GlobalSecondaryIndexes"]} if "GlobalSecondaryIndexes" in props
+                       else {}))
+    return name

@@ -279,6 +279,11 @@ class Authorizer:
         elif operation in ("BatchGetItem", "BatchWriteItem"):  # no LeadingKeys: no policy here conditions these
             for name in params["RequestItems"]:
                 yield Request(action, table(name))
+        elif operation in ("Query", "Scan") and params.get("IndexName"):
+            # a read of an index is authorized on the index's ARN, not the table's (DynamoDB
+            # developer guide, "Using IAM policy conditions for fine-grained access control" and
+            # the service authorization reference: resource type "index")
+            yield Request(action, f"{table(params['TableName'])}/index/{params['IndexName']}")
         elif "TableName" in params:
             single = operation in ("GetItem", "PutItem", "UpdateItem", "DeleteItem")
             yield Request(action, table(params["TableName"]),

@@ -7,6 +7,7 @@ import boto3
 import pytest
 from nodemedic.contracts.incident import Incident
 from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox.deploy import create_table_as_declared
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
 
@@ -14,10 +15,7 @@ from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 def ledger():
     with EmbeddedAWS() as aws:
         db = aws.client("dynamodb")
-        db.create_table(TableName="incidents", BillingMode="PAY_PER_REQUEST",
-                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-                        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
-        yield Ledger(db, "incidents")
+        yield Ledger(db, create_table_as_declared(db, "incidents"))
 
 
 def incident(incident_id: str, instance: str = "i-0123456789abcdef0") -> Incident:

@@ -41,7 +41,7 @@ from nodemedic.store.ledger import Ledger
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
 from tests.kube.conftest import Cluster
-from tests.stages.conftest import PREFIX, clock, opened
+from tests.stages.conftest import PREFIX, clock, index_lag, opened
 from tests.stages.memory_provider import MemoryProvider
 
 pytestmark = pytest.mark.usefixtures("aws")
@@ -301,7 +301,7 @@ def test_the_gpu_reset_waits_for_the_gpu_clients_to_leave_and_brings_them_back(
 
 
 def test_the_reconciler_brings_back_the_gpu_clients_an_ended_incident_left_paused(
-        cluster: Cluster, ledger: Ledger) -> None:
+        cluster: Cluster, ledger: Ledger, aws: EmbeddedAWS) -> None:
     from tests.kube.test_orchestrator import OPERATOR_LABELS, _gpu_operator_node
 
     node = _gpu_operator_node(cluster, OPERATOR_LABELS)
@@ -311,6 +311,10 @@ def test_the_reconciler_brings_back_the_gpu_clients_an_ended_incident_left_pause
     report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
                        prefix=PREFIX, now=datetime.now(UTC), start_burn_in=lambda _: None)
     assert report.gpu_clients_resumed == []  # its incident is open: its GPU reset is under way
+    with index_lag(aws.client("dynamodb"), unlisted=[f"INCIDENT#{running.incident_id}"]):  # opened a moment ago
+        report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
+                           prefix=PREFIX, now=datetime.now(UTC), start_burn_in=lambda _: None)
+    assert report.gpu_clients_resumed == []  # the bookkeeping's index did not list it yet: its own read says open
     ledger.end(ledger.get(running.incident_id), "failed", datetime.now(UTC), "repair failed", release_node=True)
     report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "FAILED",
                        prefix=PREFIX, now=datetime.now(UTC), start_burn_in=lambda _: None)

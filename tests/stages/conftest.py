@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from nodemedic.contracts.incident import Incident, Rung
 from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox.deploy import create_table_as_declared
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
 from tests.stages.memory_slurm import MemorySlurm
@@ -27,10 +30,7 @@ def aws() -> Iterator[EmbeddedAWS]:
 def ledger(aws: EmbeddedAWS) -> Ledger:
     db = aws.client("dynamodb")
     name = f"incidents-{next(_ids)}"
-    db.create_table(TableName=name, BillingMode="PAY_PER_REQUEST",
-                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
-    return Ledger(db, name)
+    return Ledger(db, create_table_as_declared(db, name))
 
 
 @pytest.fixture
@@ -51,3 +51,18 @@ def opened(ledger: Ledger, node: str = "gpu-1", *, instance: str = "", minutes_a
 
 def clock() -> datetime:
     return datetime.now(UTC)
+
+
+@contextmanager
+def index_lag(db: Any, *, listed: Sequence[str] = (), unlisted: Sequence[str] = ()) -> Iterator[None]:
+    """DynamoDB's index as it may lag on AWS (moto's is always current): its queries still list
+    the keys ``listed`` (items gone or changed since) and do not list ``unlisted`` yet."""
+    def lagging(parsed: dict[str, Any], **_: Any) -> None:
+        parsed["Items"] = [i for i in parsed.get("Items", []) if i["pk"]["S"] not in unlisted] + \
+            [{"pk": {"S": k}} for k in listed]
+
+    db.meta.events.register("after-call.dynamodb.Query", lagging)
+    try:
+        yield
+    finally:
+        db.meta.events.unregister("after-call.dynamodb.Query", lagging)

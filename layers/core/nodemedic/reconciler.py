@@ -1,6 +1,7 @@
 """The reconciler: finds what every exit path should have left right and was not, and fixes it.
 
-Runs on a schedule (every 5 minutes). One scan of the ledger's bookkeeping, then:
+Runs on a schedule (every 5 minutes). One read of the ledger's bookkeeping (through its sparse
+index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
 
 - an incident still ``open`` whose execution is no longer running (it was stopped, timed out, or
   its failure could not even be recorded) ends ``failed`` exactly as a failed stage does
@@ -127,7 +128,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     when there is no such execution. ``start_burn_in(event)`` publishes a ``NODE_JOINED`` event.
     ``agents``: where to learn which agents are heard (None: not checked)."""
     report = ReconcileReport()
-    books = ledger.bookkeeping(cluster)
+    books = ledger.bookkeeping(cluster, now)
     _strays(books, ledger, orchestrator, execution_status, prefix, now, report)
     _locks_and_claims(books, cluster, ledger, report)
     try:
@@ -137,7 +138,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
         return report
     _holds(books, ledger, orchestrator, nodes, report)
     _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, start_burn_in, report)
-    _paused_gpu_clients(books, orchestrator, report)
+    _paused_gpu_clients(books, ledger, orchestrator, report)
     _stray_autoscaler_holds(books, orchestrator, report)
     if agents is not None:
         try:
@@ -275,13 +276,17 @@ def _stray_autoscaler_holds(books: Bookkeeping, orchestrator: Orchestrator, repo
             report.errors.append(f"release the autoscaler holds of {node}: {exc}")
 
 
-def _paused_gpu_clients(books: Bookkeeping, orchestrator: Orchestrator, report: ReconcileReport) -> None:
+def _paused_gpu_clients(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator,
+                        report: ReconcileReport) -> None:
     open_ids = {i.incident_id for i in books.open_incidents}
     try:
         paused = orchestrator.gpu_clients_paused()
     except Exception as exc:  # noqa: BLE001 - the next run tries again
         report.errors.append(f"cannot read the paused GPU clients: {exc}")
         return
+    # read again: an incident opened a moment ago may not be in the bookkeeping's index yet
+    owners = sorted(set(paused.values()) - open_ids)
+    open_ids |= {i for i, status in (ledger.statuses(owners) if owners else {}).items() if status == "open"}
     for node, owner in sorted(paused.items()):
         if owner in open_ids:  # its GPU reset is under way
             continue

@@ -17,12 +17,18 @@ Items (partition key ``pk``):
 - ``EVENT#<source>/<event id>``: Detect's decision on an event and the incident that took it,
   kept ``EVENT_MEMORY``: a redelivery changes nothing, and the agent that sent it reads it as
   the acknowledgement that stops it sending the event again.
+
+What the reconciler checks (locks, claims, drain holds, open incidents) carries ``books``: its
+cluster (``CLAIMS_BOOK`` for a claim, which names no cluster), the key of the table's sparse index
+``Bookkeeping``. The reconciler reads that index, not the whole table: the table keeps every
+incident and every event of the last 15 days, and a scan of it every 5 minutes grew with both. An
+ended incident leaves the index in the write that ends it.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -65,6 +71,16 @@ def _interrupted_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"INTERRUPTED#{cluster}#{slurm_node}"}}
 
 
+BOOKS_INDEX = "Bookkeeping"  # template.yaml: IncidentsTable's GlobalSecondaryIndexes
+CLAIMS_BOOK = "CLAIM#"  # the index key of every claim (a claim names an incident, not a cluster)
+BOOKS_SWEEP = timedelta(hours=24)  # how often the whole table is scanned for items the index lacks
+
+
+def _books(cluster: str) -> dict[str, Any]:
+    """The attribute that puts an item in the ``Bookkeeping`` index, under ``cluster``."""
+    return {"books": {"S": cluster}}
+
+
 def _ttl(at: datetime) -> dict[str, str]:
     """``expires_at``, the table's TTL attribute: DynamoDB deletes the item some time after ``at``."""
     return {"N": str(int(at.timestamp()))}
@@ -72,6 +88,10 @@ def _ttl(at: datetime) -> dict[str, str]:
 
 def _hold_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"DRAINHOLD#{cluster}#{slurm_node}"}}
+
+
+def _sweep_key(cluster: str) -> dict[str, Any]:
+    return {"pk": {"S": f"BOOKSWEPT#{cluster}"}}
 
 
 def _outbox_key(cluster: str) -> dict[str, Any]:
@@ -131,11 +151,13 @@ class Ledger:
             "doc": {"S": incident.model_dump_json(exclude={"stages"})},
             "status": {"S": incident.status},
             "stages": {"M": {k: {"S": v.model_dump_json()} for k, v in incident.stages.items()}},
+            **(_books(incident.cluster) if incident.status == "open" else {}),
         }
         lock = {
             **_lock_key(incident.cluster, incident.instance_id),
             "incident_id": {"S": incident.incident_id},
             "slurm_node": {"S": incident.slurm_node},
+            **_books(incident.cluster),
         }
         try:
             self._db.transact_write_items(
@@ -173,7 +195,7 @@ class Ledger:
         its events fold into it; False if another incident holds it."""
         return self._conditional("put_item", Item={
             **_lock_key(ref.cluster, instance_id), "incident_id": {"S": ref.incident_id},
-            "slurm_node": {"S": ref.slurm_node}},
+            "slurm_node": {"S": ref.slurm_node}, **_books(ref.cluster)},
             ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
             ExpressionAttributeValues={":id": {"S": ref.incident_id}})
 
@@ -316,7 +338,7 @@ class Ledger:
         update: dict[str, Any] = {
             "TableName": self._table,
             "Key": _incident_key(ref.incident_id),
-            "UpdateExpression": "SET #status = :end, closed_at = :now, outcome = :why",
+            "UpdateExpression": "SET #status = :end, closed_at = :now, outcome = :why",  # REMOVE books: below
             "ConditionExpression": "#status IN (:open, :end)",
             "ExpressionAttributeNames": {"#status": "status"},
             "ExpressionAttributeValues": {
@@ -327,6 +349,7 @@ class Ledger:
         if failure is not None:
             update["UpdateExpression"] += ", failed_at = :now, failure = :failure"
             update["ExpressionAttributeValues"][":failure"] = {"M": {k: {"S": v} for k, v in failure.items()}}
+        update["UpdateExpression"] += " REMOVE books"  # out of the reconciler's index
         items: list[dict[str, Any]] = [{"Update": update}, *(extra or [])]
         if release_node:
             items.append({"Delete": {
@@ -356,7 +379,8 @@ class Ledger:
     # -- drains NodeMedic holds ----------------------------------------------------------
     def _hold_item(self, ref: IncidentRef, reason: str, now: datetime) -> dict[str, Any]:
         return {**_hold_key(ref.cluster, ref.slurm_node), "incident_id": {"S": ref.incident_id},
-                "instance_id": {"S": ref.instance_id}, "reason": {"S": reason}, "since": {"S": now.isoformat()}}
+                "instance_id": {"S": ref.instance_id}, "reason": {"S": reason}, "since": {"S": now.isoformat()},
+                **_books(ref.cluster)}
 
     def hold_drain(self, ref: IncidentRef, reason: str, now: datetime) -> None:
         """NodeMedic keeps ``ref``'s node drained with ``reason`` (the latest incident's hold wins)."""
@@ -376,35 +400,90 @@ class Ledger:
         return _hold_from(cluster, slurm_node, item) if item else None
 
     # -- what the reconciler checks -----------------------------------------------------
-    def bookkeeping(self, cluster: str) -> Bookkeeping:
-        """Every lock, claim and drain hold, and the open incidents of ``cluster``, in one scan."""
+    def bookkeeping(self, cluster: str, now: datetime | None = None) -> Bookkeeping:
+        """Every lock and drain hold of ``cluster``, every claim, and the open incidents of
+        ``cluster``: found through the ``Bookkeeping`` index, each read consistently. An index
+        is eventually consistent: an item written a moment ago may be missing (the next run finds
+        it), one changed may still be listed (its consistent read shows what it is now: an incident
+        that ended is left out, a lock or claim released is gone). Once every ``BOOKS_SWEEP``, a
+        scan first puts in the index what an older version wrote without it (:meth:`index_unindexed`)."""
+        at = now or datetime.now(UTC)
+        if self._sweep_due(cluster, at):
+            self.index_unindexed(cluster)
+            self._db.put_item(TableName=self._table, Item={**_sweep_key(cluster), "at": {"S": at.isoformat()}})
+        keys = [pk for book in (cluster, CLAIMS_BOOK) for pk in self._indexed(book)]
+        found = Bookkeeping()
+        for item in self._read_consistently(keys):
+            kind, _, rest = item["pk"]["S"].partition("#")
+            if kind == "NODE" and rest.startswith(f"{cluster}#"):
+                found.locks.append(NodeLock(instance_id=rest.split("#", 1)[1],
+                                            incident_id=item["incident_id"]["S"],
+                                            slurm_node=item.get("slurm_node", {}).get("S", "")))
+            elif kind == "CLAIM":
+                claim_kind, _, key = rest.partition("#")
+                found.claims.append(Claim(kind=claim_kind, key=key, incident_id=item["incident_id"]["S"]))
+            elif kind == "DRAINHOLD" and rest.startswith(f"{cluster}#"):
+                found.holds.append(_hold_from(cluster, rest.split("#", 1)[1], item))
+            elif kind == "INCIDENT" and item["status"]["S"] == "open":
+                incident = _from_item(item)
+                if incident.cluster == cluster:
+                    found.open_incidents.append(incident)
+        return found
+
+    def _indexed(self, book: str) -> list[str]:
+        """The keys the ``Bookkeeping`` index lists under ``book``."""
+        pages = self._db.get_paginator("query").paginate(
+            TableName=self._table, IndexName=BOOKS_INDEX, KeyConditionExpression="books = :b",
+            ExpressionAttributeValues={":b": {"S": book}})
+        return [item["pk"]["S"] for page in pages for item in page.get("Items", [])]
+
+    def _read_consistently(self, keys: list[str]) -> list[dict[str, Any]]:
+        """The items with these keys, as they are now (batch reads; those gone are left out)."""
+        found: list[dict[str, Any]] = []
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 100):
+            request: dict[str, Any] = {self._table: {"Keys": [{"pk": {"S": k}} for k in unique[start:start + 100]],
+                                                     "ConsistentRead": True}}
+            while request:
+                resp = self._db.batch_get_item(RequestItems=request)
+                found += resp["Responses"].get(self._table, [])
+                request = resp.get("UnprocessedKeys") or {}
+        return found
+
+    def _sweep_due(self, cluster: str, now: datetime) -> bool:
+        item = self._db.get_item(TableName=self._table, Key=_sweep_key(cluster), ConsistentRead=True).get("Item")
+        return not item or not now - BOOKS_SWEEP < datetime.fromisoformat(item["at"]["S"]) <= now
+
+    def index_unindexed(self, cluster: str) -> int:
+        """Scan the table once for what the reconciler checks but the index lacks (written by a
+        version before the index: an upgrade, a restored backup) and put it there; take out of it an
+        incident that ended without leaving it. How many items were changed."""
         pages = self._db.get_paginator("scan").paginate(
-            TableName=self._table, ConsistentRead=True,
-            FilterExpression="begins_with(pk, :lock) OR begins_with(pk, :claim) OR begins_with(pk, :hold) "
-                             "OR (begins_with(pk, :inc) AND #s = :open)",
+            TableName=self._table, ConsistentRead=True, ProjectionExpression="pk, #s, books, doc",
+            FilterExpression="((begins_with(pk, :lock) OR begins_with(pk, :claim) OR begins_with(pk, :hold) "
+                             "OR (begins_with(pk, :inc) AND #s = :open)) AND attribute_not_exists(books)) "
+                             "OR (begins_with(pk, :inc) AND #s <> :open AND attribute_exists(books))",
             ExpressionAttributeNames={"#s": "status"},
             ExpressionAttributeValues={":lock": {"S": f"NODE#{cluster}#"}, ":claim": {"S": "CLAIM#"},
                                        ":hold": {"S": f"DRAINHOLD#{cluster}#"}, ":inc": {"S": "INCIDENT#"},
-                                       ":open": {"S": "open"}},
-        )
-        found = Bookkeeping()
-        for page in pages:
-            for item in page.get("Items", []):
-                kind, _, rest = item["pk"]["S"].partition("#")
-                if kind == "NODE":
-                    found.locks.append(NodeLock(instance_id=rest.split("#", 1)[1],
-                                                incident_id=item["incident_id"]["S"],
-                                                slurm_node=item.get("slurm_node", {}).get("S", "")))
-                elif kind == "CLAIM":
-                    claim_kind, _, key = rest.partition("#")
-                    found.claims.append(Claim(kind=claim_kind, key=key, incident_id=item["incident_id"]["S"]))
-                elif kind == "DRAINHOLD":
-                    found.holds.append(_hold_from(cluster, rest.split("#", 1)[1], item))
-                elif kind == "INCIDENT":
-                    incident = _from_item(item)
-                    if incident.cluster == cluster:
-                        found.open_incidents.append(incident)
-        return found
+                                       ":open": {"S": "open"}})
+        changed = 0
+        for item in (item for page in pages for item in page.get("Items", [])):
+            pk = item["pk"]["S"]
+            if "books" in item:  # an incident that ended
+                changed += self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="REMOVE books",
+                                             ConditionExpression="#s <> :open", ExpressionAttributeNames={"#s": "status"},
+                                             ExpressionAttributeValues={":open": {"S": "open"}})
+                continue
+            condition: dict[str, Any] = {"ConditionExpression": "attribute_exists(pk)"}
+            book = CLAIMS_BOOK if pk.startswith("CLAIM#") else cluster
+            if pk.startswith("INCIDENT#"):  # in its own cluster's book, only while it is still open
+                book = Incident.model_validate_json(item["doc"]["S"]).cluster
+                condition = {"ConditionExpression": "#s = :open", "ExpressionAttributeNames": {"#s": "status"}}
+            values = {":b": {"S": book}, **({":open": {"S": "open"}} if pk.startswith("INCIDENT#") else {})}
+            changed += self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="SET books = :b",
+                                         ExpressionAttributeValues=values, **condition)
+        return changed
 
     def release_lock(self, lock: NodeLock, cluster: str) -> bool:
         """Release a lock still held by ``lock.incident_id``; False if it changed meanwhile."""
@@ -572,7 +651,8 @@ class Ledger:
     def claim(self, kind: str, key: str, incident_id: str) -> bool:
         """Take ``key`` (a replacement instance, a hot spare) for an incident; False if another
         incident has it. The claim holds until :meth:`release`."""
-        return self._conditional("put_item", Item={**_claim_key(kind, key), "incident_id": {"S": incident_id}},
+        return self._conditional("put_item", Item={**_claim_key(kind, key), "incident_id": {"S": incident_id},
+                                                   **_books(CLAIMS_BOOK)},
                                  ConditionExpression="attribute_not_exists(pk) OR incident_id = :id",
                                  ExpressionAttributeValues={":id": {"S": incident_id}})
 
