@@ -421,6 +421,8 @@ def planned_command(ctx: typer.Context, as_json: AsJson = False) -> None:
         console.print(table)
         released = ", ".join(f"{x['node']} ({x['at'][11:16]}Z)" for x in r["released"]) or "none"
         console.print(f"planned work released within the last {r['window_minutes']:g} min: {plain(released)}")
+        if r["policy_error"]:
+            console.print(f"[red]{plain(r['policy_error'])}[/red]")
     _run(ctx, as_json, operator.planned, show)
 
 

@@ -14,9 +14,10 @@ from nodemedic import operations
 from nodemedic.contracts.events import RemediationRequest
 from nodemedic.contracts.incident import STAGES, Incident, StageRecord
 from nodemedic.contracts.problems import describe
-from nodemedic.errors import CommandFailedError, IncidentStateError
+from nodemedic.errors import CommandFailedError, IncidentStateError, PolicyError
 from nodemedic.operations import OperatorError
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.stages.health_check import parse_report
 from nodemedic.store.deferred import DeferredPlans
 from nodemedic.store.paced import PacedReleases
@@ -210,7 +211,11 @@ def planned(target: Target) -> dict[str, Any]:
     """The planned notices waiting (for their lead time, or for room under the circuit breaker),
     the nearest first, and the planned work released within the breaker's window."""
     table, db, now = target.output("IncidentsTableName"), target.client("dynamodb"), datetime.now(UTC)
-    minutes = target.policy().breaker.window_minutes
+    try:
+        policy_error, minutes = None, target.policy().breaker.window_minutes
+    except PolicyError as exc:  # then nothing planned is released: what waits is what the operator needs to see
+        policy_error = f"{exc}; no planned work is released until it is fixed"
+        minutes = SafetyPolicy().breaker.window_minutes  # the default's window, for what was released before
     window = timedelta(minutes=minutes)
     releases = PacedReleases(db, table, target.cluster).read().releases
     return {
@@ -221,7 +226,7 @@ def planned(target: Target) -> dict[str, Any]:
                     for d in DeferredPlans(db, table, target.cluster).waiting()],
         "released": [{"node": r.node, "event": event_id, "at": r.at.isoformat()}
                      for event_id, r in sorted(releases.items(), key=lambda kv: kv[1].at) if now - r.at <= window],
-        "window_minutes": minutes}
+        "window_minutes": minutes, "policy_error": policy_error}
 
 
 def spares(target: Target) -> dict[str, Any]:

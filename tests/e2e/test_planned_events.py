@@ -229,6 +229,17 @@ def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() 
         assert [r["node"] for r in listed["released"]] == [first.slurm_node] and listed["window_minutes"] == 60
         table = CliRunner().invoke(app, ["planned"], obj=target)
         assert "2 planned notice(s) waiting" in table.output and "room under the circuit" in table.output
+        # a safety policy that cannot be read releases no planned work: the operator still sees what
+        # waits, and why (before, the command failed on the policy and showed nothing)
+        ssm, name = local.aws.client("ssm"), target.output("SafetyPolicyParameterName")
+        good = ssm.get_parameter(Name=name)["Parameter"]["Value"]
+        ssm.put_parameter(Name=name, Value="{not json", Overwrite=True)
+        try:
+            broken = CliRunner().invoke(app, ["planned", "--json"], obj=target)
+        finally:
+            ssm.put_parameter(Name=name, Value=good, Overwrite=True)
+        assert broken.exit_code == 0, broken.output
+        assert len(json.loads(broken.output)["waiting"]) == 2 and "is not JSON" in json.loads(broken.output)["policy_error"]
 
         # AWS moves one waiting notice's window to 30 min from now: there is still no room, and AWS
         # will act before the next sweep. The on-call is told, once however often it is delivered
