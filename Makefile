@@ -67,7 +67,7 @@ gpu-check:  ## on a GPU machine: the real-GPU tests (tests/gpu), then bench/gpu_
 	PYTHONPATH=node_agent:layers/core:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest --noconftest -p no:cacheprovider -o addopts= -rs -v tests/gpu
 	PYTHONPATH=node_agent:layers/core:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_node $(GPU_BENCH_ARGS)
 
-bench: venv  ## run the benchmarks (about 45 min); results in docs/benchmarks.{json,md} and docs/fleet.md
+bench: venv  ## run the benchmarks (about 50 min); results in docs/benchmarks.{json,md} and docs/fleet.md
 	$(BIN)/python -m bench.agent_latency --faults 200
 	$(BIN)/python -m bench.agent_idle --seconds 60
 	$(BIN)/python -m bench.silent_node --nodes 8
@@ -80,6 +80,7 @@ bench: venv  ## run the benchmarks (about 45 min); results in docs/benchmarks.{j
 	$(BIN)/python -m bench.fleet_report
 	$(BIN)/python -m bench.fleet_scale --nodes 10000 --minutes 4
 	$(BIN)/python -m bench.storm --nodes 10000 --events 20000 --faulty 2000 --seconds 60
+	$(BIN)/python -m bench.bookkeeping --ended 10000 --events 50000 --open 20
 
 agent-wheel: venv  ## build the node agent wheel into dist/ (install it with node_agent/lifecycle/install-agent.sh)
 	$(BIN)/pip wheel --quiet --no-deps -w dist node_agent
