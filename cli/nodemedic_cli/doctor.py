@@ -111,6 +111,10 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         (reached with DescribeCluster and a token presigned from STS, which needs no permission)."""
         if target.on_kubernetes:
             return describe_cluster
+        if p.get("SlurmChannel") == "relay":  # the relay queue, and each request's record
+            return [("sqs", "SendMessage", {"QueueUrl": out["RelayQueueUrl"]}),
+                    ("dynamodb", "PutItem", {**table, "Item": {"pk": {"S": "RELAY#0"}}}),
+                    ("dynamodb", "UpdateItem", {**table, "Key": {"pk": {"S": "RELAYSENT#0"}}})]
         return [*(send(d, p["SlurmControllerInstanceId"]) for d in documents), ("ssm", "GetCommandInvocation", {})]
     names = describe_cluster if target.on_kubernetes else []  # a node's spec.providerID names its instance
     repair_by_provider: dict[str, list[Call]] = {

@@ -22,7 +22,8 @@ from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.base import Provider
 from nodemedic.providers.kinds import provider_for
 from nodemedic.providers.node_names import NamedByOrchestrator
-from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.providers.relay_command import RelayCommand
+from nodemedic.providers.run_command import Commands, Documents, RunCommand
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -181,13 +182,19 @@ class Target:
 
     @cached_property
     def orchestrator(self) -> Orchestrator:
-        """Slurm through the stack's SSM documents, or :attr:`kubernetes`."""
+        """Slurm through the stack's documents (SSM Run Command, or the relay where the stack's
+        SlurmChannel says so), or :attr:`kubernetes`."""
         if self.on_kubernetes:
             return self.kubernetes
         p = self.parameters
-        return SlurmViaSSM(RunCommand(self.client("ssm"), poll_interval=0.5), p["SlurmControllerInstanceId"],
-                           int(p.get("CommandTimeoutSeconds") or 120), Documents(self.cluster),
-                           spare_reservation=p.get("SpareReservation") or "nodemedic_spares")
+        ssm = RunCommand(self.client("ssm"), poll_interval=0.5)
+        controller: Commands = ssm
+        if p.get("SlurmChannel") == "relay":
+            controller = RelayCommand(self.client("sqs"), self.output("RelayQueueUrl"), self.client("dynamodb"),
+                                      self.output("IncidentsTableName"), poll_interval=0.5)
+        return SlurmViaSSM(controller, p["SlurmControllerInstanceId"], int(p.get("CommandTimeoutSeconds") or 120),
+                           Documents(self.cluster), spare_reservation=p.get("SpareReservation") or "nodemedic_spares",
+                           nodes_runner=ssm)
 
     @cached_property
     def provider(self) -> Provider:

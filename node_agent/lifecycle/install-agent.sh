@@ -6,6 +6,7 @@
 #                    [--wheelhouse PATH_OR_S3_URL | --wheel PATH_OR_S3_URL] [--s3-endpoint-url URL]
 #                    [--gpus 8] [--efa 32] [--shared-mount /fsx] [--slurm-node NAME] [--instance-id ID]
 #                    [--root DIR] [--no-systemd] [--no-burn-in] [--python python3]
+#                    [--relay-queue URL]
 #
 # --wheelhouse: the tar.gz build-wheelhouse.sh makes; installs with no package index. --wheel: the
 # agent wheel alone; pip fetches its dependencies from PyPI (or the node's pip mirror). Neither:
@@ -15,13 +16,15 @@
 # links /opt/nodemedic/bin/deep-health-check and gpu-reset (the pipeline's DeepHealthCheckCommand
 # and GpuResetCommand), installs
 # and starts the systemd unit, holds each later slurmd start for its burn-in (a slurmd drop-in;
-# --no-burn-in: not), then prints a first health report.
+# --no-burn-in: not), then prints a first health report. --relay-queue (the stack output
+# RelayQueueUrl, on the Slurm controller of a stack whose SlurmChannel is relay; needs
+# --acknowledgements-table): also [relay] in the config and nodemedic-relay.service.
 set -euo pipefail
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "install-agent: $*" >&2; exit 2; }
 
-CLUSTER="" BUS="" ACK_TABLE="" REGION="" WHEEL="" WHEELHOUSE="" S3_ENDPOINT="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3
+CLUSTER="" BUS="" ACK_TABLE="" REGION="" WHEEL="" WHEELHOUSE="" S3_ENDPOINT="" GPUS=8 EFA=0 SHARED=() SLURM_NODE="" INSTANCE_ID="" ROOT="" SYSTEMD=1 BURN_IN=1 PYTHON=python3 RELAY_QUEUE=""
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -41,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --no-systemd) SYSTEMD=0; shift ;;
     --no-burn-in) BURN_IN=0; shift ;;
     --python) PYTHON="$2"; shift 2 ;;
+    --relay-queue) RELAY_QUEUE="$2"; shift 2 ;;
     -h|--help) usage 0 ;;
     *) echo "install-agent: unknown option $1" >&2; usage 2 ;;
   esac
@@ -48,6 +52,7 @@ done
 [[ -n "$CLUSTER" ]] || die "--cluster is required"
 [[ -n "$BUS" ]] || die "--bus is required (the stack output EventBusName)"
 [[ -z "$WHEEL" || -z "$WHEELHOUSE" ]] || die "--wheel and --wheelhouse: give one"
+[[ -z "$RELAY_QUEUE" || -n "$ACK_TABLE" ]] || die "--relay-queue needs --acknowledgements-table (the relay's requests are recorded there)"
 command -v "$PYTHON" >/dev/null || die "no $PYTHON on PATH: the agent needs Python 3.10 or newer (--python PATH)"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PYTHON is $("$PYTHON" -V 2>&1): the agent \
 needs Python 3.10 or newer. Amazon Linux 2023: dnf install -y python3.11, then --python python3.11; Ubuntu 20.04: \
@@ -118,6 +123,7 @@ if [[ ! -f "$ETC/agent.toml" ]]; then
     printf 'shared_mounts = [%s]\n' "$( ((${#SHARED[@]})) && printf '"%s",' "${SHARED[@]}" | sed 's/,$//')"
     echo; echo "[publish]"; echo "spool_dir = \"$SPOOL\""
     [[ -n "$ACK_TABLE" ]] && echo "acknowledgements_table = \"$ACK_TABLE\""
+    if [[ -n "$RELAY_QUEUE" ]]; then echo; echo "[relay]"; echo "queue_url = \"$RELAY_QUEUE\""; echo "table = \"$ACK_TABLE\""; fi
   } > "$ETC/agent.toml"
 else
   echo "==> keeping the existing $ETC/agent.toml"
@@ -142,6 +148,12 @@ if [[ "$SYSTEMD" == 1 ]]; then
   install -m 644 "$HERE/../systemd/nodemedic-agent.service" "$ROOT/etc/systemd/system/nodemedic-agent.service"
   systemctl daemon-reload
   systemctl enable --now nodemedic-agent.service
+  if [[ -n "$RELAY_QUEUE" ]]; then
+    echo "==> starting nodemedic-relay.service (the pipeline's Slurm documents on this controller)"
+    install -m 644 "$HERE/../systemd/nodemedic-relay.service" "$ROOT/etc/systemd/system/nodemedic-relay.service"
+    systemctl daemon-reload
+    systemctl enable --now nodemedic-relay.service
+  fi
   if [[ "$BURN_IN" == 1 ]] && systemctl cat slurmd.service >/dev/null 2>&1; then
     # from the next slurmd start on (a boot, a replacement), the node joins drained until the
     # pipeline's full deep health check passes; a running node is not touched now

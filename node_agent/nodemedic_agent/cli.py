@@ -200,6 +200,31 @@ def cmd_gpu_reset(args: argparse.Namespace) -> int:
                      restore_after_s=args.restore_after)
 
 
+def cmd_relay(args: argparse.Namespace) -> int:
+    import boto3
+
+    from nodemedic_agent.identity import resolve_identity, resolve_region
+    from nodemedic_agent.relay import Relay
+
+    config = _config(args)
+    r = config.relay
+    if not (r.queue_url and r.table):
+        raise ConfigError(f"{args.config}: [relay] needs queue_url and table (the stack outputs RelayQueueUrl and "
+                          "IncidentsTableName)")
+    region = resolve_region(config)
+    relay = Relay(cluster=config.cluster, instance_id=resolve_identity(config).instance_id, queue_url=r.queue_url,
+                  table=r.table, sqs=boto3.client("sqs", region_name=region, endpoint_url=r.sqs_endpoint_url),
+                  ssm=boto3.client("ssm", region_name=region, endpoint_url=r.ssm_endpoint_url),
+                  dynamodb=boto3.client("dynamodb", region_name=region, endpoint_url=config.publish.dynamodb_endpoint_url))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: relay.stop_event.set())
+    logging.info("nodemedic-agent %s relaying cluster %s's Slurm documents on %s from %s", __version__, config.cluster,
+                 relay.instance_id, r.queue_url)
+    relay.serve()  # a command running when SIGTERM comes is finished first (the long poll ends within 20 s)
+    logging.info("relay stopped: %d command(s) run, %d refused", relay.ran, relay.refused)
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     config = _config(args)
     print(f"{args.config}: valid (cluster {config.cluster}, bus {config.event_bus}, hardware {config.hardware.backend})")
@@ -312,6 +337,15 @@ def parser() -> argparse.ArgumentParser:
                        help="a systemd timer puts back what the reset stopped after this long, should the reset be "
                             f"killed: 60 to 86400 (default {RESTORE_AFTER_S})")
     reset.set_defaults(func=cmd_gpu_reset)
+
+    relay = sub.add_parser(
+        "relay", help="on a Slurm controller SSM Run Command cannot reach (HyperPod; the stack's SlurmChannel "
+                      "relay): run the pipeline's Slurm documents from the relay queue until SIGTERM",
+        description="Reads [relay] queue_url and table (the stack outputs RelayQueueUrl and IncidentsTableName). "
+                    "Runs only requests for this instance and documents of this cluster, each parameter checked "
+                    "against its document as SSM's agent checks it; each request at most once. Its role needs the "
+                    "stack's RelayPolicy.")
+    relay.set_defaults(func=cmd_relay)
 
     val = sub.add_parser("validate", help="validate the configuration file and exit")
     val.set_defaults(func=cmd_validate)

@@ -202,6 +202,18 @@ class BurnIn(_Section):
                                  description="retry an unreachable controller this long, then fail (slurmd waits)")
 
 
+class RelaySection(_Section):
+    """``nodemedic-agent relay``, on a Slurm controller SSM Run Command cannot reach (the stack's
+    ``SlurmChannel`` is ``relay``: a SageMaker HyperPod cluster)."""
+
+    queue_url: str | None = Field(default=None, max_length=2048, pattern=r"^https://\S+$",
+                                  description="the stack output RelayQueueUrl")
+    table: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{3,255}$",
+                              description="the stack output IncidentsTableName: where each request is recorded")
+    sqs_endpoint_url: EndpointUrl | None = Field(default=None, description="SQS endpoint (VPC endpoint, tests)")
+    ssm_endpoint_url: EndpointUrl | None = Field(default=None, description="SSM endpoint (VPC endpoint, tests)")
+
+
 class AgentConfig(_Section):
     cluster: str = Field(pattern=CLUSTER_NAME)
     event_bus: Annotated[str, Field(min_length=1, max_length=1600), AfterValidator(_event_bus)]
@@ -215,6 +227,7 @@ class AgentConfig(_Section):
     hardware: Hardware = Field(default_factory=Hardware)
     publish: Publish = Field(default_factory=Publish)
     burn_in: BurnIn = Field(default_factory=BurnIn)
+    relay: RelaySection = Field(default_factory=RelaySection)
     fault_overrides: dict[str, str] = Field(
         default_factory=dict, description='Fault code -> action, e.g. {"XID 74" = "monitor"}; same as the stack\'s')
 

@@ -168,6 +168,8 @@ def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: d
     outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
     if "AgentPublishPolicyArn" in outputs:
         aws.agent_roles.append(_agent_role(aws, stack_name, outputs["AgentPublishPolicyArn"]))
+    if "RelayPolicyArn" in outputs:
+        aws.relay_roles.append(_agent_role(aws, stack_name, outputs["RelayPolicyArn"], "slurm-controller"))
     return Stack(stack_name, outputs, resources)
 
 
@@ -181,13 +183,14 @@ def _with_parameters(value: str | dict[str, str], cfn: dict[str, Any], parameter
     return text
 
 
-def _agent_role(aws: EmbeddedAWS, stack_name: str, policy_arn: str) -> str:
+def _agent_role(aws: EmbeddedAWS, stack_name: str, policy_arn: str, name: str = "gpu-node") -> str:
     """The nodes' instance role as the README says to make it: the stack's agent policy attached.
-    The local node agents' calls are authorized against it (``AGENT_KEY``)."""
+    The local node agents' calls are authorized against it (``AGENT_KEY``); the controller's, with
+    the relay policy, against the relay's (``RELAY_KEY``)."""
     iam = aws.client("iam")
     trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                      "Principal": {"Service": "ec2.amazonaws.com"}}]}
-    role = iam.create_role(RoleName=f"{stack_name}-gpu-node", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    role = iam.create_role(RoleName=f"{stack_name}-{name}", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
     iam.attach_role_policy(RoleName=role["RoleName"], PolicyArn=policy_arn)
     return str(role["Arn"])
 
@@ -198,8 +201,8 @@ def _moto_stack(aws: EmbeddedAWS, stack_name: str) -> Any:
 
 
 def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> None:
-    """moto's CloudFormation skips bus and queue policies, CloudWatch alarms and EKS access entries;
-    apply them through their APIs. (It skips bucket policies too, and they stay unapplied: moto's S3
+    """moto's CloudFormation skips bus and queue policies, CloudWatch alarms, EKS access entries and
+    a role's managed policies; apply them through their APIs. (It skips bucket policies too, and they stay unapplied: moto's S3
     evaluates a bucket policy's statements without their conditions, so the template's TLS-only
     Deny, conditioned on aws:SecureTransport, would refuse every request; the local S3 is reached
     in-process, with no transport to secure.)"""
@@ -217,7 +220,7 @@ def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> N
             aws.client("ssm").create_document(Name=name, Content=json.dumps(props["Content"]),
                                               DocumentType=props.get("DocumentType", "Command"),
                                               DocumentFormat="JSON")
-    for resource in cfn["Resources"].values():
+    for logical_id, resource in cfn["Resources"].items():
         if "Condition" in resource and not stack.resource_map.lazy_condition_map[resource["Condition"]]:
             continue  # CloudFormation creates no resource whose condition is false
         props = resource.get("Properties", {})
@@ -244,6 +247,14 @@ def _apply_policies(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, Any]) -> N
             props = clean_json(props, stack.resource_map)
             aws.create_access_entry(props["ClusterName"], props["PrincipalArn"], props.get("KubernetesGroups", []),
                                     props.get("Type", "STANDARD"))
+        elif resource["Type"] == "AWS::IAM::Role" and props.get("ManagedPolicyArns"):
+            # moto's CloudFormation attaches none; the stack's own (a function's Policies naming one
+            # of its AWS::IAM::ManagedPolicy) are attached here. AWS's (AWSLambdaBasicExecutionRole:
+            # logs, which the local IAM does not model) do not exist in the embedded account
+            role = stack.resource_map[logical_id].name
+            for arn in clean_json(props["ManagedPolicyArns"], stack.resource_map):
+                if ":aws:policy/" not in arn:
+                    aws.client("iam").attach_role_policy(RoleName=role, PolicyArn=arn)
         elif resource["Type"] == "AWS::SQS::QueuePolicy":
             props = clean_json(props, stack.resource_map)
             for url in props["Queues"]:

@@ -72,6 +72,7 @@ from moto.stepfunctions.parser.backend.execution import Execution
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 from moto.utilities.arns import parse_arn
+from nodemedic_agent.documents import parameter_problems, render_document
 
 from nodemedic_sandbox import hyperpod, iam
 from nodemedic_sandbox.aws_rules import (
@@ -127,6 +128,7 @@ def _warm_service_models() -> None:
 
 STATE_MACHINE_KEY = "ak"  # the access key moto's Step Functions interpreter signs with (boto_client.py)
 AGENT_KEY = "nodemedic-agent"  # the access key the local node agents sign with (sandbox/agents.py)
+RELAY_KEY = "nodemedic-relay"  # the access key the local controller's relay signs with (local.py)
 _PARAMETERS = "nodemedic_api_parameters"
 
 
@@ -700,6 +702,7 @@ class EmbeddedAWS:
         self.authorized: list[tuple[str, iam.Request]] = []  # (who, request) for every allowed call
         self.state_machine_roles: list[str] = []  # the deployed state machines' roles (deploy.py)
         self.agent_roles: list[str] = []  # a role with the deployed AgentPublishPolicy attached (deploy.py)
+        self.relay_roles: list[str] = []  # the controller's role, with the deployed RelayPolicy attached (deploy.py)
         self.throttles: list[Throttle] = []  # see throttle()
         self.entry_failures: list[EntryFailure] = []  # see fail_entries()
         self._entry_failures_lock = threading.Lock()
@@ -1033,6 +1036,8 @@ class EmbeddedAWS:
             return ("state machine", self.state_machine_roles[-1])
         if credentials is not None and credentials.access_key == AGENT_KEY and self.agent_roles:
             return ("agent", self.agent_roles[-1])  # a node agent: the instance role users attach the policy to
+        if credentials is not None and credentials.access_key == RELAY_KEY and self.relay_roles:
+            return ("relay", self.relay_roles[-1])  # nodemedic-agent relay: the controller's role
         return None
 
     def _authorize(self, model: Any, context: dict[str, Any], request_signer: Any = None, **_: Any) -> None:
@@ -1407,37 +1412,12 @@ class EmbeddedAWS:
                 "Resources": [alarm.alarm_arn], "Detail": json.dumps(detail)}])
 
 
-_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z0-9_]+)\s*\}\}")
-
-
 def check_parameters(name: str, document: dict[str, Any], given: dict[str, list[str]]) -> None:
-    """What SSM checks before it sends a command: every value is declared, present or defaulted,
-    and matches its ``allowedValues`` / ``allowedPattern`` (else ``InvalidParameters``; SSM
-    "Creating SSM documents: parameters"). No value reaches an instance unchecked."""
-    declared: dict[str, dict[str, Any]] = document.get("parameters", {})
-    problems = [f"{k} is not a parameter of {name}" for k in given if k not in declared]
-    for key, spec in declared.items():
-        values = given.get(key)
-        if values is None:
-            if "default" not in spec:
-                problems.append(f"{key} is required")
-            continue
-        for value in values:
-            if "allowedValues" in spec and value not in spec["allowedValues"]:
-                problems.append(f"{key}={value!r} is not one of {spec['allowedValues']}")
-            if "allowedPattern" in spec and not re.search(spec["allowedPattern"], value):
-                problems.append(f"{key}={value!r} does not match {spec['allowedPattern']}")
+    """What SSM checks before it sends a command (``InvalidParameters``): no value reaches an
+    instance unchecked (:func:`nodemedic_agent.documents.parameter_problems`)."""
+    problems = parameter_problems(name, document, given)
     if problems:
         raise SSMException("InvalidParameters", f"{name}: " + "; ".join(problems))
-
-
-def render_document(document: dict[str, Any], given: dict[str, list[str]]) -> str:
-    """The shell an SSM agent runs for an ``aws:runShellScript`` document: ``{{ name }}``
-    replaced by the parameter's value (its default when not given)."""
-    values = {k: given.get(k, [str(spec.get("default", ""))]) for k, spec in document.get("parameters", {}).items()}
-    lines = [line for step in document["mainSteps"] if step["action"] == "aws:runShellScript"
-             for line in step["inputs"]["runCommand"]]
-    return _PLACEHOLDER.sub(lambda m: "\n".join(values[m.group(1)]), "\n".join(lines))
 
 
 _RATE = re.compile(r"^rate\((\d+) (minute|minutes|hour|hours|day|days)\)$")

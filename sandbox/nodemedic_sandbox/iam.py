@@ -302,6 +302,8 @@ class Authorizer:
                               _tags_context(("ssm:resourceTag", "aws:ResourceTag"), tags))
             if params.get("Targets"):
                 raise NotImplementedError("the local IAM does not model SendCommand with Targets")
+        elif operation == "GetDocument":  # the relay reads the document it runs
+            yield Request(action, self.arn("ssm", f"document/{params['Name']}"))
         elif operation in ("GetParameter", "GetParameters", "PutParameter"):
             for name in params.get("Names", [params.get("Name")]):
                 yield Request(action, self.arn("ssm", f"parameter/{str(name).lstrip('/')}"))

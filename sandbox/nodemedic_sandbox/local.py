@@ -4,22 +4,26 @@ deployed ``template.yaml``. Tests, benchmarks and the demo all start it the same
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import boto3
 from nodemedic.contracts.incident import Incident
 from nodemedic.store.ledger import Ledger
+from nodemedic_agent.relay import Relay
 
 from nodemedic_sandbox import scheduler as scheduler_mod
 from nodemedic_sandbox.agents import NodeAgents
 from nodemedic_sandbox.cluster import SimCluster
 from nodemedic_sandbox.deploy import Stack, deploy
-from nodemedic_sandbox.embedded_aws import EmbeddedAWS, as_aws_service
+from nodemedic_sandbox.embedded_aws import RELAY_KEY, EmbeddedAWS, as_aws_service
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -57,6 +61,8 @@ class LocalMode:
         self.scheduler_note = ""
         self.schedule_scale = schedule_scale
         self.agents: NodeAgents | None = None
+        self.relay: Relay | None = None
+        self._relay_thread: threading.Thread | None = None
 
     def __enter__(self) -> LocalMode:
         self.aws.start()
@@ -71,6 +77,8 @@ class LocalMode:
             self.stack: Stack = deploy(self.aws, self.template, self.stack_name, params)
             self.ledger = Ledger(self.aws.client("dynamodb"), self.stack.table_name)
             self._escalation_queue = self._subscribe_queue(self.stack.topic_arn)
+            if params.get("SlurmChannel") == "relay":
+                self._start_relay()
             if self.schedule_scale is not None:
                 self.aws.start_schedules(self.schedule_scale)
         except BaseException:
@@ -81,6 +89,9 @@ class LocalMode:
     def __exit__(self, *exc: object) -> None:
         if self.agents is not None:
             self.agents.stop()
+        if self.relay is not None and self._relay_thread is not None:
+            self.relay.stop_event.set()
+            self._relay_thread.join(timeout=30)
         if hasattr(self, "scheduler"):
             self.scheduler.stop()
             shutil.rmtree(self.scheduler.root, ignore_errors=True)  # the cluster's temp dir: nothing is left
@@ -88,6 +99,23 @@ class LocalMode:
         if self.aws.denials and not self.expect_denials and not any(exc):
             raise PermissionError("IAM denied calls that template.yaml's roles must allow (AWS would too):\n"
                                   + "\n".join(f"- {d}" for d in self.aws.denials))
+
+    def _start_relay(self) -> None:
+        """``nodemedic-agent relay`` on the controller (SlurmChannel relay): the agent's own code,
+        signing as the controller's role (the stack's RelayPolicy attached), running the documents
+        against this cluster's Slurm as the local SSM would."""
+        controller = self.cluster.controller_id
+        def as_controller(service: str) -> Any:
+            return boto3.client(service, region_name=self.aws.region, aws_access_key_id=RELAY_KEY,  # type: ignore[call-overload]
+                                aws_secret_access_key="local")
+
+        env = {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": controller,
+               "TMPDIR": str(self.cluster.state_dir)}
+        self.relay = Relay(cluster=self.cluster.name, instance_id=controller, queue_url=self.stack.outputs["RelayQueueUrl"],
+                           table=self.stack.table_name, sqs=as_controller("sqs"), ssm=as_controller("ssm"),
+                           dynamodb=as_controller("dynamodb"), env=env, receive_wait_s=1)
+        self._relay_thread = threading.Thread(target=self.relay.serve, name="nodemedic-relay", daemon=True)
+        self._relay_thread.start()
 
     def start_agents(self, heartbeat_s: float = 15.0, poll_s: float = 2.0, reassert_s: float = 60.0,
                      scheduled_s: float = 300.0) -> NodeAgents:

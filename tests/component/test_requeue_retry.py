@@ -28,8 +28,9 @@ import pytest
 from nodemedic.errors import CommandPendingError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic_agent.documents import render_document
 from nodemedic_sandbox.aws_rules import SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
-from nodemedic_sandbox.embedded_aws import check_parameters, render_document
+from nodemedic_sandbox.embedded_aws import check_parameters
 
 from tests.component.test_ssm_output_limit import DOCUMENTS
 

@@ -21,9 +21,10 @@ from nodemedic.errors import CommandFailedError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.run_command import CommandResult, Documents, RunCommand
 from nodemedic.stages.health_check import parse_report
+from nodemedic_agent.documents import render_document
 from nodemedic_agent.report import REPORT_LIMIT, fitted
 from nodemedic_sandbox.aws_rules import SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
-from nodemedic_sandbox.embedded_aws import check_parameters, render_document
+from nodemedic_sandbox.embedded_aws import check_parameters
 from samtranslator.yaml_helper import yaml_parse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -61,7 +61,8 @@ def test_lifecycle_script_installs_a_working_agent_from_the_wheelhouse_with_no_i
         ["bash", str(INSTALL), "--cluster", "local", "--bus", "nodemedic-local",
          "--acknowledgements-table", "nodemedic-local-IncidentsTable-1A2B", "--region", "us-east-1",
          "--instance-id", "i-0123456789abcdef0", "--slurm-node", "gpu-1", "--shared-mount", "/",
-         "--wheelhouse", str(house), "--root", str(root), "--no-systemd", "--python", sys.executable],
+         "--wheelhouse", str(house), "--root", str(root), "--no-systemd", "--python", sys.executable,
+         "--relay-queue", "https://sqs.us-east-1.amazonaws.com/123456789012/nodemedic-local-RelayQueue-1A2B"],
         capture_output=True, text=True, timeout=600, env=no_index_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "(from the wheelhouse, no package index)" in proc.stdout
@@ -69,6 +70,9 @@ def test_lifecycle_script_installs_a_working_agent_from_the_wheelhouse_with_no_i
     assert "NodeMedic health report: gpu-1 (i-0123456789abcdef0)" in proc.stdout
     written = tomllib.loads((root / "etc/nodemedic/agent.toml").read_text())
     assert written["publish"]["acknowledgements_table"] == "nodemedic-local-IncidentsTable-1A2B"
+    # on a controller of a SlurmChannel relay stack: the relay's section, validated with the rest
+    assert written["relay"] == {"queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/nodemedic-local-RelayQueue-1A2B",
+                                "table": "nodemedic-local-IncidentsTable-1A2B"}
 
     check = subprocess.run([str(root / "opt/nodemedic/bin/deep-health-check"), "--level", "quick",
                             "--settle-seconds", "1"],  # a failing check is repeated for the settle window
@@ -103,6 +107,14 @@ def test_the_systemd_unit_is_sandboxed_but_keeps_what_the_agent_reads(tmp_path: 
     assert settings.get("ProtectKernelLogs", "no") == "no" and settings.get("PrivateDevices", "no") == "no"
     assert settings["ProtectSystem"] != "strict"
     assert "CAP_SYSLOG" in settings["CapabilityBoundingSet"]
+
+
+def test_a_relay_without_the_table_its_requests_are_recorded_in_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(INSTALL), "--cluster", "local", "--bus", "b", "--root", str(tmp_path), "--no-systemd",
+                           "--relay-queue", "https://sqs.us-east-1.amazonaws.com/123456789012/q"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--relay-queue needs --acknowledgements-table" in proc.stderr
+    assert not (tmp_path / "opt").exists()
 
 
 def test_an_old_python_is_refused_with_what_to_install(tmp_path: Path) -> None:

@@ -59,7 +59,8 @@ def test_on_karpenter_repair_reboots_only_the_node_pools_instances_and_deletes_n
     calls = representative_calls(stack, "i-0a1b2c3d4e5f60789")  # type: ignore[arg-type]
     reboot = ("ec2", "RebootInstances", {"InstanceIds": ["i-0a1b2c3d4e5f60789"]})
     assert reboot in calls["RepairFunction"] and ("eks", "DescribeCluster", {"name": "prod-gpu"}) in calls["RepairFunction"]
-    [statement] = [s for p in RESOURCES["RepairFunction"]["Properties"]["Policies"] for s in p["Statement"]
+    [statement] = [s for p in RESOURCES["RepairFunction"]["Properties"]["Policies"] if isinstance(p, dict)
+                   for s in p.get("Statement", [])
                    if "aws:ResourceTag/karpenter.sh/nodepool" in s.get("Condition", {}).get("StringEquals", {})]
     rendered = {**statement, "Condition": {"StringEquals": {"aws:ResourceTag/karpenter.sh/nodepool": "gpu-pool"}},
                 "Resource": statement["Resource"]["Fn::Sub"].replace("${AWS::Partition}", "aws")
@@ -83,7 +84,8 @@ def _rendered(function: str) -> list[dict]:
                 .replace("${AWS::AccountId}", "123456789012")
         return [sub(v) for v in value] if isinstance(value, list) else value
     return [{k: sub(v) for k, v in s.items() if k != "Condition"}
-            for p in RESOURCES[function]["Properties"]["Policies"] for s in p["Statement"] if "Condition" not in s]
+            for p in RESOURCES[function]["Properties"]["Policies"] if isinstance(p, dict)
+            for s in p.get("Statement", []) if "Condition" not in s]
 
 
 def test_on_hyperpod_the_check_is_hyperpods_own_and_the_template_allows_it() -> None:

@@ -20,6 +20,10 @@ class Settings(BaseSettings):
     karpenter_node_pool: str = Field(default="", description="PROVIDER=karpenter: the NodePool of the GPU nodes")
     orchestrator: Literal["slurm", "kubernetes"] = "slurm"
     slurm_controller_instance_id: str = Field(default="", description="ORCHESTRATOR=slurm: runs slurmctld")
+    slurm_channel: Literal["ssm", "relay"] = Field(
+        default="ssm", description="how the controller's documents reach it: SSM Run Command, or the relay queue "
+                                   "(nodemedic-agent relay on the controller: HyperPod, whose nodes SSM cannot reach)")
+    relay_queue_url: str = Field(default="", description="SLURM_CHANNEL=relay: the relay queue")
     eks_cluster_name: str = Field(default="", description="ORCHESTRATOR=kubernetes: the EKS cluster")
     kubernetes_drain_policy: str = Field(default="{}", description="JSON: how each namespace's pods leave a node")
     checkpoint_policy: str = Field(default="{}", description="JSON: which drains checkpoint the jobs first")
@@ -61,6 +65,8 @@ class Settings(BaseSettings):
             raise ValueError("PROVIDER=karpenter needs KARPENTER_NODE_POOL and ORCHESTRATOR=kubernetes")
         if self.orchestrator == "slurm" and not self.slurm_controller_instance_id:
             raise ValueError("ORCHESTRATOR=slurm needs SLURM_CONTROLLER_INSTANCE_ID")
+        if self.slurm_channel == "relay" and not self.relay_queue_url:
+            raise ValueError("SLURM_CHANNEL=relay needs RELAY_QUEUE_URL")
         if self.orchestrator == "kubernetes" and not self.eks_cluster_name:
             raise ValueError("ORCHESTRATOR=kubernetes needs EKS_CLUSTER_NAME")
         return self

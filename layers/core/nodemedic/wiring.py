@@ -17,7 +17,8 @@ from nodemedic.providers.base import Provider
 from nodemedic.providers.hyperpod import HyperPodProvider
 from nodemedic.providers.kinds import provider_for
 from nodemedic.providers.node_names import NamedByOrchestrator
-from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.providers.relay_command import RelayCommand
+from nodemedic.providers.run_command import Commands, Documents, RunCommand
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.settings import settings
 from nodemedic.store.control import ControlStore
@@ -68,6 +69,16 @@ def run_command() -> RunCommand:
     return RunCommand(client("ssm"), settings().command_poll_interval_seconds)
 
 
+@lru_cache(maxsize=1)
+def controller_commands() -> Commands:
+    """How the Slurm controller's documents reach it: SSM Run Command, or the relay."""
+    s = settings()
+    if s.slurm_channel == "relay":
+        return RelayCommand(client("sqs"), s.relay_queue_url, client("dynamodb"), s.incidents_table,
+                            s.command_poll_interval_seconds)
+    return run_command()
+
+
 def documents() -> Documents:
     return Documents(settings().cluster_name)
 
@@ -89,8 +100,8 @@ def orchestrator() -> Orchestrator:
     s = settings()
     if s.orchestrator == "kubernetes":
         return kubernetes()
-    return SlurmViaSSM(run_command(), s.slurm_controller_instance_id, s.command_timeout_seconds, documents(),
-                       spare_reservation=s.spare_reservation)
+    return SlurmViaSSM(controller_commands(), s.slurm_controller_instance_id, s.command_timeout_seconds, documents(),
+                       spare_reservation=s.spare_reservation, nodes_runner=run_command())
 
 
 @lru_cache(maxsize=1)
@@ -112,7 +123,7 @@ def hyperpod() -> HyperPodProvider:
 def reset(*, keep_clients: bool = False) -> None:
     """Forget the settings and every adapter built from them, and the boto3 clients too unless
     ``keep_clients`` (the local mode runs each function in one process, each with its own settings)."""
-    for cached in (ledger, control, run_command, kubernetes, orchestrator, provider, hyperpod, settings):
+    for cached in (ledger, control, run_command, controller_commands, kubernetes, orchestrator, provider, hyperpod, settings):
         cached.cache_clear()
     _policy_cache.clear()
     if not keep_clients:

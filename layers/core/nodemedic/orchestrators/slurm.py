@@ -13,7 +13,7 @@ import re
 from nodemedic.domain.scontrol import drain_reason, expand_hostlist, parse_scontrol_record
 from nodemedic.errors import CommandFailedError, DrainFailedError, ResumeFailedError
 from nodemedic.orchestrators.base import EvacuationResult, HostGpuClients, JobState, NoAutoscalers, NodeStatus, RunningJob
-from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.providers.run_command import Commands, Documents
 
 _REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 :._#/@=+,()-]")  # what the drain document's allowedPattern refuses
 
@@ -56,11 +56,14 @@ def _requeue_result(lines: list[str]) -> EvacuationResult:
 
 
 class SlurmViaSSM(HostGpuClients, NoAutoscalers):
-    """:class:`~nodemedic.orchestrators.base.Orchestrator` for Slurm, driven with SSM."""
+    """:class:`~nodemedic.orchestrators.base.Orchestrator` for Slurm, driven with the stack's
+    documents: on the controller through ``runner`` (SSM Run Command, or the relay where SSM cannot
+    reach it), on a new instance (its join) through ``nodes_runner`` (SSM; ``runner`` when not given)."""
 
-    def __init__(self, runner: RunCommand, controller_instance_id: str, timeout_s: int, documents: Documents,
-                 spare_reservation: str = "nodemedic_spares") -> None:
+    def __init__(self, runner: Commands, controller_instance_id: str, timeout_s: int, documents: Documents,
+                 spare_reservation: str = "nodemedic_spares", nodes_runner: Commands | None = None) -> None:
         self._run = runner
+        self._nodes = nodes_runner or runner
         self._controller = controller_instance_id
         self._timeout = timeout_s
         self._docs = documents
@@ -86,10 +89,10 @@ class SlurmViaSSM(HostGpuClients, NoAutoscalers):
         ``since``): done, or waited for, rather than a second join started beside the first; one
         that failed is sent again."""
         given = {"slurmNode": node}
-        sent = self._run.sent_since(instance_id, self._docs.node_join, given, since) if since is not None else []
-        if sent and self._run.wait(instance_id, sent[-1], self._timeout).ok:
+        sent = self._nodes.sent_since(instance_id, self._docs.node_join, given, since) if since is not None else []
+        if sent and self._nodes.wait(instance_id, sent[-1], self._timeout).ok:
             return node
-        self._run.run_checked(instance_id, self._docs.node_join, given, self._timeout, f"join {node}")
+        self._nodes.run_checked(instance_id, self._docs.node_join, given, self._timeout, f"join {node}")
         return node
 
     def nodes(self) -> list[NodeStatus]:

@@ -71,7 +71,42 @@ class CommandResult:
         return len(self.stdout) >= SSM_STDOUT_LIMIT
 
 
-class RunCommand:
+class Commands:
+    """Send a document to an instance, find what an earlier invocation sent, wait for a result:
+    through SSM Run Command (:class:`RunCommand`), or through the relay on a controller SSM cannot
+    reach (:class:`~nodemedic.providers.relay_command.RelayCommand`)."""
+
+    def send(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
+             comment: str = "") -> str:
+        raise NotImplementedError
+
+    def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
+        raise NotImplementedError
+
+    def wait(self, instance_id: str, command_id: str, timeout_s: int) -> CommandResult:
+        raise NotImplementedError
+
+    def run(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
+            comment: str = "") -> CommandResult:
+        return self.wait(instance_id, self.send(instance_id, document, parameters, timeout_s, comment), timeout_s)
+
+    def run_checked(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
+                    comment: str = "") -> str:
+        """Run and return stdout; raise :class:`CommandFailedError` with the output on failure."""
+        result = self.run(instance_id, document, parameters, timeout_s, comment)
+        if result.cut:
+            raise CommandFailedError(
+                f"{comment or 'command'} on {instance_id}: only the first {SSM_STDOUT_LIMIT:,} "
+                f"characters of its output came back; nothing read from a cut answer")
+        if not result.ok:
+            raise CommandFailedError(
+                f"{comment or 'command'} on {instance_id}: {result.status} "
+                f"(exit {result.exit_code}): {(result.stderr or result.stdout).strip()[-500:]}"
+            )
+        return result.stdout
+
+
+class RunCommand(Commands):
     """A document on one instance, polled until it ends or the deadline passes."""
 
     def __init__(
@@ -124,10 +159,6 @@ class RunCommand:
                  if all((command.get("Parameters") or {}).get(k) == [v] for k, v in parameters.items())]
         return [str(c["CommandId"]) for c in sorted(found, key=lambda c: c["RequestedDateTime"])]
 
-    def run(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
-            comment: str = "") -> CommandResult:
-        return self.wait(instance_id, self.send(instance_id, document, parameters, timeout_s, comment), timeout_s)
-
     def wait(self, instance_id: str, command_id: str, timeout_s: int) -> CommandResult:
         """Poll a sent command until it ends; :class:`CommandPendingError` after ``timeout_s``."""
         deadline = self._clock() + timeout_s
@@ -147,21 +178,6 @@ class RunCommand:
                     f"command {command_id} on {instance_id} still running after {timeout_s}s"
                 )
             self._sleep(self._poll)
-
-    def run_checked(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
-                    comment: str = "") -> str:
-        """Run and return stdout; raise :class:`CommandFailedError` with the output on failure."""
-        result = self.run(instance_id, document, parameters, timeout_s, comment)
-        if result.cut:
-            raise CommandFailedError(
-                f"{comment or 'command'} on {instance_id}: SSM returned only the first {SSM_STDOUT_LIMIT:,} "
-                f"characters of its output; nothing read from a cut answer")
-        if not result.ok:
-            raise CommandFailedError(
-                f"{comment or 'command'} on {instance_id}: {result.status} "
-                f"(exit {result.exit_code}): {(result.stderr or result.stdout).strip()[-500:]}"
-            )
-        return result.stdout
 
     def _invocation(self, command_id: str, instance_id: str) -> dict[str, Any] | None:
         try:

@@ -1,0 +1,183 @@
+"""``nodemedic-agent relay``: runs the stack's Slurm documents on a controller that SSM Run
+Command cannot reach (a SageMaker HyperPod cluster's; the stack's ``SlurmChannel`` is ``relay``).
+
+It takes each message from the stack's relay queue (SQS, long polling). A message only names a
+request, which it reads from the incident table (``RELAY#<command id>``, written by the function
+that sent it), and runs as SSM's agent would: the request must be for this instance, the document
+one of this cluster's (``nodemedic-<cluster>-*``), read from SSM (``GetDocument``, which its role
+allows for those documents only); each parameter is checked against the document's declaration
+(:mod:`nodemedic_agent.documents`), never taken as shell text; the script runs under the request's
+timeout; its outcome (status, exit code, the first 24,000 characters of stdout, as SSM returns
+them) is written to the request's record. A request is run at most once: its record goes ``Pending`` -> ``InProgress`` in one
+conditional write, so a message delivered again (SQS delivers at least once) or a relay that
+stopped mid-command (its message comes back after the visibility timeout) runs nothing again. The
+one cut off is marked ``Failed`` with the reason; the stage that sent it decides, as it does after
+an SSM command whose instance rebooted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from nodemedic.contracts.relay import RELAY_OUTPUT_LIMIT, RELAY_STDERR_LIMIT, RelayRequest, relay_key
+
+from nodemedic_agent.documents import parameter_problems, render_document
+
+log = logging.getLogger("nodemedic_agent.relay")
+RECEIVE_WAIT_S = 20  # SQS long polling: at most 20 s
+STALE_AFTER_S = 3600  # a request older than this (the relay was down) is refused, not run late
+CUT_OFF_MARGIN_S = 60  # InProgress this long past its timeout: the relay running it stopped
+
+
+class Relay:
+    def __init__(self, *, cluster: str, instance_id: str, queue_url: str, table: str, sqs: Any, ssm: Any, dynamodb: Any,
+                 env: dict[str, str] | None = None, receive_wait_s: int = RECEIVE_WAIT_S,
+                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+        self.cluster, self.instance_id, self.queue_url, self.table = cluster, instance_id, queue_url, table
+        self._wait_s = receive_wait_s
+        self._sqs, self._ssm, self._db = sqs, ssm, dynamodb
+        self._env, self._now = env, now
+        self._documents: dict[str, dict[str, Any]] = {}
+        self.stop_event = threading.Event()
+        self.ran = 0
+        self.refused = 0
+
+    def serve(self) -> None:
+        """Take and run requests until :attr:`stop_event` is set; an AWS error waits a moment."""
+        while not self.stop_event.is_set():
+            try:
+                self.take_once()
+            except (BotoCoreError, ClientError) as exc:
+                log.warning("the relay queue or the incident table did not answer: %s", exc)
+                self.stop_event.wait(5)
+
+    def take_once(self) -> int:
+        """Receive one batch, run each request, delete its message; how many were received."""
+        messages = self._sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
+                                             WaitTimeSeconds=self._wait_s).get("Messages", [])
+        for message in messages:
+            self.handle(message["Body"])
+            self._sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
+        return len(messages)
+
+    def handle(self, body: str) -> None:
+        """Run the request a message names, once. The message only names it (``{"command_id"}``):
+        what runs is what the pipeline recorded, so a message is no way to run anything else.
+        Refused, with the reason in its record: a document that is not this cluster's, parameters
+        its declaration refuses, a request older than ``STALE_AFTER_S``."""
+        try:
+            command_id = str(json.loads(body)["command_id"])
+            item = self._db.get_item(TableName=self.table, Key={"pk": {"S": relay_key(command_id)}},
+                                     ConsistentRead=True).get("Item")
+            request = RelayRequest.model_validate_json(item["request"]["S"]) if item else None
+        except (ValueError, KeyError, TypeError) as exc:  # ValidationError is a ValueError
+            self.refused += 1
+            log.warning("relay: not a request, ignored: %s", str(exc).splitlines()[0][:300] if str(exc) else repr(exc))
+            return
+        if request is None or request.command_id != command_id:
+            self.refused += 1
+            log.warning("relay: %s has no record: ignored", command_id[:64])
+            return
+        why = self._refusal(request)
+        if why is not None:
+            self.refused += 1
+            log.warning("relay: refused %s (%s): %s", request.command_id, request.document, why)
+            self._finish(request, "Failed", -1, "", why, start=True)
+            return
+        if not self._start(request):
+            log.info("relay: %s was taken before (a message delivered again): not run again", request.command_id)
+            return
+        script = render_document(self._documents[request.document], request.parameters)
+        status, code, out, err = self._run(script, request.timeout_s)
+        self.ran += 1
+        log.info("relay: %s %s: %s (exit %d)", request.command_id, request.document, status, code)
+        self._finish(request, status, code, out, err)
+
+    def _refusal(self, request: RelayRequest) -> str | None:
+        if request.instance_id != self.instance_id:
+            return f"sent for {request.instance_id}; this relay runs on {self.instance_id} only"
+        if not request.document.startswith(f"nodemedic-{self.cluster}-"):
+            return f"{request.document} is not a document of cluster {self.cluster}"
+        age = (self._now() - request.sent_at).total_seconds()
+        if age > STALE_AFTER_S:
+            return f"sent {age:.0f}s ago: too late to run (the relay was not running)"
+        document = self._document(request.document)
+        if document is None:
+            return f"{request.document} cannot be read from SSM"
+        problems = parameter_problems(request.document, document, request.parameters)
+        return "InvalidParameters: " + "; ".join(problems) if problems else None
+
+    def _document(self, name: str) -> dict[str, Any] | None:
+        if name not in self._documents:
+            try:
+                content = self._ssm.get_document(Name=name)["Content"]
+                self._documents[name] = json.loads(content)
+            except (ClientError, ValueError) as exc:
+                log.warning("relay: cannot read document %s: %s", name, exc)
+                return None
+        return self._documents[name]
+
+    def _start(self, request: RelayRequest) -> bool:
+        """Pending -> InProgress, once; False when it was taken before."""
+        try:
+            self._db.update_item(TableName=self.table, Key={"pk": {"S": relay_key(request.command_id)}},
+                                 UpdateExpression="SET #s = :run, started_at = :now",
+                                 ConditionExpression="#s = :pending", ExpressionAttributeNames={"#s": "status"},
+                                 ExpressionAttributeValues={":run": {"S": "InProgress"}, ":pending": {"S": "Pending"},
+                                                            ":now": {"S": self._now().isoformat()}})
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+            self._fail_cut_off(request)
+            return False
+        return True
+
+    def _fail_cut_off(self, request: RelayRequest) -> None:
+        """A request found InProgress longer than its timeout was cut off (the relay stopped while
+        it ran, and its message came back): Failed, not run again. One started more recently is
+        still running, and is left to finish."""
+        cut_before = (self._now() - timedelta(seconds=request.timeout_s + CUT_OFF_MARGIN_S)).isoformat()
+        try:
+            self._db.update_item(TableName=self.table, Key={"pk": {"S": relay_key(request.command_id)}},
+                                 UpdateExpression="SET #s = :failed, exit_code = :code, stderr = :why",
+                                 ConditionExpression="#s = :run AND (attribute_not_exists(started_at) OR started_at < :cut)",
+                                 ExpressionAttributeNames={"#s": "status"},
+                                 ExpressionAttributeValues={
+                                     ":failed": {"S": "Failed"}, ":code": {"N": "-1"}, ":run": {"S": "InProgress"},
+                                     ":cut": {"S": cut_before},
+                                     ":why": {"S": "the relay stopped while the command ran; not run again"}})
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+
+    def _run(self, script: str, timeout_s: int) -> tuple[str, int, str, str]:
+        try:
+            done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, errors="replace",
+                                  timeout=timeout_s, env=self._env, check=False)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            return "TimedOut", -1, out, f"timed out after {timeout_s}s"
+        return ("Success" if done.returncode == 0 else "Failed"), done.returncode, done.stdout, done.stderr
+
+    def _finish(self, request: RelayRequest, status: str, code: int, out: str, err: str, *, start: bool = False) -> None:
+        """Write the outcome to the request's record (only one the pipeline made: never a new one)."""
+        condition = "#s = :pending" if start else "#s = :run"
+        try:
+            self._db.update_item(
+                TableName=self.table, Key={"pk": {"S": relay_key(request.command_id)}},
+                UpdateExpression="SET #s = :status, exit_code = :code, stdout = :out, stderr = :err, ended_at = :now",
+                ConditionExpression=condition, ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues={":status": {"S": status}, ":code": {"N": str(code)},
+                                           ":out": {"S": out[:RELAY_OUTPUT_LIMIT]}, ":err": {"S": err[:RELAY_STDERR_LIMIT]},
+                                           ":now": {"S": self._now().isoformat()},
+                                           (":pending" if start else ":run"): {"S": "Pending" if start else "InProgress"}})
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+            log.warning("relay: %s has no record to write its outcome to (or another wrote it)", request.command_id)
