@@ -203,6 +203,7 @@ def cmd_gpu_reset(args: argparse.Namespace) -> int:
 def cmd_relay(args: argparse.Namespace) -> int:
     import boto3
 
+    from nodemedic_agent.clock import AwsClock
     from nodemedic_agent.identity import resolve_identity, resolve_region
     from nodemedic_agent.relay import Relay
 
@@ -211,11 +212,13 @@ def cmd_relay(args: argparse.Namespace) -> int:
     if not (r.queue_url and r.table):
         raise ConfigError(f"{args.config}: [relay] needs queue_url and table (the stack outputs RelayQueueUrl and "
                           "IncidentsTableName)")
-    region = resolve_region(config)
+    region, aws_time = resolve_region(config), AwsClock()
+    # AWS's time for signing and for a request's age: the controller's own clock may be off
+    sqs = aws_time.attach(boto3.client("sqs", region_name=region, endpoint_url=r.sqs_endpoint_url))
+    ssm = aws_time.attach(boto3.client("ssm", region_name=region, endpoint_url=r.ssm_endpoint_url))
+    dynamodb = aws_time.attach(boto3.client("dynamodb", region_name=region, endpoint_url=config.publish.dynamodb_endpoint_url))
     relay = Relay(cluster=config.cluster, instance_id=resolve_identity(config).instance_id, queue_url=r.queue_url,
-                  table=r.table, sqs=boto3.client("sqs", region_name=region, endpoint_url=r.sqs_endpoint_url),
-                  ssm=boto3.client("ssm", region_name=region, endpoint_url=r.ssm_endpoint_url),
-                  dynamodb=boto3.client("dynamodb", region_name=region, endpoint_url=config.publish.dynamodb_endpoint_url))
+                  table=r.table, sqs=sqs, ssm=ssm, dynamodb=dynamodb, now=aws_time.aws_now)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: relay.stop_event.set())
     logging.info("nodemedic-agent %s relaying cluster %s's Slurm documents on %s from %s", __version__, config.cluster,

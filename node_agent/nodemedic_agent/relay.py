@@ -12,7 +12,8 @@ them) is written to the request's record. A request is run at most once: its rec
 conditional write, so a message delivered again (SQS delivers at least once) or a relay that
 stopped mid-command (its message comes back after the visibility timeout) runs nothing again. The
 one cut off is marked ``Failed`` with the reason; the stage that sent it decides, as it does after
-an SSM command whose instance rebooted."""
+an SSM command whose instance rebooted. A request whose sender has stopped waiting for it (its
+timeout has passed, on AWS's clock) is refused: the stage has failed or sent it again."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ from nodemedic_agent.documents import parameter_problems, render_document
 
 log = logging.getLogger("nodemedic_agent.relay")
 RECEIVE_WAIT_S = 20  # SQS long polling: at most 20 s
-STALE_AFTER_S = 3600  # a request older than this (the relay was down) is refused, not run late
+# a request whose sender stopped waiting (its timeout, and this for clocks and delivery) is refused:
+# the stage has failed or sent it again, and a drain run now could hit a node returned since
+LATE_MARGIN_S = 30
 CUT_OFF_MARGIN_S = 60  # InProgress this long past its timeout: the relay running it stopped
 
 
@@ -105,8 +108,8 @@ class Relay:
         if not request.document.startswith(f"nodemedic-{self.cluster}-"):
             return f"{request.document} is not a document of cluster {self.cluster}"
         age = (self._now() - request.sent_at).total_seconds()
-        if age > STALE_AFTER_S:
-            return f"sent {age:.0f}s ago: too late to run (the relay was not running)"
+        if age > request.timeout_s + LATE_MARGIN_S:
+            return f"sent {age:.0f}s ago, and its sender waited {request.timeout_s}s: too late to run"
         document = self._document(request.document)
         if document is None:
             return f"{request.document} cannot be read from SSM"

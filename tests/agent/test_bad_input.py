@@ -46,6 +46,7 @@ def run_agent(*args: str) -> subprocess.CompletedProcess[str]:
     (GOOD + "[storage]\npaths = [\"/\", \"data\"]\n", "storage.paths.1"),
     (GOOD + "[publish]\nendpoint_url = \"vpce-0a1b.events.us-east-1.vpce.amazonaws.com\"\n", "publish.endpoint_url"),
     (GOOD.replace('"nodemedic-local"', '"nodemedic local"'), "event_bus"),
+    (GOOD + "[relay]\nqueue_url = \"sqs.us-east-1.amazonaws.com/1/q\"\n", "relay.queue_url"),
 ])
 def test_malformed_config_stops_the_agent_naming_the_field(tmp_path: Path, text: str, named: str):
     config = tmp_path / "agent.toml"
@@ -66,6 +67,14 @@ def test_a_count_helm_renders_as_a_whole_float_and_a_bus_arn_are_accepted(tmp_pa
                       "[publish]\nendpoint_url = \"https://vpce-0a1b.events.us-west-2.vpce.amazonaws.com\"\n")
     loaded = load_config(config)
     assert (loaded.expected.gpus, loaded.expected.efa_devices, loaded.event_bus) == (8, 32, bus)
+
+
+def test_the_relay_without_its_queue_and_table_stops_saying_which_outputs_to_set(tmp_path: Path):
+    config = tmp_path / "agent.toml"
+    config.write_text(GOOD)
+    proc = run_agent("-c", str(config), "relay")
+    assert proc.returncode == 2 and "[relay] needs queue_url and table" in proc.stderr
+    assert "RelayQueueUrl" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path: Path):
