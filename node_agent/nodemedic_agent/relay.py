@@ -22,6 +22,7 @@ import logging
 import subprocess
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -32,6 +33,7 @@ from nodemedic_agent.documents import parameter_problems, render_document
 
 log = logging.getLogger("nodemedic_agent.relay")
 RECEIVE_WAIT_S = 20  # SQS long polling: at most 20 s
+WORKERS = 8  # requests run at once
 # a request whose sender stopped waiting (its timeout, and this for clocks and delivery) is refused:
 # the stage has failed or sent it again, and a drain run now could hit a node returned since
 LATE_MARGIN_S = 30
@@ -40,7 +42,7 @@ CUT_OFF_MARGIN_S = 60  # InProgress this long past its timeout: the relay runnin
 
 class Relay:
     def __init__(self, *, cluster: str, instance_id: str, queue_url: str, table: str, sqs: Any, ssm: Any, dynamodb: Any,
-                 env: dict[str, str] | None = None, receive_wait_s: int = RECEIVE_WAIT_S,
+                 env: dict[str, str] | None = None, receive_wait_s: int = RECEIVE_WAIT_S, workers: int = WORKERS,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self.cluster, self.instance_id, self.queue_url, self.table = cluster, instance_id, queue_url, table
         self._wait_s = receive_wait_s
@@ -48,26 +50,52 @@ class Relay:
         self._env, self._now = env, now
         self._documents: dict[str, dict[str, Any]] = {}
         self.stop_event = threading.Event()
+        self._workers = workers
+        self._busy = 0  # requests being run now
+        self._lock = threading.Lock()
         self.ran = 0
         self.refused = 0
 
     def serve(self) -> None:
-        """Take and run requests until :attr:`stop_event` is set; an AWS error waits a moment."""
-        while not self.stop_event.is_set():
-            try:
-                self.take_once()
-            except (BotoCoreError, ClientError) as exc:
-                log.warning("the relay queue or the incident table did not answer: %s", exc)
-                self.stop_event.wait(5)
+        """Take and run requests until :attr:`stop_event` is set, ``workers`` at once (as SSM's
+        agent runs commands side by side: one slow command does not make the others late); then
+        finish those running. An AWS error waits a moment."""
+        with ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="nodemedic-relay") as pool:
+            while not self.stop_event.is_set():
+                try:
+                    self.take_once(pool)
+                except (BotoCoreError, ClientError) as exc:
+                    log.warning("the relay queue did not answer: %s", exc)
+                    self.stop_event.wait(5)
 
-    def take_once(self) -> int:
-        """Receive one batch, run each request, delete its message; how many were received."""
-        messages = self._sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
+    def take_once(self, pool: ThreadPoolExecutor) -> int:
+        """Receive as many messages as there are free workers, and run each on one; how many."""
+        with self._lock:
+            free = min(10, self._workers - self._busy)
+        if free <= 0:
+            self.stop_event.wait(0.2)
+            return 0
+        messages = self._sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=free,
                                              WaitTimeSeconds=self._wait_s).get("Messages", [])
         for message in messages:
+            with self._lock:
+                self._busy += 1
+            pool.submit(self._work, message)
+        return len(messages)
+
+    def _work(self, message: dict[str, Any]) -> None:
+        """Run one message's request, then delete the message. If AWS fails meanwhile, the message
+        comes back after the queue's visibility timeout, and is then refused as late or cut off."""
+        try:
             self.handle(message["Body"])
             self._sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
-        return len(messages)
+        except (BotoCoreError, ClientError) as exc:
+            log.warning("relay: a request's record or its message could not be written: %s", exc)
+        except Exception:  # noqa: BLE001 - one request's failure never stops the relay
+            log.exception("relay: a request failed")
+        finally:
+            with self._lock:
+                self._busy -= 1
 
     def handle(self, body: str) -> None:
         """Run the request a message names, once. The message only names it (``{"command_id"}``):
@@ -80,16 +108,16 @@ class Relay:
                                      ConsistentRead=True).get("Item")
             request = RelayRequest.model_validate_json(item["request"]["S"]) if item else None
         except (ValueError, KeyError, TypeError) as exc:  # ValidationError is a ValueError
-            self.refused += 1
+            self._count("refused")
             log.warning("relay: not a request, ignored: %s", str(exc).splitlines()[0][:300] if str(exc) else repr(exc))
             return
         if request is None or request.command_id != command_id:
-            self.refused += 1
+            self._count("refused")
             log.warning("relay: %s has no record: ignored", command_id[:64])
             return
         why = self._refusal(request)
         if why is not None:
-            self.refused += 1
+            self._count("refused")
             log.warning("relay: refused %s (%s): %s", request.command_id, request.document, why)
             self._finish(request, "Failed", -1, "", why, start=True)
             return
@@ -98,9 +126,13 @@ class Relay:
             return
         script = render_document(self._documents[request.document], request.parameters)
         status, code, out, err = self._run(script, request.timeout_s)
-        self.ran += 1
+        self._count("ran")
         log.info("relay: %s %s: %s (exit %d)", request.command_id, request.document, status, code)
         self._finish(request, status, code, out, err)
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
 
     def _refusal(self, request: RelayRequest) -> str | None:
         if request.instance_id != self.instance_id:

@@ -1,0 +1,82 @@
+"""The relay against the embedded SQS, DynamoDB and SSM, with two documents of its own: commands
+run side by side, as SSM's agent runs them, so one slow command does not make the others late (a
+late request is refused: its sender stopped waiting), and one still running is not failed as cut
+off when its message comes back."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from nodemedic.contracts.relay import RelayRequest, relay_key
+from nodemedic.providers.relay_command import RelayCommand
+from nodemedic_agent.relay import Relay
+from nodemedic_sandbox.deploy import create_table_as_declared
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
+
+CONTROLLER = "i-0c0c0c0c0c0c0c0c0"
+
+
+def _document(script: str) -> str:
+    return json.dumps({"schemaVersion": "2.2", "description": "test", "parameters": {
+        "seconds": {"type": "String", "default": "0", "allowedPattern": "^[0-9]{1,2}$"}},
+        "mainSteps": [{"action": "aws:runShellScript", "name": "run", "inputs": {"runCommand": [script]}}]})
+
+
+@pytest.fixture
+def relay() -> Iterator[tuple[Relay, RelayCommand, Any, Any]]:
+    with EmbeddedAWS() as aws:
+        db, sqs, ssm = aws.client("dynamodb"), aws.client("sqs"), aws.client("ssm")
+        table = create_table_as_declared(db, "incidents")
+        queue = sqs.create_queue(QueueName="relay")["QueueUrl"]
+        ssm.create_document(Name="nodemedic-c1-slow", DocumentType="Command", DocumentFormat="JSON",
+                            Content=_document("sleep {{ seconds }}; echo slow"))
+        ssm.create_document(Name="nodemedic-c1-fast", DocumentType="Command", DocumentFormat="JSON",
+                            Content=_document("echo fast"))
+        runner = Relay(cluster="c1", instance_id=CONTROLLER, queue_url=queue, table=table, sqs=sqs, ssm=ssm,
+                       dynamodb=db, receive_wait_s=1, workers=4)
+        thread = threading.Thread(target=runner.serve, daemon=True)
+        thread.start()
+        try:
+            yield runner, RelayCommand(sqs, queue, db, table, poll_interval=0.1), db, sqs
+        finally:
+            runner.stop_event.set()
+            thread.join(timeout=30)
+
+
+def test_a_slow_command_does_not_make_the_next_one_late(relay: tuple[Relay, RelayCommand, Any, Any]) -> None:
+    runner, relayed, _, _ = relay
+    slow = relayed.send(CONTROLLER, "nodemedic-c1-slow", {"seconds": "4"}, 30)
+    time.sleep(0.5)  # taken first
+    started = time.monotonic()
+    fast = relayed.wait(CONTROLLER, relayed.send(CONTROLLER, "nodemedic-c1-fast", {}, 3), 3)
+    assert fast.ok and fast.stdout.strip() == "fast" and time.monotonic() - started < 3
+    assert relayed.wait(CONTROLLER, slow, 30).stdout.strip() == "slow"  # one after the other, fast was refused
+    assert runner.ran == 2 and runner.refused == 0
+
+
+def test_a_request_still_running_is_not_failed_when_its_message_comes_back(
+        relay: tuple[Relay, RelayCommand, Any, Any]) -> None:
+    runner, relayed, db, sqs = relay
+    command_id = relayed.send(CONTROLLER, "nodemedic-c1-slow", {"seconds": "3"}, 30)
+    time.sleep(1)  # running now
+    sqs.send_message(QueueUrl=runner.queue_url, MessageBody=json.dumps({"command_id": command_id}))
+    result = relayed.wait(CONTROLLER, command_id, 30)
+    assert (result.status, result.stdout.strip()) == ("Success", "slow")
+
+    # one InProgress for longer than its timeout: its relay stopped while it ran; failed, not run again
+    cut = RelayRequest(command_id=uuid.uuid4().hex, instance_id=CONTROLLER, document="nodemedic-c1-fast",
+                       parameters={}, timeout_s=5, sent_at=datetime.now(UTC))
+    db.put_item(TableName="incidents", Item={
+        "pk": {"S": relay_key(cut.command_id)}, "status": {"S": "InProgress"}, "request": {"S": cut.model_dump_json()},
+        "started_at": {"S": (datetime.now(UTC) - timedelta(minutes=5)).isoformat()}})
+    sqs.send_message(QueueUrl=runner.queue_url, MessageBody=json.dumps({"command_id": cut.command_id}))
+    failed = relayed.wait(CONTROLLER, cut.command_id, 10)
+    assert failed.status == "Failed" and "stopped while the command ran" in failed.stderr
+    assert runner.ran == 1
