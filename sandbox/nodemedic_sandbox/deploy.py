@@ -33,6 +33,7 @@ from nodemedic_sandbox.aws_rules import (
     lambda_environment_problem,
     parameter_problems,
     reserved_concurrency_problem,
+    rule_problems,
 )
 from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, EmbeddedAWS, FunctionSource, schedule_period
 
@@ -126,6 +127,8 @@ def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: d
     root = template_path.parent
     sam = yaml_parse(template_path.read_text())
     if problems := parameter_problems(sam.get("Parameters", {}), parameters):
+        raise DeploymentRefusedError("; ".join(problems))
+    if problems := rule_problems(sam.get("Rules", {}), sam.get("Parameters", {}), parameters):
         raise DeploymentRefusedError("; ".join(problems))
     packaged, code_dirs = package(sam, root, aws)
     cfn = transform(packaged, parameters, _NoManagedPolicies())

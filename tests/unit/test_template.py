@@ -214,3 +214,22 @@ def test_the_fault_action_overrides_a_deploy_takes_are_those_detect_reads() -> N
         assert not re.fullmatch(pattern, refused), refused
         with pytest.raises(ValueError):
             parse_overrides(refused)
+
+
+@pytest.mark.parametrize(("given", "refused"), [
+    ({"Orchestrator": "slurm", "SlurmControllerInstanceId": "i-0123456789abcdef0", "AutoScalingGroupName": "g"}, None),
+    ({"Orchestrator": "slurm", "AutoScalingGroupName": "g"}, "needs SlurmControllerInstanceId"),
+    ({"Orchestrator": "slurm", "SlurmControllerInstanceId": "i-0123456789abcdef0", "Provider": "hyperpod",
+      "HyperPodClusterName": "ml"}, "needs SlurmChannel relay"),
+    ({"Orchestrator": "slurm", "SlurmControllerInstanceId": "i-0123456789abcdef0", "Provider": "hyperpod",
+      "HyperPodClusterName": "ml", "SlurmChannel": "relay"}, None),
+    ({"Orchestrator": "kubernetes", "EksClusterName": "eks", "Provider": "hyperpod", "HyperPodClusterName": "ml"}, None),
+])
+def test_the_templates_rules_refuse_what_cloudformation_would(given: dict[str, str], refused: str | None) -> None:
+    """CloudFormation evaluates a template's Rules before it creates anything; moto evaluates none,
+    so the local deploy does (aws_rules.rule_problems). On HyperPod, Slurm's documents must take the
+    relay: SSM Run Command does not reach its nodes, and the stack would fail every drain."""
+    from nodemedic_sandbox.aws_rules import rule_problems
+
+    problems = rule_problems(TEMPLATE["Rules"], TEMPLATE["Parameters"], given)
+    assert (problems == []) if refused is None else any(refused in p for p in problems), problems
