@@ -224,7 +224,8 @@ def test_on_hyperpod_the_deployed_check_is_hyperpods_own_and_its_role_allows_exa
     from nodemedic.store.ledger import Ledger
 
     with EmbeddedAWS() as aws:
-        stack = deploy(aws, TEMPLATE, "s", {**PARAMS, "Provider": "hyperpod", "HyperPodClusterName": "ml-cluster"})
+        stack = deploy(aws, TEMPLATE, "s", {**PARAMS, "Provider": "hyperpod", "HyperPodClusterName": "ml-cluster",
+                                            "SlurmChannel": "relay"})
         old, new = aws.hyperpod.create_cluster("ml-cluster", ["ip-10-0-0-1", "ip-10-0-0-2"])
         now = datetime.now(UTC)
         incident = Incident(incident_id="inc-1", cluster="c1", instance_id=old, slurm_node="ip-10-0-0-1",
