@@ -2,12 +2,14 @@
 Command: for a Slurm controller SSM cannot reach (a SageMaker HyperPod cluster's, ``SlurmChannel``
 ``relay``). The same calls as :class:`~nodemedic.providers.run_command.RunCommand`: a document is
 sent (a message on the relay queue, and its record ``RELAY#<command id>`` in the incident table),
-found again by a retried stage (``RELAYSENT#<instance>#<document>``: what was sent, when, with
-which parameters, for a day), and waited for (the record, read consistently, until
+found again by a retried stage (``RELAYSENT#<instance>#<document>#<parameters' digest>``: when each
+was sent with exactly these parameters, for a day: one small item per kind of request, however
+often the controller is asked), and waited for (the record, read consistently, until
 ``nodemedic-agent relay`` on the controller has written its outcome)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -38,7 +40,7 @@ class RelayCommand(Commands):
         request = RelayRequest(command_id=uuid.uuid4().hex, instance_id=instance_id, document=document,
                                parameters={k: [v] for k, v in parameters.items()}, timeout_s=timeout_s, sent_at=now)
         expires = {"N": str(int((now + SENT_MEMORY).timestamp()))}
-        self._prune(instance_id, document)
+        self._prune(instance_id, document, parameters)
         self._db.put_item(TableName=self._table, Item={
             "pk": {"S": relay_key(request.command_id)}, "status": {"S": "Pending"},
             "request": {"S": request.model_dump_json()}, "comment": {"S": comment[:100]}, "expires_at": expires},
@@ -46,21 +48,19 @@ class RelayCommand(Commands):
         # the message only names the request: the relay runs what is recorded
         self._sqs.send_message(QueueUrl=self._queue, MessageBody=json.dumps({"command_id": request.command_id}))
         # what a retried stage looks for, once it is on its way (a request never sent is never waited for)
-        self._db.update_item(TableName=self._table, Key=self._sent_key(instance_id, document),
-                             UpdateExpression="SET #c = :c, expires_at = :e",
+        self._db.update_item(TableName=self._table, Key=self._sent_key(instance_id, document, parameters),
+                             UpdateExpression="SET #c = :at, expires_at = :e",
                              ExpressionAttributeNames={"#c": f"c:{request.command_id}"},
-                             ExpressionAttributeValues={":c": {"S": json.dumps(
-                                 {"at": now.timestamp(), "parameters": parameters})}, ":e": expires})
+                             ExpressionAttributeValues={":at": {"N": str(now.timestamp())}, ":e": expires})
         return request.command_id
 
     def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
         """The ids of the commands sent to ``instance_id`` with ``document`` and these
         ``parameters`` since ``since`` (epoch seconds), oldest first."""
-        item = self._db.get_item(TableName=self._table, Key=self._sent_key(instance_id, document),
+        item = self._db.get_item(TableName=self._table, Key=self._sent_key(instance_id, document, parameters),
                                  ConsistentRead=True).get("Item", {})
-        sent = [(json.loads(v["S"]), name.removeprefix("c:")) for name, v in item.items() if name.startswith("c:")]
-        return [command_id for record, command_id in sorted(sent, key=lambda s: s[0]["at"])
-                if record["at"] >= since and record["parameters"] == parameters]
+        sent = sorted((float(v["N"]), name.removeprefix("c:")) for name, v in item.items() if name.startswith("c:"))
+        return [command_id for at, command_id in sent if at >= since]
 
     def wait(self, instance_id: str, command_id: str, timeout_s: int) -> CommandResult:
         """Read the command's record until the relay wrote its outcome; :class:`CommandPendingError`
@@ -80,18 +80,19 @@ class RelayCommand(Commands):
                                           "running on the controller?)")
             self._sleep(self._poll)
 
-    def _prune(self, instance_id: str, document: str) -> None:
+    def _prune(self, instance_id: str, document: str, parameters: dict[str, str]) -> None:
         """Drop from the record of what was sent what is older than ``SENT_MEMORY`` (the item of a
-        document sent often would only grow)."""
-        item = self._db.get_item(TableName=self._table, Key=self._sent_key(instance_id, document),
-                                 ConsistentRead=True).get("Item", {})
+        request made often, a page of the node list, would only grow)."""
+        key = self._sent_key(instance_id, document, parameters)
+        item = self._db.get_item(TableName=self._table, Key=key, ConsistentRead=True).get("Item", {})
         cutoff = (self._now() - SENT_MEMORY).timestamp()
-        old = [name for name, v in item.items() if name.startswith("c:") and json.loads(v["S"])["at"] < cutoff]
+        old = [name for name, v in item.items() if name.startswith("c:") and float(v["N"]) < cutoff]
         if old:
-            self._db.update_item(TableName=self._table, Key=self._sent_key(instance_id, document),
+            self._db.update_item(TableName=self._table, Key=key,
                                  UpdateExpression="REMOVE " + ", ".join(f"#o{n}" for n in range(len(old[:100]))),
                                  ExpressionAttributeNames={f"#o{n}": name for n, name in enumerate(old[:100])})
 
     @staticmethod
-    def _sent_key(instance_id: str, document: str) -> dict[str, dict[str, str]]:
-        return {"pk": {"S": f"RELAYSENT#{instance_id}#{document}"}}
+    def _sent_key(instance_id: str, document: str, parameters: dict[str, str]) -> dict[str, dict[str, str]]:
+        digest = hashlib.sha256(json.dumps(parameters, sort_keys=True).encode()).hexdigest()[:32]
+        return {"pk": {"S": f"RELAYSENT#{instance_id}#{document}#{digest}"}}
