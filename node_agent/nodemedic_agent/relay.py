@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import threading
 from collections.abc import Callable
@@ -38,6 +39,7 @@ WORKERS = 8  # requests run at once
 # the stage has failed or sent it again, and a drain run now could hit a node returned since
 LATE_MARGIN_S = 30
 CUT_OFF_MARGIN_S = 60  # InProgress this long past its timeout: the relay running it stopped
+COMMAND_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class Relay:
@@ -100,10 +102,13 @@ class Relay:
     def handle(self, body: str) -> None:
         """Run the request a message names, once. The message only names it (``{"command_id"}``):
         what runs is what the pipeline recorded, so a message is no way to run anything else.
-        Refused, with the reason in its record: a document that is not this cluster's, parameters
-        its declaration refuses, a request older than ``STALE_AFTER_S``."""
+        Refused, with the reason in its record: a request for another instance, a document that is
+        not this cluster's, parameters its declaration refuses, a request its sender stopped
+        waiting for."""
         try:
             command_id = str(json.loads(body)["command_id"])
+            if not COMMAND_ID.fullmatch(command_id):  # no key DynamoDB refuses: a message that fails
+                raise ValueError(f"{command_id[:64]!r} is no command id")  # every time would come back forever
             item = self._db.get_item(TableName=self.table, Key={"pk": {"S": relay_key(command_id)}},
                                      ConsistentRead=True).get("Item")
             request = RelayRequest.model_validate_json(item["request"]["S"]) if item else None

@@ -251,6 +251,21 @@ def _atomic(write: Any) -> Any:
     return locked
 
 
+def _key_size_checked(operation: Any) -> Any:
+    """moto checks a key's size only where an item is written. DynamoDB refuses a partition key over
+    2,048 bytes (a sort key over 1,024) in every request that names one: GetItem, BatchGetItem,
+    DeleteItem and UpdateItem answer ValidationException ("Size of hashkey has exceeded the maximum
+    size limit of 2048 bytes"; Amazon DynamoDB Developer Guide, "Service, account, and table quotas":
+    partition key length; the responses captured from DynamoDB in ExtendDB pull request 194). Here a
+    read with such a key found nothing, so code that only ever read one looked fine."""
+
+    def run(self: DynamoDBBackend, table_name: str, key: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        self.get_table(table_name)._validate_key_sizes(key)
+        return operation(self, table_name, key, *args, **kwargs)
+
+    return run
+
+
 # "The maximum item size in DynamoDB is 400 KB, which includes both attribute name binary length
 # (UTF-8 length) and attribute value lengths" (Amazon DynamoDB Developer Guide, "Service, account,
 # and table quotas", https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html)
@@ -888,7 +903,9 @@ class EmbeddedAWS:
             (Execution, "status", property(_execution_status)),
             (ErrorEqualsDecl, "_eval_body", _states_all_misses_terminal_errors),
             *hyperpod.hooks(self.hyperpod),
-            *((DynamoDBBackend, name, _atomic(getattr(DynamoDBBackend, name))) for name in ("put_item", "delete_item")),
+            (DynamoDBBackend, "put_item", _atomic(DynamoDBBackend.put_item)),
+            (DynamoDBBackend, "delete_item", _atomic(_key_size_checked(DynamoDBBackend.delete_item))),
+            (DynamoDBBackend, "get_item", _key_size_checked(DynamoDBBackend.get_item)),
             (DynamoDBBackend, "update_item", _item_size_checked(DynamoDBBackend.update_item)),
             (DynamoDBBackend, "transact_write_items", _item_rollback(DynamoDBBackend.transact_write_items)),
             (dynamodb_models, "copy", _TablesNotCopied),

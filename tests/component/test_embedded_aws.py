@@ -657,3 +657,18 @@ def test_a_callback_task_retried_until_its_function_answers_its_own_token(aws: E
     assert done["status"] == "SUCCEEDED", done
     assert json.loads(done["output"])["check"] == {"healthy": True}
     assert tries.read_text() == "xxx"
+
+
+@pytest.mark.parametrize("read", ["get_item", "batch_get_item", "delete_item"])
+def test_a_key_over_2048_bytes_is_refused_by_reads_too(aws: EmbeddedAWS, read: str) -> None:
+    """DynamoDB refuses a partition key over 2,048 bytes in every request that names one; moto
+    refused it only where an item is written, and a read with such a key found nothing."""
+    db = aws.client("dynamodb")
+    db.create_table(TableName="keys", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    key = {"pk": {"S": "é" * 1025}}  # 2,050 bytes in UTF-8, 1,025 characters
+    call = ({"RequestItems": {"keys": {"Keys": [key]}}} if read == "batch_get_item" else {"TableName": "keys", "Key": key})
+    with pytest.raises(ClientError, match="Size of hashkey has exceeded the maximum size limit"):
+        getattr(db, read)(**call)
+    assert db.get_item(TableName="keys", Key={"pk": {"S": "é" * 1024}}).get("Item") is None  # 2,048 bytes: a key

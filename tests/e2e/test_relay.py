@@ -57,6 +57,8 @@ def test_the_relay_runs_each_request_once_and_refuses_what_the_pipeline_did_not_
         # cluster's document; a parameter its document's allowedPattern refuses; another instance)
         sqs, db = local.aws.client("sqs"), local.aws.client("dynamodb")
         sqs.send_message(QueueUrl=local.stack.outputs["RelayQueueUrl"], MessageBody=json.dumps({"command_id": "f" * 32}))
+        # and one no key could hold (DynamoDB would refuse it every time it came back)
+        sqs.send_message(QueueUrl=local.stack.outputs["RelayQueueUrl"], MessageBody=json.dumps({"command_id": "x" * 3000}))
         refused = {}
         query = {"operation": ["node"], "node": ["gpu-1"]}
         for why, document, parameters, instance in [
@@ -83,7 +85,11 @@ def test_the_relay_runs_each_request_once_and_refuses_what_the_pipeline_did_not_
         for command_id, why in refused.items():
             result = relayed.wait(controller, command_id, 30)
             assert (result.status, why in result.stderr) == ("Failed", True), (why, result)
-        wait_for(lambda: local.relay.refused == 4, "the relay to refuse the four")  # type: ignore[union-attr]
+        wait_for(lambda: local.relay.refused == 5, "the relay to refuse the five")  # type: ignore[union-attr]
+        assert local.aws.client("sqs").get_queue_attributes(  # every message taken off the queue
+            QueueUrl=local.stack.outputs["RelayQueueUrl"], AttributeNames=["ApproximateNumberOfMessagesNotVisible",
+                                                                          "ApproximateNumberOfMessages"])["Attributes"] \
+            == {"ApproximateNumberOfMessagesNotVisible": "0", "ApproximateNumberOfMessages": "0"}
         assert local.relay.ran == ran  # type: ignore[union-attr]
         assert "DRAIN" not in local.scheduler.node("gpu-1")["State"]
 
