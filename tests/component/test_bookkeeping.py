@@ -143,3 +143,25 @@ def test_the_reconciler_does_not_fail_an_incident_the_index_still_lists_as_open(
     assert (report.incidents_failed, report.pages, report.errors) == ([], [], [])
     assert ledger.get("done-1").status == "closed" and not slurm.n["gpu-1"].drained
 
+
+
+def test_a_large_table_is_swept_over_several_runs(table: Table, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep reads at most SWEEP_PAGES pages a run and goes on at the next: a reconciler run
+    (5 min timeout) never grows with the table. Pages of 5 items stand for DynamoDB's 1 MB pages."""
+    import nodemedic.store.ledger as ledger_module
+
+    def small_pages(params: dict[str, Any], **_: Any) -> None:
+        params["Limit"] = 5
+
+    table.db.meta.events.register("provide-client-params.dynamodb.Scan", small_pages)
+    monkeypatch.setattr(ledger_module, "SWEEP_PAGES", 2)
+    ledger = table.ledger
+    for n in range(30):
+        ledger.open_incident(incident(f"old-{n}", f"gpu-{n}"))
+        table.unindexed(f"NODE#c1#i-gpu-{n}")  # written before the index
+    found = [len(ledger.bookkeeping("c1", NOW + timedelta(minutes=5 * run)).locks) for run in range(8)]
+    assert found[0] < 30 and found[-1] == 30 and found == sorted(found)  # a few more each run
+    assert table.calls["Scan"] <= 2 * 8
+    sweeps = table.calls["Scan"]
+    ledger.bookkeeping("c1", NOW + timedelta(hours=1))
+    assert table.calls["Scan"] == sweeps  # through: none until the next day

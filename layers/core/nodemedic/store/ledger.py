@@ -74,6 +74,7 @@ def _interrupted_key(cluster: str, slurm_node: str) -> dict[str, Any]:
 BOOKS_INDEX = "Bookkeeping"  # template.yaml: IncidentsTable's GlobalSecondaryIndexes
 CLAIMS_BOOK = "CLAIM#"  # the index key of every claim (a claim names an incident, not a cluster)
 BOOKS_SWEEP = timedelta(hours=24)  # how often the whole table is scanned for items the index lacks
+SWEEP_PAGES = 20  # pages (1 MB each at most) a reconciler run sweeps: a large table takes several runs
 
 
 def _books(cluster: str) -> dict[str, Any]:
@@ -406,11 +407,10 @@ class Ledger:
         is eventually consistent: an item written a moment ago may be missing (the next run finds
         it), one changed may still be listed (its consistent read shows what it is now: an incident
         that ended is left out, a lock or claim released is gone). Once every ``BOOKS_SWEEP``, a
-        scan first puts in the index what an older version wrote without it (:meth:`index_unindexed`)."""
-        at = now or datetime.now(UTC)
-        if self._sweep_due(cluster, at):
-            self.index_unindexed(cluster)
-            self._db.put_item(TableName=self._table, Item={**_sweep_key(cluster), "at": {"S": at.isoformat()}})
+        scan puts in the index what an older version wrote without it (:meth:`index_unindexed`), at
+        most ``SWEEP_PAGES`` pages a run: a large table is swept over several runs, and a run's time
+        does not grow with the table."""
+        self._sweep(cluster, now or datetime.now(UTC))
         keys = [pk for book in (cluster, CLAIMS_BOOK) for pk in self._indexed(book)]
         found = Bookkeeping()
         for item in self._read_consistently(keys):
@@ -450,40 +450,60 @@ class Ledger:
                 request = resp.get("UnprocessedKeys") or {}
         return found
 
-    def _sweep_due(self, cluster: str, now: datetime) -> bool:
-        item = self._db.get_item(TableName=self._table, Key=_sweep_key(cluster), ConsistentRead=True).get("Item")
-        return not item or not now - BOOKS_SWEEP < datetime.fromisoformat(item["at"]["S"]) <= now
+    def _sweep(self, cluster: str, now: datetime) -> None:
+        """The daily sweep's part in this run: started when the last one ended more than
+        ``BOOKS_SWEEP`` ago (or never, or in the future), continued where the last run left it."""
+        item = self._db.get_item(TableName=self._table, Key=_sweep_key(cluster), ConsistentRead=True).get("Item") or {}
+        ended = datetime.fromisoformat(item["at"]["S"]) if "at" in item else None
+        cursor = json.loads(item["cursor"]["S"]) if "cursor" in item else None
+        if cursor is None and ended is not None and now - BOOKS_SWEEP < ended <= now:
+            return
+        _, cursor = self.index_unindexed(cluster, cursor, SWEEP_PAGES)
+        marker: dict[str, Any] = _sweep_key(cluster)
+        if cursor is not None:  # not through yet: the next run goes on from there
+            marker = {**marker, "cursor": {"S": json.dumps(cursor)}, **({"at": item["at"]} if "at" in item else {})}
+        else:
+            marker = {**marker, "at": {"S": now.isoformat()}}
+        self._db.put_item(TableName=self._table, Item=marker)
 
-    def index_unindexed(self, cluster: str) -> int:
-        """Scan the table once for what the reconciler checks but the index lacks (written by a
-        version before the index: an upgrade, a restored backup) and put it there; take out of it an
-        incident that ended without leaving it. How many items were changed."""
-        pages = self._db.get_paginator("scan").paginate(
-            TableName=self._table, ConsistentRead=True, ProjectionExpression="pk, #s, books, doc",
-            FilterExpression="((begins_with(pk, :lock) OR begins_with(pk, :claim) OR begins_with(pk, :hold) "
-                             "OR (begins_with(pk, :inc) AND #s = :open)) AND attribute_not_exists(books)) "
-                             "OR (begins_with(pk, :inc) AND #s <> :open AND attribute_exists(books))",
-            ExpressionAttributeNames={"#s": "status"},
-            ExpressionAttributeValues={":lock": {"S": f"NODE#{cluster}#"}, ":claim": {"S": "CLAIM#"},
-                                       ":hold": {"S": f"DRAINHOLD#{cluster}#"}, ":inc": {"S": "INCIDENT#"},
-                                       ":open": {"S": "open"}})
-        changed = 0
-        for item in (item for page in pages for item in page.get("Items", [])):
-            pk = item["pk"]["S"]
-            if "books" in item:  # an incident that ended
-                changed += self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="REMOVE books",
-                                             ConditionExpression="#s <> :open", ExpressionAttributeNames={"#s": "status"},
-                                             ExpressionAttributeValues={":open": {"S": "open"}})
-                continue
-            condition: dict[str, Any] = {"ConditionExpression": "attribute_exists(pk)"}
-            book = CLAIMS_BOOK if pk.startswith("CLAIM#") else cluster
-            if pk.startswith("INCIDENT#"):  # in its own cluster's book, only while it is still open
-                book = Incident.model_validate_json(item["doc"]["S"]).cluster
-                condition = {"ConditionExpression": "#s = :open", "ExpressionAttributeNames": {"#s": "status"}}
-            values = {":b": {"S": book}, **({":open": {"S": "open"}} if pk.startswith("INCIDENT#") else {})}
-            changed += self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="SET books = :b",
-                                         ExpressionAttributeValues=values, **condition)
-        return changed
+    def index_unindexed(self, cluster: str, start: dict[str, Any] | None = None,
+                        pages_at_most: int = SWEEP_PAGES) -> tuple[int, dict[str, Any] | None]:
+        """Scan the table (from ``start``, at most ``pages_at_most`` pages) for what the reconciler
+        checks but the index lacks (written by a version before the index: an upgrade, a restored
+        backup) and put it there; take out of it an incident that ended without leaving it. How
+        many items were changed, and where to go on (None: the end of the table)."""
+        scan = {"TableName": self._table, "ConsistentRead": True, "ProjectionExpression": "pk, #s, books, doc",
+                "FilterExpression": "((begins_with(pk, :lock) OR begins_with(pk, :claim) OR begins_with(pk, :hold) "
+                                    "OR (begins_with(pk, :inc) AND #s = :open)) AND attribute_not_exists(books)) "
+                                    "OR (begins_with(pk, :inc) AND #s <> :open AND attribute_exists(books))",
+                "ExpressionAttributeNames": {"#s": "status"},
+                "ExpressionAttributeValues": {":lock": {"S": f"NODE#{cluster}#"}, ":claim": {"S": "CLAIM#"},
+                                              ":hold": {"S": f"DRAINHOLD#{cluster}#"}, ":inc": {"S": "INCIDENT#"},
+                                              ":open": {"S": "open"}}}
+        changed, key = 0, start
+        for _ in range(pages_at_most):
+            page = self._db.scan(**scan, **({"ExclusiveStartKey": key} if key else {}))
+            changed += sum(self._index(item, cluster) for item in page.get("Items", []))
+            key = page.get("LastEvaluatedKey")
+            if not key:
+                return changed, None
+        return changed, key
+
+    def _index(self, item: dict[str, Any], cluster: str) -> bool:
+        """Put one item the sweep found in the index (or take an ended incident out of it)."""
+        pk = item["pk"]["S"]
+        if "books" in item:  # an incident that ended
+            return self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="REMOVE books",
+                                     ConditionExpression="#s <> :open", ExpressionAttributeNames={"#s": "status"},
+                                     ExpressionAttributeValues={":open": {"S": "open"}})
+        condition: dict[str, Any] = {"ConditionExpression": "attribute_exists(pk)"}
+        book = CLAIMS_BOOK if pk.startswith("CLAIM#") else cluster
+        if pk.startswith("INCIDENT#"):  # in its own cluster's book, only while it is still open
+            book = Incident.model_validate_json(item["doc"]["S"]).cluster
+            condition = {"ConditionExpression": "#s = :open", "ExpressionAttributeNames": {"#s": "status"}}
+        values = {":b": {"S": book}, **({":open": {"S": "open"}} if pk.startswith("INCIDENT#") else {})}
+        return self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="SET books = :b",
+                                 ExpressionAttributeValues=values, **condition)
 
     def release_lock(self, lock: NodeLock, cluster: str) -> bool:
         """Release a lock still held by ``lock.incident_id``; False if it changed meanwhile."""
