@@ -22,6 +22,7 @@ import logging
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -40,6 +41,7 @@ WORKERS = 8  # requests run at once
 LATE_MARGIN_S = 30
 CUT_OFF_MARGIN_S = 60  # InProgress this long past its timeout: the relay running it stopped
 COMMAND_ID = re.compile(r"[0-9a-f]{32}")
+DOCUMENT_CACHE_S = 300  # a document is read from SSM again after this
 
 
 class Relay:
@@ -50,7 +52,7 @@ class Relay:
         self._wait_s = receive_wait_s
         self._sqs, self._ssm, self._db = sqs, ssm, dynamodb
         self._env, self._now = env, now
-        self._documents: dict[str, dict[str, Any]] = {}
+        self._documents: dict[str, tuple[float, dict[str, Any]]] = {}  # name -> (when read, content)
         self.stop_event = threading.Event()
         self._workers = workers
         self._busy = 0  # requests being run now
@@ -120,7 +122,7 @@ class Relay:
             self._count("refused")
             log.warning("relay: %s has no record: ignored", command_id[:64])
             return
-        why = self._refusal(request)
+        why, document = self._refusal(request)
         if why is not None:
             self._count("refused")
             log.warning("relay: refused %s (%s): %s", request.command_id, request.document, why)
@@ -129,7 +131,7 @@ class Relay:
         if not self._start(request):
             log.info("relay: %s was taken before (a message delivered again): not run again", request.command_id)
             return
-        script = render_document(self._documents[request.document], request.parameters)
+        script = render_document(document, request.parameters)
         status, code, out, err = self._run(script, request.timeout_s)
         self._count("ran")
         log.info("relay: %s %s: %s (exit %d)", request.command_id, request.document, status, code)
@@ -139,29 +141,34 @@ class Relay:
         with self._lock:
             setattr(self, what, getattr(self, what) + 1)
 
-    def _refusal(self, request: RelayRequest) -> str | None:
+    def _refusal(self, request: RelayRequest) -> tuple[str | None, dict[str, Any]]:
+        """Why the request is refused (None: it is not), and its document. Only a document of this
+        cluster is read from SSM at all."""
         if request.instance_id != self.instance_id:
-            return f"sent for {request.instance_id}; this relay runs on {self.instance_id} only"
+            return f"sent for {request.instance_id}; this relay runs on {self.instance_id} only", {}
         if not request.document.startswith(f"nodemedic-{self.cluster}-"):
-            return f"{request.document} is not a document of cluster {self.cluster}"
+            return f"{request.document} is not a document of cluster {self.cluster}", {}
         age = (self._now() - request.sent_at).total_seconds()
         if age > request.timeout_s + LATE_MARGIN_S:
-            return f"sent {age:.0f}s ago, and its sender waited {request.timeout_s}s: too late to run"
+            return f"sent {age:.0f}s ago, and its sender waited {request.timeout_s}s: too late to run", {}
         document = self._document(request.document)
         if document is None:
-            return f"{request.document} cannot be read from SSM"
+            return f"{request.document} cannot be read from SSM", {}
         problems = parameter_problems(request.document, document, request.parameters)
-        return "InvalidParameters: " + "; ".join(problems) if problems else None
+        return ("InvalidParameters: " + "; ".join(problems) if problems else None), document
 
     def _document(self, name: str) -> dict[str, Any] | None:
-        if name not in self._documents:
+        """The document's current version, read again after ``DOCUMENT_CACHE_S`` (a stack update
+        changes a document's content: the relay must not run the old one for ever)."""
+        read_at, document = self._documents.get(name, (0.0, None))
+        if document is None or time.monotonic() - read_at > DOCUMENT_CACHE_S:
             try:
-                content = self._ssm.get_document(Name=name)["Content"]
-                self._documents[name] = json.loads(content)
+                document = json.loads(self._ssm.get_document(Name=name)["Content"])
             except (ClientError, ValueError) as exc:
                 log.warning("relay: cannot read document %s: %s", name, exc)
                 return None
-        return self._documents[name]
+            self._documents[name] = (time.monotonic(), document)
+        return document
 
     def _start(self, request: RelayRequest) -> bool:
         """Pending -> InProgress, once; False when it was taken before."""

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from types import SimpleNamespace
 
 import pytest
 from nodemedic.contracts.relay import RelayRequest, relay_key
@@ -30,7 +30,7 @@ def _document(script: str) -> str:
 
 
 @pytest.fixture
-def relay() -> Iterator[tuple[Relay, RelayCommand, Any, Any]]:
+def relay() -> Iterator[SimpleNamespace]:
     with EmbeddedAWS() as aws:
         db, sqs, ssm = aws.client("dynamodb"), aws.client("sqs"), aws.client("ssm")
         table = create_table_as_declared(db, "incidents")
@@ -44,14 +44,15 @@ def relay() -> Iterator[tuple[Relay, RelayCommand, Any, Any]]:
         thread = threading.Thread(target=runner.serve, daemon=True)
         thread.start()
         try:
-            yield runner, RelayCommand(sqs, queue, db, table, poll_interval=0.1), db, sqs
+            yield SimpleNamespace(runner=runner, relayed=RelayCommand(sqs, queue, db, table, poll_interval=0.1),
+                                  db=db, sqs=sqs, ssm=ssm)
         finally:
             runner.stop_event.set()
             thread.join(timeout=30)
 
 
-def test_a_slow_command_does_not_make_the_next_one_late(relay: tuple[Relay, RelayCommand, Any, Any]) -> None:
-    runner, relayed, _, _ = relay
+def test_a_slow_command_does_not_make_the_next_one_late(relay: SimpleNamespace) -> None:
+    runner, relayed = relay.runner, relay.relayed
     slow = relayed.send(CONTROLLER, "nodemedic-c1-slow", {"seconds": "4"}, 30)
     time.sleep(0.5)  # taken first
     started = time.monotonic()
@@ -62,8 +63,8 @@ def test_a_slow_command_does_not_make_the_next_one_late(relay: tuple[Relay, Rela
 
 
 def test_a_request_still_running_is_not_failed_when_its_message_comes_back(
-        relay: tuple[Relay, RelayCommand, Any, Any]) -> None:
-    runner, relayed, db, sqs = relay
+        relay: SimpleNamespace) -> None:
+    runner, relayed, db, sqs = relay.runner, relay.relayed, relay.db, relay.sqs
     command_id = relayed.send(CONTROLLER, "nodemedic-c1-slow", {"seconds": "3"}, 30)
     time.sleep(1)  # running now
     sqs.send_message(QueueUrl=runner.queue_url, MessageBody=json.dumps({"command_id": command_id}))
@@ -80,3 +81,18 @@ def test_a_request_still_running_is_not_failed_when_its_message_comes_back(
     failed = relayed.wait(CONTROLLER, cut.command_id, 10)
     assert failed.status == "Failed" and "stopped while the command ran" in failed.stderr
     assert runner.ran == 1
+
+
+def test_a_document_the_stack_updated_is_run_as_it_is_now(relay: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stack update gives a document a new version; the relay reads it again (every
+    DOCUMENT_CACHE_S) rather than running the content it read first for as long as it runs."""
+    import nodemedic_agent.relay as relay_module
+
+    relayed, ssm = relay.relayed, relay.ssm
+    assert relayed.run_checked(CONTROLLER, "nodemedic-c1-fast", {}, 10).strip() == "fast"
+    version = ssm.update_document(Name="nodemedic-c1-fast", Content=_document("echo faster"),
+                                  DocumentVersion="$LATEST")["DocumentDescription"]["DocumentVersion"]
+    ssm.update_document_default_version(Name="nodemedic-c1-fast", DocumentVersion=version)
+    assert relayed.run_checked(CONTROLLER, "nodemedic-c1-fast", {}, 10).strip() == "fast"  # read 0 s ago
+    monkeypatch.setattr(relay_module, "DOCUMENT_CACHE_S", 0)
+    assert relayed.run_checked(CONTROLLER, "nodemedic-c1-fast", {}, 10).strip() == "faster"
