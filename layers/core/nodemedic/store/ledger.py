@@ -339,7 +339,7 @@ class Ledger:
         update: dict[str, Any] = {
             "TableName": self._table,
             "Key": _incident_key(ref.incident_id),
-            "UpdateExpression": "SET #status = :end, closed_at = :now, outcome = :why",  # REMOVE books: below
+            "UpdateExpression": "SET #status = :end, closed_at = :now, outcome = :why",
             "ConditionExpression": "#status IN (:open, :end)",
             "ExpressionAttributeNames": {"#status": "status"},
             "ExpressionAttributeValues": {
