@@ -99,8 +99,14 @@ def test_held_incidents_release_their_node_locks_on_request(ledger: Ledger) -> N
     assert ledger.open_incident(held) is None
     ledger.end(held, "held", datetime.now(UTC), "breaker: open", release_node=False)
     assert ledger.open_incident(incident("later")) == "held-1"  # folded while held
+    other = incident("open-1", "i-0bbbbbbbbbbbbbbbb")  # an open incident's lock stays
+    assert ledger.open_incident(other) is None
+    scans: list[str] = []
+    ledger._db.meta.events.register("provide-client-params.dynamodb.Scan", lambda **kw: scans.append("scan"))
     assert [i.incident_id for i in ledger.release_held(held.cluster)] == ["held-1"]
+    assert scans == []  # the operator's reset reads the cluster's locks, not every incident kept
     assert ledger.open_incident(incident("after-reset")) is None
+    assert ledger.active_incident_id("c", "i-0bbbbbbbbbbbbbbbb") == "open-1"
 
 
 def test_a_notice_older_than_one_seen_is_refused_and_the_same_version_again_is_not(ledger: Ledger) -> None:

@@ -224,16 +224,16 @@ class Ledger:
 
     def release_held(self, cluster: str) -> list[Incident]:
         """Release the node locks that held incidents keep (after a breaker reset or a resume of
-        automation): the next event for those nodes opens a new incident. Returns those incidents."""
-        released = []
-        for incident in self.list_incidents():
-            if incident.status != "held" or incident.cluster != cluster:
-                continue
-            lock = NodeLock(instance_id=incident.instance_id, incident_id=incident.incident_id,
-                            slurm_node=incident.slurm_node)
-            if self.release_lock(lock, cluster):
-                released.append(incident)
-        return released
+        automation): the next event for those nodes opens a new incident. Returns those incidents.
+        The locks are found through the bookkeeping index, not a scan of every incident kept (a lock
+        an older version wrote is found once the reconciler's daily sweep has indexed it)."""
+        locks = self.locks(cluster)
+        statuses = self.statuses(sorted({lock.incident_id for lock in locks})) if locks else {}
+        released: dict[str, Incident] = {}
+        for lock in locks:
+            if statuses.get(lock.incident_id) == "held" and self.release_lock(lock, cluster):
+                released.setdefault(lock.incident_id, self.get(lock.incident_id))
+        return list(released.values())
 
     def count_duplicate(self, incident_id: str, event_id: str) -> None:
         """Count one more event folded into the incident, once per ``event_id`` (a retried Detect
@@ -416,9 +416,7 @@ class Ledger:
         for item in self._read_consistently(keys):
             kind, _, rest = item["pk"]["S"].partition("#")
             if kind == "NODE" and rest.startswith(f"{cluster}#"):
-                found.locks.append(NodeLock(instance_id=rest.split("#", 1)[1],
-                                            incident_id=item["incident_id"]["S"],
-                                            slurm_node=item.get("slurm_node", {}).get("S", "")))
+                found.locks.append(_lock_from(item))
             elif kind == "CLAIM":
                 claim_kind, _, key = rest.partition("#")
                 found.claims.append(Claim(kind=claim_kind, key=key, incident_id=item["incident_id"]["S"]))
@@ -429,6 +427,11 @@ class Ledger:
                 if incident.cluster == cluster:
                     found.open_incidents.append(incident)
         return found
+
+    def locks(self, cluster: str) -> list[NodeLock]:
+        """The node locks of ``cluster``, through the index, each read consistently."""
+        keys = [k for k in self._indexed(cluster) if k.startswith(f"NODE#{cluster}#")]
+        return [_lock_from(item) for item in self._read_consistently(keys)]
 
     def _indexed(self, book: str) -> list[str]:
         """The keys the ``Bookkeeping`` index lists under ``book``."""
@@ -698,6 +701,12 @@ class Ledger:
 
     def forget_check(self, command_id: str) -> None:
         self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"CHECK#{command_id}"}})
+
+def _lock_from(item: dict[str, Any]) -> NodeLock:
+    """A node lock from its item (``NODE#<cluster>#<instance>``)."""
+    return NodeLock(instance_id=item["pk"]["S"].split("#", 2)[2], incident_id=item["incident_id"]["S"],
+                    slurm_node=item.get("slurm_node", {}).get("S", ""))
+
 
 def _hold_from(cluster: str, slurm_node: str, item: dict[str, Any]) -> DrainHold:
     return DrainHold(cluster=cluster, slurm_node=slurm_node, instance_id=item["instance_id"]["S"],
