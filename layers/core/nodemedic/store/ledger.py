@@ -440,13 +440,14 @@ class Ledger:
             ExpressionAttributeValues={":b": {"S": book}})
         return [item["pk"]["S"] for page in pages for item in page.get("Items", [])]
 
-    def _read_consistently(self, keys: list[str]) -> list[dict[str, Any]]:
-        """The items with these keys, as they are now (batch reads; those gone are left out)."""
+    def _read_consistently(self, keys: list[str], **projection: Any) -> list[dict[str, Any]]:
+        """The items with these keys, as they are now (batch reads of 100, each key once; those gone
+        are left out). ``projection``: BatchGetItem's ProjectionExpression and its names."""
         found: list[dict[str, Any]] = []
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 100):
             request: dict[str, Any] = {self._table: {"Keys": [{"pk": {"S": k}} for k in unique[start:start + 100]],
-                                                     "ConsistentRead": True}}
+                                                     "ConsistentRead": True, **projection}}
             while request:
                 resp = self._db.batch_get_item(RequestItems=request)
                 found += resp["Responses"].get(self._table, [])
@@ -461,7 +462,7 @@ class Ledger:
         cursor = json.loads(item["cursor"]["S"]) if "cursor" in item else None
         if cursor is None and ended is not None and now - BOOKS_SWEEP < ended <= now:
             return
-        _, cursor = self.index_unindexed(cluster, cursor, SWEEP_PAGES)
+        cursor = self.index_unindexed(cluster, cursor, SWEEP_PAGES)
         marker: dict[str, Any] = _sweep_key(cluster)
         if cursor is not None:  # not through yet: the next run goes on from there
             marker = {**marker, "cursor": {"S": json.dumps(cursor)}, **({"at": item["at"]} if "at" in item else {})}
@@ -470,11 +471,11 @@ class Ledger:
         self._db.put_item(TableName=self._table, Item=marker)
 
     def index_unindexed(self, cluster: str, start: dict[str, Any] | None = None,
-                        pages_at_most: int = SWEEP_PAGES) -> tuple[int, dict[str, Any] | None]:
+                        pages_at_most: int = SWEEP_PAGES) -> dict[str, Any] | None:
         """Scan the table (from ``start``, at most ``pages_at_most`` pages) for what the reconciler
         checks but the index lacks (written by a version before the index: an upgrade, a restored
-        backup) and put it there; take out of it an incident that ended without leaving it. How
-        many items were changed, and where to go on (None: the end of the table)."""
+        backup) and put it there; take out of it an incident that ended without leaving it. Where to
+        go on (None: the end of the table)."""
         scan = {"TableName": self._table, "ConsistentRead": True, "ProjectionExpression": "pk, #s, books, doc",
                 "FilterExpression": "((begins_with(pk, :lock) OR begins_with(pk, :claim) OR begins_with(pk, :hold) "
                                     "OR (begins_with(pk, :inc) AND #s = :open)) AND attribute_not_exists(books)) "
@@ -483,30 +484,33 @@ class Ledger:
                 "ExpressionAttributeValues": {":lock": {"S": f"NODE#{cluster}#"}, ":claim": {"S": "CLAIM#"},
                                               ":hold": {"S": f"DRAINHOLD#{cluster}#"}, ":inc": {"S": "INCIDENT#"},
                                               ":open": {"S": "open"}}}
-        changed, key = 0, start
+        key = start
         for _ in range(pages_at_most):
             page = self._db.scan(**scan, **({"ExclusiveStartKey": key} if key else {}))
-            changed += sum(self._index(item, cluster) for item in page.get("Items", []))
+            for item in page.get("Items", []):
+                self._index(item, cluster)
             key = page.get("LastEvaluatedKey")
             if not key:
-                return changed, None
-        return changed, key
+                return None
+        return key
 
-    def _index(self, item: dict[str, Any], cluster: str) -> bool:
-        """Put one item the sweep found in the index (or take an ended incident out of it)."""
+    def _index(self, item: dict[str, Any], cluster: str) -> None:
+        """Put one item the sweep found in the index (or take an ended incident out of it), unless
+        it changed since the scan read it (each write is conditional)."""
         pk = item["pk"]["S"]
         if "books" in item:  # an incident that ended
-            return self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="REMOVE books",
-                                     ConditionExpression="#s <> :open", ExpressionAttributeNames={"#s": "status"},
-                                     ExpressionAttributeValues={":open": {"S": "open"}})
+            self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="REMOVE books",
+                              ConditionExpression="#s <> :open", ExpressionAttributeNames={"#s": "status"},
+                              ExpressionAttributeValues={":open": {"S": "open"}})
+            return
         condition: dict[str, Any] = {"ConditionExpression": "attribute_exists(pk)"}
         book = CLAIMS_BOOK if pk.startswith("CLAIM#") else cluster
         if pk.startswith("INCIDENT#"):  # in its own cluster's book, only while it is still open
             book = Incident.model_validate_json(item["doc"]["S"]).cluster
             condition = {"ConditionExpression": "#s = :open", "ExpressionAttributeNames": {"#s": "status"}}
         values = {":b": {"S": book}, **({":open": {"S": "open"}} if pk.startswith("INCIDENT#") else {})}
-        return self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="SET books = :b",
-                                 ExpressionAttributeValues=values, **condition)
+        self._conditional("update_item", Key={"pk": {"S": pk}}, UpdateExpression="SET books = :b",
+                          ExpressionAttributeValues=values, **condition)
 
     def release_lock(self, lock: NodeLock, cluster: str) -> bool:
         """Release a lock still held by ``lock.incident_id``; False if it changed meanwhile."""
@@ -557,17 +561,9 @@ class Ledger:
 
     def statuses(self, incident_ids: list[str]) -> dict[str, str]:
         """The status of each incident (batch read; missing ones are left out)."""
-        out: dict[str, str] = {}
-        for start in range(0, len(incident_ids), 100):
-            keys = [_incident_key(i) for i in incident_ids[start:start + 100]]
-            request = {self._table: {"Keys": keys, "ConsistentRead": True,
-                                     "ProjectionExpression": "pk, #s", "ExpressionAttributeNames": {"#s": "status"}}}
-            while request:
-                resp = self._db.batch_get_item(RequestItems=request)
-                for item in resp["Responses"].get(self._table, []):
-                    out[item["pk"]["S"].removeprefix("INCIDENT#")] = item["status"]["S"]
-                request = resp.get("UnprocessedKeys") or {}
-        return out
+        items = self._read_consistently([_incident_key(i)["pk"]["S"] for i in incident_ids],
+                                        ProjectionExpression="pk, #s", ExpressionAttributeNames={"#s": "status"})
+        return {item["pk"]["S"].removeprefix("INCIDENT#"): item["status"]["S"] for item in items}
 
     # -- events already acted on, and nodes repaired: what makes a redelivery harmless -----
     def event_handled_by(self, event_key: str) -> str | None:
