@@ -18,7 +18,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nodemedic.contracts.relay import RELAY_TERMINAL, RelayRequest, relay_key
-from nodemedic.errors import CommandPendingError
 from nodemedic.providers.run_command import CommandResult, Commands
 
 SENT_MEMORY = timedelta(days=1)  # how long a relayed command and its record of sending are kept
@@ -65,20 +64,22 @@ class RelayCommand(Commands):
     def wait(self, instance_id: str, command_id: str, timeout_s: int) -> CommandResult:
         """Read the command's record until the relay wrote its outcome; :class:`CommandPendingError`
         after ``timeout_s`` (the relay is down, or the command still runs)."""
-        deadline = self._clock() + timeout_s
-        while True:
+        status = ""
+
+        def ended() -> CommandResult | None:
+            nonlocal status
             item = self._db.get_item(TableName=self._table, Key={"pk": {"S": relay_key(command_id)}},
                                      ConsistentRead=True).get("Item", {})
             status = item.get("status", {}).get("S", "")
-            if status in RELAY_TERMINAL:
-                return CommandResult(instance_id=instance_id, command_id=command_id, status=status,
-                                     exit_code=int(item.get("exit_code", {}).get("N", "-1")),
-                                     stdout=item.get("stdout", {}).get("S", ""), stderr=item.get("stderr", {}).get("S", ""))
-            if self._clock() >= deadline:
-                raise CommandPendingError(f"relayed command {command_id} on {instance_id} is still "
-                                          f"{status or 'not recorded'} after {timeout_s}s (is nodemedic-agent relay "
-                                          "running on the controller?)")
-            self._sleep(self._poll)
+            if status not in RELAY_TERMINAL:
+                return None
+            return CommandResult(instance_id=instance_id, command_id=command_id, status=status,
+                                 exit_code=int(item.get("exit_code", {}).get("N", "-1")),
+                                 stdout=item.get("stdout", {}).get("S", ""), stderr=item.get("stderr", {}).get("S", ""))
+
+        return self._polled(ended, timeout_s, lambda: f"relayed command {command_id} on {instance_id} is still "
+                                                      f"{status or 'not recorded'} after {timeout_s}s (is nodemedic-agent "
+                                                      "relay running on the controller?)")
 
     def _prune(self, instance_id: str, document: str, parameters: dict[str, str]) -> None:
         """Drop from the record of what was sent what is older than ``SENT_MEMORY`` (the item of a

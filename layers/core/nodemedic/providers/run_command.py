@@ -86,6 +86,24 @@ class Commands:
     def wait(self, instance_id: str, command_id: str, timeout_s: int) -> CommandResult:
         raise NotImplementedError
 
+    # set by each channel: how long between two reads of a command's state, and how it waits
+    _poll: float
+    _sleep: Callable[[float], None]
+    _clock: Callable[[], float]
+
+    def _polled(self, read: Callable[[], CommandResult | None], timeout_s: int,
+                pending: Callable[[], str]) -> CommandResult:
+        """``read()`` every ``_poll`` seconds until it gives a result; :class:`CommandPendingError`
+        saying ``pending()`` after ``timeout_s``."""
+        deadline = self._clock() + timeout_s
+        while True:
+            result = read()
+            if result is not None:
+                return result
+            if self._clock() >= deadline:
+                raise CommandPendingError(pending())
+            self._sleep(self._poll)
+
     def run(self, instance_id: str, document: str, parameters: dict[str, str], timeout_s: int,
             comment: str = "") -> CommandResult:
         return self.wait(instance_id, self.send(instance_id, document, parameters, timeout_s, comment), timeout_s)
@@ -161,23 +179,15 @@ class RunCommand(Commands):
 
     def wait(self, instance_id: str, command_id: str, timeout_s: int) -> CommandResult:
         """Poll a sent command until it ends; :class:`CommandPendingError` after ``timeout_s``."""
-        deadline = self._clock() + timeout_s
-        while True:
+        def ended() -> CommandResult | None:
             inv = self._invocation(command_id, instance_id)
-            if inv is not None and inv["Status"] in TERMINAL:
-                return CommandResult(
-                    instance_id=instance_id,
-                    command_id=command_id,
-                    status=inv["Status"],
-                    exit_code=int(inv.get("ResponseCode", -1)),
-                    stdout=inv.get("StandardOutputContent", ""),
-                    stderr=inv.get("StandardErrorContent", ""),
-                )
-            if self._clock() >= deadline:
-                raise CommandPendingError(
-                    f"command {command_id} on {instance_id} still running after {timeout_s}s"
-                )
-            self._sleep(self._poll)
+            if inv is None or inv["Status"] not in TERMINAL:
+                return None
+            return CommandResult(instance_id=instance_id, command_id=command_id, status=inv["Status"],
+                                 exit_code=int(inv.get("ResponseCode", -1)), stdout=inv.get("StandardOutputContent", ""),
+                                 stderr=inv.get("StandardErrorContent", ""))
+
+        return self._polled(ended, timeout_s, lambda: f"command {command_id} on {instance_id} still running after {timeout_s}s")
 
     def _invocation(self, command_id: str, instance_id: str) -> dict[str, Any] | None:
         try:
