@@ -309,6 +309,12 @@ class SimCluster:
             time.sleep(wait)
         return True
 
+    def command_env(self, instance_id: str) -> dict[str, str]:
+        """The environment a document's script runs in on ``instance_id`` (through SSM or the
+        relay): this cluster's Slurm; TMPDIR, so the documents' lock files land in this cluster's
+        state dir, gone with it."""
+        return {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": instance_id, "TMPDIR": str(self.state_dir)}
+
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
         started = time.time()
         if self.kubernetes is not None:
@@ -321,11 +327,8 @@ class SimCluster:
         elif not self._wait_for_boot(instance_id, timeout_s):
             outcome = CommandOutcome("TimedOut", -1, "", f"instance {instance_id} still booting")
         else:
-            # TMPDIR: the documents' lock files land in this cluster's state dir, gone with it
-            env = {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": instance_id,
-                   "TMPDIR": str(self.state_dir)}
             try:
-                done = subprocess.run(["bash", "-c", script], env=env, capture_output=True,
+                done = subprocess.run(["bash", "-c", script], env=self.command_env(instance_id), capture_output=True,
                                       text=True, timeout=timeout_s, check=False)
                 status = "Success" if done.returncode == 0 else "Failed"
                 outcome = CommandOutcome(status, done.returncode, done.stdout, done.stderr)

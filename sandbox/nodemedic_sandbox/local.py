@@ -4,7 +4,6 @@ deployed ``template.yaml``. Tests, benchmarks and the demo all start it the same
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import threading
@@ -109,11 +108,10 @@ class LocalMode:
             return boto3.client(service, region_name=self.aws.region, aws_access_key_id=RELAY_KEY,  # type: ignore[call-overload]
                                 aws_secret_access_key="local")
 
-        env = {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": controller,
-               "TMPDIR": str(self.cluster.state_dir)}
         self.relay = Relay(cluster=self.cluster.name, instance_id=controller, queue_url=self.stack.outputs["RelayQueueUrl"],
                            table=self.stack.table_name, sqs=as_controller("sqs"), ssm=as_controller("ssm"),
-                           dynamodb=as_controller("dynamodb"), env=env, receive_wait_s=1)
+                           dynamodb=as_controller("dynamodb"), env=self.cluster.command_env(controller),
+                           receive_wait_s=1)
         self._relay_thread = threading.Thread(target=self.relay.serve, name="nodemedic-relay", daemon=True)
         self._relay_thread.start()
 
