@@ -170,38 +170,36 @@ class Relay:
             self._documents[name] = (time.monotonic(), document)
         return document
 
-    def _start(self, request: RelayRequest) -> bool:
-        """Pending -> InProgress, once; False when it was taken before."""
+    def _update(self, request: RelayRequest, **update: Any) -> bool:
+        """One conditional write to the request's record; False when its condition did not hold."""
         try:
             self._db.update_item(TableName=self.table, Key={"pk": {"S": relay_key(request.command_id)}},
-                                 UpdateExpression="SET #s = :run, started_at = :now",
-                                 ConditionExpression="#s = :pending", ExpressionAttributeNames={"#s": "status"},
-                                 ExpressionAttributeValues={":run": {"S": "InProgress"}, ":pending": {"S": "Pending"},
-                                                            ":now": {"S": self._now().isoformat()}})
+                                 ExpressionAttributeNames={"#s": "status"}, **update)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
                 raise
-            self._fail_cut_off(request)
             return False
         return True
+
+    def _start(self, request: RelayRequest) -> bool:
+        """Pending -> InProgress, once; False when it was taken before."""
+        if self._update(request, UpdateExpression="SET #s = :run, started_at = :now", ConditionExpression="#s = :pending",
+                        ExpressionAttributeValues={":run": {"S": "InProgress"}, ":pending": {"S": "Pending"},
+                                                   ":now": {"S": self._now().isoformat()}}):
+            return True
+        self._fail_cut_off(request)
+        return False
 
     def _fail_cut_off(self, request: RelayRequest) -> None:
         """A request found InProgress longer than its timeout was cut off (the relay stopped while
         it ran, and its message came back): Failed, not run again. One started more recently is
         still running, and is left to finish."""
         cut_before = (self._now() - timedelta(seconds=request.timeout_s + CUT_OFF_MARGIN_S)).isoformat()
-        try:
-            self._db.update_item(TableName=self.table, Key={"pk": {"S": relay_key(request.command_id)}},
-                                 UpdateExpression="SET #s = :failed, exit_code = :code, stderr = :why",
-                                 ConditionExpression="#s = :run AND (attribute_not_exists(started_at) OR started_at < :cut)",
-                                 ExpressionAttributeNames={"#s": "status"},
-                                 ExpressionAttributeValues={
-                                     ":failed": {"S": "Failed"}, ":code": {"N": "-1"}, ":run": {"S": "InProgress"},
-                                     ":cut": {"S": cut_before},
-                                     ":why": {"S": "the relay stopped while the command ran; not run again"}})
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                raise
+        self._update(request, UpdateExpression="SET #s = :failed, exit_code = :code, stderr = :why",
+                     ConditionExpression="#s = :run AND (attribute_not_exists(started_at) OR started_at < :cut)",
+                     ExpressionAttributeValues={":failed": {"S": "Failed"}, ":code": {"N": "-1"},
+                                                ":run": {"S": "InProgress"}, ":cut": {"S": cut_before},
+                                                ":why": {"S": "the relay stopped while the command ran; not run again"}})
 
     def _run(self, script: str, timeout_s: int) -> tuple[str, int, str, str]:
         try:
@@ -214,17 +212,12 @@ class Relay:
 
     def _finish(self, request: RelayRequest, status: str, code: int, out: str, err: str, *, start: bool = False) -> None:
         """Write the outcome to the request's record (only one the pipeline made: never a new one)."""
-        condition = "#s = :pending" if start else "#s = :run"
-        try:
-            self._db.update_item(
-                TableName=self.table, Key={"pk": {"S": relay_key(request.command_id)}},
-                UpdateExpression="SET #s = :status, exit_code = :code, stdout = :out, stderr = :err, ended_at = :now",
-                ConditionExpression=condition, ExpressionAttributeNames={"#s": "status"},
-                ExpressionAttributeValues={":status": {"S": status}, ":code": {"N": str(code)},
-                                           ":out": {"S": out[:RELAY_OUTPUT_LIMIT]}, ":err": {"S": err[:RELAY_STDERR_LIMIT]},
-                                           ":now": {"S": self._now().isoformat()},
-                                           (":pending" if start else ":run"): {"S": "Pending" if start else "InProgress"}})
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                raise
+        was, was_value = (":pending", "Pending") if start else (":run", "InProgress")
+        if not self._update(request, ConditionExpression=f"#s = {was}",
+                            UpdateExpression="SET #s = :status, exit_code = :code, stdout = :out, stderr = :err, "
+                                             "ended_at = :now",
+                            ExpressionAttributeValues={":status": {"S": status}, ":code": {"N": str(code)},
+                                                       ":out": {"S": out[:RELAY_OUTPUT_LIMIT]},
+                                                       ":err": {"S": err[:RELAY_STDERR_LIMIT]},
+                                                       ":now": {"S": self._now().isoformat()}, was: {"S": was_value}}):
             log.warning("relay: %s has no record to write its outcome to (or another wrote it)", request.command_id)
