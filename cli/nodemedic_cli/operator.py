@@ -216,8 +216,8 @@ def planned(target: Target) -> dict[str, Any]:
     except PolicyError as exc:  # then nothing planned is released: what waits is what the operator needs to see
         policy_error = f"{exc}; no planned work is released until it is fixed"
         minutes = SafetyPolicy().breaker.window_minutes  # the default's window, for what was released before
-    window = timedelta(minutes=minutes)
-    releases = PacedReleases(db, table, target.cluster).read().releases
+    releases = PacedReleases(db, table, target.cluster).read()
+    releases.prune(now, timedelta(minutes=minutes))  # what the breaker's window still counts
     return {
         "waiting": [{"node": str(d.event.node.slurm_node or d.event.node.k8s_node), "instance": d.event.node.instance_id,
                      "fault": d.event.fault_code, "deadline": d.event.evidence.get("deadline"),
@@ -225,7 +225,7 @@ def planned(target: Target) -> dict[str, Any]:
                      "waits_for": "room under the circuit breaker" if d.act_at <= now else "its lead time"}
                     for d in DeferredPlans(db, table, target.cluster).waiting()],
         "released": [{"node": r.node, "event": event_id, "at": r.at.isoformat()}
-                     for event_id, r in sorted(releases.items(), key=lambda kv: kv[1].at) if now - r.at <= window],
+                     for event_id, r in sorted(releases.releases.items(), key=lambda kv: kv[1].at)],
         "window_minutes": minutes, "policy_error": policy_error}
 
 
