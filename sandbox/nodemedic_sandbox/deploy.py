@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import logging
@@ -287,12 +288,18 @@ def _recreate_state_machines(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, A
         aws.state_machine_roles.append(role)  # its Lambda and SDK calls are authorized against it
 
 
+@functools.lru_cache(maxsize=8)
+def _declared(template_path: Path, resource: str) -> dict[str, Any]:
+    """A resource's properties as the template declares them, parsed once (0.1 s each parse; the
+    stage tests make a table per test)."""
+    return dict(yaml_parse(template_path.read_text())["Resources"][resource]["Properties"])
+
+
 def create_table_as_declared(db: Any, name: str, resource: str = "IncidentsTable", template_path: Path | None = None) -> str:
     """Create a DynamoDB table named ``name`` with the keys and indexes ``resource`` declares in
     the template (the project's ``template.yaml`` by default): for tests of the stores on a table
     of their own, with what the stack has."""
-    path = template_path or Path(__file__).resolve().parents[2] / "template.yaml"
-    props = yaml_parse(path.read_text())["Resources"][resource]["Properties"]
+    props = _declared(template_path or Path(__file__).resolve().parents[2] / "template.yaml", resource)
     db.create_table(TableName=name, BillingMode=props["BillingMode"], AttributeDefinitions=props["AttributeDefinitions"],
                     KeySchema=props["KeySchema"],
                     **({"GlobalSecondaryIndexes": props["GlobalSecondaryIndexes"]} if "GlobalSecondaryIndexes" in props
