@@ -48,7 +48,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         metrics.add_dimension(name="Cluster", value=s.cluster_name)
         metrics.add_dimension(name="FaultClass", value=out.fault_class or "unknown")
         metrics.add_metric(name="FaultsMonitored", unit=MetricUnit.Count, value=1)
-    if out.incident:
+    if out.incident and not out.recheck_of:  # a recheck's fault was counted when the cooldown held it
         record_durations(metrics, out.incident,
                          {"TimeToDetect": (now - out.incident.observed_at).total_seconds()})
     return out.model_dump(mode="json")

@@ -37,7 +37,7 @@ def heard_agents() -> dict[str, str | None]:
     return {instance: named_node(seen) for instance, seen in roster.items()}
 
 
-def start_burn_in(event: NodeHealthEvent) -> None:
+def publish(event: NodeHealthEvent) -> None:
     """Put the ``NODE_JOINED`` event on the stack's bus: Detect opens the burn-in incident."""
     publish_health_events(wiring.client("events"), settings().event_bus_name, RECONCILER_SOURCE, [event])
 
@@ -90,7 +90,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
     report = reconcile(cluster=s.cluster_name, ledger=wiring.ledger(), orchestrator=wiring.orchestrator(),
                        execution_status=execution_status, prefix=s.drain_reason_prefix, now=utc_now(),
-                       start_burn_in=start_burn_in, agents=AgentWatch(lambda: wiring.provider().members(), heard_agents))
+                       publish=publish, agents=AgentWatch(lambda: wiring.provider().members(), heard_agents))
     for kind, count in report.counts().items():
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):

@@ -139,7 +139,7 @@ def test_the_reconciler_does_not_fail_an_incident_the_index_still_lists_as_open(
     ledger.close(done, NOW)
     with index_lag(table.db, listed=["INCIDENT#done-1"]):
         report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "SUCCEEDED",
-                           prefix="nodemedic", now=NOW + timedelta(minutes=5), start_burn_in=lambda _: None)
+                           prefix="nodemedic", now=NOW + timedelta(minutes=5), publish=lambda _: None)
     assert (report.incidents_failed, report.pages, report.errors) == ([], [], [])
     assert ledger.get("done-1").status == "closed" and not slurm.n["gpu-1"].drained
 

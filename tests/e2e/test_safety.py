@@ -4,6 +4,7 @@ corroboration, dry run, approval, and drains that belong to operators."""
 import os
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from nodemedic import operations
@@ -185,3 +186,26 @@ def test_the_resume_document_lifts_only_the_owners_drain_in_one_command(local: L
     assert slurm.resume("gpu-2", "nodemedic:inc-1") is True
     assert "DRAIN" not in local.scheduler.node("gpu-2")["State"]
     assert slurm.resume("gpu-1", "*") is True  # an operator's own resume lifts any drain
+
+
+def test_a_fault_the_cooldown_held_is_remediated_once_the_cooldown_ends() -> None:
+    """A one-off Xid line during the node's cooldown was held and forgotten: the agent never sends
+    it again, and the node stayed in service with it. The gate keeps it, and the reconciler offers
+    it again when the cooldown ends; every write goes through the stack's own IAM."""
+    with stack(4, NodeCooldownMinutes="0.5", BreakerMaxPercent="100") as local:
+        local.put_event(local.health_event("gpu-3", "XID 48"))
+        first = local.incident(latest(local.wait_for_executions(1, timeout=120))["name"])
+        assert first.status == "closed"
+        admitted = first.stages["gate"].completed_at
+        local.put_event(local.health_event("gpu-3", "XID 79"))
+        held = local.incident(latest(local.wait_for_executions(2, timeout=60))["name"])
+        assert held.status == "held" and "decided again after" in held.outcome
+        assert local.scheduler.node("gpu-3")["State"].startswith("IDLE")  # in service, with its fault
+
+        assert admitted is not None
+        time.sleep(max(0.0, (admitted + timedelta(seconds=31) - datetime.now(UTC)).total_seconds()))
+        assert local.reconcile()["rechecks_offered"] == ["gpu-3"]
+        again = local.incident(latest(local.wait_for_executions(3, timeout=120))["name"])
+        assert (again.fault_code, again.source, again.observed_at) == ("XID 79", "nodemedic.agent", held.observed_at)
+        assert again.status == "closed" and again.evidence("recheck_of") == held.incident_id
+        assert local.reconcile()["rechecks_offered"] == []  # decided once

@@ -170,7 +170,7 @@ def test_a_replacement_registers_under_a_name_of_its_own_and_that_node_is_held_t
     started: list[NodeHealthEvent] = []
     for _ in range(3):
         reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING", prefix=PREFIX,
-                  now=datetime.now(UTC), start_burn_in=started.append)
+                  now=datetime.now(UTC), publish=started.append)
     assert started == []
     out = climb()
     assert (out.rung, out.instance_id) == ("replace", new_instance)
@@ -200,7 +200,7 @@ def test_a_node_that_joins_under_the_burn_in_startup_taint_is_checked_then_relea
     started: list[NodeHealthEvent] = []
     for _ in range(2):  # the second run that sees it starts it
         reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING", prefix=PREFIX,
-                  now=datetime.now(UTC), start_burn_in=started.append)
+                  now=datetime.now(UTC), publish=started.append)
     assert [(e.node.slurm_node, e.node.instance_id, e.fault_code) for e in started if e.node.slurm_node in
             (joined, kept)] == [(joined, instance, "NODE_JOINED")]
 
@@ -309,15 +309,15 @@ def test_the_reconciler_brings_back_the_gpu_clients_an_ended_incident_left_pause
     running = opened(ledger, node)
     orch.pause_gpu_clients(node, running.incident_id)
     report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
-                       prefix=PREFIX, now=datetime.now(UTC), start_burn_in=lambda _: None)
+                       prefix=PREFIX, now=datetime.now(UTC), publish=lambda _: None)
     assert report.gpu_clients_resumed == []  # its incident is open: its GPU reset is under way
     with index_lag(aws.client("dynamodb"), unlisted=[f"INCIDENT#{running.incident_id}"]):  # opened a moment ago
         report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
-                           prefix=PREFIX, now=datetime.now(UTC), start_burn_in=lambda _: None)
+                           prefix=PREFIX, now=datetime.now(UTC), publish=lambda _: None)
     assert report.gpu_clients_resumed == []  # the bookkeeping's index did not list it yet: its own read says open
     ledger.end(ledger.get(running.incident_id), "failed", datetime.now(UTC), "repair failed", release_node=True)
     report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "FAILED",
-                       prefix=PREFIX, now=datetime.now(UTC), start_burn_in=lambda _: None)
+                       prefix=PREFIX, now=datetime.now(UTC), publish=lambda _: None)
     assert report.gpu_clients_resumed == [node] and report.counts()["gpu_clients"] == 1
     assert any("resumed the GPU clients" in p and node in p for p in report.pages)
     labels = cluster.read_node(node).metadata.labels
@@ -349,7 +349,7 @@ def test_a_node_returned_to_service_by_hand_is_given_back_to_the_autoscalers_by_
 
     assert set(orch.stray_autoscaler_holds()) == {by_hand, mid_incident, own}  # not the spare, nor the one held
     report = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
-                       prefix=PREFIX, now=datetime.now(UTC), start_burn_in=[].append)
+                       prefix=PREFIX, now=datetime.now(UTC), publish=[].append)
     assert sorted(report.autoscaler_holds_released) == sorted([by_hand, own]) and report.errors == []
     assert report.counts()["autoscaler_hold"] == 2 and any(by_hand in p and "returned to service" in p
                                                            for p in report.pages)
@@ -361,5 +361,5 @@ def test_a_node_returned_to_service_by_hand_is_given_back_to_the_autoscalers_by_
         "karpenter.sh/do-not-disrupt": "true", "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}
     assert cluster.read_node(held).spec.unschedulable  # NodeMedic's drain is not touched
     again = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
-                      prefix=PREFIX, now=datetime.now(UTC), start_burn_in=[].append)
+                      prefix=PREFIX, now=datetime.now(UTC), publish=[].append)
     assert again.autoscaler_holds_released == []

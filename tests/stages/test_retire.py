@@ -50,7 +50,7 @@ def test_a_retiring_node_takes_a_spare_outside_its_block_and_stays_drained(ledge
     assert slurm.n["gpu-1"].drained, "left drained until AWS takes it back"
     assert retire(incident, ledger=ledger, clock=clock).status == "retired", "a retried step changes nothing"
     report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "SUCCEEDED",
-                       prefix=PREFIX, now=clock(), start_burn_in=lambda _: None)
+                       prefix=PREFIX, now=clock(), publish=lambda _: None)
     assert not report.locks_released and not report.drains_reasserted
     assert ledger.open_incident(_later_event(incident)) is not None, "later events fold into the retired incident"
 
@@ -111,7 +111,7 @@ def test_a_node_repaired_while_its_block_ends_is_retired_not_returned(slurm: Mem
     assert slurm.n["gpu-1"].drained and ledger.hold_of("c1", "gpu-1") is not None
     assert ledger.active_incident_id("c1", "i-gpu-1") == incident.incident_id, "the lock is kept"
     report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "SUCCEEDED",
-                       prefix=PREFIX, now=clock(), start_burn_in=lambda _: None)
+                       prefix=PREFIX, now=clock(), publish=lambda _: None)
     assert not report.locks_released and not report.drains_reasserted
 
 

@@ -37,13 +37,18 @@ index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
   down;
 - a Kubernetes node whose GPU clients (the GPU operator's components, NVML clients) an incident
   paused for a GPU reset and that ended before it resumed them (it failed, it was stopped) gets
-  them back.
+  them back;
+- a fault the gate held for its node's cooldown (the node was remediated moments before) is
+  offered to Detect again once the cooldown ends (``RECHECK#``, a ``recheck`` health event): a
+  one-off Xid line or an alarm's change of state is never sent again, and the node would stay in
+  service with it. Detect decides it as it decides any fault, from the held incident's record.
 
 Each repair is counted by kind (metric ``ReconcilerRepairs``, dimensions Cluster and Kind).
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -51,8 +56,8 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
-from nodemedic.contracts.incident import REPLACEMENT_CLAIM, Bookkeeping, UnwatchedNode, UnwatchedNodes
+from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent, NodeIdentity
+from nodemedic.contracts.incident import REPLACEMENT_CLAIM, Bookkeeping, Recheck, UnwatchedNode, UnwatchedNodes
 from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.planned_events import back_from_interruption
@@ -68,6 +73,7 @@ UNWATCHED_AFTER = timedelta(minutes=15)
 MAX_UNWATCHED = 2000  # nodes tracked at once
 RECORD_BYTES = 300_000  # and the record's size: it stays under DynamoDB's 400 KB item, whatever the names
 PAGE_NAMES = 50  # named in a page; the rest counted
+RECHECK_OFFERS = 3  # a fault the cooldown held is offered again at most this often (one per run)
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,8 @@ class ReconcileReport(BaseModel):
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
     autoscaler_holds_released: list[str] = Field(default_factory=list,
                                                  description="nodes in service still kept from the autoscalers")
+    rechecks_offered: list[str] = Field(default_factory=list, description="faults the cooldown held, offered again")
+    rechecks_given_up: list[str] = Field(default_factory=list, description="offered again and again, never decided")
     unwatched_nodes: list[str] | None = Field(default=None, description="nodes in service NodeMedic cannot watch; "
                                              "None when not checked")
     pages: list[str] = Field(default_factory=list)
@@ -105,7 +113,8 @@ class ReconcileReport(BaseModel):
     def counts(self) -> dict[str, int]:
         return {"incident": len(self.incidents_failed), "lock": len(self.locks_released),
                 "claim": len(self.claims_released), "drain": len(self.drains_reasserted),
-                "gpu_clients": len(self.gpu_clients_resumed), "autoscaler_hold": len(self.autoscaler_holds_released)}
+                "gpu_clients": len(self.gpu_clients_resumed), "autoscaler_hold": len(self.autoscaler_holds_released),
+                "recheck": len(self.rechecks_offered)}
 
 
 UNCHECKED = "reconciler: held for its burn-in, no incident checking it"
@@ -123,21 +132,22 @@ def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: d
 
 def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
               execution_status: Callable[[str], str | None], prefix: str, now: datetime,
-              start_burn_in: Callable[[NodeHealthEvent], None], agents: AgentWatch | None = None) -> ReconcileReport:
+              publish: Callable[[NodeHealthEvent], None], agents: AgentWatch | None = None) -> ReconcileReport:
     """``execution_status(incident_id)``: its execution's status (RUNNING, SUCCEEDED, ...), None
-    when there is no such execution. ``start_burn_in(event)`` publishes a ``NODE_JOINED`` event.
+    when there is no such execution. ``publish(event)`` puts a health event on the stack's bus.
     ``agents``: where to learn which agents are heard (None: not checked)."""
     report = ReconcileReport()
     books = ledger.bookkeeping(cluster, now)
     _strays(books, ledger, orchestrator, execution_status, prefix, now, report)
     _locks_and_claims(books, cluster, ledger, report)
+    _rechecks(books, ledger, now, publish, report)
     try:
         nodes = {n.name: n for n in orchestrator.nodes()}
     except Exception as exc:  # noqa: BLE001 - the scheduler is down: the next run tries again
         report.errors.append(f"cannot read the scheduler's nodes: {exc}")
         return report
     _holds(books, ledger, orchestrator, nodes, report)
-    _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, start_burn_in, report)
+    _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, publish, report)
     _paused_gpu_clients(books, ledger, orchestrator, report)
     _stray_autoscaler_holds(books, orchestrator, report)
     if agents is not None:
@@ -146,14 +156,58 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
         except Exception as exc:  # noqa: BLE001 - the next run tries again
             report.errors.append(f"cannot list the cluster's instances: {exc}")
             return report
-        _back_from_interruption(books, cluster, ledger, members, nodes, now, start_burn_in, report)
+        _back_from_interruption(books, cluster, ledger, members, nodes, now, publish, report)
         _unwatched_nodes(cluster, ledger, agents, members, nodes, now, report)
     return report
 
 
+def offer_id(recheck: Recheck) -> str:
+    """The id of every offer of ``recheck``: the same each time, so Detect decides it once."""
+    return "recheck-" + hashlib.sha256(f"{recheck.cluster}/{recheck.incident_id}".encode()).hexdigest()[:40]
+
+
+def recheck_event(recheck: Recheck, instance_id: str, now: datetime) -> NodeHealthEvent:
+    """The event that offers Detect a fault the cooldown held again. It names the held incident,
+    from which Detect reads the fault."""
+    return NodeHealthEvent(
+        schema_version="1", event_id=offer_id(recheck), cluster=recheck.cluster,
+        node=NodeIdentity(instance_id=instance_id, hostname=recheck.slurm_node, slurm_node=recheck.slurm_node),
+        check="recheck", fault_code=recheck.fault_code, severity="warning", observed_at=now, sent_at=now,
+        evidence={"recheck_of": recheck.incident_id})
+
+
+def _rechecks(books: Bookkeeping, ledger: Ledger, now: datetime, publish: Callable[[NodeHealthEvent], None],
+              report: ReconcileReport) -> None:
+    """Offer Detect again each fault the cooldown held whose cooldown has ended. Detect drops the
+    recheck once it decided (one it could not drop is dropped here, its offer acknowledged); one
+    still here at the next run was not decided (the event was lost, its execution failed) and is
+    offered again, ``RECHECK_OFFERS`` times at most: then the on-call is told, and it is dropped."""
+    for recheck in (r for r in books.rechecks if r.due <= now):
+        try:
+            if recheck.offers and ledger.event_handled_by(f"{RECONCILER_SOURCE}/{offer_id(recheck)}"):
+                ledger.drop_recheck(recheck)
+                continue
+            if recheck.offers >= RECHECK_OFFERS:
+                if ledger.drop_recheck(recheck):
+                    report.pages.append(
+                        f"NodeMedic held a {recheck.fault_code} on {recheck.slurm_node} during its cooldown (incident "
+                        f"{recheck.incident_id}) and offered it again {recheck.offers} times after the cooldown; it "
+                        "was never decided. The node may still be in service with that fault: check it (nodemedic show "
+                        f"{recheck.incident_id}) and remediate it by hand if it is sick (nodemedic remediate).")
+                    report.rechecks_given_up.append(recheck.slurm_node)
+                continue
+            held = ledger.get(recheck.incident_id)
+            if ledger.offered(recheck):
+                publish(recheck_event(recheck, held.instance_id, now))
+                report.rechecks_offered.append(recheck.slurm_node)
+        except Exception as exc:  # noqa: BLE001 - one item's error never stops the others
+            report.errors.append(f"cannot offer again the {recheck.fault_code} the cooldown held on "
+                                 f"{recheck.slurm_node}: {exc}")
+
+
 def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
                             nodes: dict[str, NodeStatus], now: datetime,
-                            start_burn_in: Callable[[NodeHealthEvent], None], report: ReconcileReport) -> None:
+                            publish: Callable[[NodeHealthEvent], None], report: ReconcileReport) -> None:
     """A node retired for a Spot stop or hibernation whose instance EC2 has started again (its
     launch time after the interruption), still held by the retirement: EC2's "running" was not
     delivered, or came while the retirement was still open. Its burn-in is started (Detect
@@ -178,7 +232,7 @@ def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, me
             continue
         status = nodes.get(node)
         try:
-            start_burn_in(burn_in_event(cluster, node, lock.instance_id, status.reason if status else "", now,
+            publish(burn_in_event(cluster, node, lock.instance_id, status.reason if status else "", now,
                                         started_by=f"reconciler: EC2 started {lock.instance_id} again after the "
                                                    f"Spot interruption incident {lock.incident_id} retired it for"))
         except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
@@ -346,7 +400,7 @@ def _replacement_awaited(books: Bookkeeping) -> bool:
 
 
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
-                        now: datetime, start_burn_in: Callable[[NodeHealthEvent], None],
+                        now: datetime, publish: Callable[[NodeHealthEvent], None],
                         report: ReconcileReport) -> None:
     busy = _in_hand(books)
     claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}  # a replacement an open incident adopts
@@ -360,7 +414,7 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
             continue
         if ledger.first_announcement(f"{key}/started", now):
             try:
-                start_burn_in(burn_in_event(cluster, node.name, instance, node.reason, now))
+                publish(burn_in_event(cluster, node.name, instance, node.reason, now))
             except Exception as exc:  # noqa: BLE001 - the next run pages it
                 report.errors.append(f"cannot start the burn-in of {node.name}: {exc}")
             else:

@@ -27,7 +27,8 @@ from pydantic import (
 
 AGENT_SOURCE = "nodemedic.agent"
 SWEEPER_SOURCE = "nodemedic.sweeper"
-RECONCILER_SOURCE = "nodemedic.reconciler"  # the burn-in of a node held for one that nobody checks
+# the burn-in of a node held for one that nobody checks; a fault the cooldown held, offered again
+RECONCILER_SOURCE = "nodemedic.reconciler"
 # an AWS Health scheduled change or a Capacity Block's end, one event per affected node
 PLANNED_SOURCE = "nodemedic.planned"
 HEALTH_DETAIL_TYPE = "Node Health Event"
@@ -83,7 +84,7 @@ def _clip(limit: int) -> BeforeValidator:
 
 
 Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual", "burn_in",
-                "fail_slow", "aws_health", "capacity_block", "ec2_scheduled_event", "spot_interruption"]
+                "fail_slow", "aws_health", "capacity_block", "ec2_scheduled_event", "spot_interruption", "recheck"]
 Severity = Literal["info", "warning", "error", "critical"]
 EvidenceValue = str | int | float | bool | None
 

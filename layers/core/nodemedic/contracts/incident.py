@@ -171,11 +171,15 @@ class Incident(IncidentRef):
         """Seconds from the fault (``observed_at``) to ``moment``: the origin of every metric."""
         return (moment - self.observed_at).total_seconds()
 
-    def evidence(self, key: str) -> object:
-        """One value of the evidence the event that opened the incident carried (Detect's record)."""
+    def evidence_recorded(self) -> dict[str, object]:
+        """The evidence the event that opened the incident carried (Detect's record)."""
         detect = self.stages.get("detect")
         evidence = detect.result.get("evidence") if detect else None
-        return evidence.get(key) if isinstance(evidence, dict) else None
+        return dict(evidence) if isinstance(evidence, dict) else {}
+
+    def evidence(self, key: str) -> object:
+        """One value of the evidence the event that opened the incident carried (Detect's record)."""
+        return self.evidence_recorded().get(key)
 
     @property
     def deadline(self) -> datetime | None:
@@ -243,6 +247,19 @@ class DrainHold(BaseModel):
     since: AwareDatetime
 
 
+class Recheck(BaseModel):
+    """``RECHECK#<cluster>#<node>#<fault code>``: a fault the cooldown held (``incident_id``, the
+    first such), decided again from ``due``, when the cooldown ends. ``offers``: how often the
+    reconciler has offered it since."""
+
+    cluster: str
+    slurm_node: str
+    fault_code: str
+    incident_id: str
+    due: AwareDatetime
+    offers: int = 0
+
+
 class UnwatchedNode(BaseModel):
     """A node in service that NodeMedic cannot watch (``why``), since ``since``."""
 
@@ -259,9 +276,11 @@ class UnwatchedNodes(BaseModel):
 
 
 class Bookkeeping(BaseModel):
-    """What the reconciler checks: every lock, claim and drain hold, and the open incidents."""
+    """What the reconciler checks: every lock, claim and drain hold, the open incidents, and the
+    faults the cooldown held."""
 
     locks: list[NodeLock] = Field(default_factory=list)
     claims: list[Claim] = Field(default_factory=list)
     holds: list[DrainHold] = Field(default_factory=list)
     open_incidents: list[Incident] = Field(default_factory=list)
+    rechecks: list[Recheck] = Field(default_factory=list)

@@ -35,6 +35,7 @@ class DetectOutput(_Model):
     incident: IncidentRef | None = None
     existing_incident_id: str | None = None
     fault_class: str | None = Field(default=None, description="of a monitored fault ('unknown': a code no table knows)")
+    recheck_of: str | None = Field(default=None, description="the incident whose fault the cooldown held, decided again")
 
 
 class StageInput(_Model):

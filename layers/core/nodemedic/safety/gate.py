@@ -5,7 +5,8 @@ Rules, in order; the first that decides wins, and every rule evaluated is record
 1. paused          -> hold       (an operator paused all automation)
 2. excluded        -> hold       (node list/glob or instance tag in the policy)
 3. breaker open    -> hold       (tripped earlier; only an operator resets it)
-4. cooldown        -> hold       (the node slot was remediated moments ago)
+4. cooldown        -> hold       (the node slot was remediated moments ago; the fault is decided
+                                 again when the cooldown ends: ``Decision.recheck_at``)
 5. lemon           -> quarantine (the Nth incident of a node slot or EC2 host in the window)
 6. breaker limit   -> hold, trip (one more node would exceed the limit; names the correlation).
                                  Nodes waiting for a slot (rule 7) count: a storm of faults at
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from nodemedic.contracts.events import PLANNED_SOURCE
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.providers.base import Member
 from nodemedic.safety.policy import SafetyPolicy
@@ -61,6 +63,7 @@ class Decision:
     trips_breaker: bool = False
     notify: str = ""
     would: str = ""  # dry-run: the verdict automation would have reached
+    recheck_at: datetime | None = None  # a hold that passes by itself (the cooldown): decide the fault again then
 
 
 def lineage_keys(incident: IncidentRef, host_id: str = "") -> list[str]:
@@ -163,8 +166,15 @@ def decide(f: Facts) -> Decision:
     cooldown = timedelta(minutes=p.node_cooldown_minutes)
     recent = [at for _, at in f.lineage.get(slot, []) if f.now - at < cooldown]
     if recent:
+        # the fault is not forgotten: a one-off Xid line or an alarm's state change is never sent
+        # again, so the reconciler offers it again once the cooldown ends (not an operator's request,
+        # and not planned work, which the planned-events sweep offers again itself)
+        again = max(recent) + cooldown
+        offered = f.incident.fault_class != "manual" and f.incident.source != PLANNED_SOURCE
         return _dry(f, stop("hold", "cooldown", f"{node} was remediated at {max(recent):%H:%M:%S}Z, "
-                                                f"within the {p.node_cooldown_minutes:g} min cooldown"))
+                                                f"within the {p.node_cooldown_minutes:g} min cooldown"
+                                                + (f"; decided again after {again:%H:%M:%S}Z" if offered else ""),
+                            recheck_at=again if offered else None))
     ok("cooldown", f"no remediation of {node} within {p.node_cooldown_minutes:g} min")
 
     window = timedelta(hours=p.lemon.window_hours)

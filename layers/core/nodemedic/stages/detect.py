@@ -11,13 +11,23 @@ from pydantic import TypeAdapter, ValidationError
 
 from nodemedic.contracts.events import (
     INSTANCE_ID,
+    RECONCILER_SOURCE,
     AlarmEnvelope,
     HealthEventEnvelope,
     HyperPodNodeHealthEnvelope,
     RunbookEnvelope,
     TriggerEvent,
 )
-from nodemedic.contracts.incident import Action, Confidence, Incident, IncidentRef, NodeLock, StageRecord, default_ladder
+from nodemedic.contracts.incident import (
+    Action,
+    Confidence,
+    Incident,
+    IncidentRef,
+    NodeLock,
+    Recheck,
+    StageRecord,
+    default_ladder,
+)
 from nodemedic.contracts.problems import describe, not_unicode
 from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, hyperpod_fault_code, parse_overrides
@@ -211,7 +221,11 @@ def detect(
     sent it reads that record as the acknowledgement that stops it sending the event again). An
     event naming an unknown node is not acknowledged: it may be the cluster's once the node joins."""
     trigger = parse_trigger(request.event)
-    fault = to_fault(trigger, cluster, now)
+    recheck = None
+    if isinstance(trigger, HealthEventEnvelope) and trigger.source == RECONCILER_SOURCE and trigger.detail.check == "recheck":
+        fault, recheck = _recheck_fault(trigger, cluster, provider, ledger, now)
+    else:
+        fault = to_fault(trigger, cluster, now)
     try:
         out = _decide(request, trigger, fault, cluster=cluster, overrides_json=overrides_json, provider=provider,
                       ledger=ledger, control=control, now=now, limits=limits)
@@ -221,10 +235,58 @@ def detect(
                 ledger.acknowledge_event(fault.event_key, "rejected", None, now)
             except ClientError:
                 pass  # the rejection stands whatever happens to its record: a re-send is rejected the same way
+        if recheck:  # decided: a fault older than the node's last repair, say
+            _drop(recheck, ledger)
         raise
     if fault.event_key and out.decision != "remediate":  # an incident it opened is recorded as it opens
         ledger.acknowledge_event(fault.event_key, out.decision, out.existing_incident_id, now)
+    if recheck:
+        _drop(recheck, ledger)
+        out = out.model_copy(update={"recheck_of": recheck.incident_id})
     return out
+
+
+def _drop(recheck: Recheck, ledger: Ledger) -> None:
+    """The recheck was decided. Kept where it cannot be dropped now: the reconciler finds the
+    decision (its event acknowledged) and drops it then; failing here would fail an incident
+    already opened."""
+    try:
+        ledger.drop_recheck(recheck)
+    except ClientError:
+        pass
+
+
+def _recheck_fault(trigger: HealthEventEnvelope, cluster: str, provider: Provider, ledger: Ledger,
+                   now: datetime) -> tuple[Fault, Recheck | None]:
+    """A fault the cooldown held, offered again by the reconciler once the cooldown ended. The event
+    only names the held incident (evidence ``recheck_of``): the fault is read from the ledger, so an
+    offer cannot change it, and it keeps its own source and origin. Offered again under the
+    reconciler's name, a lone ambiguous fault would corroborate itself (a second "source"), and
+    each offer would restart its clock. Refused, and the recheck kept, before it is due (an
+    offer put on the bus early by someone else); refused, and dropped, when the node's instance
+    has left the cluster since (there is nothing to decide, and nobody to page)."""
+    d = trigger.detail
+    held_id = d.evidence.get("recheck_of")
+    node = d.node.slurm_node or d.node.k8s_node or ""
+    if d.cluster != cluster or not isinstance(held_id, str):
+        raise InvalidEventError("a recheck names a held incident of this cluster (evidence recheck_of)")
+    key = f"{trigger.source}/{d.event_id}"
+    recheck: Recheck | None = ledger.recheck(cluster, node, d.fault_code)
+    if recheck is None or recheck.incident_id != held_id:
+        if not ledger.event_handled_by(key):
+            raise InvalidEventError(f"no recheck of incident {held_id[:80]} waits for {node}, {d.fault_code}: "
+                                    "decided already, or its fault was never held by the cooldown")
+        recheck = None  # decided already: this is a redelivery, deduplicated as any other
+    elif recheck.due > now:
+        raise InvalidEventError(f"the recheck of incident {held_id} is due at {recheck.due.isoformat()}, not before")
+    held = ledger.get(held_id)
+    member = provider.member(held.instance_id)
+    if recheck and (member is None or member.slurm_node != held.slurm_node):
+        ledger.drop_recheck(recheck)
+        raise InvalidEventError(f"the fault held by incident {held_id}: instance {held.instance_id} no longer backs "
+                                f"{held.slurm_node}; nothing to decide")
+    return Fault(held.source, cluster, held.instance_id, held.slurm_node, held.fault_code, held.observed_at,
+                 event_key=key, evidence={**held.evidence_recorded(), "recheck_of": held_id}), recheck
 
 
 def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluster: str, overrides_json: str,

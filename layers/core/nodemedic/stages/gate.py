@@ -116,7 +116,10 @@ def _hold(incident: IncidentRef, ledger: Ledger, clock: Callable[[], datetime], 
         # a storm hold (breaker, pause) keeps the node lock: later events for the node are folded
         # into this incident until an operator resets the breaker or resumes automation
         storm = d.rules[-1]["rule"] in STORM_RULES
-        ledger.end(incident, "held", clock(), d.reason, release_node=not storm)
+        if d.recheck_at is not None:  # the cooldown: the fault is decided again when it ends
+            ledger.hold_for_recheck(incident, clock(), d.reason, d.recheck_at)
+        else:
+            ledger.end(incident, "held", clock(), d.reason, release_node=not storm)
     return out
 
 

@@ -14,11 +14,13 @@ Items (partition key ``pk``):
   has not returned it); the reconciler drains it again if the drain was lost (a controller
   restarted without saving it). Dropped right before the node is returned to service, by the
   incident or by an operator's ``nodemedic remediate <node> --action resume``.
+- ``RECHECK#<cluster>#<node>#<fault code>``: a fault the cooldown held, which the reconciler
+  offers Detect again once the cooldown ends (:class:`~nodemedic.contracts.incident.Recheck`).
 - ``EVENT#<source>/<event id>``: Detect's decision on an event and the incident that took it,
   kept ``EVENT_MEMORY``: a redelivery changes nothing, and the agent that sent it reads it as
   the acknowledgement that stops it sending the event again.
 
-What the reconciler checks (locks, claims, drain holds, open incidents) carries ``books``: its
+What the reconciler checks (locks, claims, drain holds, open incidents, rechecks) carries ``books``: its
 cluster (``CLAIMS_BOOK`` for a claim, which names no cluster), the key of the table's sparse index
 ``Bookkeeping``. The reconciler reads that index, not the whole table: the table keeps every
 incident and every event of the last 15 days, and a scan of it every 5 minutes grew with both. An
@@ -44,6 +46,7 @@ from nodemedic.contracts.incident import (
     IncidentRef,
     IncidentStatus,
     NodeLock,
+    Recheck,
     Stage,
     StageRecord,
     UnwatchedNodes,
@@ -91,6 +94,10 @@ def _hold_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"DRAINHOLD#{cluster}#{slurm_node}"}}
 
 
+def _recheck_key(cluster: str, slurm_node: str, fault_code: str) -> dict[str, Any]:
+    return {"pk": {"S": f"RECHECK#{cluster}#{slurm_node}#{fault_code}"}}
+
+
 def _sweep_key(cluster: str) -> dict[str, Any]:
     return {"pk": {"S": f"BOOKSWEPT#{cluster}"}}
 
@@ -107,6 +114,7 @@ OUTBOX_PAGES = 100  # pages kept while SNS cannot be reached (a DynamoDB item ho
 OUTBOX_PAGE_CHARS = 2000
 EVENT_MEMORY = timedelta(days=15)
 INTERRUPTION_MEMORY = timedelta(hours=1)
+RECHECK_KEPT = timedelta(days=1)
 
 
 def unchanged_since(version: int) -> dict[str, Any]:
@@ -377,6 +385,40 @@ class Ledger:
             extra.append({"Put": {"TableName": self._table, "Item": self._hold_item(ref, hold_reason, now)}})
         self.end(ref, "failed", now, outcome, release_node=True, extra=extra, failure=failure)
 
+    # -- faults the cooldown held, decided again when it ends ---------------------------
+    def hold_for_recheck(self, ref: IncidentRef, now: datetime, outcome: str, due: datetime) -> None:
+        """End ``ref`` held (its node lock released) and keep its fault to be decided again from
+        ``due``, atomically. One recheck per node and fault code: a polled check that reports the
+        fault again meanwhile adds none; the first held incident stays the one offered (its fault is
+        the oldest). Kept at most ``RECHECK_KEPT`` past ``due`` (the table's TTL)."""
+        self.end(ref, "held", now, outcome, release_node=True, extra=[{"Update": {
+            "TableName": self._table, "Key": _recheck_key(ref.cluster, ref.slurm_node, ref.fault_code),
+            # names for every attribute: CLUSTER is one of DynamoDB's reserved words
+            "UpdateExpression": "SET #i = if_not_exists(#i, :id), #c = :c, #n = :n, #f = :f, #d = :due, #b = :c, #t = :ttl",
+            "ExpressionAttributeNames": {"#i": "incident_id", "#c": "cluster", "#n": "slurm_node", "#f": "fault_code",
+                                         "#d": "due", "#b": "books", "#t": "expires_at"},
+            "ExpressionAttributeValues": {":id": {"S": ref.incident_id}, ":c": {"S": ref.cluster},
+                                          ":n": {"S": ref.slurm_node}, ":f": {"S": ref.fault_code},
+                                          ":due": {"S": due.isoformat()}, ":ttl": _ttl(due + RECHECK_KEPT)}}}])
+
+    def recheck(self, cluster: str, slurm_node: str, fault_code: str) -> Recheck | None:
+        item = self._db.get_item(TableName=self._table, Key=_recheck_key(cluster, slurm_node, fault_code),
+                                 ConsistentRead=True).get("Item")
+        return _recheck_from(item) if item else None
+
+    def offered(self, recheck: Recheck) -> bool:
+        """Count one more offer of ``recheck``; False when it changed or went meanwhile."""
+        return self._conditional("update_item", Key=_recheck_key(recheck.cluster, recheck.slurm_node, recheck.fault_code),
+                                 UpdateExpression="SET offers = :n", ConditionExpression="incident_id = :id",
+                                 ExpressionAttributeValues={":n": {"N": str(recheck.offers + 1)},
+                                                            ":id": {"S": recheck.incident_id}})
+
+    def drop_recheck(self, recheck: Recheck) -> bool:
+        """The recheck was decided (or given up): gone, unless another incident's replaced it."""
+        return self._conditional("delete_item", Key=_recheck_key(recheck.cluster, recheck.slurm_node, recheck.fault_code),
+                                 ConditionExpression="incident_id = :id",
+                                 ExpressionAttributeValues={":id": {"S": recheck.incident_id}})
+
     # -- drains NodeMedic holds ----------------------------------------------------------
     def _hold_item(self, ref: IncidentRef, reason: str, now: datetime) -> dict[str, Any]:
         return {**_hold_key(ref.cluster, ref.slurm_node), "incident_id": {"S": ref.incident_id},
@@ -422,6 +464,8 @@ class Ledger:
                 found.claims.append(Claim(kind=claim_kind, key=key, incident_id=item["incident_id"]["S"]))
             elif kind == "DRAINHOLD" and rest.startswith(f"{cluster}#"):
                 found.holds.append(_hold_from(cluster, rest.split("#", 1)[1], item))
+            elif kind == "RECHECK" and item.get("cluster", {}).get("S") == cluster:
+                found.rechecks.append(_recheck_from(item))
             elif kind == "INCIDENT" and item["status"]["S"] == "open":
                 incident = _from_item(item)
                 if incident.cluster == cluster:
@@ -702,6 +746,12 @@ def _lock_from(item: dict[str, Any]) -> NodeLock:
     """A node lock from its item (``NODE#<cluster>#<instance>``)."""
     return NodeLock(instance_id=item["pk"]["S"].split("#", 2)[2], incident_id=item["incident_id"]["S"],
                     slurm_node=item.get("slurm_node", {}).get("S", ""))
+
+
+def _recheck_from(item: dict[str, Any]) -> Recheck:
+    return Recheck(cluster=item["cluster"]["S"], slurm_node=item["slurm_node"]["S"], fault_code=item["fault_code"]["S"],
+                   incident_id=item["incident_id"]["S"], due=datetime.fromisoformat(item["due"]["S"]),
+                   offers=int(item.get("offers", {}).get("N", "0")))
 
 
 def _hold_from(cluster: str, slurm_node: str, item: dict[str, Any]) -> DrainHold:

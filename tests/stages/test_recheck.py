@@ -1,0 +1,230 @@
+"""A fault the gate holds for its node's cooldown is not forgotten: once the cooldown ends, the
+reconciler offers it to Detect again, which decides it from the held incident's record.
+
+Before, the hold ended the incident and nothing remembered the fault. A polled check reports its
+fault again, but a one-off Xid line (a GPU fallen off the bus) or an alarm's change of state is
+never sent twice: the node stayed in service with it."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent
+from nodemedic.contracts.incident import Recheck
+from nodemedic.contracts.stages import DetectInput, DetectOutput
+from nodemedic.errors import InvalidEventError
+from nodemedic.providers.base import Member
+from nodemedic.reconciler import RECHECK_OFFERS, ReconcileReport, reconcile
+from nodemedic.safety.policy import SafetyPolicy
+from nodemedic.stages.detect import detect
+from nodemedic.stages.gate import gate
+from nodemedic.store.control import ControlStore
+from nodemedic.store.ledger import Ledger
+
+from tests.stages.conftest import PREFIX
+from tests.stages.memory_provider import MemoryProvider
+from tests.stages.memory_slurm import MemorySlurm
+
+INSTANCE = "i-0000000000000000a"
+COOLDOWN = timedelta(minutes=30)
+
+
+class World:
+    """One node, remediated ``minutes_ago`` (its slot's lineage), and a clock the test moves."""
+
+    def __init__(self, ledger: Ledger, slurm: MemorySlurm, *, remediated_minutes_ago: float = 10,
+                 policy: SafetyPolicy | None = None) -> None:
+        self.ledger, self.slurm = ledger, slurm
+        self.provider = MemoryProvider(Member(INSTANCE, "gpu-1", "running"))
+        self.control = ControlStore(ledger._db, ledger._table, "c1")
+        self.now = datetime.now(UTC)
+        self.remediated = self.now - timedelta(minutes=remediated_minutes_ago)
+        self.control.append_lineage(["node:gpu-1"], "inc-earlier", self.remediated)
+        self.policy = policy or SafetyPolicy()
+        self.published: list[NodeHealthEvent] = []
+
+    def detect(self, event: dict[str, Any]) -> DetectOutput:
+        return detect(DetectInput(event=event, incident_id=f"inc-{uuid.uuid4().hex[:8]}"), cluster="c1",
+                      overrides_json="", provider=self.provider, ledger=self.ledger, control=self.control, now=self.now)
+
+    def gate(self, out: DetectOutput) -> str:
+        assert out.incident is not None
+        return gate(out.incident, load_policy=lambda: self.policy, provider=self.provider, control=self.control,
+                    ledger=self.ledger, clock=lambda: self.now).verdict
+
+    def reconcile(self) -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=self.ledger, orchestrator=self.slurm,
+                         execution_status=lambda i: "RUNNING", prefix=PREFIX, now=self.now,
+                         publish=self.published.append)
+
+    def agent_event(self, fault_code: str = "XID 79", source: str = "nodemedic.agent") -> dict[str, Any]:
+        at = self.now
+        return {"source": source, "detail-type": "Node Health Event", "time": at.isoformat(),
+                "detail": {"schema_version": "1", "event_id": str(uuid.uuid4()), "cluster": "c1",
+                           "node": {"instance_id": INSTANCE, "hostname": "gpu-1", "slurm_node": "gpu-1"},
+                           "check": "kernel_log", "fault_code": fault_code, "severity": "critical",
+                           "observed_at": (at - timedelta(seconds=3)).isoformat(), "sent_at": at.isoformat(),
+                           "evidence": {"pid": 4242}}}
+
+    def on_the_bus(self, event: NodeHealthEvent) -> dict[str, Any]:
+        """``event`` as EventBridge delivers it, entered the bus now."""
+        return {"source": RECONCILER_SOURCE, "detail-type": "Node Health Event", "time": self.now.isoformat(),
+                "detail": event.model_dump(mode="json", exclude_none=True)}
+
+    def rechecks(self) -> list[Recheck]:
+        return self.ledger.bookkeeping("c1", self.now).rechecks
+
+
+@pytest.fixture
+def world(ledger: Ledger, slurm: MemorySlurm) -> World:
+    return World(ledger, slurm)
+
+
+def test_a_fault_the_cooldown_held_is_decided_again_when_the_cooldown_ends(world: World) -> None:
+    held = world.detect(world.agent_event())
+    assert world.gate(held) == "hold"
+    assert held.incident is not None
+    incident = world.ledger.get(held.incident.incident_id)
+    assert incident.status == "held" and "decided again after" in incident.outcome
+    [recheck] = world.rechecks()
+    assert recheck.due == world.remediated + COOLDOWN
+
+    assert world.reconcile().rechecks_offered == [] and world.published == []  # the cooldown goes on
+    world.now = recheck.due + timedelta(seconds=1)
+    assert world.reconcile().rechecks_offered == ["gpu-1"]
+    [offer] = world.published
+    out = world.detect(world.on_the_bus(offer))
+    assert out.decision == "remediate" and out.recheck_of == incident.incident_id
+    assert out.incident is not None
+    # the fault as it was held: its code, its source, its time (not the offer's), its evidence
+    assert (out.incident.fault_code, out.incident.source, out.incident.observed_at) == \
+        (incident.fault_code, "nodemedic.agent", incident.observed_at)
+    assert world.ledger.get(out.incident.incident_id).evidence("pid") == 4242
+    assert world.gate(out) == "proceed"  # no longer within the cooldown: the node is remediated
+    assert world.rechecks() == []  # decided: nothing is offered again
+    assert world.reconcile().rechecks_offered == [] and len(world.published) == 1
+    assert world.detect(world.on_the_bus(offer)).decision == "deduplicated"  # EventBridge delivers it twice
+
+
+def test_a_polled_check_reporting_its_fault_again_keeps_one_recheck_the_oldest(world: World) -> None:
+    first = world.detect(world.agent_event())
+    assert world.gate(first) == "hold"
+    world.now += timedelta(minutes=5)
+    again = world.detect(world.agent_event())
+    assert world.gate(again) == "hold"
+    other = world.detect(world.agent_event("XID 48"))
+    assert world.gate(other) == "hold"
+    assert first.incident is not None and other.incident is not None
+    assert sorted((r.fault_code, r.incident_id) for r in world.rechecks()) == \
+        [("XID 48", other.incident.incident_id), ("XID 79", first.incident.incident_id)]
+
+
+def test_a_lone_ambiguous_fault_offered_again_does_not_corroborate_itself(world: World) -> None:
+    """Offered under the reconciler's name, a lone heartbeat miss would have had a "second source"
+    (the reconciler) and skipped the deep check that must come before any destructive action."""
+    held = world.detect(world.agent_event("HEARTBEAT_MISSING", source="nodemedic.sweeper"))
+    assert world.gate(held) == "hold"
+    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.reconcile()
+    out = world.detect(world.on_the_bus(world.published[0]))
+    assert out.incident is not None and out.incident.source == "nodemedic.sweeper"
+    assert world.gate(out) == "verify"
+
+
+def test_an_offer_put_on_the_bus_before_the_cooldown_ends_is_refused_and_the_recheck_kept(world: World) -> None:
+    held = world.detect(world.agent_event())
+    assert world.gate(held) == "hold"
+    [recheck] = world.rechecks()
+    from nodemedic.reconciler import recheck_event
+    early = recheck_event(recheck, INSTANCE, world.now)
+    with pytest.raises(InvalidEventError, match="not before"):
+        world.detect(world.on_the_bus(early))
+    forged = early.model_copy(update={"evidence": {"recheck_of": "inc-someone-else"}})
+    with pytest.raises(InvalidEventError, match="no recheck of incident inc-someone-else"):
+        world.detect(world.on_the_bus(forged))
+    assert world.rechecks() == [recheck]
+    world.now = recheck.due + timedelta(seconds=1)
+    assert world.detect(world.on_the_bus(early)).decision == "remediate"  # the same offer, once due
+
+
+def test_a_fault_older_than_the_nodes_last_repair_is_refused_and_dropped(world: World) -> None:
+    held = world.detect(world.agent_event())
+    assert world.gate(held) == "hold"
+    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.reconcile()
+    repaired = world.detect(world.agent_event("XID 48"))  # a later fault, remediated and closed meanwhile
+    assert repaired.incident is not None
+    world.ledger.close(repaired.incident, world.now)
+    with pytest.raises(InvalidEventError, match="predates the node's last completed repair"):
+        world.detect(world.on_the_bus(world.published[0]))
+    assert world.rechecks() == []
+
+
+def test_a_recheck_of_an_instance_that_left_the_cluster_is_dropped_without_a_page(world: World) -> None:
+    held = world.detect(world.agent_event())
+    assert world.gate(held) == "hold"
+    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.reconcile()
+    world.provider.by_id = {"i-0000000000000000b": Member("i-0000000000000000b", "gpu-1", "running")}  # replaced
+    with pytest.raises(InvalidEventError, match="no longer backs gpu-1"):
+        world.detect(world.on_the_bus(world.published[0]))
+    assert world.rechecks() == []
+
+
+def test_a_recheck_never_decided_is_offered_a_few_times_then_paged_and_dropped(world: World) -> None:
+    held = world.detect(world.agent_event())
+    assert world.gate(held) == "hold"
+    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    for _ in range(RECHECK_OFFERS):  # each event lost on its way (its execution failed, say)
+        assert world.reconcile().rechecks_offered == ["gpu-1"]
+    report = world.reconcile()
+    assert report.rechecks_given_up == ["gpu-1"] and "never decided" in report.pages[0]
+    assert world.rechecks() == [] and len(world.published) == RECHECK_OFFERS
+    assert world.reconcile().pages == []
+
+
+@pytest.mark.parametrize("mode", ["dry_run", "manual", "planned"])
+def test_what_is_not_offered_again(ledger: Ledger, slurm: MemorySlurm, mode: str) -> None:
+    """A dry run holds nothing; an operator's request is the operator's to repeat; planned work is
+    offered again by the planned-events sweep itself."""
+    world = World(ledger, slurm, policy=SafetyPolicy(mode="dry_run") if mode == "dry_run" else None)
+    if mode == "manual":
+        event = {"source": "nodemedic.operator", "detail-type": "Remediation Request", "time": world.now.isoformat(),
+                 "detail": {"schema_version": "1", "cluster": "c1", "slurm_node": "gpu-1", "action": "reboot",
+                            "reason": "operator sees NCCL hangs", "requested_by": "alice"}}
+    else:
+        event = world.agent_event("PLANNED_REBOOT" if mode == "planned" else "XID 79",
+                                  source="nodemedic.planned" if mode == "planned" else "nodemedic.agent")
+    out = world.detect(event)
+    assert world.gate(out) == ("dry_run" if mode == "dry_run" else "hold")
+    assert world.rechecks() == []
+
+
+def test_a_recheck_detect_decided_but_could_not_drop_is_dropped_by_the_next_run(world: World) -> None:
+    """Dropping it in Detect failed (DynamoDB throttled past the SDK's retries): the incident Detect
+    opened stands, and the reconciler, finding the offer decided, drops the recheck without
+    offering it again or paging."""
+    held = world.detect(world.agent_event())
+    assert world.gate(held) == "hold"
+    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.reconcile()
+
+    def refuse(params: dict[str, Any], **_: Any) -> None:
+        if params.get("Key", {}).get("pk", {}).get("S", "").startswith("RECHECK#"):
+            raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
+                              "DeleteItem")
+
+    db = world.ledger._db
+    db.meta.events.register("provide-client-params.dynamodb.DeleteItem", refuse)
+    try:
+        out = world.detect(world.on_the_bus(world.published[0]))
+    finally:
+        db.meta.events.unregister("provide-client-params.dynamodb.DeleteItem", refuse)
+    assert out.decision == "remediate" and len(world.rechecks()) == 1
+    report = world.reconcile()
+    assert report.rechecks_offered == [] and report.pages == [] and world.rechecks() == []
+    assert len(world.published) == 1
