@@ -47,9 +47,10 @@ from moto.core.responses import ActionResult
 from moto.core.routing import get_service_router
 from moto.core.utils import get_service_model, utcnow
 from moto.dynamodb import models as dynamodb_models
-from moto.dynamodb.exceptions import ItemSizeToUpdateTooLarge
+from moto.dynamodb.exceptions import ItemSizeToUpdateTooLarge, MockValidationException
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.models.table import Table
+from moto.dynamodb.responses import DynamoHandler
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.instances import InstanceBackend
@@ -262,6 +263,33 @@ def _key_size_checked(operation: Any) -> Any:
     def run(self: DynamoDBBackend, table_name: str, key: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         self.get_table(table_name)._validate_key_sizes(key)
         return operation(self, table_name, key, *args, **kwargs)
+
+    return run
+
+
+_VALUE_PLACEHOLDER = re.compile(r":[A-Za-z0-9_]+")
+_EXPRESSIONS = ("ConditionExpression", "KeyConditionExpression", "FilterExpression", "UpdateExpression")
+
+
+def _values_used(action: Any, *, prefixed: bool) -> Any:
+    """moto refuses an ``ExpressionAttributeValues`` entry no expression uses only in UpdateItem.
+    DynamoDB refuses it in every request that takes expressions (ValidationException "Value
+    provided in ExpressionAttributeValues unused in expressions: keys: {:x}", with "1 validation
+    error detected: " before it in PutItem and DeleteItem: the responses of the live service
+    recorded in floci-io/floci issue 2893; ExtendDB pull request 10 lists PutItem, DeleteItem,
+    UpdateItem, Query, Scan and each item of TransactWriteItems). A value is only ever named by a
+    placeholder (an expression has no literals), so a placeholder not in any expression is unused."""
+
+    def run(self: DynamoHandler) -> Any:
+        requests = [next(iter(item.values())) for item in self.body.get("TransactItems", [])] or [self.body]
+        for request in requests:
+            used = {p for key in _EXPRESSIONS for p in _VALUE_PLACEHOLDER.findall(request.get(key) or "")}
+            unused = sorted(k for k in request.get("ExpressionAttributeValues") or {} if k not in used)
+            if unused:
+                raise MockValidationException(("1 validation error detected: " if prefixed else "")
+                                              + f"Value provided in ExpressionAttributeValues unused in expressions: "
+                                              f"keys: {{{', '.join(unused)}}}")
+        return action(self)
 
     return run
 
@@ -909,6 +937,11 @@ class EmbeddedAWS:
             (DynamoDBBackend, "update_item", _item_size_checked(DynamoDBBackend.update_item)),
             (DynamoDBBackend, "transact_write_items", _item_rollback(DynamoDBBackend.transact_write_items)),
             (dynamodb_models, "copy", _TablesNotCopied),
+            (DynamoHandler, "put_item", _values_used(DynamoHandler.put_item, prefixed=True)),
+            (DynamoHandler, "delete_item", _values_used(DynamoHandler.delete_item, prefixed=True)),
+            (DynamoHandler, "query", _values_used(DynamoHandler.query, prefixed=False)),
+            (DynamoHandler, "scan", _values_used(DynamoHandler.scan, prefixed=False)),
+            (DynamoHandler, "transact_write_items", _values_used(DynamoHandler.transact_write_items, prefixed=False)),
         ):
             # create: the HyperPod batch actions are added; every other hook replaces an attribute
             # that tests/component/test_embedded_aws.py checks still exists

@@ -672,3 +672,40 @@ def test_a_key_over_2048_bytes_is_refused_by_reads_too(aws: EmbeddedAWS, read: s
     with pytest.raises(ClientError, match="Size of hashkey has exceeded the maximum size limit"):
         getattr(db, read)(**call)
     assert db.get_item(TableName="keys", Key={"pk": {"S": "é" * 1024}}).get("Item") is None  # 2,048 bytes: a key
+
+
+_UNUSED = {":v": {"S": "1"}, ":unused": {"S": "2"}}
+
+
+@pytest.mark.parametrize("call", [
+    "put_item", "delete_item", "query", "scan", "transact_put", "transact_update", "transact_delete", "transact_check"])
+def test_an_expression_value_no_expression_uses_is_refused(aws: EmbeddedAWS, call: str) -> None:
+    """DynamoDB refuses an ExpressionAttributeValues entry no expression of the request uses, in
+    every request that takes expressions; moto refused it in UpdateItem only, so a condition whose
+    value was left out of its expression (a check that silently checks less) passed here."""
+    db = aws.client("dynamodb")
+    table = f"values-{call}"
+    db.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    db.put_item(TableName=table, Item={"pk": {"S": "k"}, "a": {"S": "1"}})
+    key, condition = {"pk": {"S": "k"}}, {"ConditionExpression": "a = :v", "ExpressionAttributeValues": _UNUSED}
+    calls = {
+        "put_item": lambda: db.put_item(TableName=table, Item=key, **condition),
+        "delete_item": lambda: db.delete_item(TableName=table, Key=key, **condition),
+        "query": lambda: db.query(TableName=table, KeyConditionExpression="pk = :v", ExpressionAttributeValues=_UNUSED),
+        "scan": lambda: db.scan(TableName=table, FilterExpression="a = :v", ExpressionAttributeValues=_UNUSED),
+        "transact_put": lambda: db.transact_write_items(TransactItems=[
+            {"Put": {"TableName": table, "Item": key, **condition}}]),
+        "transact_update": lambda: db.transact_write_items(TransactItems=[{"Update": {
+            "TableName": table, "Key": key, "UpdateExpression": "SET b = :v", "ExpressionAttributeValues": _UNUSED}}]),
+        "transact_delete": lambda: db.transact_write_items(TransactItems=[
+            {"Delete": {"TableName": table, "Key": key, **condition}}]),
+        "transact_check": lambda: db.transact_write_items(TransactItems=[
+            {"ConditionCheck": {"TableName": table, "Key": key, **condition}},
+            {"Put": {"TableName": table, "Item": {"pk": {"S": "other"}}}}]),
+    }
+    with pytest.raises(ClientError, match=r"ExpressionAttributeValues unused in expressions: keys: \{:unused\}"):
+        calls[call]()
+    assert db.get_item(TableName=table, Key=key)["Item"] == {"pk": {"S": "k"}, "a": {"S": "1"}}  # nothing changed
+    assert "Item" not in db.get_item(TableName=table, Key={"pk": {"S": "other"}})
