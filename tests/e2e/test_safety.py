@@ -10,7 +10,7 @@ import pytest
 from nodemedic import operations
 from nodemedic_sandbox.local import LocalMode
 
-from tests.e2e.support import OPERATOR, job_running, latest, put_all, running_job, stack, wait_for
+from tests.e2e.support import OPERATOR, control, job_running, latest, put_all, running_job, stack, wait_for
 
 
 def test_a_flapping_node_is_quarantined_on_its_third_incident_not_replaced_again() -> None:
@@ -192,20 +192,19 @@ def test_a_fault_the_cooldown_held_is_remediated_once_the_cooldown_ends() -> Non
     """A one-off Xid line during the node's cooldown was held and forgotten: the agent never sends
     it again, and the node stayed in service with it. The gate keeps it, and the reconciler offers
     it again when the cooldown ends; every write goes through the stack's own IAM."""
-    with stack(4, NodeCooldownMinutes="0.5", BreakerMaxPercent="100") as local:
-        local.put_event(local.health_event("gpu-3", "XID 48"))
-        first = local.incident(latest(local.wait_for_executions(1, timeout=120))["name"])
-        assert first.status == "closed"
-        admitted = first.stages["gate"].completed_at
+    with stack(4, NodeCooldownMinutes="0.25", BreakerMaxPercent="100") as local:
+        remediated = datetime.now(UTC) - timedelta(seconds=5)  # gpu-3's slot, 5 s ago (its lineage)
+        control(local).append_lineage(["node:gpu-3"], "inc-earlier", remediated)
         local.put_event(local.health_event("gpu-3", "XID 79"))
-        held = local.incident(latest(local.wait_for_executions(2, timeout=60))["name"])
+        held = local.incident(latest(local.wait_for_executions(1, timeout=60))["name"])
         assert held.status == "held" and "decided again after" in held.outcome
         assert local.scheduler.node("gpu-3")["State"].startswith("IDLE")  # in service, with its fault
+        if datetime.now(UTC) < remediated + timedelta(seconds=15):
+            assert local.reconcile()["rechecks_offered"] == []  # the cooldown goes on
 
-        assert admitted is not None
-        time.sleep(max(0.0, (admitted + timedelta(seconds=31) - datetime.now(UTC)).total_seconds()))
+        time.sleep(max(0.0, (remediated + timedelta(seconds=16) - datetime.now(UTC)).total_seconds()))
         assert local.reconcile()["rechecks_offered"] == ["gpu-3"]
-        again = local.incident(latest(local.wait_for_executions(3, timeout=120))["name"])
+        again = local.incident(latest(local.wait_for_executions(2, timeout=120))["name"])
         assert (again.fault_code, again.source, again.observed_at) == ("XID 79", "nodemedic.agent", held.observed_at)
         assert again.status == "closed" and again.evidence("recheck_of") == held.incident_id
         assert local.reconcile()["rechecks_offered"] == []  # decided once
