@@ -38,7 +38,8 @@ def heard_agents() -> dict[str, str | None]:
 
 
 def publish(event: NodeHealthEvent) -> None:
-    """Put the ``NODE_JOINED`` event on the stack's bus: Detect opens the burn-in incident."""
+    """Put ``event`` on the stack's bus: a ``NODE_JOINED`` (Detect opens the burn-in incident) or a
+    recheck of a fault the cooldown held (Detect decides it again)."""
     publish_health_events(wiring.client("events"), settings().event_bus_name, RECONCILER_SOURCE, [event])
 
 

@@ -233,8 +233,8 @@ def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, me
         status = nodes.get(node)
         try:
             publish(burn_in_event(cluster, node, lock.instance_id, status.reason if status else "", now,
-                                        started_by=f"reconciler: EC2 started {lock.instance_id} again after the "
-                                                   f"Spot interruption incident {lock.incident_id} retired it for"))
+                                  started_by=f"reconciler: EC2 started {lock.instance_id} again after the "
+                                             f"Spot interruption incident {lock.incident_id} retired it for"))
         except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
             ledger.forget_announcement(key)
             report.errors.append(f"cannot start the burn-in of {node}, back from its Spot interruption: {exc}")
