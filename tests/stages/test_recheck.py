@@ -8,6 +8,8 @@ never sent twice: the node stayed in service with it."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -79,6 +81,21 @@ class World:
         return self.ledger.bookkeeping("c1", self.now).rechecks
 
 
+@contextmanager
+def drops_refused(ledger: Ledger) -> Iterator[None]:
+    """DynamoDB throttles every delete of a recheck (past the SDK's retries)."""
+    def refuse(params: dict[str, Any], **_: Any) -> None:
+        if params.get("Key", {}).get("pk", {}).get("S", "").startswith("RECHECK#"):
+            raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
+                              "DeleteItem")
+
+    ledger._db.meta.events.register("provide-client-params.dynamodb.DeleteItem", refuse)
+    try:
+        yield
+    finally:
+        ledger._db.meta.events.unregister("provide-client-params.dynamodb.DeleteItem", refuse)
+
+
 @pytest.fixture
 def world(ledger: Ledger, slurm: MemorySlurm) -> World:
     return World(ledger, slurm)
@@ -110,7 +127,7 @@ def test_a_fault_the_cooldown_held_is_decided_again_when_the_cooldown_ends(world
     assert world.detect(world.on_the_bus(offer)).decision == "deduplicated"  # EventBridge delivers it twice
 
 
-def test_a_polled_check_reporting_its_fault_again_keeps_one_recheck_the_oldest(world: World) -> None:
+def test_a_polled_check_reporting_its_fault_again_keeps_one_recheck_per_node_and_code(world: World) -> None:
     first = world.detect(world.agent_event())
     assert world.gate(first) == "hold"
     world.now += timedelta(minutes=5)
@@ -118,9 +135,32 @@ def test_a_polled_check_reporting_its_fault_again_keeps_one_recheck_the_oldest(w
     assert world.gate(again) == "hold"
     other = world.detect(world.agent_event("XID 48"))
     assert world.gate(other) == "hold"
-    assert first.incident is not None and other.incident is not None
+    assert again.incident is not None and other.incident is not None
     assert sorted((r.fault_code, r.incident_id) for r in world.rechecks()) == \
-        [("XID 48", other.incident.incident_id), ("XID 79", first.incident.incident_id)]
+        [("XID 48", other.incident.incident_id), ("XID 79", again.incident.incident_id)]
+
+
+def test_a_fault_held_in_a_later_cooldown_is_not_lost_with_an_earlier_offer(world: World) -> None:
+    """Detect decided the first offer but could not drop its recheck; the node was remediated
+    again, and the same fault held in the new cooldown. The reconciler, finding the first offer
+    decided, dropped the recheck, and with it the fault held later. The latest hold now replaces
+    the recheck, never offered yet."""
+    assert world.gate(world.detect(world.agent_event())) == "hold"
+    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.reconcile()
+    with drops_refused(world.ledger):
+        remediated = world.detect(world.on_the_bus(world.published[0]))
+    assert remediated.incident is not None and world.gate(remediated) == "proceed"  # the node's new cooldown
+    world.ledger.close(remediated.incident, world.now)
+
+    world.now += timedelta(minutes=5)
+    later = world.detect(world.agent_event())
+    assert later.incident is not None and world.gate(later) == "hold"
+    assert [r.incident_id for r in world.rechecks()] == [later.incident.incident_id]
+    world.now += COOLDOWN
+    assert world.reconcile().rechecks_offered == ["gpu-1"]
+    offer = world.detect(world.on_the_bus(world.published[-1]))
+    assert offer.decision == "remediate" and offer.recheck_of == later.incident.incident_id
 
 
 def test_a_lone_ambiguous_fault_offered_again_does_not_corroborate_itself(world: World) -> None:
@@ -213,17 +253,8 @@ def test_a_recheck_detect_decided_but_could_not_drop_is_dropped_by_the_next_run(
     world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
     world.reconcile()
 
-    def refuse(params: dict[str, Any], **_: Any) -> None:
-        if params.get("Key", {}).get("pk", {}).get("S", "").startswith("RECHECK#"):
-            raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
-                              "DeleteItem")
-
-    db = world.ledger._db
-    db.meta.events.register("provide-client-params.dynamodb.DeleteItem", refuse)
-    try:
+    with drops_refused(world.ledger):
         out = world.detect(world.on_the_bus(world.published[0]))
-    finally:
-        db.meta.events.unregister("provide-client-params.dynamodb.DeleteItem", refuse)
     assert out.decision == "remediate" and len(world.rechecks()) == 1
     report = world.reconcile()
     assert report.rechecks_offered == [] and report.pages == [] and world.rechecks() == []

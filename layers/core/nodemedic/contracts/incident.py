@@ -249,7 +249,7 @@ class DrainHold(BaseModel):
 
 class Recheck(BaseModel):
     """``RECHECK#<cluster>#<node>#<fault code>``: a fault the cooldown held (``incident_id``, the
-    first such), decided again from ``due``, when the cooldown ends. ``offers``: how often the
+    latest such), decided again from ``due``, when the cooldown ends. ``offers``: how often the
     reconciler has offered it since."""
 
     cluster: str

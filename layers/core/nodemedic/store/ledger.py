@@ -389,17 +389,15 @@ class Ledger:
     def hold_for_recheck(self, ref: IncidentRef, now: datetime, outcome: str, due: datetime) -> None:
         """End ``ref`` held (its node lock released) and keep its fault to be decided again from
         ``due``, atomically. One recheck per node and fault code: a polled check that reports the
-        fault again meanwhile adds none; the first held incident stays the one offered (its fault is
-        the oldest). Kept at most ``RECHECK_KEPT`` past ``due`` (the table's TTL)."""
-        self.end(ref, "held", now, outcome, release_node=True, extra=[{"Update": {
-            "TableName": self._table, "Key": _recheck_key(ref.cluster, ref.slurm_node, ref.fault_code),
-            # names for every attribute: CLUSTER is one of DynamoDB's reserved words
-            "UpdateExpression": "SET #i = if_not_exists(#i, :id), #c = :c, #n = :n, #f = :f, #d = :due, #b = :c, #t = :ttl",
-            "ExpressionAttributeNames": {"#i": "incident_id", "#c": "cluster", "#n": "slurm_node", "#f": "fault_code",
-                                         "#d": "due", "#b": "books", "#t": "expires_at"},
-            "ExpressionAttributeValues": {":id": {"S": ref.incident_id}, ":c": {"S": ref.cluster},
-                                          ":n": {"S": ref.slurm_node}, ":f": {"S": ref.fault_code},
-                                          ":due": {"S": due.isoformat()}, ":ttl": _ttl(due + RECHECK_KEPT)}}}])
+        fault again meanwhile adds none, and the latest held incident is the one offered, never
+        offered yet. (Kept, the first would be dropped as decided once its own offer was: a fault
+        held after that offer, in a later cooldown, would be lost.) Kept at most ``RECHECK_KEPT``
+        past ``due`` (the table's TTL)."""
+        self.end(ref, "held", now, outcome, release_node=True, extra=[{"Put": {
+            "TableName": self._table, "Item": {
+                **_recheck_key(ref.cluster, ref.slurm_node, ref.fault_code), "incident_id": {"S": ref.incident_id},
+                "cluster": {"S": ref.cluster}, "slurm_node": {"S": ref.slurm_node}, "fault_code": {"S": ref.fault_code},
+                "due": {"S": due.isoformat()}, **_books(ref.cluster), "expires_at": _ttl(due + RECHECK_KEPT)}}}])
 
     def recheck(self, cluster: str, slurm_node: str, fault_code: str) -> Recheck | None:
         item = self._db.get_item(TableName=self._table, Key=_recheck_key(cluster, slurm_node, fault_code),
