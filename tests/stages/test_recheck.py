@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent
 from nodemedic.contracts.incident import Recheck
 from nodemedic.contracts.stages import DetectInput, DetectOutput
@@ -26,10 +28,13 @@ from nodemedic.stages.detect import detect
 from nodemedic.stages.gate import gate
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
+from nodemedic_sandbox.deploy import create_table_as_declared
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
 from tests.stages.conftest import PREFIX
 from tests.stages.memory_provider import MemoryProvider
 from tests.stages.memory_slurm import MemorySlurm
+from tests.stages.test_detect_hostile_input import REFUSALS, _paths, json_values
 
 INSTANCE = "i-0000000000000000a"
 COOLDOWN = timedelta(minutes=30)
@@ -259,3 +264,42 @@ def test_a_recheck_detect_decided_but_could_not_drop_is_dropped_by_the_next_run(
     report = world.reconcile()
     assert report.rechecks_offered == [] and report.pages == [] and world.rechecks() == []
     assert len(world.published) == 1
+
+
+def test_a_mutated_offer_decides_the_held_fault_as_it_was_or_is_refused(aws: EmbeddedAWS, slurm: MemorySlurm) -> None:
+    """Whatever an offer on the bus holds (one to three of its fields, at any depth, replaced by a
+    value of another JSON type or removed), Detect refuses it with its reason or decides the fault
+    the cooldown held, unchanged: an offer names the held incident, it cannot change its fault."""
+    @settings(max_examples=60, deadline=None)
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        db = aws.client("dynamodb")
+        world = World(Ledger(db, create_table_as_declared(db, f"incidents-{uuid.uuid4().hex[:12]}")), slurm)
+        try:
+            held = world.detect(world.agent_event())
+            assert held.incident is not None and world.gate(held) == "hold"
+            world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+            world.reconcile()
+            offer = world.on_the_bus(world.published[0])
+            for _ in range(data.draw(st.integers(1, 3))):
+                path = data.draw(st.sampled_from(list(_paths(offer))))
+                parent: Any = offer
+                for key in path[:-1]:
+                    parent = parent[key]
+                if isinstance(parent, dict) and data.draw(st.booleans()):
+                    del parent[path[-1]]
+                else:
+                    parent[path[-1]] = data.draw(json_values)
+            try:
+                out = world.detect(offer)
+            except REFUSALS:
+                return
+            if out.incident is not None:
+                assert (out.incident.fault_code, out.incident.source, out.incident.observed_at,
+                        out.incident.slurm_node, out.incident.instance_id) == \
+                    (held.incident.fault_code, held.incident.source, held.incident.observed_at,
+                     held.incident.slurm_node, held.incident.instance_id)
+        finally:
+            db.delete_table(TableName=world.ledger._table)
+
+    check()
