@@ -34,7 +34,7 @@ from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 from tests.stages.conftest import PREFIX
 from tests.stages.memory_provider import MemoryProvider
 from tests.stages.memory_slurm import MemorySlurm
-from tests.stages.test_detect_hostile_input import REFUSALS, _paths, json_values
+from tests.stages.test_detect_hostile_input import ALARM, REFUSALS, _fresh, _paths, json_values
 
 INSTANCE = "i-0000000000000000a"
 COOLDOWN = timedelta(minutes=30)
@@ -303,3 +303,18 @@ def test_a_mutated_offer_decides_the_held_fault_as_it_was_or_is_refused(aws: Emb
             db.delete_table(TableName=world.ledger._table)
 
     check()
+
+
+def test_an_alarm_the_cooldown_held_is_decided_again_as_the_alarm(world: World) -> None:
+    """A CloudWatch alarm says ALARM once, on its change of state: held by the cooldown, the node's
+    failed status check was never seen again. Offered again, it is still the alarm's fault."""
+    alarm = _fresh(ALARM)  # the sample's node is gpu-2 on cluster "local": here, this world's node
+    alarm["detail"]["configuration"]["metrics"][0]["metricStat"]["metric"]["dimensions"]["InstanceId"] = INSTANCE
+    alarm["detail"]["state"]["timestamp"] = world.now.strftime("%Y-%m-%dT%H:%M:%S.000+0000")
+    held = world.detect(alarm)
+    assert held.incident is not None and held.incident.source == "aws.cloudwatch" and world.gate(held) == "hold"
+    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.reconcile()
+    out = world.detect(world.on_the_bus(world.published[0]))
+    assert out.incident is not None and out.recheck_of == held.incident.incident_id
+    assert (out.incident.source, out.incident.fault_code) == ("aws.cloudwatch", held.incident.fault_code)
