@@ -109,6 +109,28 @@ def test_the_systemd_unit_is_sandboxed_but_keeps_what_the_agent_reads(tmp_path: 
     assert "CAP_SYSLOG" in settings["CapabilityBoundingSet"]
 
 
+def test_the_relays_unit_is_sandboxed_but_keeps_what_its_documents_need(tmp_path: Path) -> None:
+    """The relay ran as root with light sandboxing (exposure 7.9): whoever could make it run a
+    command could change anything. Its documents run scontrol, scancel, squeue, flock and date."""
+    import re
+    import shutil
+
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian package systemd)")
+    unit = tmp_path / "nodemedic-relay.service"
+    unit.write_text((ROOT / "node_agent/systemd/nodemedic-relay.service").read_text())
+    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True,
+                         text=True, timeout=60).stdout
+    exposure = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out).group(1))
+    assert exposure <= 3.0, out[-3000:]
+    settings = dict(line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line and line[0] != "#")
+    # what would break the documents: no network (slurmctld), no UNIX sockets (munged), no /tmp for
+    # their locks, Slurm's key unreadable to root (auth/slurm keeps it the SlurmUser's, mode 0600)
+    assert settings.get("PrivateNetwork", "no") == "no" and "AF_UNIX" in settings["RestrictAddressFamilies"]
+    assert settings["PrivateTmp"] == "yes" and "CAP_DAC_READ_SEARCH" in settings["CapabilityBoundingSet"]
+    assert settings["ProtectSystem"] == "full"  # slurm.conf read-only to whatever it runs
+
+
 def test_a_relay_without_the_table_its_requests_are_recorded_in_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(INSTALL), "--cluster", "local", "--bus", "b", "--root", str(tmp_path), "--no-systemd",
                            "--relay-queue", "https://sqs.us-east-1.amazonaws.com/123456789012/q"],
