@@ -3,9 +3,9 @@ Command cannot reach (a SageMaker HyperPod cluster's; the stack's ``SlurmChannel
 
 It takes each message from the stack's relay queue (SQS, long polling). A message only names a
 request, which it reads from the incident table (``RELAY#<command id>``, written by the function
-that sent it), and runs as SSM's agent would: the request must be for this instance, the document
-one of this cluster's (``nodemedic-<cluster>-*``), read from SSM (``GetDocument``, which its role
-allows for those documents only); each parameter is checked against the document's declaration
+that sent it), and runs as SSM's agent would: the document one of this cluster's
+(``nodemedic-<cluster>-*``), read from SSM (``GetDocument``, which its role allows for those
+documents only); each parameter is checked against the document's declaration
 (:mod:`nodemedic_agent.documents`), never taken as shell text; the script runs under the request's
 timeout; its outcome (status, exit code, the first 24,000 characters of stdout, as SSM returns
 them) is written to the request's record. A request is run at most once: its record goes ``Pending`` -> ``InProgress`` in one
@@ -13,7 +13,15 @@ conditional write, so a message delivered again (SQS delivers at least once) or 
 stopped mid-command (its message comes back after the visibility timeout) runs nothing again. The
 one cut off is marked ``Failed`` with the reason; the stage that sent it decides, as it does after
 an SSM command whose instance rebooted. A request whose sender has stopped waiting for it (its
-timeout has passed, on AWS's clock) is refused: the stage has failed or sent it again."""
+timeout has passed, on AWS's clock) is refused: the stage has failed or sent it again.
+
+A request names the controller the stack knows (``SlurmControllerInstanceId``), but what it runs
+is a Slurm command, which any of the cluster's controllers can give (``scontrol`` reaches the
+active ``slurmctld`` from any of them). So a relay runs it whichever controller it is on: on a
+cluster with several controller nodes (HyperPod's multi-head Slurm: a primary and backups) each
+runs a relay, and the work goes on when the one the stack names is down or was replaced. Which
+relay ran a request is in its record (``ran_on``). Who may be a relay at all is the stack's
+``RelayPolicy``, attached to the controllers' role only."""
 
 from __future__ import annotations
 
@@ -104,9 +112,8 @@ class Relay:
     def handle(self, body: str) -> None:
         """Run the request a message names, once. The message only names it (``{"command_id"}``):
         what runs is what the pipeline recorded, so a message is no way to run anything else.
-        Refused, with the reason in its record: a request for another instance, a document that is
-        not this cluster's, parameters its declaration refuses, a request its sender stopped
-        waiting for."""
+        Refused, with the reason in its record: a document that is not this cluster's, parameters
+        its declaration refuses, a request its sender stopped waiting for."""
         try:
             command_id = str(json.loads(body)["command_id"])
             if not COMMAND_ID.fullmatch(command_id):  # no key DynamoDB refuses: a message that fails
@@ -131,6 +138,9 @@ class Relay:
         if not self._start(request):
             log.info("relay: %s was taken before (a message delivered again): not run again", request.command_id)
             return
+        if request.instance_id != self.instance_id:
+            log.info("relay: %s is addressed to controller %s; run here, on %s", request.command_id,
+                     request.instance_id, self.instance_id)
         script = render_document(document, request.parameters)
         status, code, out, err = self._run(script, request.timeout_s)
         self._count("ran")
@@ -144,8 +154,6 @@ class Relay:
     def _refusal(self, request: RelayRequest) -> tuple[str | None, dict[str, Any]]:
         """Why the request is refused (None: it is not), and its document. Only a document of this
         cluster is read from SSM at all."""
-        if request.instance_id != self.instance_id:
-            return f"sent for {request.instance_id}; this relay runs on {self.instance_id} only", {}
         if not request.document.startswith(f"nodemedic-{self.cluster}-"):
             return f"{request.document} is not a document of cluster {self.cluster}", {}
         age = (self._now() - request.sent_at).total_seconds()
@@ -215,9 +223,10 @@ class Relay:
         was, was_value = (":pending", "Pending") if start else (":run", "InProgress")
         if not self._update(request, ConditionExpression=f"#s = {was}",
                             UpdateExpression="SET #s = :status, exit_code = :code, stdout = :out, stderr = :err, "
-                                             "ended_at = :now",
+                                             "ended_at = :now, ran_on = :me",
                             ExpressionAttributeValues={":status": {"S": status}, ":code": {"N": str(code)},
                                                        ":out": {"S": out[:RELAY_OUTPUT_LIMIT]},
                                                        ":err": {"S": err[:RELAY_STDERR_LIMIT]},
-                                                       ":now": {"S": self._now().isoformat()}, was: {"S": was_value}}):
+                                                       ":now": {"S": self._now().isoformat()}, was: {"S": was_value},
+                                                       ":me": {"S": self.instance_id}}):
             log.warning("relay: %s has no record to write its outcome to (or another wrote it)", request.command_id)

@@ -60,8 +60,8 @@ class LocalMode:
         self.scheduler_note = ""
         self.schedule_scale = schedule_scale
         self.agents: NodeAgents | None = None
-        self.relay: Relay | None = None
-        self._relay_thread: threading.Thread | None = None
+        self.relay: Relay | None = None  # the one on the controller the stack names
+        self._relays: list[tuple[Relay, threading.Thread]] = []
 
     def __enter__(self) -> LocalMode:
         self.aws.start()
@@ -77,7 +77,7 @@ class LocalMode:
             self.ledger = Ledger(self.aws.client("dynamodb"), self.stack.table_name)
             self._escalation_queue = self._subscribe_queue(self.stack.topic_arn)
             if params.get("SlurmChannel") == "relay":
-                self._start_relay()
+                self.relay = self.start_relay(self.cluster.controller_id)
             if self.schedule_scale is not None:
                 self.aws.start_schedules(self.schedule_scale)
         except BaseException:
@@ -88,9 +88,9 @@ class LocalMode:
     def __exit__(self, *exc: object) -> None:
         if self.agents is not None:
             self.agents.stop()
-        if self.relay is not None and self._relay_thread is not None:
-            self.relay.stop_event.set()
-            self._relay_thread.join(timeout=30)
+        for relay, thread in self._relays:
+            relay.stop_event.set()
+            thread.join(timeout=30)
         if hasattr(self, "scheduler"):
             self.scheduler.stop()
             shutil.rmtree(self.scheduler.root, ignore_errors=True)  # the cluster's temp dir: nothing is left
@@ -99,21 +99,30 @@ class LocalMode:
             raise PermissionError("IAM denied calls that template.yaml's roles must allow (AWS would too):\n"
                                   + "\n".join(f"- {d}" for d in self.aws.denials))
 
-    def _start_relay(self) -> None:
-        """``nodemedic-agent relay`` on the controller (SlurmChannel relay): the agent's own code,
-        signing as the controller's role (the stack's RelayPolicy attached), running the documents
-        against this cluster's Slurm as the local SSM would."""
-        controller = self.cluster.controller_id
+    def start_relay(self, instance_id: str) -> Relay:
+        """``nodemedic-agent relay`` on a controller node ``instance_id`` (SlurmChannel relay; a
+        second one: a backup controller of a multi-head cluster): the agent's own code, signing as
+        the controllers' role (the stack's RelayPolicy attached), running the documents against
+        this cluster's Slurm as the local SSM would. Stopped when the stack is."""
         def as_controller(service: str) -> Any:
             return boto3.client(service, region_name=self.aws.region, aws_access_key_id=RELAY_KEY,  # type: ignore[call-overload]
                                 aws_secret_access_key="local")
 
-        self.relay = Relay(cluster=self.cluster.name, instance_id=controller, queue_url=self.stack.outputs["RelayQueueUrl"],
-                           table=self.stack.table_name, sqs=as_controller("sqs"), ssm=as_controller("ssm"),
-                           dynamodb=as_controller("dynamodb"), env=self.cluster.command_env(controller),
-                           receive_wait_s=1)
-        self._relay_thread = threading.Thread(target=self.relay.serve, name="nodemedic-relay", daemon=True)
-        self._relay_thread.start()
+        relay = Relay(cluster=self.cluster.name, instance_id=instance_id, queue_url=self.stack.outputs["RelayQueueUrl"],
+                      table=self.stack.table_name, sqs=as_controller("sqs"), ssm=as_controller("ssm"),
+                      dynamodb=as_controller("dynamodb"), env=self.cluster.command_env(self.cluster.controller_id),
+                      receive_wait_s=1)
+        thread = threading.Thread(target=relay.serve, name=f"nodemedic-relay-{instance_id}", daemon=True)
+        thread.start()
+        self._relays.append((relay, thread))
+        return relay
+
+    def stop_relay(self, relay: Relay) -> None:
+        """Stop ``relay`` (its controller down) once the requests it runs are done."""
+        relay.stop_event.set()
+        for started, thread in self._relays:
+            if started is relay:
+                thread.join(timeout=30)
 
     def start_agents(self, heartbeat_s: float = 15.0, poll_s: float = 2.0, reassert_s: float = 60.0,
                      scheduled_s: float = 300.0) -> NodeAgents:
