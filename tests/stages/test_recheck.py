@@ -318,3 +318,18 @@ def test_an_alarm_the_cooldown_held_is_decided_again_as_the_alarm(world: World) 
     out = world.detect(world.on_the_bus(world.published[0]))
     assert out.incident is not None and out.recheck_of == held.incident.incident_id
     assert (out.incident.source, out.incident.fault_code) == ("aws.cloudwatch", held.incident.fault_code)
+
+
+def test_an_offer_eventbridge_refused_is_said_and_made_again_at_the_next_run(world: World) -> None:
+    assert world.gate(world.detect(world.agent_event())) == "hold"
+    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+
+    def refused(event: NodeHealthEvent) -> None:
+        raise RuntimeError("PutEvents: 1 of 1 nodemedic.reconciler events were not put on the bus: ThrottlingException")
+
+    report = reconcile(cluster="c1", ledger=world.ledger, orchestrator=world.slurm, execution_status=lambda i: "RUNNING",
+                       prefix=PREFIX, now=world.now, publish=refused)
+    assert report.rechecks_offered == [] and "cannot offer again the XID 79" in report.errors[0]
+    world.now += timedelta(minutes=5)
+    assert world.reconcile().rechecks_offered == ["gpu-1"]
+    assert world.detect(world.on_the_bus(world.published[0])).decision == "remediate"
