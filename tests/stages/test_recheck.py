@@ -333,3 +333,13 @@ def test_an_offer_eventbridge_refused_is_said_and_made_again_at_the_next_run(wor
     world.now += timedelta(minutes=5)
     assert world.reconcile().rechecks_offered == ["gpu-1"]
     assert world.detect(world.on_the_bus(world.published[0])).decision == "remediate"
+
+
+def test_a_recheck_naming_an_incident_the_ledger_lacks_is_dropped_and_said(world: World) -> None:
+    assert world.gate(world.detect(world.agent_event())) == "hold"
+    [recheck] = world.rechecks()
+    world.ledger._db.delete_item(TableName=world.ledger._table, Key={"pk": {"S": f"INCIDENT#{recheck.incident_id}"}})
+    world.now = recheck.due + timedelta(seconds=1)
+    report = world.reconcile()
+    assert "not in the ledger: dropped" in report.errors[0] and report.rechecks_offered == []
+    assert world.rechecks() == [] and world.reconcile().errors == []

@@ -59,6 +59,7 @@ from pydantic import BaseModel, Field
 from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.incident import REPLACEMENT_CLAIM, Bookkeeping, Recheck, UnwatchedNode, UnwatchedNodes
 from nodemedic.domain.scontrol import burn_in_instance
+from nodemedic.errors import IncidentStateError
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.planned_events import back_from_interruption
 from nodemedic.providers.base import Member
@@ -196,7 +197,13 @@ def _rechecks(books: Bookkeeping, ledger: Ledger, now: datetime, publish: Callab
                         f"{recheck.incident_id}) and remediate it by hand if it is sick (nodemedic remediate).")
                     report.rechecks_given_up.append(recheck.slurm_node)
                 continue
-            held = ledger.get(recheck.incident_id)
+            try:
+                held = ledger.get(recheck.incident_id)
+            except IncidentStateError:  # not in the ledger (a restored backup, a hand-made item): nothing to offer
+                ledger.drop_recheck(recheck)
+                report.errors.append(f"the {recheck.fault_code} the cooldown held on {recheck.slurm_node} names "
+                                     f"incident {recheck.incident_id}, which is not in the ledger: dropped")
+                continue
             if ledger.offered(recheck):
                 publish(recheck_event(recheck, held.instance_id, now))
                 report.rechecks_offered.append(recheck.slurm_node)
