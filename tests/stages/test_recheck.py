@@ -63,6 +63,15 @@ class World:
         return gate(out.incident, load_policy=lambda: self.policy, provider=self.provider, control=self.control,
                     ledger=self.ledger, clock=lambda: self.now).verdict
 
+    def hold(self, event: dict[str, Any] | None = None) -> DetectOutput:
+        """Detect ``event`` (an agent's Xid 79 unless given); the gate holds it for the cooldown."""
+        out = self.detect(event or self.agent_event())
+        assert out.incident is not None and self.gate(out) == "hold"
+        return out
+
+    def past_cooldown(self) -> None:
+        self.now = self.remediated + COOLDOWN + timedelta(minutes=1)
+
     def reconcile(self) -> ReconcileReport:
         return reconcile(cluster="c1", ledger=self.ledger, orchestrator=self.slurm,
                          execution_status=lambda i: "RUNNING", prefix=PREFIX, now=self.now,
@@ -107,8 +116,7 @@ def world(ledger: Ledger, slurm: MemorySlurm) -> World:
 
 
 def test_a_fault_the_cooldown_held_is_decided_again_when_the_cooldown_ends(world: World) -> None:
-    held = world.detect(world.agent_event())
-    assert world.gate(held) == "hold"
+    held = world.hold()
     assert held.incident is not None
     incident = world.ledger.get(held.incident.incident_id)
     assert incident.status == "held" and "decided again after" in incident.outcome
@@ -133,13 +141,10 @@ def test_a_fault_the_cooldown_held_is_decided_again_when_the_cooldown_ends(world
 
 
 def test_a_polled_check_reporting_its_fault_again_keeps_one_recheck_per_node_and_code(world: World) -> None:
-    first = world.detect(world.agent_event())
-    assert world.gate(first) == "hold"
+    world.hold()
     world.now += timedelta(minutes=5)
-    again = world.detect(world.agent_event())
-    assert world.gate(again) == "hold"
-    other = world.detect(world.agent_event("XID 48"))
-    assert world.gate(other) == "hold"
+    again = world.hold()
+    other = world.hold(world.agent_event("XID 48"))
     assert again.incident is not None and other.incident is not None
     assert sorted((r.fault_code, r.incident_id) for r in world.rechecks()) == \
         [("XID 48", other.incident.incident_id), ("XID 79", again.incident.incident_id)]
@@ -150,8 +155,8 @@ def test_a_fault_held_in_a_later_cooldown_is_not_lost_with_an_earlier_offer(worl
     again, and the same fault held in the new cooldown. The reconciler, finding the first offer
     decided, dropped the recheck, and with it the fault held later. The latest hold now replaces
     the recheck, never offered yet."""
-    assert world.gate(world.detect(world.agent_event())) == "hold"
-    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.hold()
+    world.past_cooldown()
     world.reconcile()
     with drops_refused(world.ledger):
         remediated = world.detect(world.on_the_bus(world.published[0]))
@@ -159,8 +164,8 @@ def test_a_fault_held_in_a_later_cooldown_is_not_lost_with_an_earlier_offer(worl
     world.ledger.close(remediated.incident, world.now)
 
     world.now += timedelta(minutes=5)
-    later = world.detect(world.agent_event())
-    assert later.incident is not None and world.gate(later) == "hold"
+    later = world.hold()
+    assert later.incident is not None
     assert [r.incident_id for r in world.rechecks()] == [later.incident.incident_id]
     world.now += COOLDOWN
     assert world.reconcile().rechecks_offered == ["gpu-1"]
@@ -171,9 +176,8 @@ def test_a_fault_held_in_a_later_cooldown_is_not_lost_with_an_earlier_offer(worl
 def test_a_lone_ambiguous_fault_offered_again_does_not_corroborate_itself(world: World) -> None:
     """Offered under the reconciler's name, a lone heartbeat miss would have had a "second source"
     (the reconciler) and skipped the deep check that must come before any destructive action."""
-    held = world.detect(world.agent_event("HEARTBEAT_MISSING", source="nodemedic.sweeper"))
-    assert world.gate(held) == "hold"
-    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.hold(world.agent_event("HEARTBEAT_MISSING", source="nodemedic.sweeper"))
+    world.past_cooldown()
     world.reconcile()
     out = world.detect(world.on_the_bus(world.published[0]))
     assert out.incident is not None and out.incident.source == "nodemedic.sweeper"
@@ -181,8 +185,7 @@ def test_a_lone_ambiguous_fault_offered_again_does_not_corroborate_itself(world:
 
 
 def test_an_offer_put_on_the_bus_before_the_cooldown_ends_is_refused_and_the_recheck_kept(world: World) -> None:
-    held = world.detect(world.agent_event())
-    assert world.gate(held) == "hold"
+    world.hold()
     [recheck] = world.rechecks()
     from nodemedic.reconciler import recheck_event
     early = recheck_event(recheck, INSTANCE, world.now)
@@ -197,9 +200,8 @@ def test_an_offer_put_on_the_bus_before_the_cooldown_ends_is_refused_and_the_rec
 
 
 def test_a_fault_older_than_the_nodes_last_repair_is_refused_and_dropped(world: World) -> None:
-    held = world.detect(world.agent_event())
-    assert world.gate(held) == "hold"
-    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.hold()
+    world.past_cooldown()
     world.reconcile()
     repaired = world.detect(world.agent_event("XID 48"))  # a later fault, remediated and closed meanwhile
     assert repaired.incident is not None
@@ -210,9 +212,8 @@ def test_a_fault_older_than_the_nodes_last_repair_is_refused_and_dropped(world: 
 
 
 def test_a_recheck_of_an_instance_that_left_the_cluster_is_dropped_without_a_page(world: World) -> None:
-    held = world.detect(world.agent_event())
-    assert world.gate(held) == "hold"
-    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.hold()
+    world.past_cooldown()
     world.reconcile()
     world.provider.by_id = {"i-0000000000000000b": Member("i-0000000000000000b", "gpu-1", "running")}  # replaced
     with pytest.raises(InvalidEventError, match="no longer backs gpu-1"):
@@ -221,9 +222,8 @@ def test_a_recheck_of_an_instance_that_left_the_cluster_is_dropped_without_a_pag
 
 
 def test_a_recheck_never_decided_is_offered_a_few_times_then_paged_and_dropped(world: World) -> None:
-    held = world.detect(world.agent_event())
-    assert world.gate(held) == "hold"
-    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.hold()
+    world.past_cooldown()
     for _ in range(RECHECK_OFFERS):  # each event lost on its way (its execution failed, say)
         assert world.reconcile().rechecks_offered == ["gpu-1"]
     report = world.reconcile()
@@ -253,9 +253,8 @@ def test_a_recheck_detect_decided_but_could_not_drop_is_dropped_by_the_next_run(
     """Dropping it in Detect failed (DynamoDB throttled past the SDK's retries): the incident Detect
     opened stands, and the reconciler, finding the offer decided, drops the recheck without
     offering it again or paging."""
-    held = world.detect(world.agent_event())
-    assert world.gate(held) == "hold"
-    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.hold()
+    world.past_cooldown()
     world.reconcile()
 
     with drops_refused(world.ledger):
@@ -276,9 +275,8 @@ def test_a_mutated_offer_decides_the_held_fault_as_it_was_or_is_refused(aws: Emb
         db = aws.client("dynamodb")
         world = World(Ledger(db, create_table_as_declared(db, f"incidents-{uuid.uuid4().hex[:12]}")), slurm)
         try:
-            held = world.detect(world.agent_event())
-            assert held.incident is not None and world.gate(held) == "hold"
-            world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+            held = world.hold()
+            world.past_cooldown()
             world.reconcile()
             offer = world.on_the_bus(world.published[0])
             for _ in range(data.draw(st.integers(1, 3))):
@@ -311,9 +309,9 @@ def test_an_alarm_the_cooldown_held_is_decided_again_as_the_alarm(world: World) 
     alarm = _fresh(ALARM)  # the sample's node is gpu-2 on cluster "local": here, this world's node
     alarm["detail"]["configuration"]["metrics"][0]["metricStat"]["metric"]["dimensions"]["InstanceId"] = INSTANCE
     alarm["detail"]["state"]["timestamp"] = world.now.strftime("%Y-%m-%dT%H:%M:%S.000+0000")
-    held = world.detect(alarm)
-    assert held.incident is not None and held.incident.source == "aws.cloudwatch" and world.gate(held) == "hold"
-    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    held = world.hold(alarm)
+    assert held.incident is not None and held.incident.source == "aws.cloudwatch"
+    world.past_cooldown()
     world.reconcile()
     out = world.detect(world.on_the_bus(world.published[0]))
     assert out.incident is not None and out.recheck_of == held.incident.incident_id
@@ -321,8 +319,8 @@ def test_an_alarm_the_cooldown_held_is_decided_again_as_the_alarm(world: World) 
 
 
 def test_an_offer_eventbridge_refused_is_said_and_made_again_at_the_next_run(world: World) -> None:
-    assert world.gate(world.detect(world.agent_event())) == "hold"
-    world.now = world.remediated + COOLDOWN + timedelta(minutes=1)
+    world.hold()
+    world.past_cooldown()
 
     def refused(event: NodeHealthEvent) -> None:
         raise RuntimeError("PutEvents: 1 of 1 nodemedic.reconciler events were not put on the bus: ThrottlingException")
@@ -336,7 +334,7 @@ def test_an_offer_eventbridge_refused_is_said_and_made_again_at_the_next_run(wor
 
 
 def test_a_recheck_naming_an_incident_the_ledger_lacks_is_dropped_and_said(world: World) -> None:
-    assert world.gate(world.detect(world.agent_event())) == "hold"
+    world.hold()
     [recheck] = world.rechecks()
     world.ledger._db.delete_item(TableName=world.ledger._table, Key={"pk": {"S": f"INCIDENT#{recheck.incident_id}"}})
     world.now = recheck.due + timedelta(seconds=1)
