@@ -89,19 +89,26 @@ def test_lifecycle_script_installs_a_working_agent_from_the_wheelhouse_with_no_i
     assert reset.returncode == 1 and "nvidia-smi" in json.loads(reset.stdout.strip().splitlines()[-1])["failed"]
 
 
-def test_the_systemd_unit_is_sandboxed_but_keeps_what_the_agent_reads(tmp_path: Path) -> None:
+def _unit_security(tmp_path: Path, name: str) -> tuple[float, str, dict[str, str]]:
+    """The unit's overall exposure by ``systemd-analyze security`` (offline), its report, and its
+    settings (skipped where systemd-analyze is not installed)."""
     import re
     import shutil
 
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed (Debian package systemd)")
-    unit = tmp_path / "nodemedic-agent.service"
-    unit.write_text((ROOT / "node_agent/systemd/nodemedic-agent.service").read_text())
+    unit = tmp_path / name
+    unit.write_text((ROOT / "node_agent/systemd" / name).read_text())
     out = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True,
                          text=True, timeout=60).stdout
     exposure = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out).group(1))
-    assert exposure <= 3.0, out[-3000:]  # main's unit: 9.6 UNSAFE
     settings = dict(line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line and line[0] != "#")
+    return exposure, out, settings
+
+
+def test_the_systemd_unit_is_sandboxed_but_keeps_what_the_agent_reads(tmp_path: Path) -> None:
+    exposure, out, settings = _unit_security(tmp_path, "nodemedic-agent.service")
+    assert exposure <= 3.0, out[-3000:]  # main's unit: 9.6 UNSAFE
     # what would break the agent: /dev/kmsg hidden, NVML's devices hidden, / read-only (the read-only
     # file system check would flag every node), kernel log capability dropped
     assert settings.get("ProtectKernelLogs", "no") == "no" and settings.get("PrivateDevices", "no") == "no"
@@ -112,18 +119,8 @@ def test_the_systemd_unit_is_sandboxed_but_keeps_what_the_agent_reads(tmp_path: 
 def test_the_relays_unit_is_sandboxed_but_keeps_what_its_documents_need(tmp_path: Path) -> None:
     """The relay ran as root with light sandboxing (exposure 7.9): whoever could make it run a
     command could change anything. Its documents run scontrol, scancel, squeue, flock and date."""
-    import re
-    import shutil
-
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is not installed (Debian package systemd)")
-    unit = tmp_path / "nodemedic-relay.service"
-    unit.write_text((ROOT / "node_agent/systemd/nodemedic-relay.service").read_text())
-    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True,
-                         text=True, timeout=60).stdout
-    exposure = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out).group(1))
+    exposure, out, settings = _unit_security(tmp_path, "nodemedic-relay.service")
     assert exposure <= 3.0, out[-3000:]
-    settings = dict(line.split("=", 1) for line in unit.read_text().splitlines() if "=" in line and line[0] != "#")
     # what would break the documents: no network (slurmctld), no UNIX sockets (munged), no /tmp for
     # their locks, Slurm's key unreadable to root (auth/slurm keeps it the SlurmUser's, mode 0600)
     assert settings.get("PrivateNetwork", "no") == "no" and "AF_UNIX" in settings["RestrictAddressFamilies"]
