@@ -61,7 +61,7 @@ logger = Logger(service="planned_events")
 metrics = Metrics()
 SLACK_LOOKS = 10  # nodes whose jobs one sweep reads (an SSM command each on Slurm): the function's timeout
 # gate rules whose hold passes by itself: a planned notice they held is offered again at a later sweep
-PASSING_HOLDS = STORM_RULES | {"cooldown", "provider", "policy"}
+PASSING_HOLDS = STORM_RULES | {"cooldown", "provider", "policy", "planned_room"}
 MAX_OFFERS = 48  # incidents that may hold one notice for a passing reason before it is left to a person
 
 
@@ -281,8 +281,8 @@ class Pacer:
         took it for good (acted on it, is acting, or was held for a reason that stays: an excluded
         node, dry run), as a notice a sweep finds again (EC2 still lists it) then publishes nothing
         new and takes no room; and a copy under a new id when each incident that took it was held
-        for a reason that passes (a cooldown, its provider at work, a pause, the breaker, a policy
-        that could not be read). Detect remembers an event for ``EVENT_MEMORY``: offered under its
+        for a reason that passes (a cooldown, its provider at work, a pause, the breaker, no room for
+        planned work, a policy that could not be read). Detect remembers an event for ``EVENT_MEMORY``: offered under its
         own id again, it would only be deduplicated, and AWS would act under the node's job."""
         if event.event_id not in self._offers:
             ledger = wiring.ledger()

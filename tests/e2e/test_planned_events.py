@@ -279,6 +279,44 @@ def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() 
         assert waiting.waiting() == [] and control.read().breaker.state == "closed"
 
 
+def test_planned_work_whose_room_a_fault_took_meanwhile_yields_instead_of_tripping_the_breaker() -> None:
+    """Four nodes: the breaker's limit is one node. The sweep releases gpu-1's retirement into the
+    room it read; before its incident reaches the gate, an Xid 79 on gpu-3 is admitted and takes
+    it. The planned incident tripped the breaker then: every repair stopped, faults' too, until an
+    operator reset it. Now it is held, the breaker stays closed and the fault is remediated; the
+    first sweep with room (EC2 still lists the retirement) offers it again, and gpu-1 is replaced."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as local:
+        control = ControlStore(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        retiring, sick = local.cluster.instance_of("gpu-1"), local.cluster.instance_of("gpu-3")
+
+        def a_fault_first(_: dict) -> None:
+            local.put_event(local.health_event("gpu-3", "XID 79"))
+            wait_for(lambda: any(a.slurm_node == "gpu-3" for a in control.read().admissions.values()),
+                     "the fault admitted before the planned work")
+
+        raced = local.aws.before_invoke("GateFunction", a_fault_first,
+                                        when=lambda event: event["incident"]["slurm_node"] == "gpu-1")
+        local.aws.schedule_instance_event(retiring, "instance-retirement", datetime.now(UTC) + timedelta(days=5))
+        local.fire_schedule("PlannedEventsFunction")
+        executions = local.wait_for_executions(2)
+        assert raced and all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        by_node = {i.slurm_node: i for i in local.incidents()}
+        assert by_node["gpu-3"].status == "closed" and local.cluster.instance_of("gpu-3") != sick
+        held = by_node["gpu-1"]
+        assert held.status == "held" and held.outcome.startswith("planned_room: 2 nodes would be under remediation")
+        assert control.read().breaker.state == "closed" and local.escalations() == []
+        assert local.cluster.instance_of("gpu-1") == retiring and "DRAIN" not in local.scheduler.node("gpu-1")["State"]
+
+        _an_hour_passes(local)
+        local.fire_schedule("PlannedEventsFunction")
+        executions = local.wait_for_executions(3)
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        [again] = [i for i in local.incidents() if i.slurm_node == "gpu-1" and i.incident_id != held.incident_id]
+        assert again.status == "closed" and local.cluster.instance_of("gpu-1") != retiring
+        assert again.stages["detect"].result["evidence"]["offered_again_after"] == held.incident_id
+
+
 def test_a_campaign_waiting_for_its_lead_time_starts_early_enough_to_be_done_by_then() -> None:
     """PlannedLeadTimeHours=48, two retirements whose time to act comes in 30 min, on nodes whose
     jobs report no checkpoint (no slack). The breaker's room is one node per two hours (its 60

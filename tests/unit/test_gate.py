@@ -4,6 +4,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from nodemedic.contracts.events import PLANNED_SOURCE
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.errors import PolicyError
 from nodemedic.providers.base import Member
@@ -126,6 +127,47 @@ def test_concurrency_is_throttled_not_held() -> None:
     d = decide(facts(policy={"max_concurrent": 2, "breaker": {"max_percent": 100}}, state=state,
                      active={"inc-gpu-2", "inc-gpu-3"}))
     assert d.verdict == "throttled" and "2 remediations in progress (max 2)" in d.reason
+
+
+def planned(node: str = "gpu-5", action: str = "replace") -> IncidentRef:
+    return incident(node, "PLANNED_RETIREMENT", iid=f"inc-{node}", source=PLANNED_SOURCE, fault_class="planned",
+                    action=action)
+
+
+@pytest.mark.parametrize("mode", ["automatic", "approval", "dry_run"])
+def test_planned_work_a_fault_left_no_room_for_yields_trips_nothing_and_waits_for_no_slot(mode: str) -> None:
+    """The planned-events function released the work into room it read; a fault the gate admitted
+    since took it. The fault would trip the breaker (every repair stopped until an operator resets
+    it) or wait for a slot (counted by the breaker from then on); planned work is held instead, for
+    a reason that passes: the planned-events sweep offers it again when there is room."""
+    limit = {"mode": mode, "breaker": {"max_percent": 20, "max_nodes": 8}}  # 20 % of 16 -> 3
+    full = admitted(ControlState(), "gpu-2", "gpu-3", "gpu-4")
+    fault = decide(facts(incident("gpu-5", iid="inc-gpu-5"), policy=limit, state=full))
+    d = decide(facts(planned(), policy=limit, state=full))
+    if mode == "dry_run":
+        assert (fault.would, d.would) == ("hold", "hold") and "planned_room" in d.reason
+        return
+    assert fault.trips_breaker and fault.rules[-1]["rule"] == "breaker_limit"
+    assert d.verdict == "hold" and not d.trips_breaker and not d.notify and d.recheck_at is None
+    assert d.rules[-1]["rule"] == "planned_room" and "breaker_limit" not in [r["rule"] for r in d.rules]
+    assert d.reason.startswith("planned_room: 4 nodes would be under remediation within 60 min (limit 3)")
+    assert "offered again at a later planned-events sweep" in d.reason
+
+    cap = {"mode": mode, "max_concurrent": 2, "breaker": {"max_percent": 100}}
+    busy = admitted(ControlState(), "gpu-2", "gpu-3")
+    assert decide(facts(incident("gpu-5", iid="inc-gpu-5"), policy=cap, state=busy,
+                        active={"inc-gpu-2", "inc-gpu-3"})).verdict == "throttled"
+    d = decide(facts(planned(), policy=cap, state=busy, active={"inc-gpu-2", "inc-gpu-3"}))
+    assert d.verdict == "hold" and "2 remediations in progress (max 2)" in d.reason and not d.trips_breaker
+
+
+def test_planned_work_with_room_goes_through_the_same_rules_as_a_fault() -> None:
+    d = decide(facts(planned(), policy={"mode": "approval", "breaker": {"max_percent": 20}},
+                     state=admitted(ControlState(), "gpu-2"), active={"inc-gpu-2"}))
+    assert d.verdict == "proceed" and d.needs_approval
+    assert [r["rule"] for r in d.rules] == ["paused", "excluded", "breaker", "provider", "cooldown", "lemon",
+                                            "planned_room", "breaker_limit", "concurrency", "corroboration"]
+    assert d.rules[6]["detail"] == "room for planned work: 2 of at most 3 nodes, 1 of 4 in progress"
 
 
 def waiting(state: ControlState, *nodes: str, at: datetime = NOW) -> ControlState:

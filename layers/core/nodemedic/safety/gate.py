@@ -5,17 +5,21 @@ Rules, in order; the first that decides wins, and every rule evaluated is record
 1. paused          -> hold       (an operator paused all automation)
 2. excluded        -> hold       (node list/glob or instance tag in the policy)
 3. breaker open    -> hold       (tripped earlier; only an operator resets it)
-4. cooldown        -> hold       (the node slot was remediated moments ago; the fault is decided
+4. provider        -> hold       (its provider is working on the node: HyperPod patching or checking it)
+5. cooldown        -> hold       (the node slot was remediated moments ago; the fault is decided
                                  again when the cooldown ends: ``Decision.recheck_at``)
-5. lemon           -> quarantine (the Nth incident of a node slot or EC2 host in the window)
-6. breaker limit   -> hold, trip (one more node would exceed the limit; names the correlation).
-                                 Nodes waiting for a slot (rule 7) count: a storm of faults at
-                                 once trips it, however few slots the concurrency cap gives
-7. concurrency     -> throttled  (waits for a slot: retried by the state machine, then failed safely)
-8. corroboration   -> verify     (an ambiguous fault without an independent second signal)
-9. otherwise       -> proceed    (or approval first, in approval mode)
+6. lemon           -> quarantine (the Nth incident of a node slot or EC2 host in the window)
+7. breaker limit   -> hold, trip (one more node would exceed the limit; names the correlation).
+                                 Nodes waiting for a slot (rule 8) count: a storm of faults at
+                                 once trips it, however few slots the concurrency cap gives.
+                                 Planned work finding no room under the limit or the cap is held
+                                 instead (``planned_room``): it trips nothing and waits for no slot,
+                                 and the planned-events sweep offers it again
+8. concurrency     -> throttled  (waits for a slot: retried by the state machine, then failed safely)
+9. corroboration   -> verify     (an ambiguous fault without an independent second signal)
+10. otherwise      -> proceed    (or approval first, in approval mode)
 
-A burn-in (a node that joined) and a retirement (capacity AWS ends) skip rules 4-8; a burn-in in
+A burn-in (a node that joined) and a retirement (capacity AWS ends) skip rules 4-9; a burn-in in
 approval mode asks before the first rung that changes the node, once its check failed.
 
 In dry-run mode the same rules run, nothing is admitted, and the verdict is ``dry_run`` with
@@ -195,6 +199,22 @@ def decide(f: Facts) -> Decision:
     waiting = {i: a for i, a in f.state.waiting_for_slot(f.active).items() if i != f.incident.incident_id}
     mine = admission_of(f.incident, f.member, f.now)
     nodes = {a.slurm_node for a in [*counted.values(), *waiting.values()]} | {node}
+    in_progress = sum(a.counted and i in f.active and i != f.incident.incident_id
+                      for i, a in f.state.admissions.items())
+    if f.incident.source == PLANNED_SOURCE:
+        # the planned-events function released this work into room it read (safety/pacing.py); a
+        # fault admitted since may have taken that room. Planned work then yields: it neither trips
+        # the breaker (stopping every repair, faults' too) nor waits for a slot (where the breaker
+        # counts it); held for a reason that passes, the sweep offers it again when there is room
+        full = (f"{len(nodes)} nodes would be under remediation within {p.breaker.window_minutes:g} min "
+                f"(limit {limit})" if len(nodes) > limit else
+                f"{in_progress} remediations in progress (max {p.max_concurrent})" if in_progress >= p.max_concurrent
+                else "")
+        if full:
+            return _dry(f, stop("hold", "planned_room", f"{full}: planned work yields to faults, and is offered "
+                                                        "again at a later planned-events sweep with room"))
+        ok("planned_room", f"room for planned work: {len(nodes)} of at most {limit} nodes, "
+                           f"{in_progress} of {p.max_concurrent} in progress")
     if len(nodes) > limit:
         involved = list({a.slurm_node: a for a in [*counted.values(), *waiting.values(), mine]}.values())
         shared = correlation(involved)
@@ -210,8 +230,6 @@ def decide(f: Facts) -> Decision:
         return _dry(f, stop("hold", "breaker_limit", detail, trips_breaker=True, notify=notify))
     ok("breaker_limit", f"{len(nodes)} of at most {limit} nodes within {p.breaker.window_minutes:g} min")
 
-    in_progress = sum(a.counted and i in f.active and i != f.incident.incident_id
-                      for i, a in f.state.admissions.items())
     if in_progress >= p.max_concurrent:
         return _dry(f, stop("throttled", "concurrency",
                             f"{in_progress} remediations in progress (max {p.max_concurrent})"))
