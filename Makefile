@@ -8,7 +8,7 @@ SCHEDULER ?= auto
 PROVIDER ?= autoscaling
 DEMO_NEEDS := $(if $(filter k8s kubernetes,$(SCHEDULER)),kube,slurm)
 
-.PHONY: help venv slurm kube helm chromium awscli demo test lint unit chaos bench gpu-check agent-wheel agent-wheelhouse clean
+.PHONY: help venv slurm kube helm chromium awscli journal demo test lint unit chaos bench gpu-check agent-wheel agent-wheelhouse clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -23,7 +23,8 @@ $(BIN)/.installed: pyproject.toml layers/core/requirements.txt
 venv: $(BIN)/.installed  ## build the environment in .venv/
 
 slurm:  ## install Debian's Slurm packages for the local cluster (as root)
-	@sandbox/install-slurm.sh
+	@sandbox/install-debian.sh Slurm "slurmctld slurmd scontrol" "the local mode will use its simulated scheduler" \
+	  slurmctld slurmd slurm-client munge
 
 kube:  ## build a real kube-apiserver for the Kubernetes tests, once per machine (as root; cached in ~/.cache/nodemedic)
 	@sandbox/install-kube-apiserver.sh
@@ -32,10 +33,15 @@ helm:  ## fetch the official Helm binary for the Helm chart's tests, once per ma
 	@sandbox/install-helm.sh
 
 chromium:  ## install Debian's Chromium, which renders the HTML report in a test (as root)
-	@sandbox/install-chromium.sh
+	@sandbox/install-debian.sh Chromium "chromium|chromium-browser" "the HTML report's rendering test will be skipped" \
+	  chromium fonts-dejavu-core
 
 awscli:  ## install Debian's AWS CLI, which the agent installer's S3 fetch runs in a test (as root)
-	@sandbox/install-awscli.sh
+	@sandbox/install-debian.sh "the AWS CLI" aws "the installer's S3 fetch test will be skipped" awscli
+
+journal:  ## install Debian's systemd-journal-remote, which writes the journal the agent's journal source is tested on (as root)
+	@sandbox/install-debian.sh systemd-journal-remote /lib/systemd/systemd-journal-remote \
+	  "the agent's real-journal tests will be skipped" systemd-journal-remote
 
 demo: venv $(DEMO_NEEDS)  ## run the local end-to-end demo (SCHEDULER=k8s: on Kubernetes; PROVIDER=karpenter with it)
 	$(BIN)/nodemedic demo --scheduler $(SCHEDULER) --provider $(PROVIDER)
@@ -53,7 +59,7 @@ lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in 
 # make test's pytest workers (pytest-xdist); a test file runs whole on one worker, on its own stack
 TEST_WORKERS ?= 2
 
-test: venv slurm kube helm chromium awscli lint  ## run the whole test suite on TEST_WORKERS workers (it lists the tests over 10 s)
+test: venv slurm kube helm chromium awscli journal lint  ## run the whole test suite on TEST_WORKERS workers (it lists the tests over 10 s)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 --durations-min=10
 
 unit: venv  ## fast tests only (no local stack): units and the stages on in-memory Slurm

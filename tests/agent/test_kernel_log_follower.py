@@ -30,6 +30,7 @@ from nodemedic_agent.checks.kernel_log import (
     line_date,
     message_finding,
 )
+from nodemedic_agent.checks.log_cursor import current_boot_id
 
 # records as /dev/kmsg gives them, one per read(): a dev_err()/ibdev_err() message carries its
 # device dictionary as continuation lines (Documentation/ABI/testing/dev-kmsg)
@@ -152,6 +153,11 @@ def entry(message: object, at: float, cursor: str) -> str:
                        "__MONOTONIC_TIMESTAMP": "8817230911", "_BOOT_ID": "0f3c9a", "MESSAGE": message})
 
 
+def here(i: int) -> str:
+    """A cursor of this boot's ``i``-th entry, as journalctl writes one (its ``b=`` item: the boot)."""
+    return f"s=3f8e2a6c4b1d4e0f9a7b5c3d1e2f4a6b;i={i:x};b={current_boot_id().replace('-', '')};m=1;t=1;x=1"
+
+
 def fake_journal(path: Path, lines: list[str], tmp_path: Path) -> Path:
     """journalctl writing ``lines``, then following (sleeping); its arguments go to a file."""
     (tmp_path / "entries").write_text("".join(line + "\n" for line in lines))
@@ -188,9 +194,9 @@ def test_journal_entries_written_while_the_agent_was_down_are_read_at_its_restar
     cursor = tmp_path / "journal-cursor.json"
     now = time.time()
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
-    argv = fake_journal(journalctl, [entry("old", now - 7200, "c1"), entry(xid, now - 60, "c2"),
-                                     entry(list(b"caf\xe9 bytes"), now - 30, "c3"), entry(None, now - 20, "c4"),
-                                     "no entry", entry("live", now + 1, "c5")], tmp_path)
+    argv = fake_journal(journalctl, [entry("old", now - 7200, here(1)), entry(xid, now - 60, here(2)),
+                                     entry(list(b"caf\xe9 bytes"), now - 30, here(3)), entry(None, now - 20, here(4)),
+                                     "no entry", entry("live", now + 1, here(5))], tmp_path)
     first = KernelLogFollower("journal", "", threading.Event(), cursor_file=cursor, replay_seconds=3600)
     seen, reader = follow(first)
     got = take(seen, 3)
@@ -201,15 +207,15 @@ def test_journal_entries_written_while_the_agent_was_down_are_read_at_its_restar
     since = next(a for a in args if a.startswith("--since=@"))
     assert abs(int(since.removeprefix("--since=@")) - (now - 3600)) < 5 and "--no-tail" in args and "-n" not in args
     assert (first.stats.replayed, first.stats.expired, first.stats.skipped) == (2, 1, 2)
-    assert json.loads(cursor.read_text()) == {"cursor": "c5"}
+    assert json.loads(cursor.read_text()) == {"cursor": here(5)}
 
-    fake_journal(journalctl, [entry("after the restart", time.time(), "c6")], tmp_path)
+    fake_journal(journalctl, [entry("after the restart", time.time(), here(6))], tmp_path)
     second = KernelLogFollower("journal", "", threading.Event(), cursor_file=cursor, replay_seconds=3600)
     seen, reader = follow(second)
     assert take(seen, 1) == ["after the restart"]
     second.stop.set()
     reader.join(timeout=5)
-    assert "--after-cursor=c5" in json.loads(argv.read_text())
+    assert f"--after-cursor={here(5)}" in json.loads(argv.read_text())
 
 
 def test_without_replay_the_journal_is_read_from_the_start_on(journalctl: Path, stopped: threading.Event,

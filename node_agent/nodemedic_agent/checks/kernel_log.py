@@ -386,6 +386,7 @@ class KernelLogFollower:
         self.replay_seconds = replay_seconds if cursor_file is not None else 0
         self._cursor_unsaved = False  # a save failed: said once, not at every record
         self._saved: Cursor | None = None  # what the cursor file says: an idle log writes nothing
+        self._cursor_refused = False  # journalctl refused the saved cursor: the journal is read by age
 
     def messages(self) -> Iterator[tuple[str, datetime]]:
         if self.source == "journal":
@@ -500,6 +501,7 @@ class KernelLogFollower:
             self._cursor_unsaved = True
             return now
         self._cursor_unsaved = False
+        self._cursor_refused = False  # a cursor journalctl gave: it can seek to it
         self._saved = cursor
         return now
 
@@ -576,11 +578,17 @@ class KernelLogFollower:
         next entry, however long that takes."""
         started = time.time()
         cursor = load_cursor(self.cursor_file, JournalCursor.from_json) \
-            if self.cursor_file and self.replay_seconds > 0 else None
+            if self.cursor_file and self.replay_seconds > 0 and not self._cursor_refused else None
         # --all: a field over 4 KB or not printable is written, not null (journalctl(1), --all)
         args = ["journalctl", "-k", "-f", "-o", "json", "--output-fields=MESSAGE", "--all"]
         if self.replay_seconds <= 0:
             args += ["-n", "0"]
+        elif cursor is not None and cursor.boot_id != current_boot_id().replace("-", ""):
+            # the node booted since: this boot's messages from its first (those older than the
+            # replay window are counted, not read). Not --after-cursor: journalctl 252 (Amazon Linux
+            # 2023's, Debian 12's) skips the first entry after the cursor's place whether or not it
+            # is the cursor's own, and an entry of another boot is never -k's: this boot's first was lost
+            args += ["--no-tail"]
         elif cursor is not None:
             args += [f"--after-cursor={cursor.cursor}", "--no-tail"]
         else:
@@ -599,7 +607,10 @@ class KernelLogFollower:
                     continue
                 chunk = os.read(fd, 65536)
                 if not chunk:
-                    raise KernelLogEndedError(f"journalctl stopped (exit status {proc.wait(timeout=5)})")
+                    status = proc.wait(timeout=5)
+                    if status and cursor is not None and last is None:
+                        self._forget_cursor(f"journalctl refused it (exit status {status})")
+                    raise KernelLogEndedError(f"journalctl stopped (exit status {status})")
                 *lines, pending = (pending + chunk).split(b"\n")
                 if len(pending) > MAX_LINE_BYTES:  # no end of line in sight: not an entry
                     self.stats.skipped += 1
@@ -623,6 +634,21 @@ class KernelLogFollower:
                 proc.kill()
                 proc.wait()
             proc.stdout.close()
+
+    def _forget_cursor(self, why: str) -> None:
+        """Delete the saved cursor: journalctl fails at once on one it cannot seek to ("Failed to
+        seek to cursor"), and every restart would fail on it again, the kernel log unread for good.
+        The next start reads the last ``replay_seconds`` instead (what the pipeline has seen already,
+        the dedupe memory and Detect fold)."""
+        assert self.cursor_file is not None
+        log.warning("the kernel log cursor %s is forgotten: %s; the next start reads the last %g s",
+                    self.cursor_file, why, self.replay_seconds)
+        try:
+            self.cursor_file.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("the kernel log cursor %s could not be deleted (%s)", self.cursor_file, exc)
+        self._saved = None
+        self._cursor_refused = True  # also when it could not be deleted: not used again by this agent
 
     def _journal_replays(self, observed: datetime, started: float) -> bool:
         """Whether a journal entry is read: one from before the start (the backlog) only while it

@@ -46,6 +46,12 @@ class JournalCursor:
             raise ValueError("no journal cursor")
         return cls(saved["cursor"])
 
+    @property
+    def boot_id(self) -> str:
+        """The boot of the entry it names (its ``b=`` item, 32 hex digits), "" where it says none."""
+        items = dict(item.split("=", 1) for item in self.cursor.split(";") if "=" in item)
+        return items.get("b", "").replace("-", "").lower()
+
 
 @dataclass(frozen=True)
 class FileCursor:
