@@ -49,7 +49,7 @@ from nodemedic.planned_events import (
     slack,
     superseded,
 )
-from nodemedic.safety.pacing import UNCOUNTED, Room, choose, gap, planned_share, room, start_times
+from nodemedic.safety.pacing import UNCOUNTED, Room, choose, gap, planned_share, room, runs_late, start_times
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.settings import Settings, settings
 from nodemedic.stages.gate import STORM_RULES
@@ -102,22 +102,24 @@ def _say(topic_arn: str, subject: str, message: str, announced: list[str]) -> No
         raise
 
 
-def _announce_late(waiting: list[NodeHealthEvent], why: str, cluster: str, topic_arn: str, next_sweep: datetime,
+def _announce_late(late: list[NodeHealthEvent], pace: str, why: str, cluster: str, topic_arn: str,
                    now: datetime) -> None:
-    """Tell the on-call, once per notice, about planned work still waiting for room whose deadline
-    comes before the next sweep: AWS will act under the node's job, and a person may act first.
-    Said once however often it is found (a conditional write per notice); if SNS cannot be
-    reached, taken back and raised, so the retried invocation says it."""
-    keys = {f"planned-late/{e.event_id}": e for e in waiting if _urgency(e) <= next_sweep}
+    """Tell the on-call, once per notice, about planned work waiting for room that cannot start
+    before its deadline (:meth:`Pacer.late`): AWS will act under the node's job, and a person may
+    act first. Said as soon as a sweep can tell, once however often it is found (a conditional
+    write per notice); if SNS cannot be reached, taken back and raised, so the retried invocation
+    says it."""
+    keys = {f"planned-late/{e.event_id}": e for e in late}
     told = {key: e for key, e in keys.items() if wiring.ledger().first_announcement(key, now)}
     if not told:
         return
     nodes = "; ".join(f"{e.node.slurm_node} ({e.node.instance_id}, {e.fault_code}, AWS acts from "
                       f"{_urgency(e):%Y-%m-%d %H:%M}Z)" for e in told.values())
-    message = (f"NodeMedic could not act on {len(told)} planned event(s) of cluster {cluster} before AWS does: "
-               f"{nodes}. The room planned work may take under the circuit breaker is taken ({why}). "
-               f"AWS will act under the node's job; to act first, replace or drain the node by hand "
-               f"(docs/runbooks/maintenance-campaign.md). `nodemedic planned` lists what still waits.")
+    message = (f"NodeMedic cannot act on {len(told)} planned event(s) of cluster {cluster} before AWS does: "
+               f"{nodes}. Planned work may take {pace} under the circuit breaker, the nearest deadline first, "
+               f"and the room now is taken ({why}). AWS will act under the node's job; to act first, give "
+               f"planned work more of the breaker's room (breaker.planned_percent) or replace or drain the node "
+               f"by hand (docs/runbooks/maintenance-campaign.md). `nodemedic planned` lists what still waits.")
     _say(topic_arn, "NodeMedic: planned work runs late", message, list(told))
 
 
@@ -199,7 +201,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     paced = sorted(str(e.node.slurm_node) for e in for_room)
     if paced:
         logger.info("planned events wait for room under the circuit breaker", room=pacer.why, waiting=paced)
-        _announce_late(for_room, pacer.why, s.cluster_name, s.escalation_topic_arn, now + sweep, now)
+        late, pace = pacer.late(for_room, now + sweep)
+        _announce_late(late, pace, pacer.why, s.cluster_name, s.escalation_topic_arn, now)
     if deferred:
         logger.info("planned events deferred until their lead time", deferred=deferred)
     if planned.ignored:
@@ -271,6 +274,19 @@ class Pacer:
         self.why_early = (f"paced: {len(counted)} waiting notice(s) of this cluster are acted on {share} node(s) "
                           f"at a time, {spacing.total_seconds() / 60:g} min apart, to be done by their times")
         return [d for d, start in zip(counted, starts, strict=True) if start <= self.now]
+
+    def late(self, waiting: list[NodeHealthEvent], next_sweep: datetime) -> tuple[list[NodeHealthEvent], str]:
+        """Those of ``waiting`` (for room) that cannot start before their deadlines at the pace planned
+        work may take (:func:`runs_late`; the next room at the next sweep), and that pace, said."""
+        urgent = sorted(waiting, key=_urgency)
+        if self._facts is None:  # nothing is released until the policy can be read: only the next sweep
+            share, spacing, pace = len(urgent), timedelta(0), "nothing until the safety policy can be read"
+        else:
+            policy, _, _, size = self._facts
+            share, spacing = planned_share(policy, size), gap(policy.breaker.window_minutes, self._sweep)
+            pace = f"{share} node(s) every {spacing.total_seconds() / 60:g} min"
+        late = runs_late([_urgency(e) for e in urgent], max(1, share), spacing, next_sweep)
+        return [e for e, is_late in zip(urgent, late, strict=True) if is_late], pace
 
     def room_left(self, ready: list[NodeHealthEvent]) -> bool:
         """Whether the room now is more than ``ready`` takes."""

@@ -279,6 +279,34 @@ def test_a_campaign_of_retirements_is_paced_under_the_breaker_not_tripping_it() 
         assert waiting.waiting() == [] and control.read().breaker.state == "closed"
 
 
+def test_a_campaign_the_pace_cannot_finish_before_aws_acts_is_said_at_once_not_at_the_last_sweep() -> None:
+    """Three retirements in 2 h, 2 h 30 and 2 h 50 on four nodes: planned work may take one node
+    every 2 hours (the breaker's 60 min window, then the next hourly sweep). The first is acted on
+    now, the second at the next sweep with room; the third cannot start before AWS acts. The
+    on-call was told only at the last sweep before its deadline (maybe minutes before); now at the
+    first sweep that sees the whole queue, hours ahead, naming it and the pace, and only it."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as local:
+        retiring = {n: local.cluster.instance_of(n) for n in ("gpu-1", "gpu-2", "gpu-3")}
+        local.escalations()
+        for node, starts_in in {"gpu-1": timedelta(hours=2), "gpu-2": timedelta(hours=2, minutes=30),
+                                "gpu-3": timedelta(hours=2, minutes=50)}.items():
+            event = _retirement([retiring[node]], starts_in)
+            event["detail"]["eventArn"] += f"-{node}"
+            local.emit_as_aws(event)
+        [execution] = local.wait_for_executions(1)
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        assert [i.slurm_node for i in local.incidents()] == ["gpu-1"]
+        local.fire_schedule("PlannedEventsFunction")
+        [page] = wait_for(lambda: local.escalations(), "the on-call told")
+        assert page["Subject"] == "NodeMedic: planned work runs late"
+        assert f"cannot act on 1 planned event(s) of cluster {local.cluster.name}" in page["Message"]
+        assert f"gpu-3 ({retiring['gpu-3']}, PLANNED_RETIREMENT" in page["Message"] and "gpu-2" not in page["Message"]
+        assert "1 node(s) every 120 min" in page["Message"] and "breaker.planned_percent" in page["Message"]
+        local.fire_schedule("PlannedEventsFunction")  # found again: not said again
+        assert len(local.wait_for_executions(1)) == 1 and local.escalations() == []
+
+
 def test_planned_work_whose_room_a_fault_took_meanwhile_yields_instead_of_tripping_the_breaker() -> None:
     """Four nodes: the breaker's limit is one node. The sweep releases gpu-1's retirement into the
     room it read; before its incident reaches the gate, an Xid 79 on gpu-3 is admitted and takes

@@ -10,7 +10,7 @@ from nodemedic.contracts.incident import IncidentRef
 from nodemedic.domain.classification import classify
 from nodemedic.providers.base import Member
 from nodemedic.safety.gate import Facts, admission_of, decide
-from nodemedic.safety.pacing import Room, choose, gap, planned_share, room, start_times
+from nodemedic.safety.pacing import Room, choose, gap, planned_share, room, runs_late, start_times
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import ControlState, Switch
 
@@ -181,3 +181,14 @@ def test_a_notice_taken_for_good_takes_no_room_and_one_offered_again_takes_it_un
     chosen = choose([settled, held, notice("gpu-3")], room_nodes=1, recent=set(), offer=offer)
     assert [e.event_id for e in chosen.publish] == ["ev-gpu-1-0", "ev-gpu-2-offer-1"]
     assert chosen.fresh == {"gpu-2": again} and [e.event_id for e in chosen.wait] == ["ev-gpu-3-0"]
+
+
+def test_a_notice_the_pace_cannot_start_before_its_deadline_is_late_however_far_the_deadline() -> None:
+    """Two nodes every 2 hours from the next sweep (in 1 h): the first two start then, the next two
+    2 hours later, the fifth 4 hours later. A notice is late when its group starts at or after
+    its deadline, not only when the deadline comes before the next sweep."""
+    hour = timedelta(hours=1)
+    deadlines = [NOW + 0.5 * hour, NOW + 3 * hour, NOW + 3 * hour, NOW + 3.5 * hour, NOW + 10 * hour]
+    assert runs_late(deadlines, 2, 2 * hour, NOW + hour) == [True, False, True, False, False]
+    assert runs_late(deadlines, 5, 2 * hour, NOW + hour) == [True, False, False, False, False]  # all at once
+

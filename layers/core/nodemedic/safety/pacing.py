@@ -120,3 +120,11 @@ def start_times(act_at: list[datetime], per_group: int, spacing: timedelta) -> l
             out[i] = start
         bound = start - spacing
     return out
+
+
+def runs_late(deadlines: list[datetime], per_group: int, spacing: timedelta, next_room: datetime) -> list[bool]:
+    """Whether each notice waiting for room (``deadlines``: the nearest first) cannot start before
+    its deadline even if planned work took its whole share at every chance from ``next_room`` on:
+    the k-th group of ``per_group`` starts ``k`` spacings after it. Faults taking room only delay
+    them more, so a notice found late here is late for certain; one not found may still be."""
+    return [deadline <= next_room + (i // per_group) * spacing for i, deadline in enumerate(deadlines)]
