@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+import unicodedata
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -59,6 +60,8 @@ from moto.eks.models import eks_backends
 from moto.events.exceptions import ValidationException as EventsValidationException
 from moto.events.models import EventsBackend, Rule, events_backends
 from moto.events.utils import EventMessageType
+from moto.sns.exceptions import InvalidParameterValue as SnsInvalidParameter
+from moto.sns.models import SNSBackend
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
 from moto.ssm.responses import SimpleSystemManagerResponse
@@ -111,6 +114,7 @@ HOOKED = {
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
     "dynamodb table copy per transaction": (dynamodb_models, "copy"),
+    "sns publish": (SNSBackend, "publish"),
 }
 _DYNAMODB_WRITES = threading.RLock()
 
@@ -290,6 +294,26 @@ def _values_used(action: Any, *, prefixed: bool) -> Any:
                                               + f"Value provided in ExpressionAttributeValues unused in expressions: "
                                               f"keys: {{{', '.join(unused)}}}")
         return action(self)
+
+    return run
+
+
+def _sns_publish_checked(publish: Any) -> Any:
+    """moto publishes an empty message, and a subject that is empty or holds a line break or another
+    control character. SNS refuses each: "Subjects must be UTF-8 text with no line breaks or
+    control characters, and less than 100 characters long" (Amazon SNS API Reference, Publish,
+    Subject; SNS answers "Invalid parameter: Subject" to an empty one too, and takes 100 characters,
+    as moto does: getmoto/moto issue 1503, wellcomecollection/platform issue 1107), and a message
+    must not be empty ("Invalid parameter: Empty message"). A page whose subject is built from what
+    an event carried is never sent on AWS, and the on-call hears nothing."""
+
+    def run(self: SNSBackend, message: str, arn: str | None, *args: Any, **kwargs: Any) -> Any:
+        subject = kwargs.get("subject", args[1] if len(args) > 1 else None)
+        if subject is not None and (not subject or any(unicodedata.category(c) == "Cc" for c in subject)):
+            raise SnsInvalidParameter("Invalid parameter: Subject")
+        if not message:
+            raise SnsInvalidParameter("Invalid parameter: Empty message")
+        return publish(self, message, arn, *args, **kwargs)
 
     return run
 
@@ -942,6 +966,7 @@ class EmbeddedAWS:
             (DynamoHandler, "query", _values_used(DynamoHandler.query, prefixed=False)),
             (DynamoHandler, "scan", _values_used(DynamoHandler.scan, prefixed=False)),
             (DynamoHandler, "transact_write_items", _values_used(DynamoHandler.transact_write_items, prefixed=False)),
+            (SNSBackend, "publish", _sns_publish_checked(SNSBackend.publish)),
         ):
             # create: the HyperPod batch actions are added; every other hook replaces an attribute
             # that tests/component/test_embedded_aws.py checks still exists

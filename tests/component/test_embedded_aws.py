@@ -709,3 +709,23 @@ def test_an_expression_value_no_expression_uses_is_refused(aws: EmbeddedAWS, cal
         calls[call]()
     assert db.get_item(TableName=table, Key=key)["Item"] == {"pk": {"S": "k"}, "a": {"S": "1"}}  # nothing changed
     assert "Item" not in db.get_item(TableName=table, Key={"pk": {"S": "other"}})
+
+
+@pytest.mark.parametrize(("subject", "message", "refused"), [
+    ("", "a page", "Subject"), ("NodeMedic: node\nquarantined", "a page", "Subject"),
+    ("NodeMedic:\tnode quarantined", "a page", "Subject"), ("x" * 101, "a page", "Subject"),
+    (None, "", "Empty message")])
+def test_a_publish_sns_refuses_is_refused_and_nothing_is_delivered(aws: EmbeddedAWS, subject: str | None, message: str,
+                                                                   refused: str) -> None:
+    """SNS refuses an empty subject, one with a line break or another control character, one over
+    100 characters, and an empty message; moto refused only the long subject."""
+    sns, sqs = aws.client("sns"), aws.client("sqs")
+    topic = sns.create_topic(Name="pages")["TopicArn"]
+    queue = sqs.create_queue(QueueName="pages")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)
+    with pytest.raises(ClientError, match=f"Invalid parameter: {refused}|Subject must be less than 100"):
+        sns.publish(TopicArn=topic, Message=message, **({"Subject": subject} if subject is not None else {}))
+    assert "Messages" not in sqs.receive_message(QueueUrl=queue)
+    sns.publish(TopicArn=topic, Message="a page", Subject="NodeMedic: node quarantined (gpü-1, " + "x" * 64)  # 100 characters
+    assert len(sqs.receive_message(QueueUrl=queue)["Messages"]) == 1
