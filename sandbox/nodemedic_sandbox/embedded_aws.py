@@ -732,6 +732,22 @@ def _aws_source_refused(entry: dict[str, Any]) -> dict[str, str] | None:
     return {"ErrorCode": "NotAuthorizedForSourceException", "ErrorMessage": "Not authorized for the source."}
 
 
+def _detail_not_an_object(entry: dict[str, Any]) -> dict[str, str] | None:
+    """EventBridge fails a PutEvents entry whose Detail is JSON but not an object (an array, a
+    string, a number, null): "Detail: A valid JSON object" (EventBridge API reference,
+    PutEventsRequestEntry), and the entry error recorded from AWS for "[]" and a serialized string
+    (localstack/localstack tests/aws/services/events/test_events.snapshot.json,
+    test_put_event_malformed_detail) is MalformedDetail. moto puts them (and only warns)."""
+    detail = entry.get("Detail")
+    if not isinstance(detail, str):
+        return None
+    try:
+        parsed = json.loads(detail)
+    except ValueError:
+        return None  # moto's own MalformedDetail
+    return None if isinstance(parsed, dict) else {"ErrorCode": "MalformedDetail", "ErrorMessage": "Detail is malformed."}
+
+
 class EmbeddedAWS:
     """Start moto in this process with the local mode's hooks; use as a context manager."""
 
@@ -938,7 +954,8 @@ class EmbeddedAWS:
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
             (EventsBackend, "put_events", _request_within_limit(_entries_failing(
-                EventsBackend.put_events, lambda entry: _aws_source_refused(entry) or self._injected_entry_error(entry)))),
+                EventsBackend.put_events, lambda entry: _aws_source_refused(entry) or _detail_not_an_object(entry)
+                or self._injected_entry_error(entry)))),
             (StepFunctionsParserBackend, "start_execution", _input_within_quota(StepFunctionsParserBackend.start_execution)),
             (CloudWatchBackend, "get_metric_statistics", get_metric_statistics),
             (retrier_decl, "time", _ScaledTime(self.retry_time_scale)),
