@@ -5,6 +5,7 @@ prints) and raises :class:`~nodemedic.operations.OperatorError` or
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -53,6 +54,23 @@ def _known_node(target: Target, node: str) -> Any:
                             f"{exc}") from None
 
 
+EXECUTION_NAME_MAX = 80  # Step Functions StartExecution: "name ... Length Constraints: 1 to 80" (API reference)
+
+
+def execution_name(action: str, node: str, at: datetime) -> str:
+    """The name of a hand-started execution (its incident's id): the action, the node and when.
+    A node's name may be 253 characters (a Kubernetes node's) and Step Functions refuses a name
+    over 80, so a long one is cut, with a digest of the whole so two names that share a start stay
+    apart."""
+    stamp = f"{at:%Y%m%dT%H%M%S}"
+    name = f"{action}-{node}-{stamp}"
+    if len(name) <= EXECUTION_NAME_MAX:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:8]
+    keep = EXECUTION_NAME_MAX - len(f"{action}--{digest}-{stamp}")
+    return f"{action}-{node[:keep]}-{digest}-{stamp}"
+
+
 def remediate(target: Target, node: str, action: str, reason: str, by: str, level: str = "quick") -> dict[str, Any]:
     if action not in ACTIONS:
         raise OperatorError(f"--action must be one of {', '.join(ACTIONS)}, not {action!r}")
@@ -63,7 +81,7 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
         # an ended incident (escalated, quarantined) holds the node on purpose until someone acts:
         # this request is that act, so it opens an incident of its own instead of folding into it
         released = _release_ended(target, node)
-        name = f"{action}-{node}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+        name = execution_name(action, node, datetime.now(UTC))
         started = target.client("stepfunctions").start_execution(
             stateMachineArn=target.output("StateMachineArn"), name=name, input=json.dumps(request))
         return {"action": action, "node": node, "incident": name, "execution_arn": started["executionArn"],

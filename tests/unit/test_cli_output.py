@@ -97,3 +97,4 @@ def test_a_rung_the_provider_cannot_do_reads_as_skipped_not_as_a_failed_check() 
              {"rung": "reboot", "instance_id": "i-1", "started_at": at, "check": {"healthy": True}}]
     record = StageRecord(started_at=datetime.fromisoformat(at), result={"rungs": rungs})
     assert decision_of("repair", record) == "gpu_reset skipped (not possible here) > reboot on i-1: healthy"
+

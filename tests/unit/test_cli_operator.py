@@ -1,0 +1,31 @@
+"""What the operator commands build before they call AWS: what AWS would refuse is never sent."""
+
+import json
+from datetime import UTC, datetime
+
+import boto3
+from moto import mock_aws
+from nodemedic_cli.operator import execution_name
+
+
+def test_a_hand_started_execution_is_named_within_step_functions_limit_whatever_the_node_name() -> None:
+    """A Kubernetes node's name may be 253 characters; Step Functions refuses an execution name
+    over 80, and `nodemedic remediate --action replace` on such a node failed with AWS's
+    validation error. Now the name is cut with a digest of the whole: Step Functions (moto checks
+    the length and the characters as the API does) starts it, and two long names sharing a start
+    stay apart."""
+    at = datetime(2026, 11, 27, 23, 1, 2, tzinfo=UTC)
+    assert execution_name("replace", "gpu-7", at) == "replace-gpu-7-20261127T230102"  # a short name is whole
+    long = "ip-10-0-1-17." + "a" * 200 + ".compute.internal"
+    twin = "ip-10-0-1-17." + "a" * 200 + ".compute.external"
+    names = [execution_name(action, node, at) for action in ("reboot", "replace") for node in (long, twin)]
+    assert all(len(n) == 80 and n.endswith("-20261127T230102") and n.startswith(("reboot-ip-10-0-1-17.aaa",
+                                                                                 "replace-ip-10-0-1-17.aaa"))
+               for n in names)
+    assert len(set(names)) == 4
+    with mock_aws():
+        sfn = boto3.client("stepfunctions", region_name="us-east-1")
+        machine = sfn.create_state_machine(name="m", roleArn="arn:aws:iam::123456789012:role/r", definition=json.dumps(
+            {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}))["stateMachineArn"]
+        for name in names:
+            sfn.start_execution(stateMachineArn=machine, name=name, input="{}")
