@@ -139,10 +139,10 @@ def test_a_restart_reads_what_came_while_the_agent_was_down_once_and_follows_wha
     assert seen.empty()  # nothing read twice
 
 
-def test_a_cursor_from_the_last_boot_reads_this_boots_messages_from_its_first(
+def test_a_cursor_from_the_last_boot_reads_this_boots_messages_its_first_too(
         journal: Journal, tmp_path: Path) -> None:
     """The agent stopped with the node, which booted again: ``-k`` is this boot's messages only,
-    and the agent reads them from this boot's first. It passed the cursor of the last boot's entry
+    and the agent reads them (those of the replay window). It passed the cursor of the last boot's entry
     with ``--after-cursor``, and journalctl 252 skips one entry after the place it seeks to, taking
     it for the cursor's own: this boot's first message was lost (on a whole journal the kernel's
     banner; where the journal starts later in the boot, any message)."""

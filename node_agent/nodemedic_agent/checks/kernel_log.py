@@ -571,24 +571,24 @@ class KernelLogFollower:
 
     def _journal(self) -> Iterator[tuple[str, datetime]]:
         """The kernel's messages as journald has them, each dated when journald received it. With
-        a cursor, journalctl starts after the last entry handed on before the restart (in a later
-        boot: at this boot's first, ``-k`` being this boot's only); without one, ``replay_seconds``
-        back. journalctl writes a burst of entries at once, so its pipe is read as bytes and split
-        here: a line read ahead into a buffer that ``select`` cannot see would wait there for the
-        next entry, however long that takes."""
+        a cursor of this boot, journalctl starts after the last entry handed on before the restart;
+        without one, or with one of an earlier boot, ``replay_seconds`` back (``-k``: this boot's).
+        journalctl writes a burst of entries at once, so its pipe is read as bytes and split here: a
+        line read ahead into a buffer that ``select`` cannot see would wait there for the next
+        entry, however long that takes."""
         started = time.time()
         cursor = load_cursor(self.cursor_file, JournalCursor.from_json) \
             if self.cursor_file and self.replay_seconds > 0 and not self._cursor_refused else None
         # --all: a field over 4 KB or not printable is written, not null (journalctl(1), --all)
         args = ["journalctl", "-k", "-f", "-o", "json", "--output-fields=MESSAGE", "--all"]
+        if cursor is not None and cursor.boot_id != current_boot_id().replace("-", ""):
+            # the node booted since: this boot's messages of the replay window, as without a cursor.
+            # Not --after-cursor: journalctl 252 (Amazon Linux 2023's, Debian 12's) skips the first
+            # entry after the place it seeks to, taking it for the cursor's own, and -k never matches
+            # an entry of another boot: this boot's first message was lost (systemd issue 30288)
+            cursor = None
         if self.replay_seconds <= 0:
             args += ["-n", "0"]
-        elif cursor is not None and cursor.boot_id != current_boot_id().replace("-", ""):
-            # the node booted since: this boot's messages from its first (those older than the
-            # replay window are counted, not read). Not --after-cursor: journalctl 252 (Amazon Linux
-            # 2023's, Debian 12's) skips the first entry after the cursor's place whether or not it
-            # is the cursor's own, and an entry of another boot is never -k's: this boot's first was lost
-            args += ["--no-tail"]
         elif cursor is not None:
             args += [f"--after-cursor={cursor.cursor}", "--no-tail"]
         else:
