@@ -150,7 +150,8 @@ def main(
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (errors too, exit 2).")]
 By = Annotated[str, typer.Option(help="Who is acting (recorded with the action).", envvar="NODEMEDIC_OPERATOR")]
-Reason = Annotated[str, typer.Option(help="Why (recorded; at least 3 characters).")]
+Reason = Annotated[str, typer.Option(help="Why (recorded): 3 to 200 characters, without quotes, backquotes, $, "
+                                          "backslashes or control characters.")]
 
 
 @app.command()

@@ -2,9 +2,12 @@
 
 import threading
 from datetime import UTC, datetime
+from typing import Any
+from unittest import mock
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from nodemedic.contracts.incident import Incident
 from nodemedic.store.ledger import Ledger
 from nodemedic_sandbox.deploy import create_table_as_declared
@@ -143,6 +146,67 @@ def test_an_answer_after_the_approval_wait_ended_is_refused_and_recorded_as_late
     approval = ledger.get("inc-1").stages["approval"]
     assert approval.completed_at and approval.result["decision"] == "timed out"
     assert approval.result["late_answer"]["decision"] == ("approved" if approve else "denied")
+
+
+def _waiting_for_approval(ledger: Ledger) -> Any:
+    """An incident whose approval stage waits on ``token-1``, and a Step Functions client whose
+    answers the test gives through botocore's stubber."""
+    waiting = incident("inc-1")
+    ledger.open_incident(waiting)
+    ledger.start_stage(waiting, "approval", datetime.now(UTC))
+    ledger.record_progress(waiting, "approval", {"task_token": "token-1"})
+    return boto3.client("stepfunctions", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+
+
+def test_of_two_operators_answering_at_once_the_first_is_told_and_the_second_refused(ledger: Ledger) -> None:
+    """Alice approves and Bob denies the same page at the same moment: Bob's answer is recorded and
+    sent between Alice's read and her write. Alice's answer overwrote Bob's in the ledger, her
+    SendTaskSuccess was refused (the token already answered) and recorded as "timed out": the
+    ledger named neither answer, and Alice was told the node stays drained. Now her write finds
+    Bob's answer there: she is told his, and nothing of hers is sent or recorded."""
+    from botocore.stub import Stubber
+    from nodemedic import operations
+
+    sfn = _waiting_for_approval(ledger)
+    read = ledger.get
+
+    def bob_answers_meanwhile(incident_id: str) -> Incident:
+        found = read(incident_id)
+        if not raced:
+            raced.append(incident_id)
+            operations.answer_approval(ledger, sfn, incident_id, approve=False, by="bob", reason="RMA requested")
+        return found
+
+    raced: list[str] = []
+    with Stubber(sfn) as stub, mock.patch.object(ledger, "get", bob_answers_meanwhile):
+        stub.add_response("send_task_failure", {}, {"taskToken": "token-1", "error": "ApprovalDenied",
+                                                    "cause": "denied by bob: RMA requested"})
+        with pytest.raises(operations.OperatorError, match=r"answered meanwhile: denied by bob \(RMA requested\)"):
+            operations.answer_approval(ledger, sfn, "inc-1", approve=True, by="alice", reason="go ahead")
+        stub.assert_no_pending_responses()  # Bob's denial sent; no SendTaskSuccess at all
+    approval = ledger.get("inc-1").stages["approval"]
+    assert (approval.result["decision"], approval.result["by"], approval.completed_at) == ("denied", "bob", None)
+
+
+def test_an_answer_step_functions_could_not_take_is_taken_back_and_can_be_given_again(ledger: Ledger) -> None:
+    """SendTaskSuccess throttled: the answer stayed recorded, the execution was never told, and the
+    operator's second try was refused ("waits for no approval") until the wait timed out and the
+    incident ended denied. Now the answer is taken back with the error, and the second try goes."""
+    from botocore.stub import Stubber
+    from nodemedic import operations
+
+    sfn = _waiting_for_approval(ledger)
+    with Stubber(sfn) as stub:
+        stub.add_client_error("send_task_success", "ThrottlingException", "Rate exceeded")
+        stub.add_response("send_task_success", {})
+        with pytest.raises(ClientError, match="Rate exceeded"):
+            operations.answer_approval(ledger, sfn, "inc-1", approve=True, by="oncall", reason="go ahead")
+        approval = ledger.get("inc-1").stages["approval"]
+        assert "decision" not in approval.result and approval.completed_at is None
+        operations.answer_approval(ledger, sfn, "inc-1", approve=True, by="oncall", reason="go ahead")
+        stub.assert_no_pending_responses()
+    approval = ledger.get("inc-1").stages["approval"]
+    assert approval.result["decision"] == "approved" and approval.completed_at is not None
 
 
 @pytest.mark.parametrize("status", ["quarantined", "escalated", "retired"])

@@ -2,9 +2,12 @@
 
 import json
 from datetime import UTC, datetime
+from unittest import mock
 
 import boto3
+import pytest
 from moto import mock_aws
+from nodemedic import operations
 from nodemedic_cli.operator import execution_name
 
 
@@ -29,3 +32,25 @@ def test_a_hand_started_execution_is_named_within_step_functions_limit_whatever_
             {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}))["stateMachineArn"]
         for name in names:
             sfn.start_execution(stateMachineArn=machine, name=name, input="{}")
+
+
+@pytest.mark.parametrize(("by", "reason", "refused"), [
+    ("alice", "x" * 201, "at most 200 characters"),
+    ("alice", "it's fine", "without quotes"),
+    ("alice", "line one\nline two", "control characters"),
+    ("a" * 129, "storm over", "--by is 129 characters"),
+    ("alice", "ok", "at least 3 characters"),
+    (" ", "storm over", "say who you are")])
+def test_an_operators_reason_is_held_to_one_rule_whatever_the_command(by: str, reason: str, refused: str) -> None:
+    """A runbook start refuses a reason over 200 characters or with a quote or a control character
+    (it may become a Slurm drain reason). pause, resume, breaker reset, approve and deny took any:
+    a denial's cause over Step Functions' 32,768 characters failed after its answer was recorded.
+    Now each refuses what a runbook refuses, before it reads or writes anything."""
+    untouched = mock.Mock(side_effect=AssertionError("nothing may be read or written"))
+    calls = [lambda: operations.pause(untouched, by, reason),
+             lambda: operations.reset_breaker(untouched, untouched, by, reason),
+             lambda: operations.resume_automation(untouched, untouched, by, reason),
+             lambda: operations.answer_approval(untouched, untouched, "inc-1", approve=False, by=by, reason=reason)]
+    for call in calls:
+        with pytest.raises(operations.OperatorError, match=refused):
+            call()

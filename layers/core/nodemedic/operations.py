@@ -8,12 +8,14 @@ and changes nothing. The ``nodemedic`` CLI calls these; so can a script.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from botocore.exceptions import ClientError
 
-from nodemedic.contracts.incident import Incident
+from nodemedic.contracts.events import OPERATOR_MAX, REASON, REASON_MAX
+from nodemedic.contracts.incident import Incident, StageRecord
 from nodemedic.errors import NodeMedicError
 from nodemedic.store.control import ControlState, ControlStore, Switch
 from nodemedic.store.ledger import Ledger
@@ -38,10 +40,17 @@ class Reenabled(NamedTuple):
 
 
 def _who(by: str, reason: str) -> None:
+    """Refuse an action without who and why, or with a reason a runbook start would refuse (it
+    would also overrun what Step Functions takes as a denial's cause)."""
     if not by.strip():
         raise OperatorError("say who you are (--by)")
+    if len(by) > OPERATOR_MAX:
+        raise OperatorError(f"--by is {len(by)} characters; at most {OPERATOR_MAX}")
     if len(reason.strip()) < REASON_MIN:
         raise OperatorError(f"give a reason of at least {REASON_MIN} characters (--reason)")
+    if len(reason) > REASON_MAX or not re.fullmatch(REASON, reason):
+        raise OperatorError(f"--reason must be at most {REASON_MAX} characters, without quotes, backquotes, $, "
+                            f"backslashes or control characters (it may become a Slurm drain reason)")
 
 
 def pause(control: ControlStore, by: str, reason: str) -> ControlState:
@@ -86,7 +95,11 @@ def reset_breaker(control: ControlStore, ledger: Ledger, by: str, reason: str) -
 
 def answer_approval(ledger: Ledger, sfn: Any, incident_id: str, *, approve: bool, by: str,
                     reason: str) -> dict[str, str]:
-    """Approve (the execution goes on to replace/reboot) or deny (it ends, node drained)."""
+    """Approve (the execution goes on to replace/reboot) or deny (it ends, node drained). The
+    answer is recorded before the execution is told (it reads it), in a write conditional on no
+    answer being there: of two operators answering at once, the first is told and the second is
+    refused, naming it. If Step Functions cannot be told (throttled, unreachable), the answer is
+    taken back, so the operator can answer again."""
     _who(by, reason)
     incident = ledger.get(incident_id)
     record = incident.stages.get("approval")
@@ -94,17 +107,30 @@ def answer_approval(ledger: Ledger, sfn: Any, incident_id: str, *, approve: bool
     if incident.status != "open" or not token or (record and record.result.get("decision")):
         raise OperatorError(f"incident {incident_id} is {incident.status} and waits for no approval")
     decision = "approved" if approve else "denied"
-    answer = {"decision": decision, "by": by, "reason": reason, "decided_at": datetime.now(UTC).isoformat()}
-    ledger.record_progress(incident, "approval", answer)  # recorded before the execution moves on
+    now = datetime.now(UTC)
+    answer = {"decision": decision, "by": by, "reason": reason, "decided_at": now.isoformat()}
+
+    def answered(rec: StageRecord) -> StageRecord | None:
+        if rec.result.get("decision") or rec.result.get("task_token") != token:
+            return None  # answered meanwhile, or asked again (a new token): not this answer's to record
+        return rec.model_copy(update={"result": {**rec.result, **answer},
+                                      "completed_at": (rec.completed_at or now) if approve else rec.completed_at})
+
+    if ledger.swap_stage(incident, "approval", answered) is None:
+        now_answered = ledger.get(incident_id).stages["approval"].result
+        raise OperatorError(f"incident {incident_id} was answered meanwhile: {now_answered.get('decision', 'asked again')} "
+                            f"by {now_answered.get('by', 'nobody')} ({now_answered.get('reason', '')}); your answer "
+                            f"was not sent")
     try:
         if approve:
-            ledger.complete_stage(incident, "approval", datetime.now(UTC), {**record.result, **answer})  # type: ignore[union-attr]
             sfn.send_task_success(taskToken=token, output=json.dumps({"approved": True, "by": by, "reason": reason}))
         else:
             sfn.send_task_failure(taskToken=token, error="ApprovalDenied", cause=f"denied by {by}: {reason}")
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code not in LATE_ANSWER:
+            ledger.swap_stage(incident, "approval", lambda rec: record if rec.result.get("decided_at") ==
+                              answer["decided_at"] and rec.result.get("by") == by else None)
             raise
         # the wait ran out (or its execution ended) before the answer came: the execution ends the
         # incident denied, the node stays drained; the ledger says the answer came too late

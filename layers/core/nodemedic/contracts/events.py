@@ -175,6 +175,13 @@ class NodeHeartbeat(_Strict):
 RunbookAction = Literal["replace", "reboot"]
 
 
+# an operator's reason, wherever one is given (a runbook start, the CLI's --reason): it may reach a
+# Slurm drain reason through a Run Command document's parameter, which takes no quote or shell character
+REASON_MAX = 200
+REASON = r"^[^\x00-\x1f'\"`$\\]+$"
+OPERATOR_MAX = 128
+
+
 class RemediationRequest(_Strict):
     """An operator's request to remediate a node by hand (``detail`` of a runbook start)."""
 
@@ -183,8 +190,8 @@ class RemediationRequest(_Strict):
     slurm_node: str | None = Field(default=None, pattern=NODE_NAME)
     instance_id: str | None = Field(default=None, pattern=INSTANCE_ID)
     action: RunbookAction
-    reason: str = Field(min_length=3, max_length=200, pattern=r"^[^\x00-\x1f'\"`$\\]+$")
-    requested_by: str = Field(min_length=1, max_length=128)
+    reason: str = Field(min_length=3, max_length=REASON_MAX, pattern=REASON)
+    requested_by: str = Field(min_length=1, max_length=OPERATOR_MAX)
     observed_at: Timestamp | None = Field(
         default=None, description="When the operator saw the fault; defaults to the request time"
     )

@@ -30,6 +30,7 @@ ended incident leaves the index in the write that ends it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -321,6 +322,30 @@ class Ledger:
         record = self.get(ref.incident_id).stages[stage]
         record.result = {**record.result, **result}
         self._put_stage(ref, stage, record)
+
+    def swap_stage(self, ref: IncidentRef, stage: Stage,
+                   change: Callable[[StageRecord], StageRecord | None]) -> StageRecord | None:
+        """Replace the stage's record with ``change(record as stored)``, in one write conditional on
+        the stored record being what was read: None when ``change`` says no (returns None) or another
+        writer changed it in between (two operators answering one approval at once: the first wins)."""
+        item = self._db.get_item(TableName=self._table, Key=_incident_key(ref.incident_id), ConsistentRead=True,
+                                 ProjectionExpression="stages.#s", ExpressionAttributeNames={"#s": stage}).get("Item")
+        raw = (item or {}).get("stages", {}).get("M", {}).get(stage, {}).get("S")
+        if raw is None:
+            raise IncidentStateError(f"incident {ref.incident_id} has no {stage} stage")
+        record = change(StageRecord.model_validate_json(raw))
+        if record is None:
+            return None
+        try:
+            self._db.update_item(
+                TableName=self._table, Key=_incident_key(ref.incident_id), UpdateExpression="SET stages.#s = :rec",
+                ConditionExpression="stages.#s = :was", ExpressionAttributeNames={"#s": stage},
+                ExpressionAttributeValues={":rec": {"S": record.model_dump_json()}, ":was": {"S": raw}})
+        except ClientError as exc:
+            if not condition_failed(exc):
+                raise
+            return None
+        return record
 
     def _put_stage(self, ref: IncidentRef, stage: Stage, record: StageRecord) -> None:
         self._db.update_item(
