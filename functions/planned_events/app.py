@@ -49,6 +49,7 @@ from nodemedic.planned_events import (
     slack,
     superseded,
 )
+from nodemedic.reconciler import PAGE_NAMES
 from nodemedic.safety.pacing import UNCOUNTED, Room, choose, gap, planned_share, room, runs_late, start_times
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.settings import Settings, settings
@@ -113,8 +114,11 @@ def _announce_late(late: list[NodeHealthEvent], pace: str, why: str, cluster: st
     told = {key: e for key, e in keys.items() if wiring.ledger().first_announcement(key, now)}
     if not told:
         return
-    nodes = "; ".join(f"{e.node.slurm_node} ({e.node.instance_id}, {e.fault_code}, AWS acts from "
-                      f"{_urgency(e):%Y-%m-%d %H:%M}Z)" for e in told.values())
+    named = [f"{e.node.slurm_node} ({e.node.instance_id}, {e.fault_code}, AWS acts from {_urgency(e):%Y-%m-%d %H:%M}Z)"
+             for e in sorted(told.values(), key=_urgency)]
+    # a campaign across a fleet can make thousands late at once: named all, the page was over SNS's
+    # 256 KB, refused at every sweep, and nobody was told
+    nodes = "; ".join(named[:PAGE_NAMES]) + (f"; and {len(named) - PAGE_NAMES} more" if len(named) > PAGE_NAMES else "")
     message = (f"NodeMedic cannot act on {len(told)} planned event(s) of cluster {cluster} before AWS does: "
                f"{nodes}. Planned work may take {pace} under the circuit breaker, the nearest deadline first, "
                f"and the room now is taken ({why}). AWS will act under the node's job; to act first, give "

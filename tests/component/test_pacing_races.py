@@ -1,11 +1,13 @@
 """Many invocations of the planned-events function at once (AWS Health sends one event per
 instance of a campaign, delivered together; EventBridge may deliver a sweep twice), each taking
 room for planned work under the breaker, against DynamoDB in the embedded AWS from real threads:
-together they never take more than the share, and none is lost (each is published or waits)."""
+together they never take more than the share, and none is lost (each is published or waits). And
+what the function tells the on-call about a campaign too large for its pace fits one SNS page."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -27,7 +29,7 @@ NOW = datetime.now(UTC)
 
 
 @pytest.fixture
-def planned_app() -> Iterator[tuple[ModuleType, Any]]:
+def planned_app() -> Iterator[tuple[ModuleType, Any, EmbeddedAWS]]:
     # the wiring is put back before the embedded AWS stops (which resets the wiring's caches)
     with EmbeddedAWS() as aws, pytest.MonkeyPatch.context() as monkeypatch:
         db = aws.client("dynamodb")
@@ -43,21 +45,21 @@ def planned_app() -> Iterator[tuple[ModuleType, Any]]:
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        yield module, db
+        yield module, db, aws
 
 
-def notice(n: int) -> NodeHealthEvent:
+def notice(n: int, node: str = "gpu-") -> NodeHealthEvent:
     instance = f"i-{n:017x}"
     return NodeHealthEvent(schema_version="1", event_id=f"ev-{n}", cluster="c",
-                           node=NodeIdentity(instance_id=instance, hostname=instance, slurm_node=f"gpu-{n}"),
+                           node=NodeIdentity(instance_id=instance, hostname=instance, slurm_node=f"{node}{n}"),
                            check="aws_health", fault_code="PLANNED_RETIREMENT", severity="warning",
                            observed_at=NOW, sent_at=NOW, evidence={"deadline": NOW.isoformat()})
 
 
 @pytest.mark.parametrize("invocations", [12, 30])
 def test_concurrent_invocations_never_take_more_than_the_share_and_lose_nothing(
-        planned_app: tuple[ModuleType, Any], invocations: int) -> None:
-    app, db = planned_app
+        planned_app: tuple[ModuleType, Any, EmbeddedAWS], invocations: int) -> None:
+    app, db, _ = planned_app
     settings = SimpleNamespace(fault_action_overrides="{}", incidents_table="incidents", cluster_name="c")
     start = threading.Barrier(invocations)
     results: dict[int, tuple[list[str], list[str]]] = {}
@@ -81,3 +83,23 @@ def test_concurrent_invocations_never_take_more_than_the_share_and_lose_nothing(
     assert sorted(published + waiting) == sorted(f"ev-{n}" for n in range(invocations))  # nothing lost
     recorded = PacedReleases(db, "incidents", "c").read().releases
     assert sorted(recorded) == published  # what was published is what the next invocation counts
+
+
+def test_a_campaign_of_late_notices_too_many_to_name_is_told_in_one_page_sns_takes(
+        planned_app: tuple[ModuleType, Any, EmbeddedAWS]) -> None:
+    """900 notices late at once, on nodes with long (Kubernetes) names: named all, the page was
+    over SNS's 256 KB, refused at every sweep (each took its announcement back and failed), and
+    nobody was told. Now the nearest 50 are named and the rest counted; each is told once."""
+    app, _, aws = planned_app
+    sns, sqs = aws.client("sns"), aws.client("sqs")
+    topic = sns.create_topic(Name="escalation")["TopicArn"]
+    queue = sqs.create_queue(QueueName="escalation")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)
+    late = [notice(n, node="ip-10-0-1-17." + "a" * 230 + "-") for n in range(900)]
+    app._announce_late(late, "3 node(s) every 120 min", "3 of 3 planned node(s)", "c", topic, NOW)
+    app._announce_late(late, "3 node(s) every 120 min", "3 of 3 planned node(s)", "c", topic, NOW)  # a later sweep
+    [page] = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+    message = json.loads(page["Body"])["Message"]
+    assert "cannot act on 900 planned event(s) of cluster c" in message and "; and 850 more." in message
+    assert len(message.encode()) < 64 * 1024
