@@ -205,7 +205,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     paced = sorted(str(e.node.slurm_node) for e in for_room)
     if paced:
         logger.info("planned events wait for room under the circuit breaker", room=pacer.why, waiting=paced)
-        late, pace = pacer.late(for_room, now + sweep)
+        # a delivery sees its own notices: the queue before them (what waits for room) counts too
+        queue = for_room if isinstance(envelope, ScheduledSweep) else list({e.event_id: e for e in [
+            *(d.event for d in store.waiting() if d.act_at <= now), *for_room]}.values())
+        late, pace = pacer.late(queue, now + sweep)
         _announce_late(late, pace, pacer.why, s.cluster_name, s.escalation_topic_arn, now)
     if deferred:
         logger.info("planned events deferred until their lead time", deferred=deferred)
