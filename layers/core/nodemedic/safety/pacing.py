@@ -126,5 +126,6 @@ def runs_late(deadlines: list[datetime], per_group: int, spacing: timedelta, nex
     """Whether each notice waiting for room (``deadlines``: the nearest first) cannot start before
     its deadline even if planned work took its whole share at every chance from ``next_room`` on:
     the k-th group of ``per_group`` starts ``k`` spacings after it. Faults taking room only delay
-    them more, so a notice found late here is late for certain; one not found may still be."""
+    them more: a notice found late here is late unless the queue before it shrinks (a notice AWS
+    withdraws, or one whose node left); one not found late may still be."""
     return [deadline <= next_room + (i // per_group) * spacing for i, deadline in enumerate(deadlines)]
