@@ -334,16 +334,10 @@ class Ledger:
         if raw is None:
             raise IncidentStateError(f"incident {ref.incident_id} has no {stage} stage")
         record = change(StageRecord.model_validate_json(raw))
-        if record is None:
-            return None
-        try:
-            self._db.update_item(
-                TableName=self._table, Key=_incident_key(ref.incident_id), UpdateExpression="SET stages.#s = :rec",
+        if record is None or not self._conditional(
+                "update_item", Key=_incident_key(ref.incident_id), UpdateExpression="SET stages.#s = :rec",
                 ConditionExpression="stages.#s = :was", ExpressionAttributeNames={"#s": stage},
-                ExpressionAttributeValues={":rec": {"S": record.model_dump_json()}, ":was": {"S": raw}})
-        except ClientError as exc:
-            if not condition_failed(exc):
-                raise
+                ExpressionAttributeValues={":rec": {"S": record.model_dump_json()}, ":was": {"S": raw}}):
             return None
         return record
 
