@@ -49,7 +49,7 @@ from nodemedic.planned_events import (
     slack,
     superseded,
 )
-from nodemedic.reconciler import PAGE_NAMES
+from nodemedic.reconciler import named_in_page
 from nodemedic.safety.pacing import UNCOUNTED, Room, choose, gap, planned_share, room, runs_late, start_times
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.settings import Settings, settings
@@ -107,7 +107,7 @@ def _announce_late(late: list[NodeHealthEvent], pace: str, why: str, cluster: st
                    now: datetime) -> None:
     """Tell the on-call, once per notice, about planned work waiting for room that cannot start
     before its deadline (:meth:`Pacer.late`): AWS will act under the node's job, and a person may
-    act first. Said as soon as a sweep can tell, once however often it is found (a conditional
+    act first. Said as soon as it can be told, once however often it is found (a conditional
     write per notice); if SNS cannot be reached, taken back and raised, so the retried invocation
     says it."""
     keys = {f"planned-late/{e.event_id}": e for e in late}
@@ -118,7 +118,7 @@ def _announce_late(late: list[NodeHealthEvent], pace: str, why: str, cluster: st
              for e in sorted(told.values(), key=_urgency)]
     # a campaign across a fleet can make thousands late at once: named all, the page was over SNS's
     # 256 KB, refused at every sweep, and nobody was told
-    nodes = "; ".join(named[:PAGE_NAMES]) + (f"; and {len(named) - PAGE_NAMES} more" if len(named) > PAGE_NAMES else "")
+    nodes = named_in_page(named)
     message = (f"NodeMedic cannot act on {len(told)} planned event(s) of cluster {cluster} before AWS does: "
                f"{nodes}. Planned work may take {pace} under the circuit breaker, the nearest deadline first, "
                f"and the room now is taken ({why}). AWS will act under the node's job; to act first, give "

@@ -300,11 +300,17 @@ def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, members: 
             report.errors.append(f"cannot record the nodes NodeMedic cannot watch: {exc}")
 
 
+def named_in_page(names: list[str]) -> str:
+    """``names`` as a page says them: the first ``PAGE_NAMES``, then how many more (a page names
+    what a person can read, and stays under SNS's 256 KB however many there are)."""
+    more = len(names) - PAGE_NAMES
+    return "; ".join(names[:PAGE_NAMES]) + (f"; and {more} more" if more > 0 else "")
+
+
 def _unwatched_page(new: list[str], untracked: int) -> str:
     """The page for the nodes newly found unwatched (``untracked``: more, beyond the record)."""
-    more = len(new) - PAGE_NAMES
     return (f"NodeMedic cannot watch {len(new)} node(s) in service: no fault there is detected or remediated, not "
-            f"even the node going silent: {'; '.join(new[:PAGE_NAMES])}{f'; and {more} more' if more > 0 else ''}. "
+            f"even the node going silent: {named_in_page(new)}. "
             + (f"{untracked} more cannot be watched either (too many to track one by one). " if untracked else "")
             + "Install or start the agent there (systemctl status nodemedic-agent, or the DaemonSet's pod); check "
             "that it reaches instance metadata and has the stack's AgentPublishPolicy; give it the node's scheduler "
