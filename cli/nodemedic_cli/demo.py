@@ -212,6 +212,11 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
                 note = f"; {inc.outcome}" if inc.outcome and inc.outcome != gate.result["reason"] else ""
                 said = f"{gate.result['reason']}{note}"[:200]
                 console.print(f"  {inc.incident_id[:8]} {inc.slurm_node}: [bold]{gate.result['verdict']}[/] - {plain(said)}")
+        # a job NodeMedic requeued runs again once its scheduler placed it (a Kubernetes pod is
+        # scheduled, then started): on a loaded machine, seconds after its incident ended
+        deadline = time.monotonic() + 30
+        while any(local.scheduler.job(j)["JobState"] != "RUNNING" for j in jobs) and time.monotonic() < deadline:
+            time.sleep(0.5)
         for j in jobs:
             info = local.scheduler.job(j)
             console.print(f"  job {j}: {info['JobState']} on {info.get('NodeList') or '-'} "

@@ -189,6 +189,7 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "SilenceSweeperFunction": [("sqs", "ReceiveMessage", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("sqs", "DeleteMessageBatch", {"QueueUrl": out["HeartbeatQueueUrl"]}),
                                    ("dynamodb", "GetItem", table), ("dynamodb", "PutItem", table),
+                                   ("dynamodb", "UpdateItem", table),  # the lease of the sweep under way
                                    ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {}}}),
                                    ("events", "PutEvents", {"Entries": [{"EventBusName": out["EventBusName"],
                                                                          "Source": "nodemedic.sweeper",

@@ -32,7 +32,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             time.sleep(max(0.0, start + n * interval - time.monotonic()))
         try:
             result = sweeper.sweep(datetime.now(UTC))
-        except RosterConflictError as exc:
+        except RosterConflictError as exc:  # another sweep under way, or saved meanwhile: it has the heartbeats
             logger.warning("sweep skipped", reason=str(exc))
             continue
         summary["sweeps"] += 1
@@ -48,6 +48,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             summary.setdefault("unpublished", []).extend(result.unpublished)
             logger.error("health events EventBridge did not take; the next sweep sends them again",
                          events=result.unpublished)
+        if result.backlog:
+            summary["backlog_sweeps"] = summary.get("backlog_sweeps", 0) + 1
+            logger.warning("heartbeats left unread in the queue: silence judged as of the last sweep that read them all",
+                           judged_as_of=result.judged_as_of.isoformat() if result.judged_as_of else None)
         if result.forgotten or result.invalid:
             logger.info("roster changes", forgotten=result.forgotten, invalid_heartbeats=result.invalid)
         if result.busy:

@@ -16,6 +16,7 @@ import copy
 import hashlib
 import importlib.util
 import io
+import itertools
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import traceback
 import unicodedata
 import uuid
 import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -62,6 +64,8 @@ from moto.events.models import EventsBackend, Rule, events_backends
 from moto.events.utils import EventMessageType
 from moto.sns.exceptions import InvalidParameterValue as SnsInvalidParameter
 from moto.sns.models import SNSBackend
+from moto.sqs.models import Queue as SqsQueue
+from moto.sqs.models import SQSBackend
 from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
 from moto.ssm.responses import SimpleSystemManagerResponse
@@ -115,6 +119,8 @@ HOOKED = {
                                                                   "transact_write_items")},
     "dynamodb table copy per transaction": (dynamodb_models, "copy"),
     "sns publish": (SNSBackend, "publish"),
+    "sqs receive": (SQSBackend, "receive_message"),
+    "sqs visible messages": (SqsQueue, "messages"),
 }
 _DYNAMODB_WRITES = threading.RLock()
 
@@ -748,6 +754,43 @@ def _detail_not_an_object(entry: dict[str, Any]) -> dict[str, str] | None:
     return None if isinstance(parsed, dict) else {"ErrorCode": "MalformedDetail", "ErrorMessage": "Detail is malformed."}
 
 
+# "With short polling, the ReceiveMessage request queries only a subset of the servers (based on a
+# weighted random distribution) to find messages that are available to include in the response.
+# Amazon SQS sends the response right away, even if the query found no messages"; long polling
+# eliminates "false empty responses (when messages are available but aren't included in a
+# response)" (Amazon SQS Developer Guide, "Amazon SQS short and long polling",
+# https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-short-and-long-polling.html).
+# moto's short poll reads every message. Here a standard queue's messages lie on SQS_SERVERS
+# servers (by message id), and each short poll of a queue reads one of them, in turn: a reader
+# that stops at its first empty short poll leaves messages behind, as it may on AWS.
+SQS_SERVERS = 3
+_SQS_SAMPLE = threading.local()
+_ALL_MESSAGES = SqsQueue.messages
+
+
+def _sampled_messages(queue: SqsQueue) -> list[Any]:
+    messages: list[Any] = _ALL_MESSAGES.fget(queue)  # type: ignore[attr-defined]
+    server = getattr(_SQS_SAMPLE, "server", None)
+    return messages if server is None else [m for m in messages if zlib.crc32(m.id.encode()) % SQS_SERVERS == server]
+
+
+def _short_poll_sampled(receive: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    turns: dict[str, Iterator[int]] = {}
+    lock = threading.Lock()
+
+    def run(self: SQSBackend, queue_name: str, count: int, wait_seconds_timeout: int, *args: Any) -> list[Any]:
+        if wait_seconds_timeout or self.get_queue(queue_name).fifo_queue:
+            return receive(self, queue_name, count, wait_seconds_timeout, *args)
+        with lock:
+            _SQS_SAMPLE.server = next(turns.setdefault(queue_name, itertools.cycle(range(SQS_SERVERS))))
+        try:
+            return receive(self, queue_name, count, wait_seconds_timeout, *args)
+        finally:
+            _SQS_SAMPLE.server = None
+
+    return run
+
+
 class EmbeddedAWS:
     """Start moto in this process with the local mode's hooks; use as a context manager."""
 
@@ -984,6 +1027,8 @@ class EmbeddedAWS:
             (DynamoHandler, "scan", _values_used(DynamoHandler.scan, prefixed=False)),
             (DynamoHandler, "transact_write_items", _values_used(DynamoHandler.transact_write_items, prefixed=False)),
             (SNSBackend, "publish", _sns_publish_checked(SNSBackend.publish)),
+            (SQSBackend, "receive_message", _short_poll_sampled(SQSBackend.receive_message)),
+            (SqsQueue, "messages", property(_sampled_messages)),
         ):
             # create: the HyperPod batch actions are added; every other hook replaces an attribute
             # that tests/component/test_embedded_aws.py checks still exists

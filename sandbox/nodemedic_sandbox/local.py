@@ -177,10 +177,12 @@ class LocalMode:
         return str(url)
 
     def escalations(self) -> list[dict[str, Any]]:
-        """SNS notifications published to the escalation topic so far (drained from the queue)."""
+        """SNS notifications published to the escalation topic so far (drained from the queue: read
+        until a long poll answers empty, since a short poll may answer empty while some wait)."""
         sqs = self.aws.client("sqs")
         messages = []
-        while batch := sqs.receive_message(QueueUrl=self._escalation_queue, MaxNumberOfMessages=10).get("Messages"):
+        while batch := sqs.receive_message(QueueUrl=self._escalation_queue, MaxNumberOfMessages=10,
+                                           WaitTimeSeconds=1).get("Messages"):
             for m in batch:
                 messages.append(json.loads(m["Body"]))
                 sqs.delete_message(QueueUrl=self._escalation_queue, ReceiptHandle=m["ReceiptHandle"])

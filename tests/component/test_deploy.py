@@ -26,12 +26,15 @@ def test_the_template_deploys_with_substitutions_applied_and_policies_in_place()
         assert {Path(src.code_dir).name for src in aws.functions.values()} == {
             "detect", "gate", "shadow", "approval", "drain", "spares", "repair", "deep_health_check",
             "health_check_result", "resume", "silence_sweeper", "reconciler", "planned_events"}
-        # the dashboard, and the four alarms (to the escalation topic) that moto's CloudFormation skips
+        # the dashboard, and the five alarms (to the escalation topic) that moto's CloudFormation skips
         cw = aws.client("cloudwatch")
         assert cw.list_dashboards()["DashboardEntries"][0]["DashboardName"] == stack.outputs["DashboardName"]
         alarms = cw.describe_alarms()["MetricAlarms"]
         assert sorted(a["AlarmName"].split(" ", 2)[2] for a in alarms) == [
-            "MTTR p90 above SLO", "health events dead-lettered", "remediations failed", "sweeper or reconciler failing"]
+            "MTTR p90 above SLO", "health events dead-lettered", "heartbeats unread", "remediations failed",
+            "sweeper or reconciler failing"]
+        [unread] = [a for a in alarms if a["AlarmName"].endswith("heartbeats unread")]
+        assert unread["Dimensions"] == [{"Name": "QueueName", "Value": stack.outputs["HeartbeatQueueUrl"].rsplit("/", 1)[1]}]
         assert all(a["AlarmActions"] == [stack.topic_arn] for a in alarms)
         assert not any(a["AlarmName"].startswith("nodemedic-") for a in alarms)  # never starts a remediation
         # the safety policy parameter is seeded from the template parameters and loads cleanly

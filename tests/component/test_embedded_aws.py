@@ -171,7 +171,7 @@ def test_a_failed_delivery_goes_to_the_dead_letter_queue(aws: EmbeddedAWS) -> No
     dlq = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     _rule_to(aws, "arn:aws:states:us-east-1:123456789012:stateMachine:missing", dlq=dlq)
     aws.client("events").put_events(Entries=[{"Source": "t", "DetailType": "d", "Detail": "{}"}])
-    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"], WaitTimeSeconds=1)["Messages"]
     assert json.loads(message["Body"])["source"] == "t"
     assert "ERROR_MESSAGE" in message["MessageAttributes"]
 
@@ -189,7 +189,7 @@ def test_eventbridge_takes_a_1_mb_request_but_an_event_over_256_kib_starts_no_ex
     out = events.put_events(Entries=[{"Source": "t", "DetailType": "d", "Detail": json.dumps({"pad": "x" * 300_000})}])
     assert out["FailedEntryCount"] == 0  # taken: under 1 MB
     assert _executions(aws, arn) == []
-    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"], WaitTimeSeconds=1)["Messages"]
     assert "ValidationException" in message["MessageAttributes"]["ERROR_MESSAGE"]["StringValue"]
 
     with pytest.raises(ClientError) as refused:  # five entries of ~200 KB: the request is over 1 MB
@@ -430,8 +430,9 @@ def test_an_ended_ssm_command_emits_aws_status_change_event(aws: EmbeddedAWS) ->
     cmd = ssm.send_command(InstanceIds=[instance], DocumentName="MyCheck",
                            Parameters={"commands": ["exit 3"]})["Command"]["CommandId"]
     deadline = time.monotonic() + 10
-    while not (messages := sqs.receive_message(QueueUrl=url).get("Messages")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while not (messages := sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages")) \
+            and time.monotonic() < deadline:
+        pass
     event = json.loads(messages[0]["Body"])
     assert event["detail"] == {**event["detail"], "command-id": cmd, "instance-id": instance,
                                "document-name": "MyCheck", "status": "Failed"}
@@ -450,7 +451,7 @@ def test_an_alarm_state_change_emits_the_event_aws_emits(aws: EmbeddedAWS) -> No
                         Statistic="Maximum", Period=60, EvaluationPeriods=1, Threshold=1,
                         ComparisonOperator="GreaterThanOrEqualToThreshold")
     cw.set_alarm_state(AlarmName="nodemedic-x", StateValue="ALARM", StateReason="r")
-    [message] = sqs.receive_message(QueueUrl=url)["Messages"]
+    [message] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]
     event = json.loads(message["Body"])
     assert event["detail-type"] == "CloudWatch Alarm State Change"
     assert event["detail"]["state"]["value"] == "ALARM"
@@ -736,6 +737,32 @@ def test_a_publish_sns_refuses_is_refused_and_nothing_is_delivered(aws: Embedded
     sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)
     with pytest.raises(ClientError, match=f"Invalid parameter: {refused}|Subject must be less than 100"):
         sns.publish(TopicArn=topic, Message=message, **({"Subject": subject} if subject is not None else {}))
-    assert "Messages" not in sqs.receive_message(QueueUrl=queue)
+    assert "Messages" not in sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)
     sns.publish(TopicArn=topic, Message="a page", Subject="NodeMedic: node quarantined (gpü-1, " + "x" * 64)  # 100 characters
-    assert len(sqs.receive_message(QueueUrl=queue)["Messages"]) == 1
+    assert len(sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)["Messages"]) == 1
+
+
+def test_a_short_poll_may_answer_empty_while_messages_wait_and_a_long_poll_reads_them(aws: EmbeddedAWS) -> None:
+    """A short poll asks only some of SQS's servers and answers at once, empty or not; moto's read
+    every message, so a reader that stopped at its first empty short poll read everything here and
+    left messages behind on AWS. A long poll asks them all."""
+    import zlib
+
+    from nodemedic_sandbox.embedded_aws import SQS_SERVERS
+
+    sqs = aws.client("sqs")
+    url = sqs.create_queue(QueueName="sampled")["QueueUrl"]
+    on: dict[int, set[str]] = {server: set() for server in range(SQS_SERVERS)}
+    while not all(on.values()) or sum(map(len, on.values())) < 6:
+        sent = sqs.send_message(QueueUrl=url, MessageBody="m")["MessageId"]
+        on[zlib.crc32(sent.encode()) % SQS_SERVERS].add(sent)
+    answers = [sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)["Messages"]
+               for _ in range(SQS_SERVERS)]
+    assert [{m["MessageId"] for m in a} for a in answers] == [on[s] for s in range(SQS_SERVERS)]  # a server each
+    for m in answers[0]:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)  # the first: empty, the others wait
+    read: set[str] = set()
+    while batch := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages"):
+        read |= {m["MessageId"] for m in batch}
+    assert read == on[1] | on[2]

@@ -99,7 +99,7 @@ def test_a_campaign_of_late_notices_too_many_to_name_is_told_in_one_page_sns_tak
     late = [notice(n, node="ip-10-0-1-17." + "a" * 230 + "-") for n in range(900)]
     app._announce_late(late, "3 node(s) every 120 min", "3 of 3 planned node(s)", "c", topic, NOW)
     app._announce_late(late, "3 node(s) every 120 min", "3 of 3 planned node(s)", "c", topic, NOW)  # a later sweep
-    [page] = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)["Messages"]
+    [page] = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
     message = json.loads(page["Body"])["Message"]
     assert "cannot act on 900 planned event(s) of cluster c" in message and "; and 850 more." in message
     assert len(message.encode()) < 64 * 1024

@@ -7,7 +7,7 @@ import json
 import boto3
 import pytest
 from moto import mock_aws
-from nodemedic.store.roster import SHARD_BYTES, RosterConflictError, RosterStore, shards
+from nodemedic.store.roster import SHARD_BYTES, RosterConflictError, RosterHead, RosterStore, shards
 
 
 @pytest.fixture
@@ -30,10 +30,10 @@ def entry(i: int) -> dict:
 
 def test_a_2500_node_roster_is_sharded_and_read_back_whole(store: RosterStore):
     roster = {f"i-{i:017x}": entry(i) for i in range(2500)}
-    store.save(roster, 0)
-    loaded, version = store.load()
-    assert loaded == roster and version == 1
-    store.save(dict(list(roster.items())[:10]), version)  # the fleet shrinks: stale shards are not read
+    store.save(roster, RosterHead())
+    loaded, head = store.load()
+    assert loaded == roster and head.version == 1
+    store.save(dict(list(roster.items())[:10]), head)  # the fleet shrinks: stale shards are not read
     assert len(store.load()[0]) == 10
 
 
@@ -48,18 +48,40 @@ def test_a_fleet_with_long_node_names_and_perf_samples_fits_dynamodbs_item_limit
                 "perf": [[0.9876, 95.3, 3, "p5.48xlarge"]] * 10}
 
     roster = {f"i-{i:017x}": eks(i) for i in range(2500)}
-    store.save(roster, 0)
-    loaded, version = store.load()
-    assert loaded == roster and version == 1
+    store.save(roster, RosterHead())
+    loaded, head = store.load()
+    assert loaded == roster and head.version == 1
     parts = shards(roster)
     assert len(parts) > 3 and all(len(p.encode()) <= SHARD_BYTES for p in parts)
     assert {k: v for p in parts for k, v in json.loads(p).items()} == roster
 
 
 def test_a_sweeper_that_lost_the_race_writes_nothing(store: RosterStore):
-    store.save({"i-00000000000000001": entry(1)}, 0)
-    _, version = store.load()
-    store.save({"i-00000000000000002": entry(2)}, version)
+    store.save({"i-00000000000000001": entry(1)}, RosterHead())
+    _, head = store.load()
+    store.save({"i-00000000000000002": entry(2)}, head)
     with pytest.raises(RosterConflictError):
-        store.save({}, version)
+        store.save({}, head)
     assert list(store.load()[0]) == ["i-00000000000000002"]
+
+
+def test_a_sweep_finding_another_under_way_skips_until_that_one_saves_or_its_lease_ends(store: RosterStore):
+    """Two sweeps at once each took part of the queue's heartbeats, and each judged silence
+    without the other's part. Now the second finds the first's lease and skips, changing nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    t0, hold = datetime(2026, 11, 28, 1, 0, tzinfo=UTC), timedelta(seconds=30)
+    store.claim(t0, hold)
+    with pytest.raises(RosterConflictError, match="another sweep is under way"):
+        store.claim(t0 + timedelta(seconds=10), hold)
+    _, head = store.load()  # a lease alone is no roster
+    assert head == RosterHead()
+    store.save({"i-00000000000000001": entry(1)}, RosterHead(head.version, t0))  # saving ends the lease
+    second = store.claim(t0 + timedelta(seconds=10), hold)
+    store.release(second)  # a sweep that failed gives it back
+    crashed = store.claim(t0 + timedelta(seconds=11), hold)
+    with pytest.raises(RosterConflictError):
+        store.claim(crashed - timedelta(seconds=1), hold)
+    store.claim(crashed + timedelta(microseconds=1), hold)  # a crashed sweep's lease ends by itself
+    roster, head = store.load()
+    assert list(roster) == ["i-00000000000000001"] and head == RosterHead(1, t0)

@@ -1,17 +1,19 @@
-"""The silence sweeper against heartbeats a hostile or broken sender put on the queue: each is
-counted invalid and dropped, and never stops the sweep of the rest of the fleet."""
+"""The silence sweeper against heartbeats a hostile or broken sender put on the queue (each is
+counted invalid and dropped, and never stops the sweep of the rest of the fleet), a queue it could
+not read to the end, and a sweep that races another."""
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
 from moto import mock_aws
 from nodemedic.providers.base import Member
 from nodemedic.silence_sweeper import SilenceSweeper
-from nodemedic.store.roster import RosterStore
+from nodemedic.store.roster import RosterConflictError, RosterHead, RosterStore
+from nodemedic_sandbox.embedded_aws import EmbeddedAWS
 
 from tests.stages.memory_provider import MemoryProvider
 
@@ -56,19 +58,25 @@ def test_a_heartbeat_that_cannot_be_stored_is_invalid_and_the_sweep_goes_on(aws:
     assert "Messages" not in sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0)  # neither comes back
 
 
+class EmptyQueue:
+    """A heartbeat queue that stays empty, answering at once (SQS's long poll waits its second)."""
+
+    def receive_message(self, **_: object) -> dict:
+        return {}
+
+
 def _silent_since(last_seen: datetime, instance: str, provider: MemoryProvider) -> SilenceSweeper:
-    """A sweeper whose roster holds one node, last heard from at ``last_seen``."""
-    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    """A sweeper whose roster holds one node, last heard from at ``last_seen``; nothing more is heard."""
+    db = boto3.client("dynamodb")
     db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
                     AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
                     KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
     boto3.client("events").create_event_bus(Name="bus")
     roster = RosterStore(db, "t", "prod")
     roster.save({instance: {"node": {"instance_id": instance, "hostname": "h", "slurm_node": "gpu-1"},
-                            "last_seen": last_seen.isoformat(), "interval_s": 15.0, "reported_at": None}}, 0)
-    return SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=roster, provider=provider,
-                          queue_url=sqs.create_queue(QueueName="hb")["QueueUrl"], bus="bus", cluster="prod",
-                          threshold_s=60)
+                            "last_seen": last_seen.isoformat(), "interval_s": 15.0, "reported_at": None}}, RosterHead())
+    return SilenceSweeper(sqs=EmptyQueue(), events=boto3.client("events"), roster=roster, provider=provider,
+                          queue_url="hb", bus="bus", cluster="prod", threshold_s=60)
 
 
 def test_a_node_its_provider_is_working_on_is_not_reported_and_its_silence_counts_from_then(aws: None) -> None:
@@ -119,3 +127,62 @@ def test_a_node_its_provider_has_been_working_on_for_hours_is_reported_all_the_s
     assert detail["fault_code"] == "HEARTBEAT_MISSING"
     assert detail["evidence"]["provider_busy_since"] == first.isoformat()
     assert datetime.fromisoformat(detail["observed_at"]) == sweeps[-2]  # the last sweep that still waited
+
+
+def test_heartbeats_left_unread_make_no_node_silent_and_one_silent_before_the_last_full_read_is_reported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the sweeper was down or throttled, or a burst, the queue holds more heartbeats than a
+    sweep reads in its budget. Every node whose latest heartbeat waited unread was reported
+    HEARTBEAT_MISSING: a fleet of false incidents, enough to trip the breaker and stop every real
+    repair. Now a sweep that leaves heartbeats unread judges silence as of the last sweep that read
+    the queue dry; a node silent before then is still reported."""
+    import nodemedic.silence_sweeper as sweeper_mod
+
+    a, b = "i-0000000000000000a", "i-0000000000000000b"
+    now = datetime.now(UTC)
+    with EmbeddedAWS() as aws:
+        db, sqs, events = aws.client("dynamodb"), aws.client("sqs"), aws.client("events")
+        db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+        events.create_event_bus(Name="bus")
+        roster = RosterStore(db, "t", "prod")
+        read_dry = now - timedelta(seconds=50)  # the last sweep that read every heartbeat
+        roster.save({i: {"node": {"instance_id": i, "hostname": h, "slurm_node": n}, "last_seen": seen.isoformat(),
+                         "interval_s": 15.0, "reported_at": None}
+                     for i, h, n, seen in [(a, "ip-10-0-0-1", "gpu-1", now - timedelta(seconds=100)),
+                                           (b, "ip-10-0-0-2", "gpu-2", now - timedelta(seconds=60))]},
+                    RosterHead(0, read_dry))
+        queue = sqs.create_queue(QueueName="hb")["QueueUrl"]
+        sqs.send_message(QueueUrl=queue, MessageBody=heartbeat(b, "ip-10-0-0-2").replace('"gpu-1"', '"gpu-2"'))
+        sweeper = SilenceSweeper(sqs=sqs, events=events, roster=roster, queue_url=queue, bus="bus", cluster="prod",
+                                 provider=MemoryProvider(Member(a, "gpu-1", "running"), Member(b, "gpu-2", "running")),
+                                 threshold_s=45)
+        with monkeypatch.context() as m:
+            m.setattr(sweeper_mod, "RECEIVE_BUDGET_S", 0.0)  # the budget is spent before b's heartbeat is read
+            behind = sweeper.sweep(now)
+        assert behind.backlog and behind.judged_as_of == read_dry
+        assert behind.reported == [a]  # silent 50 s before the last full read; b may be beating (it is)
+        caught_up = sweeper.sweep(now + timedelta(seconds=10))
+        assert (caught_up.backlog, caught_up.heartbeats, caught_up.reported) == (False, 1, [])
+        assert caught_up.judged_as_of == now + timedelta(seconds=10)
+        assert roster.load()[1].read_until == now + timedelta(seconds=10)
+
+
+def test_a_sweep_that_finds_another_under_way_reads_nothing(aws: None) -> None:
+    """Two sweeps at once (an invocation past its minute) each took part of the heartbeats and judged
+    silence without the other part. The second now skips, leaving the queue to the first."""
+    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    queue = sqs.create_queue(QueueName="hb")["QueueUrl"]
+    sqs.send_message(QueueUrl=queue, MessageBody=heartbeat("i-0000000000000000a", "ip-10-0-0-1"))
+    roster = RosterStore(db, "t", "prod")
+    now = datetime.now(UTC)
+    roster.claim(now, timedelta(seconds=30))  # the first sweep, under way
+    sweeper = SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=roster, queue_url=queue, bus="bus",
+                             cluster="prod", provider=MemoryProvider(), threshold_s=45)
+    with pytest.raises(RosterConflictError, match="another sweep is under way"):
+        sweeper.sweep(now + timedelta(seconds=10))
+    assert len(sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)["Messages"]) == 1  # left for the first

@@ -80,7 +80,7 @@ def test_an_event_too_large_to_start_an_execution_waits_in_its_rules_dead_letter
     assert local.executions() == []
     sqs = local.aws.client("sqs")
     url = local.stack.resources["RemediationStateMachineAgentHealthEventQueue"]
-    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"])["Messages"]
+    [message] = sqs.receive_message(QueueUrl=url, MessageAttributeNames=["All"], WaitTimeSeconds=1)["Messages"]
     assert json.loads(message["Body"])["detail"]["event_id"] == detail["event_id"]
     assert "262144" in message["MessageAttributes"]["ERROR_MESSAGE"]["StringValue"]
     _assert_nothing_touched(local)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import boto3
 from nodemedic.reconciler import UNWATCHED_AFTER
-from nodemedic.store.roster import RosterStore
+from nodemedic.store.roster import RosterHead, RosterStore
 from nodemedic_cli.main import app
 from nodemedic_cli.target import Target
 from nodemedic_sandbox.local import TEMPLATE, LocalMode
@@ -171,7 +171,7 @@ def test_a_node_whose_agent_was_never_heard_is_named_in_the_agents_row() -> None
             local.cluster.instance_of(name): {"node": {"instance_id": local.cluster.instance_of(name), "hostname": name,
                                                        "slurm_node": name},
                                               "last_seen": now, "interval_s": 15.0, "reported_at": None}
-            for name in local.node_names if name != unheard}, 0)
+            for name in local.node_names if name != unheard}, RosterHead())
         _, rows = doctor(local)
         assert rows["agents"]["status"] == "warn" and rows["agents"]["detail"].endswith(f"never: {unheard}")
         assert "AgentPublishPolicy" in rows["agents"]["fix"]
@@ -205,7 +205,7 @@ def test_an_agent_that_names_its_node_unlike_the_scheduler_fails_its_row() -> No
                 "node": {"instance_id": local.cluster.instance_of(name), "hostname": name,
                          "slurm_node": "ip-10-0-0-9" if name == misnamed else name},
                 "last_seen": now, "interval_s": 15.0, "reported_at": None}
-            for name in local.node_names}, 0)
+            for name in local.node_names}, RosterHead())
         code, rows = doctor(local)
         assert code == 1 and rows["agents' node names"]["status"] == "fail"
         assert f"{misnamed} (its agent says ip-10-0-0-9)" in rows["agents' node names"]["detail"]

@@ -203,7 +203,8 @@ def test_the_demo_runs_on_kubernetes(tmp_path: Path, provider: str) -> None:
     # no job downtime below zero, even for a job read back within a second of its fault (whole seconds)
     downtimes = [float(v) for line in rows.values() if (v := line.split("│")[8].strip()) != "-"]
     assert downtimes and all(d >= 0 for d in downtimes)
-    assert "job training/PyTorchJob/train-0: RUNNING" in text and "SNS escalation" in text
+    assert "job training/PyTorchJob/train-0: RUNNING" in text, text
+    assert "SNS escalation" in text, text
 
 
 def test_a_spot_interruption_retires_the_node_moves_the_job_to_the_spare_and_replaces_nothing(

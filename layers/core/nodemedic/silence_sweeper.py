@@ -3,14 +3,22 @@
 so silence starts the same state machine as any other fault; and a ``FAIL_SLOW`` one for each
 node that became persistently slower than its peers (:mod:`nodemedic.domain.fail_slow`). A node
 counts as reported only once EventBridge took its event: one it refused is sent again by the next
-sweep."""
+sweep.
+
+Silence is judged only up to the heartbeats read. A sweep that reads the queue dry judges it as of
+its own start; one that leaves a backlog (the sweeper was down or throttled, or a burst came) judges
+it as of the last sweep that read the queue dry, since a node's latest heartbeat may be among those
+still unread. Else every node whose heartbeats waited in the backlog read as silent: a fleet of
+false HEARTBEAT_MISSING incidents that trips the breaker and stops every real repair. The queue is
+read by long polling: a short poll asks only some of SQS's servers, and may answer empty while
+heartbeats wait on the others."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,7 +29,7 @@ from nodemedic.contracts.problems import read_json
 from nodemedic.domain.fail_slow import slow_event, slow_nodes
 from nodemedic.domain.silence import Roster, missing_event, provider_busy, record, silent
 from nodemedic.providers.base import Provider
-from nodemedic.store.roster import RosterStore
+from nodemedic.store.roster import RosterHead, RosterStore
 
 GONE = {"shutting-down", "terminated", "stopping", "stopped"}
 # 10,000 nodes beating every 15 s queue 40,000 heartbeats a minute: one receive loop (10 per call)
@@ -29,6 +37,15 @@ GONE = {"shutting-down", "terminated", "stopping", "stopped"}
 # queue answers empty or the sweep's receive budget is spent (the rest wait for the next sweep).
 RECEIVERS = 8
 RECEIVE_BUDGET_S = 6.0
+# "Long polling ... eliminat[es] false empty responses (when messages are available but aren't
+# included in a response)"; a short poll "queries only a subset of the servers (based on a weighted
+# random distribution)" (Amazon SQS Developer Guide, "Amazon SQS short and long polling",
+# https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-short-and-long-polling.html).
+# An empty answer of a long poll is what tells a sweep that it read every heartbeat; 1 s is the least.
+RECEIVE_WAIT_S = 1
+# A sweep holds the roster's lease this long at most (it gives it back when it saves): a sweep takes
+# seconds, so one that crashed keeps the next ones out for no longer than this.
+SWEEP_LEASE = timedelta(seconds=30)
 
 
 @dataclass
@@ -41,12 +58,16 @@ class SweepResult:
     busy: list[str] = field(default_factory=list)  # silent while their provider works on them (not reported)
     slow: list[str] = field(default_factory=list)
     unpublished: list[str] = field(default_factory=list)  # "<instance> <fault>: why EventBridge did not take it"
+    # when silence was judged as of: the sweep's start if it read the queue dry, else the last sweep
+    # that did (None: no sweep has yet, and no silence was judged)
+    judged_as_of: datetime | None = None
+    backlog: bool = False  # the receive budget ran out with heartbeats still queued
 
 
 class SilenceSweeper:
     def __init__(self, *, sqs: Any, events: Any, roster: RosterStore, provider: Provider,
                  queue_url: str, bus: str, cluster: str, threshold_s: float, slow_below: float = 0.10,
-                 slow_samples: int = 8) -> None:
+                 slow_samples: int = 8, receive_wait_s: int = RECEIVE_WAIT_S) -> None:
         self.sqs = sqs
         self.events = events
         self.roster = roster
@@ -57,22 +78,25 @@ class SilenceSweeper:
         self.threshold_s = threshold_s
         self.slow_below = slow_below
         self.slow_samples = slow_samples
+        self.receive_wait_s = receive_wait_s
 
-    def _receive(self) -> list[dict[str, Any]]:
+    def _receive(self) -> tuple[list[dict[str, Any]], bool]:
+        """The heartbeats queued, and whether the queue was read dry (else the budget ran out)."""
         deadline = time.monotonic() + RECEIVE_BUDGET_S
 
-        def loop(_: int) -> list[dict[str, Any]]:
+        def loop(_: int) -> tuple[list[dict[str, Any]], bool]:
             got: list[dict[str, Any]] = []
             while time.monotonic() < deadline:
                 batch = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
-                                                 WaitTimeSeconds=0,
+                                                 WaitTimeSeconds=self.receive_wait_s,
                                                  MessageSystemAttributeNames=["SentTimestamp"]).get("Messages", [])
                 if not batch:
-                    break
+                    return got, True
                 got.extend(batch)
-            return got
+            return got, False
         with ThreadPoolExecutor(RECEIVERS) as pool:
-            return [m for part in pool.map(loop, range(RECEIVERS)) for m in part]
+            parts = list(pool.map(loop, range(RECEIVERS)))
+        return [m for got, _ in parts for m in got], any(dry for _, dry in parts)
 
     def _delete(self, messages: list[dict[str, Any]]) -> None:
         def delete(chunk: list[dict[str, Any]]) -> None:
@@ -82,9 +106,21 @@ class SilenceSweeper:
             list(pool.map(delete, [messages[i:i + 10] for i in range(0, len(messages), 10)]))
 
     def sweep(self, now: datetime) -> SweepResult:
+        """One sweep as of ``now`` (its start). Raises RosterConflictError, having changed nothing,
+        while another sweep is under way or if one saved the roster meanwhile."""
+        lease = self.roster.claim(now, SWEEP_LEASE)
+        try:
+            return self._sweep(now)
+        except BaseException:
+            self.roster.release(lease)
+            raise
+
+    def _sweep(self, now: datetime) -> SweepResult:
         result = SweepResult()
-        messages = self._receive()
-        roster, version = self.roster.load()
+        messages, dry = self._receive()
+        roster, head = self.roster.load()
+        result.backlog = not dry
+        result.judged_as_of = now if dry else head.read_until
         for m in messages:
             try:
                 envelope = read_json(m["Body"])
@@ -96,7 +132,8 @@ class SilenceSweeper:
                 record(roster, beat, _arrived_at(m, envelope, now))
                 result.heartbeats += 1
         missing: list[tuple[str, NodeHealthEvent]] = []
-        for instance in silent(roster, now, self.threshold_s):
+        judged = silent(roster, result.judged_as_of, self.threshold_s) if result.judged_as_of else []
+        for instance in judged:
             member = self.provider.member(instance)
             if member is None or member.state in GONE:  # replaced, scaled in or stopped: not a fault
                 roster.pop(instance)
@@ -115,7 +152,7 @@ class SilenceSweeper:
                 continue
             roster[instance][mark] = now.isoformat()
             reported.append(instance)
-        self.roster.save(roster, version)
+        self.roster.save(roster, RosterHead(head.version, result.judged_as_of))
         self._delete(messages)  # only once the roster holds them
         result.watched = len(roster)
         return result

@@ -9,11 +9,18 @@ refused the shard, and every sweep failed, so no silent node was found at all.
 A sweep reads the roster once and writes it once, so the DynamoDB bill grows with the number of
 sweeps, not with the number of heartbeats. The head is written first, conditional on the version
 read, so a second sweeper that lost the race writes nothing.
+
+The head also holds when the heartbeat queue was last read dry (``read_until``: silence is judged
+up to then, never past heartbeats still unread) and the lease of the sweep under way
+(``sweeping_until``): a sweep that finds another one under way skips, rather than take half of
+the queue's heartbeats and judge silence without the other half.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -41,7 +48,13 @@ def shards(roster: Roster) -> list[str]:
 
 
 class RosterConflictError(Exception):
-    """Another sweeper saved the roster since we read it."""
+    """Another sweeper saved the roster since we read it, or is sweeping now."""
+
+
+@dataclass(frozen=True)
+class RosterHead:
+    version: int = 0
+    read_until: datetime | None = None  # the start of the last sweep that read the heartbeat queue dry
 
 
 class RosterStore:
@@ -53,10 +66,35 @@ class RosterStore:
     def _key(self, shard: int | None = None) -> dict[str, Any]:
         return {"pk": {"S": self._pk if shard is None else f"{self._pk}#{shard}"}}
 
-    def load(self) -> tuple[Roster, int]:
+    def claim(self, now: datetime, hold: timedelta) -> datetime:
+        """Take the lease of the sweep (until ``now + hold``, or until :meth:`save`); raise
+        :class:`RosterConflictError` while another sweep holds it. Returns the lease, for :meth:`release`."""
+        until = now + hold
+        try:
+            self._db.update_item(
+                TableName=self._table, Key=self._key(), UpdateExpression="SET sweeping_until = :until",
+                ConditionExpression="attribute_not_exists(sweeping_until) OR sweeping_until < :now",
+                ExpressionAttributeValues={":until": {"S": until.isoformat()}, ":now": {"S": now.isoformat()}})
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                raise RosterConflictError("another sweep is under way") from exc
+            raise
+        return until
+
+    def release(self, lease: datetime) -> None:
+        """Give the lease back (a sweep that ended without :meth:`save`), if it is still ours."""
+        try:
+            self._db.update_item(TableName=self._table, Key=self._key(), UpdateExpression="REMOVE sweeping_until",
+                                 ConditionExpression="sweeping_until = :until",
+                                 ExpressionAttributeValues={":until": {"S": lease.isoformat()}})
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+    def load(self) -> tuple[Roster, RosterHead]:
         head = self._db.get_item(TableName=self._table, Key=self._key(), ConsistentRead=True).get("Item")
-        if not head:
-            return {}, 0
+        if not head or "version" not in head:  # none yet, or only a lease
+            return {}, RosterHead()
         roster: Roster = {}
         keys = [self._key(n) for n in range(int(head["shards"]["N"]))]
         for i in range(0, len(keys), 100):
@@ -66,16 +104,19 @@ class RosterStore:
                 for item in resp["Responses"].get(self._table, []):
                     roster.update(json.loads(item["nodes"]["S"]))
                 request = resp.get("UnprocessedKeys") or {}
-        return roster, int(head["version"]["N"])
+        read_until = head.get("read_until", {}).get("S")
+        return roster, RosterHead(int(head["version"]["N"]), datetime.fromisoformat(read_until) if read_until else None)
 
-    def save(self, roster: Roster, version: int) -> None:
+    def save(self, roster: Roster, head: RosterHead) -> None:
+        """Write the roster read at ``head`` (its version), and ``head.read_until``; it ends the lease."""
         parts = shards(roster)
+        item = {**self._key(), "version": {"N": str(head.version + 1)}, "shards": {"N": str(len(parts))},
+                **({"read_until": {"S": head.read_until.isoformat()}} if head.read_until else {})}
         try:
             self._db.put_item(
-                TableName=self._table,
-                Item={**self._key(), "version": {"N": str(version + 1)}, "shards": {"N": str(len(parts))}},
-                ConditionExpression="attribute_not_exists(pk) OR version = :v",
-                ExpressionAttributeValues={":v": {"N": str(version)}},
+                TableName=self._table, Item=item,
+                ConditionExpression="attribute_not_exists(version) OR version = :v",
+                ExpressionAttributeValues={":v": {"N": str(head.version)}},
             )
         except ClientError as exc:
             if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
