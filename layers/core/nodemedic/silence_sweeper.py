@@ -15,12 +15,14 @@ heartbeats wait on the others."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
 from nodemedic.bus import put_health_events
@@ -112,7 +114,8 @@ class SilenceSweeper:
         try:
             return self._sweep(now)
         except BaseException:
-            self.roster.release(lease)
+            with contextlib.suppress(ClientError, BotoCoreError):  # else it ends by itself, SWEEP_LEASE on
+                self.roster.release(lease)
             raise
 
     def _sweep(self, now: datetime) -> SweepResult:
