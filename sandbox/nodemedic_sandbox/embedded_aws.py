@@ -774,19 +774,30 @@ def _sampled_messages(queue: SqsQueue) -> list[Any]:
     return messages if server is None else [m for m in messages if zlib.crc32(m.id.encode()) % SQS_SERVERS == server]
 
 
-def _short_poll_sampled(receive: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+def _sqs_receive(receive: Callable[..., list[Any]], embedded: EmbeddedAWS) -> Callable[..., list[Any]]:
+    """ReceiveMessage as SQS answers it: a short poll reads one server (``_sampled_messages``); a
+    long poll reads all and waits until a message comes or its wait ends. The local stack runs one
+    function at a time (``_invoke``), so a function's long poll on an empty queue stalls every
+    other function for its whole wait, as AWS, which runs them side by side, does not: that wait
+    is scaled by ``retry_time_scale``, as the other waits of a run are."""
     turns: dict[str, Iterator[int]] = {}
     lock = threading.Lock()
 
     def run(self: SQSBackend, queue_name: str, count: int, wait_seconds_timeout: int, *args: Any) -> list[Any]:
-        if wait_seconds_timeout or self.get_queue(queue_name).fifo_queue:
+        queue = self.get_queue(queue_name)
+        if not wait_seconds_timeout and not queue.fifo_queue:
+            with lock:
+                _SQS_SAMPLE.server = next(turns.setdefault(queue_name, itertools.cycle(range(SQS_SERVERS))))
+            try:
+                return receive(self, queue_name, count, 0, *args)
+            finally:
+                _SQS_SAMPLE.server = None
+        if not wait_seconds_timeout or getattr(embedded._caller, "function", None) is None:
             return receive(self, queue_name, count, wait_seconds_timeout, *args)
-        with lock:
-            _SQS_SAMPLE.server = next(turns.setdefault(queue_name, itertools.cycle(range(SQS_SERVERS))))
-        try:
-            return receive(self, queue_name, count, wait_seconds_timeout, *args)
-        finally:
-            _SQS_SAMPLE.server = None
+        deadline = time.monotonic() + wait_seconds_timeout * embedded.retry_time_scale
+        while not (got := receive(self, queue_name, count, 0, *args)) and (left := deadline - time.monotonic()) > 0:
+            queue.wait_for_messages(left)  # type: ignore[arg-type]  # a Condition's wait: seconds, a float
+        return got
 
     return run
 
@@ -795,7 +806,8 @@ class EmbeddedAWS:
     """Start moto in this process with the local mode's hooks; use as a context manager."""
 
     def __init__(self, region: str = REGION, retry_time_scale: float = 1.0, task_timeout_scale: float = 1.0) -> None:
-        """``retry_time_scale`` shortens Retry waits for tests. ``task_timeout_scale`` lengthens Task
+        """``retry_time_scale`` shortens Retry waits for tests (and a function's SQS long poll on an
+        empty queue: see ``_sqs_receive``). ``task_timeout_scale`` lengthens Task
         ``TimeoutSeconds``: this process runs Lambda invocations one at a time, so under a burst a
         task can wait for its turn far longer than it would on AWS."""
         self.region = region
@@ -1027,7 +1039,7 @@ class EmbeddedAWS:
             (DynamoHandler, "scan", _values_used(DynamoHandler.scan, prefixed=False)),
             (DynamoHandler, "transact_write_items", _values_used(DynamoHandler.transact_write_items, prefixed=False)),
             (SNSBackend, "publish", _sns_publish_checked(SNSBackend.publish)),
-            (SQSBackend, "receive_message", _short_poll_sampled(SQSBackend.receive_message)),
+            (SQSBackend, "receive_message", _sqs_receive(SQSBackend.receive_message, self)),
             (SqsQueue, "messages", property(_sampled_messages)),
         ):
             # create: the HyperPod batch actions are added; every other hook replaces an attribute

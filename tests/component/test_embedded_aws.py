@@ -41,6 +41,10 @@ def aws(tmp_path: Path):
         "    if event.get('boom'):\n        raise BoomError('it broke')\n"
         "    if event.get('sleep'):\n        __import__('time').sleep(event['sleep'])\n"
         "    if event.get('big'):\n        return {'blob': 'x' * event['big']}\n"
+        "    if event.get('poll'):\n"
+        "        started = __import__('time').monotonic()\n"
+        "        got = __import__('boto3').client('sqs').receive_message(QueueUrl=event['poll'], WaitTimeSeconds=1)\n"
+        "        return {'waited': __import__('time').monotonic() - started, 'got': len(got.get('Messages', []))}\n"
         "    print(json.dumps({'_aws': {'Timestamp': 1700000000000, 'CloudWatchMetrics': [{'Namespace': 'T',"
         " 'Dimensions': [['Cluster']], 'Metrics': [{'Name': 'TimeToRecover', 'Unit': 'Seconds'}]}]},"
         " 'Cluster': 'c1', 'TimeToRecover': 12.5}))\n"
@@ -766,3 +770,19 @@ def test_a_short_poll_may_answer_empty_while_messages_wait_and_a_long_poll_reads
     while batch := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages"):
         read |= {m["MessageId"] for m in batch}
     assert read == on[1] | on[2]
+
+
+def test_a_functions_long_poll_of_an_empty_queue_waits_its_scaled_time(aws: EmbeddedAWS) -> None:
+    """The local stack runs one function at a time: a function's long poll on an empty queue
+    stalled every other function for its whole second (the silence sweeper's, at each sweep). Its
+    wait is scaled as the run's other waits are; the harness's own long poll waits the second."""
+    sqs = aws.client("sqs")
+    url = sqs.create_queue(QueueName="empty")["QueueUrl"]
+    aws.client("iam").put_role_policy(RoleName="r", PolicyName="poll", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sqs:ReceiveMessage", "Resource": "*"}]}))
+    resp = aws.client("lambda").invoke(FunctionName="fn", Payload=json.dumps({"poll": url}).encode())
+    answer = json.loads(resp["Payload"].read())
+    assert answer.get("got") == 0 and answer["waited"] < 0.5, answer  # 1 s x retry_time_scale 0.01
+    started = time.monotonic()
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)
+    assert time.monotonic() - started >= 0.9

@@ -69,7 +69,7 @@ class SweepResult:
 class SilenceSweeper:
     def __init__(self, *, sqs: Any, events: Any, roster: RosterStore, provider: Provider,
                  queue_url: str, bus: str, cluster: str, threshold_s: float, slow_below: float = 0.10,
-                 slow_samples: int = 8, receive_wait_s: int = RECEIVE_WAIT_S) -> None:
+                 slow_samples: int = 8) -> None:
         self.sqs = sqs
         self.events = events
         self.roster = roster
@@ -80,7 +80,6 @@ class SilenceSweeper:
         self.threshold_s = threshold_s
         self.slow_below = slow_below
         self.slow_samples = slow_samples
-        self.receive_wait_s = receive_wait_s
 
     def _receive(self) -> tuple[list[dict[str, Any]], bool]:
         """The heartbeats queued, and whether the queue was read dry (else the budget ran out)."""
@@ -90,7 +89,7 @@ class SilenceSweeper:
             got: list[dict[str, Any]] = []
             while time.monotonic() < deadline:
                 batch = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10,
-                                                 WaitTimeSeconds=self.receive_wait_s,
+                                                 WaitTimeSeconds=RECEIVE_WAIT_S,
                                                  MessageSystemAttributeNames=["SentTimestamp"]).get("Messages", [])
                 if not batch:
                     return got, True
