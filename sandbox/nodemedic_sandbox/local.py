@@ -22,7 +22,7 @@ from nodemedic_sandbox import scheduler as scheduler_mod
 from nodemedic_sandbox.agents import NodeAgents
 from nodemedic_sandbox.cluster import SimCluster
 from nodemedic_sandbox.deploy import Stack, deploy
-from nodemedic_sandbox.embedded_aws import RELAY_KEY, EmbeddedAWS, as_aws_service
+from nodemedic_sandbox.embedded_aws import RELAY_KEY, SQS_SERVERS, EmbeddedAWS, as_aws_service
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -177,12 +177,16 @@ class LocalMode:
         return str(url)
 
     def escalations(self) -> list[dict[str, Any]]:
-        """SNS notifications published to the escalation topic so far (drained from the queue: read
-        until a long poll answers empty, since a short poll may answer empty while some wait)."""
+        """SNS notifications published to the escalation topic so far (drained from the queue). A
+        short poll of the local SQS reads one of its servers in turn (embedded_aws.SQS_SERVERS), so
+        the queue, read by this one reader, is empty once each server answered empty in a row (a
+        long poll would tell it too, after waiting its second)."""
         sqs = self.aws.client("sqs")
-        messages = []
-        while batch := sqs.receive_message(QueueUrl=self._escalation_queue, MaxNumberOfMessages=10,
-                                           WaitTimeSeconds=1).get("Messages"):
+        messages: list[dict[str, Any]] = []
+        empty = 0
+        while empty < SQS_SERVERS:
+            batch = sqs.receive_message(QueueUrl=self._escalation_queue, MaxNumberOfMessages=10).get("Messages", [])
+            empty = 0 if batch else empty + 1
             for m in batch:
                 messages.append(json.loads(m["Body"]))
                 sqs.delete_message(QueueUrl=self._escalation_queue, ReceiptHandle=m["ReceiptHandle"])
