@@ -50,6 +50,27 @@ def test_a_late_old_heartbeat_does_not_move_last_seen_back():
     record(roster, *beat("i-00000000000000001", T0 + timedelta(seconds=30)))
     record(roster, *beat("i-00000000000000001", T0))
     assert roster["i-00000000000000001"]["last_seen"] == (T0 + timedelta(seconds=30)).isoformat()
+    record(roster, *beat("i-00000000000000001", T0 + timedelta(seconds=10), status="stopping"))  # before a restart
+    assert roster["i-00000000000000001"]["last_seen"] == (T0 + timedelta(seconds=30)).isoformat()
+
+
+def test_a_heartbeat_replayed_from_an_archive_neither_revives_a_dead_node_nor_stops_a_watch():
+    """An EventBridge replay (or a delivery retried for hours) keeps each event's time: a heartbeat
+    is dated by it, not by when the queue took it. Dated by the queue, a dead node's old heartbeat
+    made it alive for another threshold, and an old goodbye stopped the watch of a running node."""
+    from nodemedic.silence_sweeper import _arrived_at
+
+    now = T0 + timedelta(hours=1)
+    roster: dict = {}
+    record(roster, *beat("i-00000000000000001", T0))  # its last heartbeat: then it died
+    record(roster, *beat("i-00000000000000002", T0 + timedelta(minutes=59, seconds=50)))  # beating
+    replayed = {"time": (T0 - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ"), "replay-name": "recover"}
+    taken_now = {"Attributes": {"SentTimestamp": str(int(now.timestamp() * 1000))}}
+    at = _arrived_at(taken_now, replayed, now)
+    assert at == T0 - timedelta(minutes=5)
+    record(roster, *beat("i-00000000000000001", at)[:1], at)
+    record(roster, beat("i-00000000000000002", at, status="stopping")[0], at)
+    assert silent(roster, now, 45) == ["i-00000000000000001"] and "i-00000000000000002" in roster
 
 
 def test_a_goodbye_stops_watching_the_node():
@@ -81,14 +102,15 @@ def test_a_nodes_clock_neither_silences_it_nor_delays_its_silence(skew: timedelt
     assert event.observed_at == last and event.evidence["silent_for_s"] == 46.0
 
 
-def test_a_heartbeat_is_dated_by_sqs_then_eventbridge_never_by_the_node():
+def test_a_heartbeat_is_dated_by_eventbridge_or_sqs_never_by_the_node():
     from nodemedic.silence_sweeper import _arrived_at
 
     now = T0 + timedelta(minutes=1)
     queued = {"Attributes": {"SentTimestamp": str(int(T0.timestamp() * 1000) + 250)}}
-    envelope = {"time": "2026-11-22T02:59:59Z", "detail": {"sent_at": "2026-11-22T02:00:00Z"}}
-    assert _arrived_at(queued, envelope, now) == T0 + timedelta(milliseconds=250)
-    assert _arrived_at({}, envelope, now) == datetime(2026, 11, 22, 2, 59, 59, tzinfo=UTC)
+    envelope = {"time": "2026-11-22T03:00:00Z", "detail": {"sent_at": "2026-11-22T02:00:00Z"}}
+    assert _arrived_at(queued, envelope, now) == T0  # EventBridge's time, to the second
+    assert _arrived_at(queued, {**envelope, "time": "2026-11-22T03:00:01Z"}, now) == T0 + timedelta(milliseconds=250)
+    assert _arrived_at({}, envelope, now) == T0
     assert _arrived_at({}, {"time": "2099-01-01T00:00:00Z"}, now) == now  # never later than now
     assert _arrived_at({"Attributes": {"SentTimestamp": "x"}}, {"time": "soon"}, now) == now
 

@@ -172,15 +172,22 @@ class SilenceSweeper:
 
 
 def _arrived_at(message: dict[str, Any], envelope: dict[str, Any], now: datetime) -> datetime:
-    """When the heartbeat reached AWS, by AWS's clocks: SQS's ``SentTimestamp`` (epoch ms, when
-    the queue took it from EventBridge), else the event's ``time`` (EventBridge's, to the second,
-    when the sender gives none: the agent gives none), else ``now``; never later than ``now``."""
+    """When the heartbeat reached AWS, by AWS's clocks: the earlier of the event's ``time``
+    (EventBridge's, to the second, when the sender gives none: the agent gives none) and SQS's
+    ``SentTimestamp`` (epoch ms, when the queue took it from EventBridge); never later than ``now``.
+    The event's time, for an event EventBridge delivered late (it retries a target for up to 24 h)
+    or replayed from an archive (a replay keeps each event's time): dated by when the queue took
+    it, a dead node's heartbeat replayed an hour later made it alive again, and a goodbye replayed
+    stopped the watch of a node that had started again."""
+    times = [now]
     try:
-        return min(datetime.fromtimestamp(int(message["Attributes"]["SentTimestamp"]) / 1000, UTC), now)
+        times.append(datetime.fromtimestamp(int(message["Attributes"]["SentTimestamp"]) / 1000, UTC))
     except (KeyError, TypeError, ValueError, OverflowError, OSError):
         pass
     try:
         taken = datetime.fromisoformat(str(envelope["time"]).replace("Z", "+00:00"))
     except (KeyError, ValueError):
-        return now
-    return min(taken, now) if taken.tzinfo else now
+        taken = None
+    if taken is not None and taken.tzinfo:
+        times.append(taken)
+    return min(times)

@@ -5,9 +5,9 @@ heartbeat is older than the silence threshold; it is reported once per silence, 
 heartbeat (the node came back) re-arms it. A node that said goodbye (``status: stopping``) is
 no longer watched.
 
-A heartbeat is dated by when it reached AWS (the sweeper reads SQS's ``SentTimestamp``), never by
-the node's clock (``sent_at``): a node whose clock runs behind would read as silent while it
-beats, and one whose clock runs ahead would be found silent that much late.
+A heartbeat is dated by when it reached AWS (EventBridge's ``time``, or SQS's ``SentTimestamp`` if
+earlier), never by the node's clock (``sent_at``): a node whose clock runs behind would read as
+silent while it beats, and one whose clock runs ahead would be found silent that much late.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ Roster = dict[str, dict[str, Any]]
 def record(roster: Roster, beat: NodeHeartbeat, seen_at: datetime) -> None:
     """``seen_at``: when the heartbeat reached AWS, by AWS's clock."""
     instance = beat.node.instance_id
+    known = roster.get(instance)
+    if known and datetime.fromisoformat(known["last_seen"]) > seen_at:
+        return  # an older heartbeat delivered late (a goodbye too: the node beat again since)
     if beat.status == "stopping":
         roster.pop(instance, None)
         return
-    known = roster.get(instance)
-    if known and datetime.fromisoformat(known["last_seen"]) > seen_at:
-        return  # an older heartbeat delivered late
     entry = roster[instance] = {"node": beat.node.model_dump(mode="json", exclude_none=True),
                                 "last_seen": seen_at.isoformat(), "interval_s": beat.interval_seconds,
                                 "reported_at": None,
