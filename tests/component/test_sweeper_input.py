@@ -186,3 +186,43 @@ def test_a_sweep_that_finds_another_under_way_reads_nothing(aws: None) -> None:
     with pytest.raises(RosterConflictError, match="another sweep is under way"):
         sweeper.sweep(now + timedelta(seconds=10))
     assert len(sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)["Messages"]) == 1  # left for the first
+
+
+class ThrottledProvider(MemoryProvider):
+    """Answers for one instance at a time until AWS throttles it, as Auto Scaling and EC2 do."""
+
+    def __init__(self, *members: Member, allowed: int) -> None:
+        super().__init__(*members)
+        self.allowed, self.calls = allowed, 0
+
+    def member(self, instance_id: str) -> Member | None:
+        self.calls += 1
+        if self.calls > self.allowed:
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "Throttling", "Message": "Rate exceeded"}}, "DescribeAutoScalingGroups")
+        return super().member(instance_id)
+
+
+def test_a_rack_gone_silent_at_once_is_reported_whole_not_lost_to_throttling(aws: None) -> None:
+    """A rack or a switch lost: 40 nodes silent in one sweep. Each took its own provider calls (two
+    on Auto Scaling: the group, then the instance); throttled, the sweep failed, and so did every
+    sweep after it: none of them was reported. The provider now lists the cluster once."""
+    db = boto3.client("dynamodb")
+    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    events = boto3.client("events")
+    events.create_event_bus(Name="bus")
+    now = datetime.now(UTC)
+    rack = [f"i-{n:017x}" for n in range(1, 41)]
+    roster = RosterStore(db, "t", "prod")
+    roster.save({i: {"node": {"instance_id": i, "hostname": f"ip-10-0-0-{n}", "slurm_node": f"gpu-{n}"},
+                     "last_seen": (now - timedelta(minutes=2)).isoformat(), "interval_s": 15.0, "reported_at": None}
+                 for n, i in enumerate(rack, 1)}, RosterHead())
+    gone = rack[-2:]  # scaled in meanwhile: forgotten, not reported
+    provider = ThrottledProvider(*(Member(i, f"gpu-{n}", "running") for n, i in enumerate(rack[:-2], 1)), allowed=20)
+    sweeper = SilenceSweeper(sqs=EmptyQueue(), events=events, roster=roster, provider=provider, queue_url="hb",
+                             bus="bus", cluster="prod", threshold_s=45)
+    result = sweeper.sweep(now)
+    assert result.reported == sorted(rack[:-2]) and result.forgotten == gone and provider.calls == 0

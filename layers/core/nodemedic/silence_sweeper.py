@@ -30,7 +30,7 @@ from nodemedic.contracts.events import SWEEPER_SOURCE, NodeHealthEvent, NodeHear
 from nodemedic.contracts.problems import read_json
 from nodemedic.domain.fail_slow import slow_event, slow_nodes
 from nodemedic.domain.silence import Roster, missing_event, provider_busy, record, silent
-from nodemedic.providers.base import Provider
+from nodemedic.providers.base import Member, Provider
 from nodemedic.store.roster import RosterHead, RosterStore
 
 GONE = {"shutting-down", "terminated", "stopping", "stopped"}
@@ -48,6 +48,9 @@ RECEIVE_WAIT_S = 1
 # A sweep holds the roster's lease this long at most (it gives it back when it saves): a sweep takes
 # seconds, so one that crashed keeps the next ones out for no longer than this.
 SWEEP_LEASE = timedelta(seconds=30)
+# From this many silent nodes in one sweep on, the provider lists the cluster once (a few calls
+# per 100 instances) rather than answer for each (two calls each on Auto Scaling)
+LIST_MEMBERS_FROM = 10
 
 
 @dataclass
@@ -135,8 +138,9 @@ class SilenceSweeper:
                 result.heartbeats += 1
         missing: list[tuple[str, NodeHealthEvent]] = []
         judged = silent(roster, result.judged_as_of, self.threshold_s) if result.judged_as_of else []
+        members = self._members(judged)
         for instance in judged:
-            member = self.provider.member(instance)
+            member = members.get(instance)
             if member is None or member.state in GONE:  # replaced, scaled in or stopped: not a fault
                 roster.pop(instance)
                 result.forgotten.append(instance)
@@ -158,6 +162,15 @@ class SilenceSweeper:
         self._delete(messages)  # only once the roster holds them
         result.watched = len(roster)
         return result
+
+    def _members(self, instances: list[str]) -> dict[str, Member | None]:
+        """What the provider says of each silent instance: one call each for a few, else the whole
+        cluster in one listing (a rack or a switch lost: hundreds silent at once took two Auto
+        Scaling and EC2 calls each, throttled, and the failed sweep reported none of them)."""
+        if len(instances) < LIST_MEMBERS_FROM:
+            return {instance: self.provider.member(instance) for instance in instances}
+        listed = {m.instance_id: m for m in self.provider.members()}
+        return {instance: listed.get(instance) for instance in instances}
 
     def _newly_slow(self, roster: Roster, now: datetime) -> list[tuple[str, NodeHealthEvent]]:
         """The nodes to report slow: each once per slow spell; one that is no longer slow is re-armed."""
