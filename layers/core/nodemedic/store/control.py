@@ -187,7 +187,7 @@ class ControlStore:
                 ExpressionAttributeValues={":now": {"S": now.isoformat()}, ":zero": {"N": "0"},
                                            ":cutoff": {"S": (now - window).isoformat()}})
         except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            if not condition_failed(exc):
                 raise
             self._db.update_item(TableName=self._table, Key=key, UpdateExpression="ADD suppressed :one",
                                  ExpressionAttributeValues={":one": {"N": "1"}})

@@ -26,6 +26,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.domain.silence import Roster
+from nodemedic.store.ledger import condition_failed
 
 SHARD_BYTES = 350_000  # a shard's JSON: 400 KB (409,600 bytes) less room for its key and attribute names
 
@@ -76,7 +77,7 @@ class RosterStore:
                 ConditionExpression="attribute_not_exists(sweeping_until) OR sweeping_until < :now",
                 ExpressionAttributeValues={":until": {"S": until.isoformat()}, ":now": {"S": now.isoformat()}})
         except ClientError as exc:
-            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+            if condition_failed(exc):
                 raise RosterConflictError("another sweep is under way") from exc
             raise
         return until
@@ -88,7 +89,7 @@ class RosterStore:
                                  ConditionExpression="sweeping_until = :until",
                                  ExpressionAttributeValues={":until": {"S": lease.isoformat()}})
         except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            if not condition_failed(exc):
                 raise
 
     def load(self) -> tuple[Roster, RosterHead]:
@@ -119,7 +120,7 @@ class RosterStore:
                 ExpressionAttributeValues={":v": {"N": str(head.version)}},
             )
         except ClientError as exc:
-            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+            if condition_failed(exc):
                 raise RosterConflictError("the heartbeat roster changed while this sweep ran") from exc
             raise
         for n, nodes in enumerate(parts):
