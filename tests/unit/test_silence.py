@@ -67,7 +67,7 @@ def test_a_heartbeat_replayed_from_an_archive_neither_revives_a_dead_node_nor_st
     replayed = {"time": (T0 - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ"), "replay-name": "recover"}
     taken_now = {"Attributes": {"SentTimestamp": str(int(now.timestamp() * 1000))}}
     at = _arrived_at(taken_now, replayed, now)
-    assert at == T0 - timedelta(minutes=5)
+    assert at == T0 - timedelta(minutes=5) + timedelta(seconds=1)  # the end of the event's second
     record(roster, *beat("i-00000000000000001", at)[:1], at)
     record(roster, beat("i-00000000000000002", at, status="stopping")[0], at)
     assert silent(roster, now, 45) == ["i-00000000000000001"] and "i-00000000000000002" in roster
@@ -108,11 +108,28 @@ def test_a_heartbeat_is_dated_by_eventbridge_or_sqs_never_by_the_node():
     now = T0 + timedelta(minutes=1)
     queued = {"Attributes": {"SentTimestamp": str(int(T0.timestamp() * 1000) + 250)}}
     envelope = {"time": "2026-11-22T03:00:00Z", "detail": {"sent_at": "2026-11-22T02:00:00Z"}}
-    assert _arrived_at(queued, envelope, now) == T0  # EventBridge's time, to the second
+    assert _arrived_at(queued, envelope, now) == T0 + timedelta(milliseconds=250)  # SQS took it then
     assert _arrived_at(queued, {**envelope, "time": "2026-11-22T03:00:01Z"}, now) == T0 + timedelta(milliseconds=250)
-    assert _arrived_at({}, envelope, now) == T0
+    assert _arrived_at({}, envelope, now) == T0 + timedelta(seconds=1)  # the end of EventBridge's second
     assert _arrived_at({}, {"time": "2099-01-01T00:00:00Z"}, now) == now  # never later than now
     assert _arrived_at({"Attributes": {"SentTimestamp": "x"}}, {"time": "soon"}, now) == now
+
+
+@pytest.mark.parametrize("put_ms", [0, 1, 500, 999])
+def test_a_heartbeat_is_never_dated_before_it_reached_eventbridge(put_ms: int):
+    """EventBridge's ``time`` is whole seconds: a heartbeat put at 03:00:00.9 reads "03:00:00Z".
+    Dated by the second's start it looked up to a second old, and its node was reported silent
+    before the threshold had passed since it last beat (CI: 4.45 s against 4.5 s)."""
+    from nodemedic.silence_sweeper import _arrived_at
+
+    put = T0 + timedelta(milliseconds=put_ms)
+    envelope = {"time": put.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    for queued_after_ms in (0, 3, 40):
+        sent = {"Attributes": {"SentTimestamp": str(int(put.timestamp() * 1000) + queued_after_ms)}}
+        roster: dict = {}
+        record(roster, beat("i-00000000000000001", put)[0], _arrived_at(sent, envelope, put + timedelta(seconds=2)))
+        record(roster, beat("i-00000000000000002", put)[0], _arrived_at({}, envelope, put + timedelta(seconds=2)))
+        assert silent(roster, put + timedelta(seconds=45) - timedelta(milliseconds=1), 45) == []
 
 
 def test_local_mode_fires_rate_schedules_and_refuses_cron():

@@ -185,13 +185,18 @@ class SilenceSweeper:
 
 
 def _arrived_at(message: dict[str, Any], envelope: dict[str, Any], now: datetime) -> datetime:
-    """When the heartbeat reached AWS, by AWS's clocks: the earlier of the event's ``time``
-    (EventBridge's, to the second, when the sender gives none: the agent gives none) and SQS's
-    ``SentTimestamp`` (epoch ms, when the queue took it from EventBridge); never later than ``now``.
-    The event's time, for an event EventBridge delivered late (it retries a target for up to 24 h)
-    or replayed from an archive (a replay keeps each event's time): dated by when the queue took
-    it, a dead node's heartbeat replayed an hour later made it alive again, and a goodbye replayed
-    stopped the watch of a node that had started again."""
+    """When the heartbeat reached AWS, by AWS's clocks, never earlier than it did: the earliest of
+    the end of the event's ``time`` second, SQS's ``SentTimestamp`` (epoch ms, when the queue took
+    it from EventBridge) and ``now``.
+    EventBridge writes ``time`` to the whole second ("2017-12-22T18:43:48Z" in its examples,
+    https://docs.aws.amazon.com/eventbridge/latest/ref/overview-event-structure.html), so the event
+    reached it before the end of that second; dated by the second's start, a heartbeat looked up
+    to a second older than it was and its node was reported silent before the threshold (CI saw
+    4.45 s against 4.5 s; the local EventBridge truncates as AWS's examples read). The event's time still wins for an event
+    EventBridge delivered late (it retries a target for up to 24 h) or replayed from an archive (a
+    replay keeps each event's time): dated by when the queue took it, a dead node's heartbeat
+    replayed an hour later made it alive again, and a goodbye replayed stopped the watch of a node
+    that had started again."""
     times = [now]
     try:
         times.append(datetime.fromtimestamp(int(message["Attributes"]["SentTimestamp"]) / 1000, UTC))
@@ -202,5 +207,5 @@ def _arrived_at(message: dict[str, Any], envelope: dict[str, Any], now: datetime
     except (KeyError, ValueError):
         taken = None
     if taken is not None and taken.tzinfo:
-        times.append(taken)
+        times.append(taken.replace(microsecond=0) + timedelta(seconds=1))
     return min(times)
