@@ -4,7 +4,7 @@ No journald runs here, so the journal is written as journald would write it: Deb
 ``systemd-journal-remote`` turns entries in the journal export format (systemd.io,
 "Journal Export Formats") into journal files, and a ``journalctl`` on PATH runs the real one on
 that directory (``--directory``). Everything else is journalctl's own: the ``-k`` (this boot's
-kernel messages) filter, the JSON output, ``--after-cursor`` and ``--since``, following the file
+kernel messages) filter, the JSON output, ``--cursor`` and ``--since``, following the file
 as it grows, and what it refuses."""
 
 from __future__ import annotations
@@ -50,10 +50,11 @@ class Journal:
         self.boot = current_boot_id().replace("-", "")
         self._monotonic = 1_000_000
 
-    def write(self, *entries: Entry) -> None:
-        """Append ``entries`` to the journal file, as journald appends what it receives."""
+    def write(self, *entries: Entry, file: str = "remote.journal") -> None:
+        """Append ``entries`` to a journal file, as journald appends what it receives (a file of
+        another name: as journald starts a new one when it rotates)."""
         export = b"".join(self._export(e) for e in entries)
-        done = subprocess.run([str(JOURNAL_REMOTE), f"--output={self.directory / 'remote.journal'}", "-"],
+        done = subprocess.run([str(JOURNAL_REMOTE), f"--output={self.directory / file}", "-"],
                               input=export, capture_output=True, timeout=30, check=False)
         assert done.returncode == 0, done.stderr.decode(errors="replace")
 
@@ -158,6 +159,30 @@ def test_a_cursor_from_the_last_boot_reads_this_boots_messages_its_first_too(
     seen, reader = follow(first)
     assert take(seen, 2) == [banner, XID_79]
     first.stop.set()
+    reader.join(timeout=10)
+    assert seen.empty()
+
+
+def test_a_cursor_whose_entry_journald_vacuumed_loses_nothing_written_after_it(
+        journal: Journal, tmp_path: Path) -> None:
+    """journald deletes its oldest files for space or age (``SystemMaxUse``, ``MaxRetentionSec``);
+    the cursor the agent saved may name an entry of such a file. journalctl 252 then seeks to the
+    next entry and, with ``--after-cursor``, skips it too, taking it for the cursor's own: the first
+    message written while the agent was down was lost (here the Xid)."""
+    cursor = tmp_path / "cursor.json"
+    journal.write(Entry("before", time.time() - 10), file="old.journal")
+    first = KernelLogFollower("journal", "", threading.Event(), cursor_file=cursor, replay_seconds=3600)
+    seen, reader = follow(first)
+    assert take(seen, 1) == ["before"]
+    first.stop.set()
+    reader.join(timeout=10)
+
+    journal.write(Entry(XID_79, time.time()), Entry("the next", time.time()))  # while the agent was down
+    (journal.directory / "old.journal").unlink()  # vacuumed
+    second = KernelLogFollower("journal", "", threading.Event(), cursor_file=cursor, replay_seconds=3600)
+    seen, reader = follow(second)
+    assert take(seen, 2) == [XID_79, "the next"]
+    second.stop.set()
     reader.join(timeout=10)
     assert seen.empty()
 

@@ -190,7 +190,7 @@ def test_journal_entries_written_while_the_agent_was_down_are_read_at_its_restar
         journalctl: Path, tmp_path: Path) -> None:
     """The journal source read only what came after the start (``-n 0``): a one-off message
     written during a restart was lost. Now the first start reads ``replay_seconds`` back, each entry
-    dated when journald received it, and a restart resumes after the last entry handed on."""
+    dated when journald received it, and a restart goes on after the last entry handed on."""
     cursor = tmp_path / "journal-cursor.json"
     now = time.time()
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
@@ -209,13 +209,14 @@ def test_journal_entries_written_while_the_agent_was_down_are_read_at_its_restar
     assert (first.stats.replayed, first.stats.expired, first.stats.skipped) == (2, 1, 2)
     assert json.loads(cursor.read_text()) == {"cursor": here(5)}
 
-    fake_journal(journalctl, [entry("after the restart", time.time(), here(6))], tmp_path)
+    # from the cursor's own entry (journalctl --cursor), which is not handed on again
+    fake_journal(journalctl, [entry("live", now + 1, here(5)), entry("after the restart", time.time(), here(6))], tmp_path)
     second = KernelLogFollower("journal", "", threading.Event(), cursor_file=cursor, replay_seconds=3600)
     seen, reader = follow(second)
     assert take(seen, 1) == ["after the restart"]
     second.stop.set()
     reader.join(timeout=5)
-    assert f"--after-cursor={here(5)}" in json.loads(argv.read_text())
+    assert f"--cursor={here(5)}" in json.loads(argv.read_text()) and seen.empty()
 
 
 def test_without_replay_the_journal_is_read_from_the_start_on(journalctl: Path, stopped: threading.Event,
@@ -226,7 +227,7 @@ def test_without_replay_the_journal_is_read_from_the_start_on(journalctl: Path, 
     stopped.set()
     reader.join(timeout=5)
     args = json.loads(argv.read_text())
-    assert args[args.index("-n") + 1] == "0" and not any(a.startswith(("--since", "--after-cursor")) for a in args)
+    assert args[args.index("-n") + 1] == "0" and not any(a.startswith(("--since", "--cursor", "--after-cursor")) for a in args)
 
 
 def test_journalctl_that_stops_is_an_error_not_a_quiet_end(journalctl: Path, stopped: threading.Event) -> None:

@@ -571,7 +571,7 @@ class KernelLogFollower:
 
     def _journal(self) -> Iterator[tuple[str, datetime]]:
         """The kernel's messages as journald has them, each dated when journald received it. With
-        a cursor of this boot, journalctl starts after the last entry handed on before the restart;
+        a cursor of this boot, the entries after the last one handed on before the restart;
         without one, or with one of an earlier boot, ``replay_seconds`` back (``-k``: this boot's).
         journalctl writes a burst of entries at once, so its pipe is read as bytes and split here: a
         line read ahead into a buffer that ``select`` cannot see would wait there for the next
@@ -590,7 +590,11 @@ class KernelLogFollower:
         if self.replay_seconds <= 0:
             args += ["-n", "0"]
         elif cursor is not None:
-            args += [f"--after-cursor={cursor.cursor}", "--no-tail"]
+            # From the cursor's own entry, which is passed over below, not --after-cursor: where
+            # journald has vacuumed that entry since (its file deleted for space or age), journalctl
+            # 252 seeks to the next one and skips it too, taking it for the cursor's own: the first
+            # message written while the agent was down was lost. --cursor shows it.
+            args += [f"--cursor={cursor.cursor}", "--no-tail"]
         else:
             args += [f"--since=@{max(0, int(started - self.replay_seconds))}", "--no-tail"]  # a clock at 1970
         proc = subprocess.Popen(args, stdout=subprocess.PIPE)
@@ -621,6 +625,8 @@ class KernelLogFollower:
                     if entry is None:
                         continue
                     message, observed, position = entry
+                    if cursor is not None and position == cursor.cursor:
+                        continue  # the entry the cursor names: handed on before the restart
                     if self._journal_replays(observed, started):
                         yield message, observed
                     last = JournalCursor(position) if position else last

@@ -3,7 +3,7 @@ reads the messages written while it was down, not only the ones written after it
 
 - ``/dev/kmsg``: the sequence number of the last record handed on, and the boot it was read in
   (the kernel numbers its records from 0 again at every boot, Documentation/ABI/testing/dev-kmsg);
-- the journal: the last entry's cursor, which journalctl resumes after (``--after-cursor``);
+- the journal: the last entry's cursor, which journalctl seeks to (``--cursor``; that entry is passed over);
 - a log file: which file (its device and inode: logrotate moves a file away and creates a new
   one under its name) and the byte offset after the last line handed on."""
 
