@@ -102,7 +102,8 @@ class Intervals(_Section):
                                                   "one (the same event ids: deduplicated); 0: only when they change")
     reassert_seconds: float = Field(
         default=60, ge=0, le=3600, description="send a health event again (same event_id) after this, doubling "
-                                               "each time: a delivery the pipeline could not act on is not lost")
+                                               "each time: a delivery the pipeline could not act on is not lost; "
+                                               "0: never")
     reasserts: Count = Field(default=3, ge=0, le=10, description="how many times, without "
                                                              "publish.acknowledgements_table; 0: never")
     reassert_within_seconds: float = Field(

@@ -161,10 +161,23 @@ def test_approve_and_deny_answer_a_waiting_incident(local: LocalMode) -> None:
         ssm.put_parameter(Name=name, Value=json.dumps(policy), Overwrite=True)
 
 
+def closed_by_hand(local: LocalMode, count: int) -> None:
+    """At least ``count`` incidents an operator started have closed on the module's stack: those
+    the tests before made, or, where this test runs alone, ones it starts (a reboot of idle nodes)."""
+    def closed() -> int:
+        return sum(1 for i in local.incidents() if i.fault_class == "manual" and i.status == "closed")
+
+    idle = [n for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-4") if local.scheduler.node(n)["State"] == "IDLE"]
+    for node in idle[:max(0, count - closed())]:
+        cli(local, "remediate", node, "--action", "reboot", "--reason", "report needs a closed incident")
+    wait_for(lambda: closed() >= count, f"{count} closed incidents", timeout=120)
+
+
 def test_report_gives_mttd_mttr_by_fault_class_and_writes_the_html_page(local: LocalMode, tmp_path) -> None:
+    closed_by_hand(local, 2)
     page = tmp_path / "report.html"
     result = cli(local, "report", "--html", str(page))
-    assert result["incidents"] >= 3 and result["by_status"]["closed"] >= 2
+    assert result["incidents"] >= 2 and result["by_status"]["closed"] >= 2
     [manual] = [c for c in result["by_fault_class"] if c["fault_class"] == "manual"]
     assert manual["mttr_s"]["n"] == manual["recovered"] >= 2
     assert manual["mttd_s"]["p50"] <= manual["mttr_s"]["p50"] <= manual["mttr_s"]["p90"]
