@@ -205,9 +205,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     paced = sorted(str(e.node.slurm_node) for e in for_room)
     if paced:
         logger.info("planned events wait for room under the circuit breaker", room=pacer.why, waiting=paced)
-        # a delivery sees its own notices: the queue before them (what waits for room) counts too
-        queue = for_room if isinstance(envelope, ScheduledSweep) else list({e.event_id: e for e in [
-            *(d.event for d in store.waiting() if d.act_at <= now), *for_room]}.values())
+        queue = for_room if isinstance(envelope, ScheduledSweep) else _room_queue(store, for_room)
         late, pace = pacer.late(queue, now + sweep)
         _announce_late(late, pace, pacer.why, s.cluster_name, s.escalation_topic_arn, now)
     if deferred:
@@ -222,6 +220,17 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     metrics.add_metric(name="PlannedIgnored", unit=MetricUnit.Count, value=len(planned.ignored))
     metrics.add_metric(name="PlannedPaced", unit=MetricUnit.Count, value=len(paced))
     return {"nodes": nodes, "deferred": deferred, "paced": paced, "ignored": planned.ignored}
+
+
+def _room_queue(store: DeferredPlans, own: list[NodeHealthEvent]) -> list[NodeHealthEvent]:
+    """What waits for room, a delivery's own notices with the queue before them (a delivery sees
+    only its own: the queue counts too). The queue is what the store holds that is due as of this
+    read, after the delivery kept its own: not as of the delivery's start. A campaign's deliveries
+    run at once; one that began later keeps its notice with its later start as the time to act,
+    and read as of the earlier start that notice was not due yet. Two deliveries each missed the
+    other's notice, and a campaign that ran late was said to nobody."""
+    read_at = datetime.now(UTC)
+    return list({e.event_id: e for e in [*(d.event for d in store.waiting() if d.act_at <= read_at), *own]}.values())
 
 
 class Pacer:

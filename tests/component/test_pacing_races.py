@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import threading
+import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -103,3 +104,18 @@ def test_a_campaign_of_late_notices_too_many_to_name_is_told_in_one_page_sns_tak
     message = json.loads(page["Body"])["Message"]
     assert "cannot act on 900 planned event(s) of cluster c" in message and "; and 850 more." in message
     assert len(message.encode()) < 64 * 1024
+
+
+def test_a_notice_a_later_delivery_kept_counts_in_the_queue_an_earlier_one_reads(
+        planned_app: tuple[ModuleType, Any, EmbeddedAWS]) -> None:
+    """A campaign's deliveries run at once. One that began later keeps its notice to wait for
+    room with its own start as the time to act; read as of the earlier delivery's start, that
+    notice was not due, and each delivery missed the other's in the late check."""
+    app, db, _ = planned_app
+    store = app.DeferredPlans(db, "incidents", "c")
+    began = datetime.now(UTC)  # this delivery's start
+    time.sleep(0.01)
+    store.defer(notice(1), datetime.now(UTC))  # the other delivery, begun later, keeps its own
+    store.defer(notice(2), began)  # this one keeps its own
+    store.defer(notice(3), datetime.now(UTC) + timedelta(hours=5))  # waits for its lead time: not room
+    assert sorted(e.event_id for e in app._room_queue(store, [notice(2)])) == ["ev-1", "ev-2"]
