@@ -58,3 +58,14 @@ def _published(agent) -> bool:  # type: ignore[no-untyped-def]
     while time.monotonic() < deadline and not agent.published:
         time.sleep(0.05)
     return bool(agent.published)
+
+
+def test_a_journal_cursor_names_its_own_entry_and_no_other() -> None:
+    """The journal source seeks to its saved cursor (``journalctl --cursor``) and passes over the
+    entry it names: that entry only, however journalctl writes the rest of its cursor."""
+    saved = JournalCursor("s=3f8e2a6c4b1d4e0f9a7b5c3d1e2f4a6b;i=1a;b=0f3c9a;m=1;t=6614e5710c6a2;x=b8d3d6710233440a")
+    assert saved.names(saved.cursor)
+    assert saved.names("s=3f8e2a6c4b1d4e0f9a7b5c3d1e2f4a6b;i=1a;b=0f3c9a;m=1;t=6614e5710c6a2;x=0")
+    assert not saved.names("s=3f8e2a6c4b1d4e0f9a7b5c3d1e2f4a6b;i=1b;b=0f3c9a;m=2;t=6614e5710c6a3;x=1")  # the next
+    assert not saved.names("s=f0ce62dd38254bd480fb11ff8e992f09;i=1a;b=0f3c9a;m=1;t=6614e5710c6a2;x=1")  # another file's
+    assert not saved.names("") and not JournalCursor("not a journal cursor").names("s=;i=")

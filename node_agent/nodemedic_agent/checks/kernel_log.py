@@ -625,7 +625,7 @@ class KernelLogFollower:
                     if entry is None:
                         continue
                     message, observed, position = entry
-                    if cursor is not None and position == cursor.cursor:
+                    if cursor is not None and cursor.names(position):
                         continue  # the entry the cursor names: handed on before the restart
                     if self._journal_replays(observed, started):
                         yield message, observed

@@ -47,10 +47,22 @@ class JournalCursor:
         return cls(saved["cursor"])
 
     @property
+    def _items(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.cursor.split(";") if "=" in item)
+
+    @property
     def boot_id(self) -> str:
         """The boot of the entry it names (its ``b=`` item, 32 hex digits), "" where it says none."""
-        items = dict(item.split("=", 1) for item in self.cursor.split(";") if "=" in item)
-        return items.get("b", "").replace("-", "").lower()
+        return self._items.get("b", "").replace("-", "").lower()
+
+    def names(self, position: str) -> bool:
+        """Whether ``position`` (an entry's ``__CURSOR``) is the entry this cursor names: the same
+        text, or the same sequence number in the same journal file series (its ``s=`` and ``i=``
+        items, sd_journal_get_cursor(3)), however the rest is written."""
+        if position == self.cursor:
+            return True
+        mine, theirs = self._items, JournalCursor(position)._items
+        return bool(mine.get("s") and mine.get("i")) and (mine.get("s"), mine.get("i")) == (theirs.get("s"), theirs.get("i"))
 
 
 @dataclass(frozen=True)
