@@ -65,7 +65,8 @@ def test_stopping_leaves_a_hung_reading_behind_and_the_driver_open(bus, sim, mak
     bus.wait_health(1, timeout=15)
     started = time.monotonic()
     agent.stop(graceful=False)
-    assert time.monotonic() - started < 6.5 and closed == []
+    # the stop's one 5 s wait for its loops, and room for a loaded machine: not the hung call's end
+    assert time.monotonic() - started < 8.5 and closed == []
     sim.inject("clear")  # the call returns: a second stop closes the hardware
     starting.join(5)
     time.sleep(0.5)
