@@ -2,7 +2,7 @@
 ``SILENCE_SWEEPS_PER_INVOCATION`` times, evenly spaced over that minute (6 = every 10 s)."""
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -26,12 +26,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         slow_samples=s.fail_slow_samples)
     interval = 60.0 / s.silence_sweeps_per_invocation
     start = time.monotonic()
+    ends = datetime.now(UTC) + timedelta(milliseconds=context.get_remaining_time_in_millis())  # Lambda stops it then
     summary: dict[str, Any] = {"sweeps": 0, "reported": [], "forgotten": [], "slow": []}
     for n in range(s.silence_sweeps_per_invocation):
         if n:
             time.sleep(max(0.0, start + n * interval - time.monotonic()))
         try:
-            result = sweeper.sweep(datetime.now(UTC))
+            result = sweeper.sweep(datetime.now(UTC), ends)
         except RosterConflictError as exc:  # another sweep under way, or saved meanwhile: it has the heartbeats
             logger.warning("sweep skipped", reason=str(exc))
             continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import boto3
 import pytest
@@ -186,6 +187,58 @@ def test_a_sweep_that_finds_another_under_way_reads_nothing(aws: None) -> None:
     with pytest.raises(RosterConflictError, match="another sweep is under way"):
         sweeper.sweep(now + timedelta(seconds=10))
     assert len(sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)["Messages"]) == 1  # left for the first
+
+
+class SlowProvider(MemoryProvider):
+    """Answers after ``delay`` of the sweep's time (throttled calls retried): meanwhile ``meanwhile``
+    runs, as the next sweep would."""
+
+    def __init__(self, *members: Member, meanwhile: Any) -> None:
+        super().__init__(*members)
+        self.meanwhile, self.outcome = meanwhile, None
+
+    def member(self, instance_id: str) -> Member | None:
+        if self.outcome is None:
+            try:
+                self.outcome = self.meanwhile()
+            except RosterConflictError as exc:
+                self.outcome = exc
+        return super().member(instance_id)
+
+
+def test_a_sweep_slowed_past_half_a_minute_still_keeps_the_next_one_out(aws: None) -> None:
+    """The lease was 30 s; the function runs up to 75 s. A sweep slowed by throttled calls lost its
+    lease before it saved: the next sweep read the queue's newer heartbeats against the roster
+    without the first one's, and judged those nodes silent. The lease now lasts until the
+    invocation ends; one whose invocation Lambda stopped keeps the next one out no longer."""
+    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    queue = sqs.create_queue(QueueName="hb")["QueueUrl"]
+    roster = RosterStore(db, "t", "prod")
+    now = datetime.now(UTC)
+    silent = "i-0000000000000000a"
+    roster.save({silent: {"node": {"instance_id": silent, "hostname": "ip-10-0-0-1", "slurm_node": "gpu-1"},
+                          "last_seen": (now - timedelta(minutes=5)).isoformat(), "interval_s": 15.0,
+                          "reported_at": None}}, RosterHead())
+
+    def next_sweep() -> object:
+        return SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=roster, queue_url=queue, bus="bus",
+                              cluster="prod", provider=MemoryProvider(), threshold_s=45,
+                              ).sweep(now + timedelta(seconds=40), ends=now + timedelta(seconds=115))
+
+    provider = SlowProvider(Member(instance_id=silent, slurm_node="gpu-1", state="running"), meanwhile=next_sweep)
+    first = SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=roster, queue_url=queue, bus="bus",
+                           cluster="prod", provider=provider, threshold_s=45)
+    first.sweep(now, ends=now + timedelta(seconds=75))
+    assert isinstance(provider.outcome, RosterConflictError), provider.outcome  # 40 s on, it was kept out
+    roster.claim(now + timedelta(seconds=60), timedelta(seconds=30))  # the first saved: the lease is free
+    stopped = now + timedelta(seconds=100)  # an invocation Lambda stopped at its end, lease unreleased
+    roster.claim(stopped, timedelta(seconds=75) + timedelta(seconds=1))
+    with pytest.raises(RosterConflictError):
+        roster.claim(stopped + timedelta(seconds=75), timedelta(seconds=30))
+    roster.claim(stopped + timedelta(seconds=77), timedelta(seconds=30))
 
 
 class ThrottledProvider(MemoryProvider):

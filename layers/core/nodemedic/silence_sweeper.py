@@ -45,9 +45,15 @@ RECEIVE_BUDGET_S = 6.0
 # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-short-and-long-polling.html).
 # An empty answer of a long poll is what tells a sweep that it read every heartbeat; 1 s is the least.
 RECEIVE_WAIT_S = 1
-# A sweep holds the roster's lease this long at most (it gives it back when it saves): a sweep takes
-# seconds, so one that crashed keeps the next ones out for no longer than this.
-SWEEP_LEASE = timedelta(seconds=30)
+# A sweep holds the roster's lease until it saves (or gives it back when it fails), and at most
+# until its invocation ends: the handler passes that end (Lambda's remaining time), so a sweep that
+# runs long still keeps the next one out, and one Lambda stopped keeps it out no longer than it ran.
+# A fixed 30 s lapsed under a sweep slowed by throttled calls (the function runs up to 75 s): the
+# next sweep then read the heartbeats the first had not saved yet and judged their nodes silent.
+# Without an end given (a sweep outside Lambda), this long, more than the function's timeout.
+SWEEP_LEASE = timedelta(seconds=90)
+# Lambda hosts' clocks agree to within milliseconds; the lease is kept this much past the end
+CLOCK_MARGIN = timedelta(seconds=1)
 # From this many silent nodes in one sweep on, the provider lists the cluster once (a few calls
 # per 100 instances) rather than answer for each (two calls each on Auto Scaling)
 LIST_MEMBERS_FROM = 10
@@ -109,14 +115,15 @@ class SilenceSweeper:
         with ThreadPoolExecutor(RECEIVERS) as pool:
             list(pool.map(delete, [messages[i:i + 10] for i in range(0, len(messages), 10)]))
 
-    def sweep(self, now: datetime) -> SweepResult:
-        """One sweep as of ``now`` (its start). Raises RosterConflictError, having changed nothing,
-        while another sweep is under way or if one saved the roster meanwhile."""
-        lease = self.roster.claim(now, SWEEP_LEASE)
+    def sweep(self, now: datetime, ends: datetime | None = None) -> SweepResult:
+        """One sweep as of ``now`` (its start), in an invocation that ``ends`` then (the lease is
+        held that long at most). Raises RosterConflictError, having changed nothing, while another
+        sweep is under way or if one saved the roster meanwhile."""
+        lease = self.roster.claim(now, max(ends - now, timedelta(0)) + CLOCK_MARGIN if ends else SWEEP_LEASE)
         try:
             return self._sweep(now)
         except BaseException:
-            with contextlib.suppress(ClientError, BotoCoreError):  # else it ends by itself, SWEEP_LEASE on
+            with contextlib.suppress(ClientError, BotoCoreError):  # else it ends by itself with the invocation
                 self.roster.release(lease)
             raise
 
