@@ -59,6 +59,31 @@ def test_a_heartbeat_that_cannot_be_stored_is_invalid_and_the_sweep_goes_on(aws:
     assert "Messages" not in sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0)  # neither comes back
 
 
+@pytest.mark.parametrize("sent_time", ["9999-12-31T23:59:59Z", "9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+14:00",
+                                       "2026-13-45T99:00:00Z", "yesterday"])
+def test_a_heartbeat_with_any_time_its_sender_gave_is_dated_by_sqs_and_the_sweep_goes_on(aws: None, sent_time: str) -> None:
+    """PutEvents takes the event's time from its sender. At year 9999 the end of its second is no
+    date: the sweep failed on it, and every sweep after it while the message came back (no node's
+    silence was found meanwhile). Such a heartbeat is dated by SQS, as one with no time."""
+    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    queue = sqs.create_queue(QueueName="hb")["QueueUrl"]
+    odd = {**json.loads(heartbeat("i-0000000000000000a", "ip-10-0-0-1.ec2.internal")), "time": sent_time}
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(odd))
+    boto3.client("events").create_event_bus(Name="bus")
+    roster = RosterStore(db, "t", "prod")
+    sweeper = SilenceSweeper(sqs=sqs, events=boto3.client("events"), roster=roster,
+                             provider=MemoryProvider(Member("i-0000000000000000a", "gpu-1", "running")),
+                             queue_url=queue, bus="bus", cluster="prod", threshold_s=60)
+    result = sweeper.sweep(datetime.now(UTC))
+    assert (result.heartbeats, result.invalid, result.reported) == (1, 0, [])
+    seen = datetime.fromisoformat(roster.load()[0]["i-0000000000000000a"]["last_seen"])
+    assert before <= seen <= datetime.now(UTC)
+
+
 class EmptyQueue:
     """A heartbeat queue that stays empty, answering at once (SQS's long poll waits its second)."""
 

@@ -211,8 +211,8 @@ def _arrived_at(message: dict[str, Any], envelope: dict[str, Any], now: datetime
         pass
     try:
         taken = datetime.fromisoformat(str(envelope["time"]).replace("Z", "+00:00"))
-    except (KeyError, ValueError):
-        taken = None
-    if taken is not None and taken.tzinfo:
-        times.append(taken.replace(microsecond=0) + timedelta(seconds=1))
+        if taken.tzinfo:  # a sender's PutEvents may give any time: at year 9999 the second's end is no date
+            times.append((taken.replace(microsecond=0) + timedelta(seconds=1)).astimezone(UTC))
+    except (KeyError, ValueError, OverflowError):
+        pass
     return min(times)
