@@ -57,11 +57,13 @@ def test_autoscaling_replace_terminates_then_claims_and_tags_the_new_instance(aw
 class _ActivitiesSay:
     """moto never records scaling activities; this client says the group's last launch failed."""
 
-    def __init__(self, client: Any, message: str) -> None:
-        self._client, self._message = client, message
+    def __init__(self, client: Any, message: str, whole_seconds: bool = False) -> None:
+        self._client, self._message, self._whole_seconds = client, message, whole_seconds
 
     def describe_scaling_activities(self, **_: Any) -> dict[str, Any]:
-        return {"Activities": [{"StartTime": datetime.now(UTC) + timedelta(seconds=1), "StatusCode": "Failed",
+        # whole seconds: a launch that began in the second of the request, dated to the second
+        start = datetime.now(UTC).replace(microsecond=0) if self._whole_seconds else datetime.now(UTC) + timedelta(seconds=1)
+        return {"Activities": [{"StartTime": start, "StatusCode": "Failed",
                                 "Description": "Launching a new EC2 instance.  Status Reason: ...",
                                 "StatusMessage": self._message}]}
 
@@ -69,12 +71,15 @@ class _ActivitiesSay:
         return getattr(self._client, name)
 
 
-def test_autoscaling_capacity_failure_of_the_groups_launch_is_a_capacity_error(aws: EmbeddedAWS) -> None:
+@pytest.mark.parametrize("whole_seconds", [False, True], ids=["later", "in the request's second"])
+def test_autoscaling_capacity_failure_of_the_groups_launch_is_a_capacity_error(aws: EmbeddedAWS,
+                                                                                 whole_seconds: bool) -> None:
     ids = _group(aws, size=1)
     asg = aws.client("autoscaling")
     asg.update_auto_scaling_group(AutoScalingGroupName="g", MaxSize=1)
     provider = AutoScalingProvider(_ActivitiesSay(asg, "We currently do not have sufficient p5.48xlarge capacity "
-                                                       "(InsufficientInstanceCapacity)"), aws.client("ec2"), "g")
+                                                       "(InsufficientInstanceCapacity)", whole_seconds),
+                                   aws.client("ec2"), "g")
     with pytest.raises(CapacityError, match="InsufficientInstanceCapacity"):
         provider.replace(ids[0], "gpu-1", {}, claim=lambda _: False)
 

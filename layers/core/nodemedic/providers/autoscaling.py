@@ -114,8 +114,11 @@ class AutoScalingProvider:
 
     def _raise_if_out_of_capacity(self, since: datetime) -> None:
         """The group launches asynchronously; its newest launch activity since the request says
-        whether EC2 refused it for capacity (the group keeps retrying by itself)."""
+        whether EC2 refused it for capacity (the group keeps retrying by itself). From the start of
+        the request's second: an activity's time may be whole seconds, and a launch that failed
+        for capacity just before the request says as much of the capacity as one after it."""
         activities = self._asg.describe_scaling_activities(AutoScalingGroupName=self._group, MaxRecords=20)
+        since = since.replace(microsecond=0)
         launches = [a for a in activities.get("Activities", [])
                     if a.get("StartTime") and a["StartTime"] >= since and "Launching" in a.get("Description", "")]
         if not launches:
