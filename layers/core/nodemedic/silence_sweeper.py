@@ -196,14 +196,14 @@ def _arrived_at(message: dict[str, Any], envelope: dict[str, Any], now: datetime
     the end of the event's ``time`` second, SQS's ``SentTimestamp`` (epoch ms, when the queue took
     it from EventBridge) and ``now``.
     EventBridge writes ``time`` to the whole second ("2017-12-22T18:43:48Z" in its examples,
-    https://docs.aws.amazon.com/eventbridge/latest/ref/overview-event-structure.html), so the event
-    reached it before the end of that second; dated by the second's start, a heartbeat looked up
-    to a second older than it was and its node was reported silent before the threshold (CI saw
-    4.45 s against 4.5 s; the local EventBridge truncates as AWS's examples read). The event's time still wins for an event
-    EventBridge delivered late (it retries a target for up to 24 h) or replayed from an archive (a
-    replay keeps each event's time): dated by when the queue took it, a dead node's heartbeat
-    replayed an hour later made it alive again, and a goodbye replayed stopped the watch of a node
-    that had started again."""
+    https://docs.aws.amazon.com/eventbridge/latest/ref/overview-event-structure.html; the local
+    EventBridge truncates), so the event reached it before the end of that second. Dated by the
+    second's start, a heartbeat looked up to a second older than it was, and its node was reported
+    silent before the threshold (CI saw 4.45 s against 4.5 s).
+    The event's time still wins for an event EventBridge delivered late (it retries a target for up
+    to 24 h) or replayed from an archive (a replay keeps each event's time): dated by when the queue
+    took it, a dead node's heartbeat replayed an hour later made it alive again, and a goodbye
+    replayed stopped the watch of a node that had started again."""
     times = [now]
     try:
         times.append(datetime.fromtimestamp(int(message["Attributes"]["SentTimestamp"]) / 1000, UTC))
