@@ -49,7 +49,9 @@ def test_a_silent_node_is_detected_by_the_sweeper_and_remediated(fleet: LocalMod
         return send(status)
 
     agent.send_heartbeat = send_noted  # type: ignore[method-assign]
-    time.sleep(2 * HEARTBEAT_S)
+    deadline = time.monotonic() + 30  # a beat may stall a few seconds on a loaded machine
+    while not beats and time.monotonic() < deadline:
+        time.sleep(0.1)
     fleet.agents.kill("gpu-2")  # gpu-2 dies: its heartbeats stop
     executions = fleet.wait_for_executions(1, timeout=60)
     assert len(executions) == 1, [(i.slurm_node, i.fault_code, i.reason) for i in fleet.incidents()]
@@ -60,7 +62,7 @@ def test_a_silent_node_is_detected_by_the_sweeper_and_remediated(fleet: LocalMod
     # which was after the agent began to send it (CI saw 4.45 s when a heartbeat was dated by the
     # start of EventBridge's whole-second time). How fast it is caught is measured in
     # bench/silent_node.py, not asserted here: a timed bound fails on a loaded machine.
-    assert beats, "gpu-2's agent sent no heartbeat in two intervals"
+    assert beats, "gpu-2's agent sent no heartbeat in 30 s"
     silent_for = (incident.detected_at - beats[-1]).total_seconds()
     assert silent_for >= SILENCE_S, (silent_for, incident.evidence_recorded())
     assert execution["status"] == "SUCCEEDED", execution.get("cause")
