@@ -60,11 +60,13 @@ def test_a_heartbeat_that_cannot_be_stored_is_invalid_and_the_sweep_goes_on(aws:
 
 
 @pytest.mark.parametrize("sent_time", ["9999-12-31T23:59:59Z", "9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+14:00",
+                                       "0001-01-01T00:00:00Z", "1970-01-01T00:00:00Z",
                                        "2026-13-45T99:00:00Z", "yesterday"])
 def test_a_heartbeat_with_any_time_its_sender_gave_is_dated_by_sqs_and_the_sweep_goes_on(aws: None, sent_time: str) -> None:
-    """PutEvents takes the event's time from its sender. At year 9999 the end of its second is no
-    date: the sweep failed on it, and every sweep after it while the message came back (no node's
-    silence was found meanwhile). Such a heartbeat is dated by SQS, as one with no time."""
+    """PutEvents takes the event's time from its sender. At 1970 the node's HEARTBEAT_MISSING could
+    not be built (no health event is dated before 2020); at year 9999 the end of its second is no
+    date. Either way the sweep failed on it, and every sweep after it while the message came back:
+    no node's silence was found meanwhile. Such a heartbeat is dated by SQS, as one with no time."""
     db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
     db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
                     AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
@@ -82,6 +84,30 @@ def test_a_heartbeat_with_any_time_its_sender_gave_is_dated_by_sqs_and_the_sweep
     assert (result.heartbeats, result.invalid, result.reported) == (1, 0, [])
     seen = datetime.fromisoformat(roster.load()[0]["i-0000000000000000a"]["last_seen"])
     assert before <= seen <= datetime.now(UTC)
+
+
+def test_a_roster_entry_no_health_event_can_be_made_of_is_dropped_and_the_others_are_reported(aws: None) -> None:
+    """One entry the sweep cannot report (a last heartbeat dated 1970, left by an earlier version)
+    failed every sweep: no node's silence was found. It is dropped and counted; the rest go on."""
+    db = boto3.client("dynamodb")
+    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
+    boto3.client("events").create_event_bus(Name="bus")
+    roster = RosterStore(db, "t", "prod")
+    now = datetime.now(UTC)
+    entries = {"i-0000000000000000a": "1970-01-01T00:00:00+00:00",
+               "i-0000000000000000b": (now - timedelta(minutes=5)).isoformat()}
+    roster.save({instance: {"node": {"instance_id": instance, "hostname": "h", "slurm_node": f"gpu-{n}"},
+                            "last_seen": seen, "interval_s": 15.0, "reported_at": None}
+                 for n, (instance, seen) in enumerate(entries.items(), 1)}, RosterHead())
+    provider = MemoryProvider(Member("i-0000000000000000a", "gpu-1", "running"),
+                              Member("i-0000000000000000b", "gpu-2", "running"))
+    sweeper = SilenceSweeper(sqs=EmptyQueue(), events=boto3.client("events"), roster=roster, provider=provider,
+                             queue_url="hb", bus="bus", cluster="prod", threshold_s=60)
+    result = sweeper.sweep(now)
+    assert (result.reported, result.invalid) == (["i-0000000000000000b"], 1)
+    assert list(roster.load()[0]) == ["i-0000000000000000b"]
 
 
 class EmptyQueue:

@@ -26,7 +26,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
 from nodemedic.bus import put_health_events
-from nodemedic.contracts.events import SWEEPER_SOURCE, NodeHealthEvent, NodeHeartbeat
+from nodemedic.contracts.events import EARLIEST, LATEST, SWEEPER_SOURCE, NodeHealthEvent, NodeHeartbeat
 from nodemedic.contracts.problems import read_json
 from nodemedic.domain.fail_slow import slow_event, slow_nodes
 from nodemedic.domain.silence import Roster, missing_event, provider_busy, record, silent
@@ -155,7 +155,11 @@ class SilenceSweeper:
             if member.state == "pending" and provider_busy(roster[instance], now):  # its provider is starting,
                 result.busy.append(instance)  # updating or checking it: silence is expected, and counts from now on
                 continue
-            missing.append((instance, missing_event(roster, instance, self.cluster, now)))
+            try:
+                missing.append((instance, missing_event(roster, instance, self.cluster, now)))
+            except ValidationError:  # an entry no health event can be made of: dropped and counted, the sweep goes on
+                roster.pop(instance)
+                result.invalid += 1
         reports = ([(instance, event, "reported_at", result.reported) for instance, event in missing]
                    + [(instance, event, "slow_reported_at", result.slow) for instance, event in self._newly_slow(roster, now)])
         errors = put_health_events(self.events, self.bus, SWEEPER_SOURCE, [event for _, event, _, _ in reports])
@@ -211,8 +215,11 @@ def _arrived_at(message: dict[str, Any], envelope: dict[str, Any], now: datetime
         pass
     try:
         taken = datetime.fromisoformat(str(envelope["time"]).replace("Z", "+00:00"))
-        if taken.tzinfo:  # a sender's PutEvents may give any time: at year 9999 the second's end is no date
-            times.append((taken.replace(microsecond=0) + timedelta(seconds=1)).astimezone(UTC))
-    except (KeyError, ValueError, OverflowError):
-        pass
+    except (KeyError, ValueError):
+        return min(times)
+    # A sender's PutEvents may give any time. One outside the years a health event may carry is
+    # not used: at 1970 the node's HEARTBEAT_MISSING could not be built, and the sweep failed on
+    # it, and every sweep after it while the message came back; at year 9999 the second's end is no date.
+    if taken.tzinfo and EARLIEST <= taken < LATEST:
+        times.append((taken.replace(microsecond=0) + timedelta(seconds=1)).astimezone(UTC))
     return min(times)
