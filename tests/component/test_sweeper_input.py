@@ -89,25 +89,14 @@ def test_a_heartbeat_with_any_time_its_sender_gave_is_dated_by_sqs_and_the_sweep
 def test_a_roster_entry_no_health_event_can_be_made_of_is_dropped_and_the_others_are_reported(aws: None) -> None:
     """One entry the sweep cannot report (a last heartbeat dated 1970, left by an earlier version)
     failed every sweep: no node's silence was found. It is dropped and counted; the rest go on."""
-    db = boto3.client("dynamodb")
-    db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
-                    AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-                    KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
-    boto3.client("events").create_event_bus(Name="bus")
-    roster = RosterStore(db, "t", "prod")
     now = datetime.now(UTC)
-    entries = {"i-0000000000000000a": "1970-01-01T00:00:00+00:00",
-               "i-0000000000000000b": (now - timedelta(minutes=5)).isoformat()}
-    roster.save({instance: {"node": {"instance_id": instance, "hostname": "h", "slurm_node": f"gpu-{n}"},
-                            "last_seen": seen, "interval_s": 15.0, "reported_at": None}
-                 for n, (instance, seen) in enumerate(entries.items(), 1)}, RosterHead())
-    provider = MemoryProvider(Member("i-0000000000000000a", "gpu-1", "running"),
-                              Member("i-0000000000000000b", "gpu-2", "running"))
-    sweeper = SilenceSweeper(sqs=EmptyQueue(), events=boto3.client("events"), roster=roster, provider=provider,
-                             queue_url="hb", bus="bus", cluster="prod", threshold_s=60)
+    sweeper = _silent({"i-0000000000000000a": "1970-01-01T00:00:00+00:00",
+                       "i-0000000000000000b": (now - timedelta(minutes=5)).isoformat()},
+                      MemoryProvider(Member("i-0000000000000000a", "gpu-1", "running"),
+                                     Member("i-0000000000000000b", "gpu-2", "running")))
     result = sweeper.sweep(now)
     assert (result.reported, result.invalid) == (["i-0000000000000000b"], 1)
-    assert list(roster.load()[0]) == ["i-0000000000000000b"]
+    assert list(sweeper.roster.load()[0]) == ["i-0000000000000000b"]
 
 
 class EmptyQueue:
@@ -117,18 +106,25 @@ class EmptyQueue:
         return {}
 
 
-def _silent_since(last_seen: datetime, instance: str, provider: MemoryProvider) -> SilenceSweeper:
-    """A sweeper whose roster holds one node, last heard from at ``last_seen``; nothing more is heard."""
+def _silent(last_seen: dict[str, str], provider: MemoryProvider) -> SilenceSweeper:
+    """A sweeper whose roster holds these nodes (gpu-1, gpu-2, ... in turn), each last heard from
+    at its time; nothing more is heard."""
     db = boto3.client("dynamodb")
     db.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
                     AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
                     KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}])
     boto3.client("events").create_event_bus(Name="bus")
     roster = RosterStore(db, "t", "prod")
-    roster.save({instance: {"node": {"instance_id": instance, "hostname": "h", "slurm_node": "gpu-1"},
-                            "last_seen": last_seen.isoformat(), "interval_s": 15.0, "reported_at": None}}, RosterHead())
+    roster.save({instance: {"node": {"instance_id": instance, "hostname": "h", "slurm_node": f"gpu-{n}"},
+                            "last_seen": seen, "interval_s": 15.0, "reported_at": None}
+                 for n, (instance, seen) in enumerate(last_seen.items(), 1)}, RosterHead())
     return SilenceSweeper(sqs=EmptyQueue(), events=boto3.client("events"), roster=roster, provider=provider,
                           queue_url="hb", bus="bus", cluster="prod", threshold_s=60)
+
+
+def _silent_since(last_seen: datetime, instance: str, provider: MemoryProvider) -> SilenceSweeper:
+    """A sweeper whose roster holds one node, last heard from at ``last_seen``; nothing more is heard."""
+    return _silent({instance: last_seen.isoformat()}, provider)
 
 
 def test_a_node_its_provider_is_working_on_is_not_reported_and_its_silence_counts_from_then(aws: None) -> None:
