@@ -11,6 +11,7 @@ from typing import Any
 
 from nodemedic import operations
 from nodemedic.contracts.incident import Incident
+from nodemedic.domain.classification import classify
 from nodemedic.stages.resume import START_SLACK_S
 from nodemedic.store.control import ControlStore
 from nodemedic_sandbox.local import TERMINAL, LocalMode
@@ -171,9 +172,9 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
             if inj.bad_replacement:
                 local.cluster.fail_replacement_of(inj.node)
             if inj.while_paused:
-                # every earlier fault's execution must have started and passed the gate first: on a
-                # loaded machine a hang's silence can take longer to report than the wait below
-                _wait_until_done(local, sum(i.starts_execution for i in plan[:done]), timeout=120)
+                # every earlier fault's incident must have passed the gate first: on a loaded machine
+                # a hang's silence can take longer to report than the wait below
+                _wait_for_gates(local, [i for i in plan[:done] if i.starts_execution], timeout=120)
                 operations.pause(control, "demo-operator", "switch firmware maintenance")
             before = {e["name"] for e in local.executions()}
             if inj.fault == "die":
@@ -238,9 +239,17 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
         local.__exit__()
 
 
-def _wait_until_done(local: LocalMode, count: int, timeout: float) -> None:
+def _wait_for_gates(local: LocalMode, injected: list[Injection], timeout: float) -> None:
+    """Until each injected fault that opens an incident (not a monitored one) has one past the
+    gate, and every execution has ended. Not a count of executions: on a loaded machine a live
+    node's heartbeats may stall past the demo's threshold, and the execution that silence starts
+    (folded into the node's incident) made the count while the hang's own was still to come."""
+    wanted = {(i.node, i.label) for i in injected if classify(i.label).action != "monitor"}
     deadline = time.monotonic() + timeout
-    while not (len(execs := local.executions()) >= count and all(e["status"] in TERMINAL for e in execs)):
+    while True:
+        gated = {(i.slurm_node, i.fault_code) for i in local.incidents() if "gate" in i.stages}
+        if wanted <= gated and all(e["status"] in TERMINAL for e in local.executions()):
+            return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"executions still running after {timeout:.0f} s")
+            raise RuntimeError(f"faults not past the gate after {timeout:.0f} s: {sorted(wanted - gated)}")
         time.sleep(0.2)
