@@ -602,6 +602,7 @@ class KernelLogFollower:
         fd = proc.stdout.fileno()
         pending = b""
         last: JournalCursor | None = None
+        own = cursor  # --cursor starts at the cursor's own entry where it is still there: the first only
         saved_at = time.monotonic()
         try:
             while not self.stop.is_set():
@@ -625,7 +626,8 @@ class KernelLogFollower:
                     if entry is None:
                         continue
                     message, observed, position = entry
-                    if cursor is not None and cursor.names(position):
+                    first, own = own, None
+                    if first is not None and first.names(position):
                         continue  # the entry the cursor names: handed on before the restart
                     if self._journal_replays(observed, started):
                         yield message, observed
