@@ -241,9 +241,10 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
 
 def _wait_for_gates(local: LocalMode, injected: list[Injection], timeout: float) -> None:
     """Until each injected fault that opens an incident (not a monitored one) has one past the
-    gate, and every execution has ended. Not a count of executions: on a loaded machine a live
-    node's heartbeats may stall past the demo's threshold, and the execution that silence starts
-    (folded into the node's incident) made the count while the hang's own was still to come."""
+    gate, and every execution has ended. Not a count of executions: any extra one makes the count
+    early (on a loaded machine a live node's heartbeats may stall past the demo's threshold, and
+    that silence starts an execution folded into the node's incident), and the hang's own
+    incident, still to come, was then held by the pause."""
     wanted = {(i.node, i.label) for i in injected if classify(i.label).action != "monitor"}
     deadline = time.monotonic() + timeout
     while True:

@@ -5,8 +5,8 @@ heartbeat is older than the silence threshold; it is reported once per silence, 
 heartbeat (the node came back) re-arms it. A node that said goodbye (``status: stopping``) is
 no longer watched.
 
-A heartbeat is dated by when it reached AWS (EventBridge's ``time``, or SQS's ``SentTimestamp`` if
-earlier), never by the node's clock (``sent_at``): a node whose clock runs behind would read as
+A heartbeat is dated by when it reached AWS (SQS's ``SentTimestamp``, or the end of EventBridge's
+whole-second ``time`` if earlier), never by the node's clock (``sent_at``): a node whose clock runs behind would read as
 silent while it beats, and one whose clock runs ahead would be found silent that much late.
 """
 
