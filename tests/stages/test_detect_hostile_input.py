@@ -10,6 +10,7 @@ a node's reading of its scheduled events) go through their own parser the same w
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,9 +20,22 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from nodemedic.contracts.aws_health import AwsHealthEnvelope
+from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
+from nodemedic.contracts.instance_state import InstanceRunningEnvelope
+from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
 from nodemedic.contracts.stages import DetectInput
 from nodemedic.errors import InvalidEventError, UnknownNodeError, UnknownNodeQuietError
-from nodemedic.planned_events import parse_planned_event
+from nodemedic.planned_events import (
+    Plan,
+    notice_kept_until,
+    parse_planned_event,
+    plan,
+    plan_capacity_end,
+    plan_node_scheduled,
+    plan_return,
+    plan_spot_interruption,
+)
 from nodemedic.providers.base import Member
 from nodemedic.stages.detect import detect
 from nodemedic.store.control import ControlStore
@@ -38,7 +52,9 @@ MEMBER = Member("i-0a1b2c3d4e5f60789", "gpu-2", "running")  # the node every tri
 
 json_values = st.one_of(
     st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=False), st.text(max_size=40),
-    st.sampled_from(["", "x" * 3000, "2099-01-01T00:00:00Z", "1970-01-01T00:00:00Z", "ALARM", "Unhealthy",
+    st.sampled_from(["", "x" * 3000, "2099-01-01T00:00:00Z", "1970-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
+                     "0001-01-01T00:00:00+14:00", "2026-11-22T03:00:00", "1764000000", "Fri, 31 Dec 9999 23:59:59 GMT",
+                     "ALARM", "Unhealthy",
                      "i-0123456789abcdef0", "gpu-1", "../../etc/passwd", "\ud800", "a\x00b", "\u202egpu-1"]),
     st.lists(st.one_of(st.integers(), st.text(max_size=5)), max_size=3),
     st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8)), max_size=3))
@@ -156,17 +172,65 @@ def test_detect_decides_or_refuses_a_mutated_trigger_and_never_crashes(aws: Embe
     check()
 
 
+def _plan(event: dict[str, Any]) -> Plan:
+    """What the planned-events function makes of the event, with the node the samples name as
+    the cluster's member (and in the sample Capacity Block)."""
+    envelope, provider, now = parse_planned_event(event), MemoryProvider(MEMBER), datetime.now(UTC)
+    if isinstance(envelope, AwsHealthEnvelope):
+        notice_kept_until(envelope, now)
+        return plan(envelope, cluster="local", provider=provider, now=now)
+    if isinstance(envelope, CapacityBlockEnvelope):
+        return plan_capacity_end(envelope, cluster="local", provider=provider, instances=lambda _: [MEMBER.instance_id],
+                                 now=now)
+    if isinstance(envelope, SpotInterruptionEnvelope):
+        return plan_spot_interruption(envelope, cluster="local", provider=provider, now=now)
+    if isinstance(envelope, InstanceRunningEnvelope):
+        return plan_return(envelope, cluster="local", provider=provider, retired_by=lambda _: None, now=now)
+    return plan_node_scheduled(envelope, cluster="local", provider=provider, now=now)
+
+
 @pytest.mark.parametrize("path", PLANNED, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_a_mutated_planned_event_parses_or_is_refused_with_its_reason(path: Path) -> None:
+def test_a_mutated_planned_event_is_planned_or_refused_with_its_reason(path: Path) -> None:
+    """Parsed, then planned as the planned-events function plans it: a time of year 9999, with no
+    timezone, or a number (which pydantic reads as Unix time) passed an AWS Health event's parser,
+    then overflowed its arithmetic or could not be compared with now."""
     @settings(max_examples=80, deadline=None)
     @given(event=mutated(path))
     def check(event: dict[str, Any]) -> None:
         try:
-            parse_planned_event(event)
+            _plan(event)
         except InvalidEventError:
             pass
 
     check()
+
+
+ODD_TIMES = ["9999-12-31T23:59:59Z", "Fri, 31 Dec 9999 23:59:59 GMT", "0001-01-01T00:00:00+14:00", "2026-11-22T03:00:00",
+             "1764000000", 1764000000, 1764000000.5]
+
+
+def _times(event: dict[str, Any]) -> Iterator[tuple[str | int, ...]]:
+    """The places of the sample's times: the envelope's, the detail's (observed_at, startTime,
+    end-date, not_before...); not the agent's free-form evidence, nor an AWS Health entity's
+    lastUpdatedTime, which NodeMedic does not read."""
+    return (p for p in _strings(event) if "evidence" not in p and "affectedEntities" not in p
+            and re.search(r"(?i)(time|date|_at|not_before|not_after)$", str(p[-1])))
+
+
+@pytest.mark.parametrize("path", TRIGGERS + PLANNED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_an_odd_time_anywhere_is_refused_with_its_place(aws: EmbeddedAWS, path: Path) -> None:
+    """A time of year 9999 (PutEvents lets the sender set even the envelope's), year 1, one with
+    no timezone, or a number (which pydantic reads as Unix time): refused where it is. An
+    envelope's year 9999 overflowed Detect's arithmetic; an AWS Health event's ISO 8601 times were
+    not checked at all, so year 9999 overflowed the planning and a time with no timezone could not
+    be compared with now."""
+    places = list(_times(_fresh(path)))
+    assert ("time",) in places
+    for where in places:
+        for value in ODD_TIMES:
+            event = _with(_fresh(path), where, value)
+            with pytest.raises(InvalidEventError, match=r"\.".join(map(str, where[1:] if where[0] == "detail" else where))):
+                _detect(aws, event) if path in TRIGGERS else _plan(event)
 
 
 ALARM = EVENTS / "alarms" / "ec2-status-check-failed.json"

@@ -10,18 +10,14 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from nodemedic.contracts.events import EARLIEST, LATEST
+from nodemedic.contracts.events import Timestamp
 
 
 def _utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError("a time without a timezone")
-    if not EARLIEST <= value < LATEST:
-        raise ValueError(f"{value.isoformat()} is not a plausible time")
     return value.astimezone(timezone.utc)
 
 
-UtcTime = Annotated[datetime, AfterValidator(_utc)]
+UtcTime = Annotated[Timestamp, AfterValidator(_utc)]  # text with a timezone, of a plausible year; in UTC
 
 
 class Ec2Event(BaseModel):

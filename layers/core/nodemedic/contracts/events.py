@@ -9,6 +9,7 @@ field selects the model.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Literal
 
@@ -57,11 +58,15 @@ EVENT_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"  # a UUID, or another printable
 EARLIEST, LATEST = datetime(2020, 1, 1, tzinfo=timezone.utc), datetime(2100, 1, 1, tzinfo=timezone.utc)
 
 
+NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
 def _iso_text(value: object) -> object:
-    """A timestamp is an ISO 8601 string: no epoch numbers, no other types coerced."""
-    if isinstance(value, datetime):  # built in Python (the agent, the tests): already a timestamp
+    """A timestamp is an ISO 8601 string: no epoch numbers, no other types coerced. Pydantic reads
+    a number, and a string of digits too, as Unix time: neither is taken."""
+    if isinstance(value, datetime):  # built in Python (the agent, boto3's answers, the tests): already a timestamp
         return value
-    if not isinstance(value, str) or len(value) > 40:
+    if not isinstance(value, str) or len(value) > 40 or NUMBER.fullmatch(value):
         raise ValueError("must be an ISO 8601 date-time string with a time zone")
     return value
 
@@ -286,7 +291,10 @@ class _Envelope(BaseModel):
     # EventBridge's ids are UUIDs; a runbook's hand-made envelope may hold anything, and the id
     # becomes part of a ledger key (DynamoDB: a partition key of at most 2048 bytes)
     id: str | None = Field(default=None, min_length=1, max_length=128)
-    time: datetime | None = None
+    # EventBridge's clock, but PutEvents lets the sender set it (PutEventsRequestEntry ``Time``):
+    # an aware time of the years a fault may have, as the detail's; one of year 9999 overflowed
+    # Detect's arithmetic
+    time: Timestamp | None = None
 
 
 class HealthEventEnvelope(_Envelope):

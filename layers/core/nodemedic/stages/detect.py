@@ -292,7 +292,7 @@ def _recheck_fault(trigger: HealthEventEnvelope, cluster: str, provider: Provide
 def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluster: str, overrides_json: str,
             provider: Provider, ledger: Ledger, control: ControlStore, now: datetime, limits: Limits) -> DetectOutput:
     # EventBridge's clock; a runbook is started by hand (start-execution), its envelope is the operator's
-    bus_time = trigger.time if trigger.time and trigger.time.tzinfo and not isinstance(trigger, RunbookEnvelope) else None
+    bus_time = None if isinstance(trigger, RunbookEnvelope) else trigger.time
     # EventBridge's time has whole seconds: the event arrived within the second after it
     received = min(bus_time + timedelta(seconds=1), now) if bus_time else now
     origin = fault_origin(fault.observed_at, fault.sent_at, received)
