@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nodemedic.contracts.events import MAX_COUNT
 from nodemedic.contracts.problems import read_json
 
 log = logging.getLogger("nodemedic_agent.dedupe")
@@ -47,7 +48,8 @@ class Deduper:
             now = clock()
             for key, seen in (saved.items() if isinstance(saved, dict) else ()):
                 sent_at, suppressed = (seen.get("sent_at"), seen.get("suppressed", 0)) if isinstance(seen, dict) else (0, 0)
-                if isinstance(sent_at, int | float) and isinstance(suppressed, int) and self._within_window(now - sent_at):
+                if (isinstance(sent_at, int | float) and type(suppressed) is int and suppressed >= 0
+                        and self._within_window(now - sent_at)):
                     self._seen[key] = _Seen(float(sent_at), suppressed)
 
     def _within_window(self, elapsed: float) -> bool:
@@ -74,7 +76,9 @@ class Deduper:
                 seen.suppressed += 1
                 self.suppressed_total += 1
                 return None
-            count = 1 + (seen.suppressed if seen else 0)
+            # a storm folds more than one event may say (an AER or Xid storm over a day's window): it
+            # says the most, rather than fail the contract and be lost
+            count = min(MAX_COUNT, 1 + (seen.suppressed if seen else 0))
             self._seen[key] = _Seen(now)
             if len(self._seen) > 4096:  # forget quiet faults; keep memory flat on a noisy node
                 self._seen = {k: v for k, v in self._seen.items() if self._within_window(now - v.sent_at) or v.suppressed}

@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from nodemedic.contracts.events import MAX_COUNT, NodeIdentity
 from nodemedic.store.ledger import Ledger
+from nodemedic_agent.checks.base import Finding
 from nodemedic_agent.dedupe import Deduper
+from nodemedic_agent.events import health_event
 from nodemedic_agent.publisher import MAX_BATCH_BYTES, batches, entry_size
 from nodemedic_agent.spool import Spool
 
@@ -146,6 +149,21 @@ def test_repeats_are_counted_into_the_next_event_after_the_window():
     assert dedupe.admit("XID 79|5") == 1  # another GPU is another fault
     now[0] = 301.0
     assert dedupe.admit("XID 79|3") == 5  # this one plus the 4 folded ones
+
+
+def test_a_storm_folded_into_more_than_an_event_may_count_is_sent_saying_the_most_it_may():
+    """A fault repeating a thousand times a second over a long window: the next event used to
+    carry a count the contract refuses, so it was never built, and the storm went unsaid."""
+    now = [0.0]
+    dedupe = Deduper(window_s=86400, clock=lambda: now[0])
+    assert dedupe.admit("XID 94|3") == 1
+    dedupe._seen["XID 94|3"].suppressed = MAX_COUNT + 5  # what a day of the storm folds; admitting each is slow
+    now[0] = 86401.0
+    count = dedupe.admit("XID 94|3")
+    assert count == MAX_COUNT
+    event = health_event(Finding("kernel_log", "XID 94", "degraded", "a storm of contained ECC errors"), "local",
+                         NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), count)
+    assert event.count == MAX_COUNT
 
 
 def test_a_clock_stepped_back_does_not_fold_a_fault_until_it_catches_up(tmp_path):

@@ -5,6 +5,7 @@ at every restart."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,14 @@ def write(path: Path, text: str) -> Path:
 def test_a_corrupt_dedupe_memory_is_forgotten(tmp_path: Path, text: str) -> None:
     dedupe = Deduper(300, state_file=write(tmp_path / "dedupe.json", text))
     assert dedupe.admit("XID 79:gpu:3") == 1  # remembered nothing: the fault is sent
+
+
+@pytest.mark.parametrize("suppressed", [-5, True, 1.5])
+def test_a_remembered_send_with_no_count_of_repeats_is_no_memory(tmp_path: Path, suppressed: object) -> None:
+    """A send remembered with a negative count of repeats folded the fault, then made the next
+    event's count less than one, which the contract refuses: that event was never sent."""
+    path = write(tmp_path / "dedupe.json", json.dumps({"XID 79:gpu:3": {"sent_at": 990.0, "suppressed": suppressed}}))
+    assert Deduper(300, clock=lambda: 1000.0, state_file=path).admit("XID 79:gpu:3") == 1
 
 
 @pytest.mark.parametrize("text", CORRUPT, ids=range(len(CORRUPT)))

@@ -92,6 +92,7 @@ Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec
                 "fail_slow", "aws_health", "capacity_block", "ec2_scheduled_event", "spot_interruption", "recheck"]
 Severity = Literal["info", "warning", "error", "critical"]
 EvidenceValue = str | int | float | bool | None
+MAX_COUNT = 1_000_000  # occurrences one event may say it folds
 
 
 class _Strict(BaseModel):
@@ -132,7 +133,7 @@ class NodeHealthEvent(_Strict):
     severity: Severity
     observed_at: Timestamp = Field(description="When the fault happened (kernel log / NVML), node clock")
     sent_at: Timestamp = Field(description="When the agent sent the event, node clock")
-    count: StrictInt = Field(default=1, ge=1, le=1_000_000, description="Occurrences folded into this event")
+    count: StrictInt = Field(default=1, ge=1, le=MAX_COUNT, description="Occurrences folded into this event")
     evidence: dict[str, EvidenceValue] = Field(
         default_factory=dict, description=f"Raw facts; at most {MAX_EVIDENCE_BYTES} bytes as JSON"
     )
