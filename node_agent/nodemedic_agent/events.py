@@ -11,6 +11,7 @@ from nodemedic.contracts.events import (
     AGENT_SOURCE,
     HEALTH_DETAIL_TYPE,
     HEARTBEAT_DETAIL_TYPE,
+    MAX_EVIDENCE_BYTES,
     SCHEMA_VERSION,
     NodeHealthEvent,
     NodeHeartbeat,
@@ -25,6 +26,28 @@ from nodemedic_agent.checks.base import Finding
 SEVERITY = {"failed": "critical", "degraded": "warning", "error": "warning"}
 
 
+def _json_bytes(value: object) -> int:
+    return len(json.dumps(value, separators=(",", ":")).encode())
+
+
+def fitted(evidence: dict[str, Any]) -> dict[str, Any]:
+    """``evidence`` cut to the contract's limit: its longest text is shortened (ending "...")
+    until it fits. A kernel message is kept to 1,024 characters, but each character that is not
+    ASCII (or a control character) takes 6 bytes in JSON: an Xid line with a long tail of them
+    made evidence the contract refuses, and the Xid was never sent."""
+    evidence = dict(evidence)
+    while (size := _json_bytes(evidence)) > MAX_EVIDENCE_BYTES:
+        texts = [k for k, v in evidence.items() if isinstance(v, str) and len(v) > 3]
+        if not texts:
+            break  # no text left to cut: the contract says what is too large
+        key = max(texts, key=lambda k: _json_bytes(evidence[k]))
+        text = evidence[key]
+        excess = size - MAX_EVIDENCE_BYTES
+        keep = max(0, len(text) - 3 - len(text) * excess // _json_bytes(text) - 1)
+        evidence[key] = text[:keep] + "..."
+    return evidence
+
+
 def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
                  now: datetime | None = None) -> NodeHealthEvent:
     sent = now or datetime.now(timezone.utc)
@@ -33,7 +56,7 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
         check=finding.check, component=finding.component, fault_code=finding.fault_code,
         severity=SEVERITY[finding.status],
         observed_at=min(finding.observed_at, sent), sent_at=sent, count=count,
-        evidence={"summary": finding.summary[:512], **finding.evidence},
+        evidence=fitted({"summary": finding.summary[:512], **finding.evidence}),
     )
 
 

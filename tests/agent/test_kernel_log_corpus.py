@@ -89,3 +89,21 @@ def test_any_line_is_no_fault_or_one_the_event_contract_takes(line: str, gpu: in
     if finding is not None:
         health_event(finding, "c1", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1", slurm_node="gpu-1"),
                      1, datetime.now(UTC))
+
+
+@pytest.mark.parametrize("tail", ["训" * 1100, "é" * 1100, "\x01" * 1100], ids=["cjk", "latin", "control"])
+@pytest.mark.parametrize("line", [
+    "NVRM: Xid (PCI:0000:53:00): 79, pid=1234, name=python, GPU has fallen off the bus. ",
+    "NVRM: Xid (PCI:0000:53:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required) ",
+    "LustreError: 1234:0:(import.c:100) fs-MDT0000: This client was evicted by fs-MDT0000; "], ids=["xid79", "xid154", "lustre"])
+def test_a_fault_line_with_a_long_tail_of_wide_characters_is_sent_cut_not_lost(line: str, tail: str) -> None:
+    """Each character that is not ASCII, or is a control character, takes 6 bytes in the event's
+    JSON: 1,024 of them in the message made evidence over the contract's 4 KiB. The event was never
+    built, and the Xid was lost. Now the message is cut to fit and the fault goes."""
+    finding = message_finding(line + tail, datetime.now(UTC), lambda _: 5)
+    assert finding is not None
+    event = health_event(finding, "c1", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)
+    assert event.fault_code == finding.fault_code
+    assert str(event.evidence["kmsg"]).startswith(line[:60]) and str(event.evidence["kmsg"]).endswith("...")
+    assert {k: v for k, v in event.evidence.items() if not isinstance(v, str)} == \
+        {k: v for k, v in finding.evidence.items() if not isinstance(v, str)}  # the decoded facts all kept
