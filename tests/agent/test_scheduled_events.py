@@ -67,6 +67,15 @@ def test_active_events_then_the_ended_ones_newest_first_none_when_both_paths_are
     assert [e.event_id for e in read_scheduled(metadata)][1:] == [canceled["EventId"], earlier["EventId"]]
 
 
+def test_a_description_longer_than_a_notice_carries_is_cut_not_a_reason_to_drop_the_event() -> None:
+    """EC2's description is free text NodeMedic only shows: one over 1,024 characters made the
+    whole answer "not EC2's", and the retirement it came with was never sent."""
+    metadata = Metadata()
+    metadata.events([{**RETIREMENT, "Description": "degraded hardware " * 100}])
+    [event] = read_scheduled(metadata)
+    assert (event.code, len(event.description)) == ("instance-retirement", 1024)
+
+
 @pytest.mark.parametrize("text", ["<html>", "{}", json.dumps([{**REBOOT, "NotBefore": "soon"}]),
                                   json.dumps([{**REBOOT, "EventId": "../x"}]), json.dumps([{"Code": "system-reboot"}])])
 def test_an_answer_that_is_not_ec2s_is_an_error_not_an_event(text: str) -> None:

@@ -82,7 +82,7 @@ def _plausible(value: datetime) -> datetime:
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_text), AfterValidator(_plausible)]
 
 
-def _clip(limit: int) -> BeforeValidator:
+def clip(limit: int) -> BeforeValidator:
     """AWS's free text that NodeMedic only shows (a reason, a recommendation): a longer one than
     expected is cut, never a reason to refuse AWS's event and leave its node unremediated."""
     return BeforeValidator(lambda value: value[:limit] if isinstance(value, str) else value)
@@ -273,9 +273,9 @@ class HyperPodHealthSummary(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     HealthStatus: str = Field(min_length=1, max_length=64)  # noqa: N815 - AWS's field names
-    HealthStatusReason: Annotated[str, _clip(1024)] = ""  # noqa: N815
+    HealthStatusReason: Annotated[str, clip(1024)] = ""  # noqa: N815
     RepairAction: str = Field(default="None", max_length=64)  # noqa: N815
-    Recommendation: Annotated[str, _clip(1024)] = ""  # noqa: N815
+    Recommendation: Annotated[str, clip(1024)] = ""  # noqa: N815
 
 
 class HyperPodNodeHealth(BaseModel):

@@ -16,12 +16,12 @@ deduplicate) and keeps it until its lead time.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from nodemedic.contracts.ec2_event import UtcTime
-from nodemedic.contracts.events import CLUSTER_NAME, NodeIdentity
+from nodemedic.contracts.events import CLUSTER_NAME, NodeIdentity, clip
 
 SCHEDULED_DETAIL_TYPE = "EC2 Scheduled Events"
 MAX_EVENTS = 20  # an instance has a few scheduled events at most; more is not EC2's answer
@@ -33,7 +33,7 @@ class ScheduledEvent(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     code: str = Field(min_length=1, max_length=64)
     event_id: str = Field(pattern=r"^instance-event-[0-9a-z]{1,40}$")
-    description: str = Field(default="", max_length=1024)
+    description: Annotated[str, clip(1024)] = ""  # EC2's free text, only shown: a longer one is cut
     not_before: UtcTime
     not_after: UtcTime | None = None
     state: str = Field(min_length=1, max_length=32)
