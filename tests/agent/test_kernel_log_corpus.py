@@ -107,3 +107,14 @@ def test_a_fault_line_with_a_long_tail_of_wide_characters_is_sent_cut_not_lost(l
     assert str(event.evidence["kmsg"]).startswith(line[:60]) and str(event.evidence["kmsg"]).endswith("...")
     assert {k: v for k, v in event.evidence.items() if not isinstance(v, str)} == \
         {k: v for k, v in finding.evidence.items() if not isinstance(v, str)}  # the decoded facts all kept
+
+
+def test_a_fault_line_naming_a_device_longer_than_a_component_name_is_sent_with_the_name_cut() -> None:
+    """A component's name is shown, never matched: a 300-character device name in an XFS shutdown
+    made a component the contract refused, and the fault was never sent."""
+    device = "nvme" + "1" * 296
+    finding = message_finding(f"XFS ({device}): Filesystem has been shut down due to log error (0x2).", datetime.now(UTC),
+                              lambda _: None)
+    assert finding is not None
+    event = health_event(finding, "c1", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)
+    assert event.component is not None and event.component.name == device[:256]

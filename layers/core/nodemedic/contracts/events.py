@@ -117,7 +117,7 @@ class Component(_Strict):
     kind: Literal["gpu", "nic", "disk", "filesystem", "node"]
     index: StrictInt | None = Field(default=None, ge=0, le=255)
     uuid: str | None = Field(default=None, max_length=128)
-    name: str | None = Field(default=None, max_length=256)
+    name: Annotated[str, clip(256)] | None = None  # a device, a mount point, a link: shown, so a longer one is cut
 
 
 class NodeHealthEvent(_Strict):
