@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from datetime import datetime, timezone
 from typing import Any
@@ -18,12 +19,15 @@ from nodemedic.contracts.events import (
     NodeIdentity,
     PerfSample,
 )
+from nodemedic.contracts.problems import describe
 from nodemedic.contracts.scheduled_notice import SCHEDULED_DETAIL_TYPE, ScheduledEventsNotice
+from pydantic import ValidationError
 
 from nodemedic_agent import __version__
 from nodemedic_agent.checks.base import Finding
 
 SEVERITY = {"failed": "critical", "degraded": "warning", "error": "warning"}
+log = logging.getLogger("nodemedic_agent.events")
 
 
 def _json_bytes(value: object) -> int:
@@ -50,14 +54,27 @@ def fitted(evidence: dict[str, Any]) -> dict[str, Any]:
 
 def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
                  now: datetime | None = None) -> NodeHealthEvent:
+    """The finding as a Node Health Event. Where the contract refuses only what the finding says
+    about its fault (its component or its evidence), the event goes without them, saying what was
+    refused: the fault itself is never lost for the shape of its details."""
     sent = now or datetime.now(timezone.utc)
-    return NodeHealthEvent(
-        schema_version=SCHEMA_VERSION, event_id=str(uuid.uuid4()), cluster=cluster, node=node,
-        check=finding.check, component=finding.component, fault_code=finding.fault_code,
-        severity=SEVERITY[finding.status],
-        observed_at=min(finding.observed_at, sent), sent_at=sent, count=count,
-        evidence=fitted({"summary": finding.summary[:512], **finding.evidence}),
-    )
+
+    def event(component: dict[str, Any] | None, evidence: dict[str, Any]) -> NodeHealthEvent:
+        return NodeHealthEvent(
+            schema_version=SCHEMA_VERSION, event_id=str(uuid.uuid4()), cluster=cluster, node=node,
+            check=finding.check, component=component, fault_code=finding.fault_code,
+            severity=SEVERITY[finding.status],
+            observed_at=min(finding.observed_at, sent), sent_at=sent, count=count, evidence=evidence)
+
+    summary = finding.summary[:512]
+    try:
+        return event(finding.component, fitted({"summary": summary, **finding.evidence}))
+    except ValidationError as exc:
+        if any(err["loc"][:1] not in (("component",), ("evidence",)) for err in exc.errors()):
+            raise
+        refused = describe(exc, "event", limit=3)[:1024]
+        log.warning("%s sent without its component and evidence, which the contract refused: %s", finding.fault_code, refused)
+        return event(None, fitted({"summary": summary, "refused": refused}))
 
 
 def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str = "running",

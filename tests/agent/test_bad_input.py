@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from nodemedic.contracts.events import NodeIdentity
+from nodemedic_agent.checks.base import Finding
 from nodemedic_agent.config import ConfigError, load_config
+from nodemedic_agent.events import health_event
 
 GOOD = """
 cluster = "local"
@@ -148,3 +151,28 @@ def test_a_full_disk_under_the_spool_does_not_stop_detection(bus, sim, make_agen
     events = bus.wait_health(1)
     assert [e["fault_code"] for e in events] == ["XID 79"]  # sent directly
     assert agent.lost == 0 and all(t.is_alive() for t in agent._threads)
+
+
+@pytest.mark.parametrize(("component", "evidence"), [
+    ({"kind": "gpu", "index": 300}, {}),
+    ({"kind": "gpu", "serial": "x"}, {}),
+    (None, {"links": [1, 2], "per_link": {"0": 1}}),
+    (None, {f"counter_{n}": n for n in range(400)}),
+], ids=["index", "field", "nested", "too-many"])
+def test_a_finding_whose_details_the_contract_refuses_is_sent_without_them_saying_so(
+        component: dict[str, object] | None, evidence: dict[str, object]) -> None:
+    """Whatever a check gets wrong about a fault's component or evidence, the fault goes: an event
+    the contract refused was never sent (a long kernel message, a long device name and a large
+    count were each found so: tests/agent/test_kernel_log_corpus.py, test_delivery.py)."""
+    finding = Finding("efa", "EFA_ERRORS", "degraded", "EFA errors rising", component, evidence)
+    event = health_event(finding, "c1", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)
+    assert (event.fault_code, event.severity, event.component) == ("EFA_ERRORS", "warning", None)
+    assert event.evidence["summary"] == "EFA errors rising" and str(event.evidence["refused"])
+
+
+def test_a_finding_the_contract_refuses_for_what_it_is_is_an_error_not_an_empty_event() -> None:
+    """A fault code the contract refuses is the agent's own error (its fault table): said, not
+    sent under another name."""
+    with pytest.raises(ValueError, match="fault_code"):
+        health_event(Finding("efa", "no such code!", "degraded", "x"), "c1",
+                     NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)
