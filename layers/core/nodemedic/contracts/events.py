@@ -58,7 +58,7 @@ EVENT_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"  # a UUID, or another printable
 EARLIEST, LATEST = datetime(2020, 1, 1, tzinfo=timezone.utc), datetime(2100, 1, 1, tzinfo=timezone.utc)
 
 
-NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
 
 
 def _iso_text(value: object) -> object:
@@ -66,7 +66,7 @@ def _iso_text(value: object) -> object:
     a number, and a string of digits too, as Unix time: neither is taken."""
     if isinstance(value, datetime):  # built in Python (the agent, boto3's answers, the tests): already a timestamp
         return value
-    if not isinstance(value, str) or len(value) > 40 or NUMBER.fullmatch(value):
+    if not isinstance(value, str) or len(value) > 40 or _NUMBER.fullmatch(value):
         raise ValueError("must be an ISO 8601 date-time string with a time zone")
     return value
 
