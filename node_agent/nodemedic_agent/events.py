@@ -34,7 +34,7 @@ def _json_bytes(value: object) -> int:
     return len(json.dumps(value, separators=(",", ":")).encode())
 
 
-def fitted(evidence: dict[str, Any]) -> dict[str, Any]:
+def fit_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
     """``evidence`` cut to the contract's limit: its longest text is shortened (ending "...")
     until it fits. A kernel message is kept to 1,024 characters, but each character that is not
     ASCII (or a control character) takes 6 bytes in JSON: an Xid line with a long tail of them
@@ -68,13 +68,13 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
 
     summary = finding.summary[:512]
     try:
-        return event(finding.component, fitted({"summary": summary, **finding.evidence}))
+        return event(finding.component, fit_evidence({"summary": summary, **finding.evidence}))
     except ValidationError as exc:
         if any(err["loc"][:1] not in (("component",), ("evidence",)) for err in exc.errors()):
             raise
         refused = describe(exc, "event", limit=3)[:1024]
         log.warning("%s sent without its component and evidence, which the contract refused: %s", finding.fault_code, refused)
-        return event(None, fitted({"summary": summary, "refused": refused}))
+        return event(None, fit_evidence({"summary": summary, "refused": refused}))
 
 
 def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str = "running",
