@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from datetime import datetime, timezone
 from typing import Any
@@ -52,6 +53,12 @@ def fit_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
     return evidence
 
 
+def _finite(value: object) -> object:
+    """A measurement that is NaN or infinite (a rate over no time, a reading the tool could not
+    make) as its text: JSON has no such number, and EventBridge refuses a Detail that holds one."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
                  now: datetime | None = None) -> NodeHealthEvent:
     """The finding as a Node Health Event. Where the contract refuses only what the finding says
@@ -68,7 +75,8 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
 
     summary = finding.summary[:512]
     try:
-        return event(finding.component, fit_evidence({"summary": summary, **finding.evidence}))
+        evidence = {k: _finite(v) for k, v in finding.evidence.items()}
+        return event(finding.component, fit_evidence({"summary": summary, **evidence}))
     except ValidationError as exc:
         if any(err["loc"][:1] not in (("component",), ("evidence",)) for err in exc.errors()):
             raise

@@ -738,12 +738,19 @@ def _aws_source_refused(entry: dict[str, Any]) -> dict[str, str] | None:
     return {"ErrorCode": "NotAuthorizedForSourceException", "ErrorMessage": "Not authorized for the source."}
 
 
+def _no_json_number(constant: str) -> Any:
+    raise ValueError(f"{constant} is no JSON number")
+
+
 def _detail_not_an_object(entry: dict[str, Any]) -> dict[str, str] | None:
     """EventBridge fails a PutEvents entry whose Detail is JSON but not an object (an array, a
     string, a number, null): "Detail: A valid JSON object" (EventBridge API reference,
     PutEventsRequestEntry), and the entry error recorded from AWS for "[]" and a serialized string
     (localstack/localstack tests/aws/services/events/test_events.snapshot.json,
-    test_put_event_malformed_detail) is MalformedDetail. moto puts them (and only warns)."""
+    test_put_event_malformed_detail) is MalformedDetail. moto puts them (and only warns). So is a
+    Detail holding NaN or Infinity, which Python writes and reads but JSON does not have ("Numeric
+    values that cannot be represented in the grammar below (such as Infinity and NaN) are not
+    permitted", RFC 8259, section 6); moto read them as Python does."""
     detail = entry.get("Detail")
     if not isinstance(detail, str):
         return None
@@ -751,6 +758,10 @@ def _detail_not_an_object(entry: dict[str, Any]) -> dict[str, str] | None:
         parsed = json.loads(detail)
     except ValueError:
         return None  # moto's own MalformedDetail
+    try:
+        json.loads(detail, parse_constant=_no_json_number)
+    except ValueError:
+        parsed = None
     return None if isinstance(parsed, dict) else {"ErrorCode": "MalformedDetail", "ErrorMessage": "Detail is malformed."}
 
 

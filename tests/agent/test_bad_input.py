@@ -3,15 +3,18 @@ errors become check-error events; kernel log lines it cannot parse are skipped a
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from nodemedic.contracts.events import NodeIdentity
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity
 from nodemedic_agent.checks.base import Finding
 from nodemedic_agent.config import ConfigError, load_config
-from nodemedic_agent.events import health_event
+from nodemedic_agent.events import entry, health_event
 
 GOOD = """
 cluster = "local"
@@ -168,6 +171,39 @@ def test_a_finding_whose_details_the_contract_refuses_is_sent_without_them_sayin
     event = health_event(finding, "c1", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)
     assert (event.fault_code, event.severity, event.component) == ("EFA_ERRORS", "warning", None)
     assert event.evidence["summary"] == "EFA errors rising" and str(event.evidence["refused"])
+
+
+_texts = st.one_of(st.text(max_size=40), st.text(max_size=3000), st.sampled_from(["训" * 1100, "\x01" * 2000, "é" * 700]))
+_values = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(), _texts,
+                    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(component=st.one_of(st.none(), st.fixed_dictionaries(
+           {"kind": st.sampled_from(["gpu", "nic", "disk", "filesystem", "node", "switch"])},
+           optional={"index": _values, "name": _values, "uuid": _values, "serial": _values})),
+       evidence=st.dictionaries(st.text(max_size=30), _values, max_size=40), summary=_texts)
+def test_whatever_a_check_says_of_a_faults_details_the_fault_is_sent(
+        component: dict[str, object] | None, evidence: dict[str, object], summary: str) -> None:
+    event = health_event(Finding("nvml", "XID 79", "failed", summary, component, evidence), "c1",
+                         NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)
+    assert (event.fault_code, event.severity) == ("XID 79", "critical")
+    detail = json.loads(entry("bus", event)["Detail"], parse_constant=_refuse)  # JSON, as EventBridge reads it
+    assert NodeHealthEvent.model_validate(detail) == event
+
+
+def _refuse(constant: str) -> object:
+    raise AssertionError(f"{constant} in the event: JSON has no such number, and EventBridge refuses the entry")
+
+
+def test_a_measurement_that_is_no_number_is_sent_as_its_text() -> None:
+    """A rate over no time, or a reading a tool could not make, is NaN or infinite: Python wrote it
+    into the Detail as NaN, which is no JSON, and EventBridge refused the event."""
+    finding = Finding("efa", "EFA_ERRORS", "degraded", "EFA errors rising", None,
+                      {"per_s": float("inf"), "ratio": float("nan"), "errors": 12})
+    event = health_event(finding, "c1", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)
+    assert {k: event.evidence[k] for k in ("per_s", "ratio", "errors")} == {"per_s": "inf", "ratio": "nan", "errors": 12}
+    json.loads(entry("bus", event)["Detail"], parse_constant=_refuse)
 
 
 def test_a_finding_the_contract_refuses_for_what_it_is_is_an_error_not_an_empty_event() -> None:

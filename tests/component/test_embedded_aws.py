@@ -568,13 +568,14 @@ def test_an_aws_source_is_refused_to_callers_as_eventbridge_refuses_it(aws: Embe
 
 
 def test_an_entry_whose_detail_is_json_but_no_object_fails_and_the_others_go_through(aws: EmbeddedAWS) -> None:
-    """EventBridge fails an entry whose Detail is an array, a string, a number or null
-    (MalformedDetail); moto put it, so a sender that wrote one looked fine here."""
+    """EventBridge fails an entry whose Detail is an array, a string, a number or null, or holds
+    NaN or Infinity, which JSON does not have (MalformedDetail); moto put it, so a sender that
+    wrote one looked fine here."""
     events = aws.client("events")
-    details = ["[]", '"NotJSON"', "5", "null", "{not json", "{}"]
+    details = ["[]", '"NotJSON"', "5", "null", "{not json", '{"x": NaN}', '{"x": [-Infinity]}', "{}"]
     out = events.put_events(Entries=[{"Source": "t", "DetailType": "d", "Detail": d} for d in details])
-    assert [e.get("ErrorCode") for e in out["Entries"]] == ["MalformedDetail"] * 5 + [None]
-    assert out["FailedEntryCount"] == 5 and "EventId" in out["Entries"][-1]
+    assert [e.get("ErrorCode") for e in out["Entries"]] == ["MalformedDetail"] * 7 + [None]
+    assert out["FailedEntryCount"] == 7 and "EventId" in out["Entries"][-1]
 
 
 def test_a_cli_call_removes_no_environment_key_under_moto_s_worker_threads(aws: EmbeddedAWS) -> None:
