@@ -32,7 +32,9 @@ log = logging.getLogger("nodemedic_agent.events")
 
 
 def _json_bytes(value: object) -> int:
-    return len(json.dumps(value, separators=(",", ":")).encode())
+    """The size of ``value`` as JSON; a value JSON has no type for (which the contract then
+    refuses) counts as its text."""
+    return len(json.dumps(value, separators=(",", ":"), default=str).encode())
 
 
 def fit_evidence(evidence: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -161,7 +162,8 @@ def test_a_full_disk_under_the_spool_does_not_stop_detection(bus, sim, make_agen
     ({"kind": "gpu", "serial": "x"}, {}),
     (None, {"links": [1, 2], "per_link": {"0": 1}}),
     (None, {f"counter_{n}": n for n in range(400)}),
-], ids=["index", "field", "nested", "too-many"])
+    (None, {"since": datetime(2026, 11, 28, tzinfo=UTC), "raw": b"\x00"}),
+], ids=["index", "field", "nested", "too-many", "no-json-type"])
 def test_a_finding_whose_details_the_contract_refuses_is_sent_without_them_saying_so(
         component: dict[str, object] | None, evidence: dict[str, object]) -> None:
     """Whatever a check gets wrong about a fault's component or evidence, the fault goes: an event
