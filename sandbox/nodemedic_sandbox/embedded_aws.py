@@ -738,8 +738,12 @@ def _aws_source_refused(entry: dict[str, Any]) -> dict[str, str] | None:
     return {"ErrorCode": "NotAuthorizedForSourceException", "ErrorMessage": "Not authorized for the source."}
 
 
+class _NoJsonNumberError(Exception):
+    """NaN or Infinity in a Detail (json.loads hands them to ``parse_constant``)."""
+
+
 def _no_json_number(constant: str) -> Any:
-    raise ValueError(f"{constant} is no JSON number")
+    raise _NoJsonNumberError(constant)
 
 
 def _detail_not_an_object(entry: dict[str, Any]) -> dict[str, str] | None:
@@ -755,13 +759,11 @@ def _detail_not_an_object(entry: dict[str, Any]) -> dict[str, str] | None:
     if not isinstance(detail, str):
         return None
     try:
-        parsed = json.loads(detail)
+        parsed = json.loads(detail, parse_constant=_no_json_number)
+    except _NoJsonNumberError:
+        parsed = None
     except ValueError:
         return None  # moto's own MalformedDetail
-    try:
-        json.loads(detail, parse_constant=_no_json_number)
-    except ValueError:
-        parsed = None
     return None if isinstance(parsed, dict) else {"ErrorCode": "MalformedDetail", "ErrorMessage": "Detail is malformed."}
 
 
