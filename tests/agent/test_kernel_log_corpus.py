@@ -118,4 +118,3 @@ def test_a_fault_line_naming_a_device_longer_than_a_component_name_is_sent_with_
     assert finding is not None
     event = health_event(finding, "c1", NodeIdentity(instance_id="i-0123456789abcdef0", hostname="gpu-1"), 1)
     assert event.component is not None and event.component.name == device[:256]
-
