@@ -1,12 +1,20 @@
 """What SSM's agent does with a Command document before it runs it: check each parameter against
 the document's declaration (present or defaulted, ``allowedValues``, ``allowedPattern``: "Creating
 SSM documents: parameters" in the Systems Manager user guide), then replace each ``{{ name }}`` in
-its ``aws:runShellScript`` lines by the value. The relay (:mod:`nodemedic_agent.relay`) runs the
-stack's documents this way; the local stack's SSM does too."""
+its ``aws:runShellScript`` lines by the value, and run them as it runs them (:func:`run_script`).
+The relay (:mod:`nodemedic_agent.relay`) runs the stack's documents this way; the local stack's
+SSM does too."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z0-9_]+)\s*\}\}")
@@ -37,3 +45,38 @@ def render_document(document: dict[str, Any], given: dict[str, list[str]]) -> st
     lines = [line for step in document["mainSteps"] if step["action"] == "aws:runShellScript"
              for line in step["inputs"]["runCommand"]]
     return _PLACEHOLDER.sub(lambda m: "\n".join(values[m.group(1)]), "\n".join(lines))
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """How a document's script ended, as SSM reports it."""
+
+    status: str  # Success | Failed | TimedOut
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_script(script: str, timeout_s: float, env: Mapping[str, str] | None = None) -> ScriptRun:
+    """Run a rendered ``aws:runShellScript`` step as SSM's agent does (amazon-ssm-agent,
+    ``plugins/runscript``): its lines written to an executable ``_script.sh`` that ``sh -c <path>``
+    starts. So a first line ``#!/bin/bash`` chooses bash, and without one ``/bin/sh`` runs the lines:
+    dash on Debian and Ubuntu, which has no ``pipefail`` and no bash syntax. At the timeout the agent
+    kills the script and everything it started."""
+    tmp_root = (env if env is not None else os.environ).get("TMPDIR")
+    with tempfile.TemporaryDirectory(prefix="nodemedic-script-", dir=tmp_root) as tmp:
+        path = Path(tmp) / "_script.sh"
+        path.write_text(script + "\n")
+        path.chmod(0o700)
+        proc = subprocess.Popen(["sh", "-c", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace", env=None if env is None else dict(env), start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # the script ended as the time ran out
+                pass
+            out, err = proc.communicate()
+            return ScriptRun("TimedOut", -1, out, f"{err}timed out after {timeout_s:g}s")
+    return ScriptRun("Success" if proc.returncode == 0 else "Failed", proc.returncode, out, err)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from nodemedic.contracts.relay import RELAY_OUTPUT_LIMIT, RELAY_STDERR_LIMIT, RelayRequest, relay_key
 
-from nodemedic_agent.documents import parameter_problems, render_document
+from nodemedic_agent.documents import parameter_problems, render_document, run_script
 
 log = logging.getLogger("nodemedic_agent.relay")
 RECEIVE_WAIT_S = 20  # SQS long polling: at most 20 s
@@ -210,13 +209,8 @@ class Relay:
                                                 ":why": {"S": "the relay stopped while the command ran; not run again"}})
 
     def _run(self, script: str, timeout_s: int) -> tuple[str, int, str, str]:
-        try:
-            done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, errors="replace",
-                                  timeout=timeout_s, env=self._env, check=False)
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            return "TimedOut", -1, out, f"timed out after {timeout_s}s"
-        return ("Success" if done.returncode == 0 else "Failed"), done.returncode, done.stdout, done.stderr
+        done = run_script(script, timeout_s, self._env)
+        return done.status, done.exit_code, done.stdout, done.stderr
 
     def _finish(self, request: RelayRequest, status: str, code: int, out: str, err: str, *, start: bool = False) -> None:
         """Write the outcome to the request's record (only one the pipeline made: never a new one)."""

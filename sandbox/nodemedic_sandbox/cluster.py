@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, cast
 
 from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.providers.ec2 import CLUSTER_TAG
+from nodemedic_agent.documents import run_script
 
 from nodemedic_sandbox import faults as faults_file
 from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, CommandOutcome, EmbeddedAWS
@@ -327,13 +328,8 @@ class SimCluster:
         elif not self._wait_for_boot(instance_id, timeout_s):
             outcome = CommandOutcome("TimedOut", -1, "", f"instance {instance_id} still booting")
         else:
-            try:
-                done = subprocess.run(["bash", "-c", script], env=self.command_env(instance_id), capture_output=True,
-                                      text=True, timeout=timeout_s, check=False)
-                status = "Success" if done.returncode == 0 else "Failed"
-                outcome = CommandOutcome(status, done.returncode, done.stdout, done.stderr)
-            except subprocess.TimeoutExpired as exc:
-                outcome = CommandOutcome("TimedOut", -1, str(exc.stdout or ""), "timed out")
+            done = run_script(script, timeout_s, self.command_env(instance_id))
+            outcome = CommandOutcome(done.status, done.exit_code, done.stdout, done.stderr)
         self.commands.append(CommandLog(instance_id, script, outcome.status, outcome.exit_code, outcome.stdout,
                                         started, time.time() - started))
         return outcome

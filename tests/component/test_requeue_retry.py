@@ -15,8 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -28,7 +26,7 @@ import pytest
 from nodemedic.errors import CommandPendingError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.run_command import Documents, RunCommand
-from nodemedic_agent.documents import render_document
+from nodemedic_agent.documents import render_document, run_script
 from nodemedic_sandbox.aws_rules import SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
 from nodemedic_sandbox.embedded_aws import check_parameters
 
@@ -47,15 +45,17 @@ if os.path.basename(sys.argv[0]) == "squeue":
         print("\n".join(j for j, v in jobs.items() if v["state"] == "RUNNING" and opts["-w"] in v["nodes"]))
     elif opts.get("-o") == "%N":
         print(jobs[opts["-j"]]["list"])
-    elif opts.get("-o") == "%T":
-        print(jobs[opts["-j"]]["state"])
+    elif opts.get("-o") == "%A %T":
+        print("\n".join(f"{j} {jobs[j]['state']}" for j in opts["-j"].split(",") if j in jobs))
 elif args[:1] == ["requeue"]:
     if args[1] in os.environ.get("FAKE_HANG", "").split():
         time.sleep(30)  # the controller does not answer; SSM's executionTimeout kills the script
-    jobs[args[1]]["state"] = "PENDING"
+    # a dead node's slurmd never says the job ended: it stays COMPLETING
+    jobs[args[1]]["state"] = "COMPLETING" if os.environ.get("FAKE_DEAD_NODE") else "PENDING"
     save()
-elif args[:1] == ["update"]:
-    pass  # starttime=now+2: releases the requeued job at once
+elif args[:1] == ["update"] and args[1].startswith("jobid=") and args[2:] == ["starttime=now+2"]:
+    jobs[args[1].removeprefix("jobid=")]["released"] = True  # held no longer for cred_expire
+    save()
 else:
     sys.exit(f"fake scontrol: {args}")
 '''
@@ -80,18 +80,10 @@ class SlowControllerSSM:
         command_id = str(uuid.uuid4())
         self.commands.append({"CommandId": command_id, "DocumentName": DocumentName, "Parameters": Parameters,
                               "RequestedDateTime": datetime.now(UTC), "InstanceIds": InstanceIds})
-        shell = subprocess.Popen(["bash", "-c", render_document(document, Parameters)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True)
-        try:
-            out, err = shell.communicate(timeout=int(Parameters["executionTimeout"][0]))
-            status = "Success" if shell.returncode == 0 else "Failed"
-        except subprocess.TimeoutExpired:
-            os.killpg(shell.pid, signal.SIGKILL)
-            out, err = shell.communicate()
-            status = "TimedOut"
+        done = run_script(render_document(document, Parameters), int(Parameters["executionTimeout"][0]), self.env)
         self.invocations[command_id] = {
-            "Status": status, "ResponseCode": shell.returncode if status != "TimedOut" else -1,
-            "StandardOutputContent": out[:SSM_STDOUT_LIMIT], "StandardErrorContent": err[:SSM_STDERR_LIMIT],
+            "Status": done.status, "ResponseCode": done.exit_code,
+            "StandardOutputContent": done.stdout[:SSM_STDOUT_LIMIT], "StandardErrorContent": done.stderr[:SSM_STDERR_LIMIT],
             "silent": self.unanswered > 0}
         self.unanswered -= 1
         return {"Command": {"CommandId": command_id}}
@@ -133,10 +125,10 @@ def controller(tmp_path: Path) -> tuple[Path, SlowControllerSSM]:
     return jobs, SlowControllerSSM(env)
 
 
-def _slurm(ssm: SlowControllerSSM) -> SlurmViaSSM:
+def _slurm(ssm: SlowControllerSSM, timeout_s: int = 5) -> SlurmViaSSM:
     ticks = itertools.count()  # the wait runs out after timeout_s polls, without sleeping
     runner = RunCommand(ssm, poll_interval=0, sleep=lambda _: None, clock=lambda: float(next(ticks)))
-    return SlurmViaSSM(runner, "i-0ctl", 2, Documents("c1"))
+    return SlurmViaSSM(runner, "i-0ctl", timeout_s, Documents("c1"))
 
 
 def _jobs(path: Path, **jobs: list[str]) -> None:
@@ -182,6 +174,18 @@ def test_a_retry_keeps_what_a_requeue_killed_part_way_did_and_requeues_the_rest(
     assert sorted(out.requeued) == ["11", "12"] and out.job_nodes["12"] == ["gpu-1", "gpu-4"]
     assert out.not_requeued == [] and ssm.requeues() == 2
     assert _states(jobs) == {"11": "PENDING", "12": "PENDING"}
+
+
+def test_jobs_left_completing_by_a_dead_node_are_requeued_and_released_within_one_wait(controller) -> None:
+    """On a dead node every requeued job stays COMPLETING. The release waited up to 15 s for each
+    job in turn: six jobs outlasted a 45 s command, SSM killed it, and the drain failed with the
+    jobs requeued but still held for cred_expire."""
+    jobs, ssm = controller
+    _jobs(jobs, **{f"j{n}": ["gpu-1"] for n in range(21, 27)})
+    ssm.env["FAKE_DEAD_NODE"] = "1"
+    out = _slurm(ssm, timeout_s=45).evacuate("gpu-1")
+    assert sorted(out.requeued) == [str(n) for n in range(21, 27)] and out.not_requeued == []
+    assert all(job.get("released") for job in json.loads(jobs.read_text()).values())
 
 
 class SlowCommandSSM:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -21,7 +20,7 @@ from nodemedic.errors import CommandFailedError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.run_command import CommandResult, Documents, RunCommand
 from nodemedic.stages.health_check import parse_report
-from nodemedic_agent.documents import render_document
+from nodemedic_agent.documents import render_document, run_script
 from nodemedic_agent.report import REPORT_LIMIT, fitted
 from nodemedic_sandbox.aws_rules import SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
 from nodemedic_sandbox.embedded_aws import check_parameters
@@ -67,7 +66,7 @@ else:
 
 
 class ShellSSM:
-    """SSM for one controller: SendCommand runs the document's shell here in bash;
+    """SSM for one controller: SendCommand runs the document's shell here as SSM's agent does;
     GetCommandInvocation answers as AWS does, with the first characters of each stream only."""
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -78,11 +77,10 @@ class ShellSSM:
                      **_: Any) -> dict[str, Any]:
         document = DOCUMENTS[DocumentName]
         check_parameters(DocumentName, document, Parameters)
-        done = subprocess.run(["bash", "-c", render_document(document, Parameters)], capture_output=True,
-                              text=True, env=self.env, timeout=60, check=False)
+        done = run_script(render_document(document, Parameters), 60, self.env)
         command_id = str(uuid.uuid4())
         self.invocations[command_id] = {
-            "Status": "Success" if done.returncode == 0 else "Failed", "ResponseCode": done.returncode,
+            "Status": done.status, "ResponseCode": done.exit_code,
             "StandardOutputContent": done.stdout[:SSM_STDOUT_LIMIT],
             "StandardErrorContent": done.stderr[:SSM_STDERR_LIMIT], "printed": len(done.stdout)}
         return {"Command": {"CommandId": command_id}}

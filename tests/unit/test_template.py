@@ -4,6 +4,8 @@ instead of shell, partitions, log retention (what cfn-lint does not check)."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,30 @@ def test_every_document_parameter_is_constrained() -> None:
         for key, spec in document["Properties"]["Content"]["parameters"].items():
             assert "allowedPattern" in spec or "allowedValues" in spec, f"{name}.{key} takes any text"
             assert spec["type"] == "String", f"{name}.{key}: a StringList would become lines of shell"
+
+
+def _shell_line(line: str | dict[str, Any]) -> str:
+    """A runCommand line as the instance gets it: a parameter reference (GpuResetCommand) stands
+    for a command, ``${...}`` in an ``!Sub`` too."""
+    if isinstance(line, str):
+        return line
+    if "Ref" in line:
+        return "true"
+    return re.sub(r"\$\{[A-Za-z0-9]+\}", "true", line["Fn::Sub"])
+
+
+def test_every_document_names_the_shell_its_lines_are_written_for() -> None:
+    """SSM's agent runs a document's lines with sh unless the first names a shell: on Ubuntu (the
+    Deep Learning AMIs, HyperPod) that is dash, where ``set -o pipefail`` stops the script at its
+    first line. Each document starts with #!/bin/bash, and bash parses what follows."""
+    documents = {k: v for k, v in RESOURCES.items() if v["Type"] == "AWS::SSM::Document"}
+    for name, document in documents.items():
+        for step in document["Properties"]["Content"]["mainSteps"]:
+            lines = [_shell_line(line) for line in step["inputs"]["runCommand"]]
+            assert lines[0] == "#!/bin/bash", f"{name}: its lines would run under sh"
+            script = re.sub(r"\{\{\s*\w+\s*\}\}", "x", "\n".join(lines))
+            parsed = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, check=False)
+            assert parsed.returncode == 0, f"{name}: {parsed.stderr}"
 
 
 def test_every_function_has_a_log_group_with_retention() -> None:
