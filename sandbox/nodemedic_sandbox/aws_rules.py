@@ -13,6 +13,10 @@ NEW_ACCOUNT_CONCURRENCY = 10  # a new account's Lambda concurrency quota can be 
 # GetCommandInvocation returns "the first 24,000 characters written by the plugin to stdout" and
 # "the first 8,000 characters written by the plugin to stderr" (SSM API reference)
 SSM_STDOUT_LIMIT, SSM_STDERR_LIMIT = 24_000, 8_000
+# SSM's agent runs as a systemd service that sets no PATH, so a document's script gets systemd's
+# default (systemd.exec(5), "Environment variables in spawned processes"); no login shell reads
+# /etc/profile.d, where ParallelCluster puts /opt/slurm/bin on a user's PATH
+SSM_AGENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # PutEvents refuses a request whose entries total more than 1 MB, each entry sized as EventBridge
 # sizes it (EventBridge user guide, "Calculating PutEvents event entry size"; the limit rose from
 # 256 KB to 1 MB on 29 January 2026, AWS What's New "Amazon EventBridge increases event payload

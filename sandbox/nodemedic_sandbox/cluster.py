@@ -23,6 +23,7 @@ from nodemedic.providers.ec2 import CLUSTER_TAG
 from nodemedic_agent.documents import run_script
 
 from nodemedic_sandbox import faults as faults_file
+from nodemedic_sandbox.aws_rules import SSM_AGENT_PATH
 from nodemedic_sandbox.embedded_aws import ACCOUNT_ID, CommandOutcome, EmbeddedAWS
 from nodemedic_sandbox.scheduler import Scheduler
 
@@ -312,9 +313,10 @@ class SimCluster:
 
     def command_env(self, instance_id: str) -> dict[str, str]:
         """The environment a document's script runs in on ``instance_id`` (through SSM or the
-        relay): this cluster's Slurm; TMPDIR, so the documents' lock files land in this cluster's
-        state dir, gone with it."""
-        return {**os.environ, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": instance_id, "TMPDIR": str(self.state_dir)}
+        relay): SSM's agent's PATH, not this process's; this cluster's Slurm; TMPDIR, so the
+        documents' lock files land in this cluster's state dir, gone with it."""
+        return {**os.environ, "PATH": SSM_AGENT_PATH, **self.scheduler.env, "NODEMEDIC_INSTANCE_ID": instance_id,
+                "TMPDIR": str(self.state_dir)}
 
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
         started = time.time()

@@ -27,10 +27,10 @@ from nodemedic.errors import CommandPendingError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic_agent.documents import render_document, run_script
-from nodemedic_sandbox.aws_rules import SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
+from nodemedic_sandbox.aws_rules import SSM_AGENT_PATH, SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
 from nodemedic_sandbox.embedded_aws import check_parameters
 
-from tests.component.test_ssm_output_limit import DOCUMENTS
+from tests.component.test_ssm_output_limit import DOCUMENTS, documents
 
 FAKE_SLURM = r'''
 import json, os, sys, time
@@ -67,15 +67,16 @@ class SlowControllerSSM:
     InvokedAfter; GetCommandInvocation says InProgress for the first ``unanswered`` commands (the
     invocation that sent them gives up waiting) until they are answered."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], slurm_bin: Path) -> None:
         self.env = env
+        self.documents = documents(ClusterName="c1", SlurmBinDir=str(slurm_bin))
         self.commands: list[dict[str, Any]] = []
         self.invocations: dict[str, dict[str, Any]] = {}
         self.unanswered = 0
 
     def send_command(self, InstanceIds: list[str], DocumentName: str, Parameters: dict[str, list[str]],  # noqa: N803
                      **_: Any) -> dict[str, Any]:
-        document = DOCUMENTS[DocumentName]
+        document = self.documents[DocumentName]
         check_parameters(DocumentName, document, Parameters)
         command_id = str(uuid.uuid4())
         self.commands.append({"CommandId": command_id, "DocumentName": DocumentName, "Parameters": Parameters,
@@ -115,14 +116,16 @@ class SlowControllerSSM:
 
 @pytest.fixture
 def controller(tmp_path: Path) -> tuple[Path, SlowControllerSSM]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    """A controller whose Slurm is where ParallelCluster puts it (``SlurmBinDir``), not on the
+    PATH SSM's agent gives a script."""
+    bin_dir = tmp_path / "opt-slurm" / "bin"
+    bin_dir.mkdir(parents=True)
     for tool in ("squeue", "scontrol"):
         (bin_dir / tool).write_text(f"#!{sys.executable}\n{FAKE_SLURM}")
         (bin_dir / tool).chmod(0o755)
     jobs = tmp_path / "jobs.json"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_JOBS": str(jobs)}
-    return jobs, SlowControllerSSM(env)
+    env = {**os.environ, "PATH": SSM_AGENT_PATH, "FAKE_JOBS": str(jobs)}
+    return jobs, SlowControllerSSM(env, bin_dir)
 
 
 def _slurm(ssm: SlowControllerSSM, timeout_s: int = 5) -> SlurmViaSSM:

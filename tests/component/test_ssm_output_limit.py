@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -22,14 +23,34 @@ from nodemedic.providers.run_command import CommandResult, Documents, RunCommand
 from nodemedic.stages.health_check import parse_report
 from nodemedic_agent.documents import render_document, run_script
 from nodemedic_agent.report import REPORT_LIMIT, fitted
-from nodemedic_sandbox.aws_rules import SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
+from nodemedic_sandbox.aws_rules import SSM_AGENT_PATH, SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
 from nodemedic_sandbox.embedded_aws import check_parameters
 from samtranslator.yaml_helper import yaml_parse
 
 ROOT = Path(__file__).resolve().parents[2]
-RESOURCES = yaml_parse((ROOT / "template.yaml").read_text())["Resources"]
-DOCUMENTS = {r["Properties"]["Name"]["Fn::Sub"].replace("${ClusterName}", "c1"): r["Properties"]["Content"]
-             for r in RESOURCES.values() if r["Type"] == "AWS::SSM::Document"}
+TEMPLATE = yaml_parse((ROOT / "template.yaml").read_text())
+RESOURCES = TEMPLATE["Resources"]
+
+
+def documents(**parameters: str) -> dict[str, dict[str, Any]]:
+    """The stack's Command documents by name as CloudFormation creates them: ``!Sub`` and ``!Ref``
+    of the template's parameters (these, else their defaults) resolved."""
+    values = {k: str(spec.get("Default", "")) for k, spec in TEMPLATE["Parameters"].items()} | parameters
+
+    def resolved(value: Any) -> Any:
+        if isinstance(value, dict) and set(value) == {"Fn::Sub"}:
+            return re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], value["Fn::Sub"])
+        if isinstance(value, dict) and set(value) == {"Ref"}:
+            return values[value["Ref"]]
+        if isinstance(value, dict):
+            return {k: resolved(v) for k, v in value.items()}
+        return [resolved(v) for v in value] if isinstance(value, list) else value
+
+    return {resolved(r["Properties"]["Name"]): resolved(r["Properties"]["Content"])
+            for r in RESOURCES.values() if r["Type"] == "AWS::SSM::Document"}
+
+
+DOCUMENTS = documents(ClusterName="c1")
 
 # what Slurm 22.05 prints for a node (tests/component: measured on the local cluster), padded to a
 # p5's length with the fields a real GPU node has more of
@@ -69,13 +90,14 @@ class ShellSSM:
     """SSM for one controller: SendCommand runs the document's shell here as SSM's agent does;
     GetCommandInvocation answers as AWS does, with the first characters of each stream only."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], slurm_bin: Path) -> None:
         self.env = env
+        self.documents = documents(ClusterName="c1", SlurmBinDir=str(slurm_bin))
         self.invocations: dict[str, dict[str, Any]] = {}
 
     def send_command(self, InstanceIds: list[str], DocumentName: str, Parameters: dict[str, list[str]],  # noqa: N803
                      **_: Any) -> dict[str, Any]:
-        document = DOCUMENTS[DocumentName]
+        document = self.documents[DocumentName]
         check_parameters(DocumentName, document, Parameters)
         done = run_script(render_document(document, Parameters), 60, self.env)
         command_id = str(uuid.uuid4())
@@ -91,14 +113,15 @@ class ShellSSM:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> tuple[Path, ShellSSM]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    """A controller whose Slurm is where ParallelCluster puts it (the stack's ``SlurmBinDir``),
+    not on the PATH SSM's agent gives a script."""
+    bin_dir = tmp_path / "opt-slurm" / "bin"
+    bin_dir.mkdir(parents=True)
     (bin_dir / "scontrol").write_text(f"#!{sys.executable}\n{SCONTROL}")
     (bin_dir / "scontrol").chmod(0o755)
     nodes_file = tmp_path / "nodes.json"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_NODES": str(nodes_file),
-           "FAKE_RECORD": RECORD}
-    return nodes_file, ShellSSM(env)
+    env = {**os.environ, "PATH": SSM_AGENT_PATH, "FAKE_NODES": str(nodes_file), "FAKE_RECORD": RECORD}
+    return nodes_file, ShellSSM(env, bin_dir)
 
 
 def _slurm(ssm: ShellSSM) -> SlurmViaSSM:
