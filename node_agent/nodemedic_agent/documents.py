@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z0-9_]+)\s*\}\}")
+# a script that exits 194 asks SSM's agent to reboot the instance, then runs again ("Handling
+# reboots when running commands", Systems Manager user guide)
+REBOOT_EXIT_CODE = 194
 
 
 def parameter_problems(name: str, document: dict[str, Any], given: dict[str, list[str]]) -> list[str]:
@@ -62,7 +65,8 @@ def run_script(script: str, timeout_s: float, env: Mapping[str, str] | None = No
     ``plugins/runscript``): its lines written to an executable ``_script.sh`` that ``sh -c <path>``
     starts. So a first line ``#!/bin/bash`` chooses bash, and without one ``/bin/sh`` runs the lines:
     dash on Debian and Ubuntu, which has no ``pipefail`` and no bash syntax. At the timeout the agent
-    kills the script and everything it started."""
+    kills the script and everything it started. An exit of 194 would make the agent reboot the
+    instance: reported here as a failure that says so, never emulated."""
     tmp_root = (env if env is not None else os.environ).get("TMPDIR")
     with tempfile.TemporaryDirectory(prefix="nodemedic-script-", dir=tmp_root) as tmp:
         path = Path(tmp) / "_script.sh"
@@ -79,4 +83,6 @@ def run_script(script: str, timeout_s: float, env: Mapping[str, str] | None = No
                 pass
             out, err = proc.communicate()
             return ScriptRun("TimedOut", -1, out, f"{err}timed out after {timeout_s:g}s")
+    if proc.returncode == REBOOT_EXIT_CODE:  # the agent would reboot the instance and run the script again
+        err += f"exit {REBOOT_EXIT_CODE}: SSM's agent would reboot the instance here and run the script again\n"
     return ScriptRun("Success" if proc.returncode == 0 else "Failed", proc.returncode, out, err)

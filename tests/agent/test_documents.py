@@ -37,3 +37,8 @@ def test_at_the_timeout_the_script_and_what_it_started_are_killed(tmp_path: Path
     gone = subprocess.run(["ps", "-o", "stat=", "-p", str(child)], capture_output=True, text=True, check=False)
     assert gone.stdout.strip() in ("", "Z")  # killed (at most not yet reaped by init)
     assert list(tmp_path.iterdir()) == [pid_file]  # the script's file is gone with it
+
+
+def test_an_exit_of_194_says_ssm_would_reboot_the_instance() -> None:
+    done = run_script("#!/bin/bash\nexit 194", 30)
+    assert (done.status, done.exit_code) == ("Failed", 194) and "reboot the instance" in done.stderr

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
+from nodemedic_agent.documents import render_document, run_script
 from samtranslator.yaml_helper import yaml_parse
+
+from tests.component.test_ssm_output_limit import documents
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = yaml_parse((ROOT / "template.yaml").read_text())
@@ -73,6 +76,8 @@ def test_every_document_names_the_shell_its_lines_are_written_for() -> None:
         for step in document["Properties"]["Content"]["mainSteps"]:
             lines = [_shell_line(line) for line in step["inputs"]["runCommand"]]
             assert lines[0] == "#!/bin/bash", f"{name}: its lines would run under sh"
+            assert lines[1].startswith("trap '[ $? -ne 194 ]") and lines[1].endswith(" EXIT"), \
+                f"{name}: an exit of 194 would reboot the instance"
             script = re.sub(r"\{\{\s*\w+\s*\}\}", "x", "\n".join(lines))
             parsed = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, check=False)
             assert parsed.returncode == 0, f"{name}: {parsed.stderr}"
@@ -259,3 +264,16 @@ def test_the_templates_rules_refuse_what_cloudformation_would(given: dict[str, s
 
     problems = rule_problems(TEMPLATE["Rules"], TEMPLATE["Parameters"], given)
     assert (problems == []) if refused is None else any(refused in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("document", "command"), [("gpu-reset", "GpuResetCommand"), ("node-join", "NodeJoinCommand"),
+                                                   ("health-check", "DeepHealthCheckCommand")])
+def test_a_command_of_yours_that_exits_194_fails_instead_of_rebooting_the_node(document: str, command: str) -> None:
+    """SSM's agent reboots an instance whose script exits 194, and runs it again: a health check
+    that happened to exit 194 would reboot a node that runs a job, past every safety rail."""
+    name = f"nodemedic-c1-{document}"
+    content = documents(ClusterName="c1", **{command: "echo ran; exit 194"})[name]
+    given = {"level": ["quick"]} if document == "health-check" else {"slurmNode": ["gpu-1"]} if document == "node-join" else {}
+    done = run_script(render_document(content, given), 30)
+    assert (done.status, done.exit_code, done.stdout) == ("Failed", 1, "ran\n")
+    assert "exit 194 reported as 1" in done.stderr
