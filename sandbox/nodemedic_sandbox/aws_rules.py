@@ -17,6 +17,17 @@ SSM_STDOUT_LIMIT, SSM_STDERR_LIMIT = 24_000, 8_000
 # default (systemd.exec(5), "Environment variables in spawned processes"); no login shell reads
 # /etc/profile.d, where ParallelCluster puts /opt/slurm/bin on a user's PATH
 SSM_AGENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def ssm_agent_timeout(value: str) -> int:
+    """The seconds SSM's agent lets a step run for its ``timeoutSeconds`` (amazon-ssm-agent,
+    ``pluginutil.ValidateExecutionTimeout``): below 5 or above 172,800 seconds, or not a number,
+    it runs for the default hour."""
+    try:
+        seconds = int(float(value))
+    except ValueError:
+        return 3600
+    return seconds if 5 <= seconds <= 172_800 else 3600
 # PutEvents refuses a request whose entries total more than 1 MB, each entry sized as EventBridge
 # sizes it (EventBridge user guide, "Calculating PutEvents event entry size"; the limit rose from
 # 256 KB to 1 MB on 29 January 2026, AWS What's New "Amazon EventBridge increases event payload

@@ -90,6 +90,7 @@ from nodemedic_sandbox.aws_rules import (
     SSM_STDOUT_LIMIT,
     STATES_PAYLOAD_LIMIT,
     put_events_entry_size,
+    ssm_agent_timeout,
 )
 
 ACCOUNT_ID = "123456789012"
@@ -1505,7 +1506,7 @@ class EmbeddedAWS:
             script = "\n".join(command.parameters.get("commands", []))
         else:
             script = render_document(document, command.parameters)
-        timeout = int(command.parameters.get("executionTimeout", ["3600"])[0])
+        timeout = ssm_agent_timeout(command.parameters.get("executionTimeout", ["3600"])[0])
         for instance_id in command.instance_ids:
             run = self._runs[(command.command_id, instance_id)] = _Run()
             threading.Thread(target=self._execute, args=(command, instance_id, script, timeout, run),
@@ -1539,7 +1540,7 @@ class EmbeddedAWS:
         run = self._runs.get((command.command_id, instance_id))
         if run is None:
             return response
-        timeout = int(command.parameters.get("executionTimeout", ["3600"])[0])
+        timeout = ssm_agent_timeout(command.parameters.get("executionTimeout", ["3600"])[0])
         if not run.done.wait(timeout + 30):  # as good as polling until it ends, without the polls
             response.update(Status="InProgress", StatusDetails="InProgress")
             return response

@@ -14,6 +14,7 @@ from unittest import mock
 import moto
 import pytest
 from botocore.exceptions import ClientError
+from nodemedic_sandbox.aws_rules import ssm_agent_timeout
 from nodemedic_sandbox.embedded_aws import HOOKED, CommandOutcome, EmbeddedAWS, FunctionSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -787,3 +788,11 @@ def test_a_functions_long_poll_of_an_empty_queue_waits_its_scaled_time(aws: Embe
     started = time.monotonic()
     assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)
     assert time.monotonic() - started >= 0.9
+
+
+@pytest.mark.parametrize(("given", "runs_for"), [("5", 5), ("600", 600), ("172800", 172_800), ("4", 3600),
+                                                 ("0", 3600), ("172801", 3600), ("soon", 3600)])
+def test_a_command_runs_for_the_time_ssms_agent_gives_it(given: str, runs_for: int) -> None:
+    """The agent runs a step whose timeoutSeconds is under 5 s or over two days for its default
+    hour: a 2 s timeout is no timeout at all on AWS."""
+    assert ssm_agent_timeout(given) == runs_for

@@ -27,7 +27,7 @@ from nodemedic.errors import CommandPendingError
 from nodemedic.orchestrators.slurm import SlurmViaSSM
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic_agent.documents import render_document, run_script
-from nodemedic_sandbox.aws_rules import SSM_AGENT_PATH, SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT
+from nodemedic_sandbox.aws_rules import SSM_AGENT_PATH, SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT, ssm_agent_timeout
 from nodemedic_sandbox.embedded_aws import check_parameters
 
 from tests.component.test_ssm_output_limit import DOCUMENTS, documents
@@ -81,7 +81,8 @@ class SlowControllerSSM:
         command_id = str(uuid.uuid4())
         self.commands.append({"CommandId": command_id, "DocumentName": DocumentName, "Parameters": Parameters,
                               "RequestedDateTime": datetime.now(UTC), "InstanceIds": InstanceIds})
-        done = run_script(render_document(document, Parameters), int(Parameters["executionTimeout"][0]), self.env)
+        done = run_script(render_document(document, Parameters), ssm_agent_timeout(Parameters["executionTimeout"][0]),
+                          self.env)
         self.invocations[command_id] = {
             "Status": done.status, "ResponseCode": done.exit_code,
             "StandardOutputContent": done.stdout[:SSM_STDOUT_LIMIT], "StandardErrorContent": done.stderr[:SSM_STDERR_LIMIT],

@@ -277,3 +277,15 @@ def test_a_command_of_yours_that_exits_194_fails_instead_of_rebooting_the_node(d
     done = run_script(render_document(content, given), 30)
     assert (done.status, done.exit_code, done.stdout) == ("Failed", 1, "ran\n")
     assert "exit 194 reported as 1" in done.stderr
+
+
+@pytest.mark.parametrize("parameter", ["CommandTimeoutSeconds", "HealthCheckTimeoutSeconds"])
+def test_a_command_timeout_is_one_the_documents_and_ssms_agent_take(parameter: str) -> None:
+    """It becomes the documents' executionTimeout: five digits at most (their allowedPattern, or
+    every SendCommand is refused), and 5 s to two days (else SSM's agent runs the step for an hour)."""
+    spec = TEMPLATE["Parameters"][parameter]
+    patterns = {d["Properties"]["Content"]["parameters"]["executionTimeout"]["allowedPattern"]
+                for d in RESOURCES.values() if d["Type"] == "AWS::SSM::Document"}
+    for seconds in (int(spec["MinValue"]), int(spec["MaxValue"])):
+        assert 5 <= seconds <= 172_800, (parameter, seconds)
+        assert all(re.fullmatch(p, str(seconds)) for p in patterns), (parameter, seconds, patterns)
