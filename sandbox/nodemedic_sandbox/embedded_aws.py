@@ -86,6 +86,7 @@ from nodemedic_sandbox import hyperpod, iam
 from nodemedic_sandbox.aws_rules import (
     NEW_ACCOUNT_CONCURRENCY,
     PUT_EVENTS_REQUEST_LIMIT,
+    SSM_INVOCATION_LAG_S,
     SSM_STDERR_LIMIT,
     SSM_STDOUT_LIMIT,
     STATES_PAYLOAD_LIMIT,
@@ -1536,6 +1537,11 @@ class EmbeddedAWS:
             traceback.print_exc()
 
     def _run_command(self, command: Command, instance_id: str, plugin: str | None, original: Any) -> dict[str, Any]:
+        if (utcnow() - command.requested_date_time).total_seconds() < SSM_INVOCATION_LAG_S:
+            # as AWS: right after SendCommand the invocation is not there yet (botocore's
+            # CommandExecuted waiter retries on this error)
+            raise SSMException("InvocationDoesNotExist", "An error occurred (InvocationDoesNotExist) when calling the "
+                                                      "GetCommandInvocation operation")
         response: dict[str, Any] = original(command, instance_id, plugin)
         run = self._runs.get((command.command_id, instance_id))
         if run is None:

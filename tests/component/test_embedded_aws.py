@@ -357,6 +357,10 @@ def test_scheduled_events_are_described_and_the_event_code_filter_applies(aws: E
 
 
 def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) -> None:
+    """Right after SendCommand, GetCommandInvocation answers InvocationDoesNotExist, as AWS does
+    for a moment; the pipeline's wait reads that as "not yet" and polls on."""
+    from nodemedic.providers.run_command import RunCommand
+
     ec2 = aws.client("ec2")
     ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=3, MaxCount=3)["Instances"]]
     host = _Host()
@@ -364,9 +368,11 @@ def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) ->
     ssm = aws.client("ssm")
     cmd = ssm.send_command(InstanceIds=[ids[1]], DocumentName="AWS-RunShellScript",
                            Parameters={"commands": ["exit 3"]})["Command"]["CommandId"]
-    inv = ssm.get_command_invocation(CommandId=cmd, InstanceId=ids[1])  # waits for the background run
+    with pytest.raises(ClientError, match="InvocationDoesNotExist"):
+        ssm.get_command_invocation(CommandId=cmd, InstanceId=ids[1])
+    result = RunCommand(ssm, poll_interval=0.1).wait(ids[1], cmd, 30)
     assert host.ran == [(ids[1], "exit 3")]
-    assert (inv["Status"], inv["ResponseCode"], inv["StandardOutputContent"]) == ("Failed", 3, "out")
+    assert (result.status, result.exit_code, result.stdout) == ("Failed", 3, "out")
 
 
 def test_ssm_refuses_at_once_an_instance_its_agent_has_not_registered_as_aws_does(aws: EmbeddedAWS) -> None:

@@ -18,10 +18,15 @@ REPORT = '{"healthy": true, "checks": [{"name": "gpus", "ok": true}]}'
 
 
 class FakeSSM:
-    def __init__(self, status: str) -> None:
-        self.status = status
+    class exceptions:  # noqa: N801 - the shape of a boto3 client's exceptions
+        class InvocationDoesNotExist(Exception): ...  # noqa: N818
+
+    def __init__(self, status: str | None) -> None:
+        self.status = status  # None: SSM has no invocation for the command yet
 
     def get_command_invocation(self, **_: Any) -> dict[str, Any]:
+        if self.status is None:
+            raise self.exceptions.InvocationDoesNotExist()
         return {"Status": self.status, "ResponseCode": 0, "StandardOutputContent": REPORT}
 
 
@@ -70,10 +75,11 @@ def test_a_throttled_answer_leaves_the_check_for_the_retry(ledger: Ledger) -> No
                           clock=lambda: datetime.now(UTC)) is None, "a late duplicate event answered again"
 
 
-def test_a_command_not_ended_is_not_judged(ledger: Ledger) -> None:  # noqa: F811
+@pytest.mark.parametrize("status", ["Cancelling", None])
+def test_a_command_not_ended_or_not_yet_known_to_ssm_is_not_judged(ledger: Ledger, status: str | None) -> None:  # noqa: F811
     _waiting(ledger)
     sfn = FakeStepFunctions(throttled=0)
     with pytest.raises(CommandPendingError):
-        complete_check("cmd-1", ssm=FakeSSM("Cancelling"), stepfunctions=sfn, ledger=ledger,
+        complete_check("cmd-1", ssm=FakeSSM(status), stepfunctions=sfn, ledger=ledger,
                        control=ControlStore(ledger._db, "incidents", "c"), clock=lambda: datetime.now(UTC))
     assert sfn.answers == [] and ledger.waiting_check("cmd-1") is not None

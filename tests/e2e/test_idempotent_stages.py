@@ -1,6 +1,7 @@
 """A stage invoked twice for one incident (a Step Functions retry after a timeout) acts once."""
 
 import json
+import time
 
 from nodemedic_sandbox.local import LocalMode
 
@@ -38,9 +39,14 @@ def test_each_stage_twice_acts_once(local: LocalMode) -> None:
     joins = [c for c in local.cluster.commands if "SLURM_NODE='gpu-2'" in c.script]
     assert len(joins) == 1 and joins[0].instance_id == repaired[0]["instance_id"]
 
+    # this test delivers SSM's status-change event itself, twice: the stack's own delivery is off
+    local.aws.client("events").disable_rule(Name=local.stack.resources["HealthCheckResultFunctionCheckEnded"])
     check = {**stage, "instance_id": repaired[0]["instance_id"], "level": "quick", "task_token": "token-1"}
     sent = [invoke(local, "DeepHealthCheckFunction", check) for _ in range(2)]
     assert sent[0] == sent[1]  # the same command: a retried start sends nothing new
+    deadline = time.monotonic() + 60  # SSM's status-change event comes once the command has ended
+    while not any("health-check" in c.script for c in local.cluster.commands) and time.monotonic() < deadline:
+        time.sleep(0.1)
     ssm_event = {"source": "aws.ssm", "detail-type": "EC2 Command Invocation Status-change Notification",
                  "detail": {"command-id": sent[0]["command_id"], "status": "Success"}}
     # an event not in SSM's shape is ignored, whatever its detail holds; the check still waits

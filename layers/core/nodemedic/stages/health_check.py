@@ -122,7 +122,10 @@ def complete_check(
         return None
     _, token, detail = waiting
     incident = IncidentRef.model_validate(detail["incident"])
-    inv = ssm.get_command_invocation(CommandId=command_id, InstanceId=detail["instance_id"])
+    try:
+        inv = ssm.get_command_invocation(CommandId=command_id, InstanceId=detail["instance_id"])
+    except ssm.exceptions.InvocationDoesNotExist as exc:  # SSM has not registered it yet: retried
+        raise CommandPendingError(f"command {command_id} has no invocation yet; the check stays waiting") from exc
     if inv["Status"] not in TERMINAL:  # the event ran ahead of the invocation's record: retried
         raise CommandPendingError(f"command {command_id} is {inv['Status']}, not ended; the check stays waiting")
     result = CommandResult(detail["instance_id"], command_id, inv["Status"], int(inv.get("ResponseCode", -1)),
