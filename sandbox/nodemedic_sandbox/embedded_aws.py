@@ -1537,13 +1537,14 @@ class EmbeddedAWS:
             traceback.print_exc()
 
     def _run_command(self, command: Command, instance_id: str, plugin: str | None, original: Any) -> dict[str, Any]:
-        if (utcnow() - command.requested_date_time).total_seconds() < SSM_INVOCATION_LAG_S:
+        run = self._runs.get((command.command_id, instance_id))
+        if (utcnow() - command.requested_date_time).total_seconds() < SSM_INVOCATION_LAG_S and not (
+                run is not None and run.done.is_set()):
             # as AWS: right after SendCommand the invocation is not there yet (botocore's
-            # CommandExecuted waiter retries on this error)
+            # CommandExecuted waiter retries on this error); one whose end SSM announced is
             raise SSMException("InvocationDoesNotExist", "An error occurred (InvocationDoesNotExist) when calling the "
                                                       "GetCommandInvocation operation")
         response: dict[str, Any] = original(command, instance_id, plugin)
-        run = self._runs.get((command.command_id, instance_id))
         if run is None:
             return response
         timeout = ssm_agent_timeout(command.parameters.get("executionTimeout", ["3600"])[0])

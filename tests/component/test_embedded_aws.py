@@ -274,9 +274,11 @@ class _Host:
         self.ran: list[tuple[str, str]] = []
         self.reboots: list[str] = []
         self.booting: set[str] = set()  # instances whose SSM agent has not registered them yet
+        self.seconds = 0.0  # how long a command runs
 
     def run(self, instance_id: str, script: str, timeout_s: int) -> CommandOutcome:
         self.ran.append((instance_id, script))
+        time.sleep(self.seconds)
         return CommandOutcome("Failed", 3, "out", "err")
 
     def rebooted(self, instance_ids: list[str]) -> None:
@@ -358,12 +360,14 @@ def test_scheduled_events_are_described_and_the_event_code_filter_applies(aws: E
 
 def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) -> None:
     """Right after SendCommand, GetCommandInvocation answers InvocationDoesNotExist, as AWS does
-    for a moment; the pipeline's wait reads that as "not yet" and polls on."""
+    for a moment (unless SSM announced the command's end already); the pipeline's wait reads that
+    as "not yet" and polls on."""
     from nodemedic.providers.run_command import RunCommand
 
     ec2 = aws.client("ec2")
     ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=3, MaxCount=3)["Instances"]]
     host = _Host()
+    host.seconds = 1
     aws.command_host = host
     ssm = aws.client("ssm")
     cmd = ssm.send_command(InstanceIds=[ids[1]], DocumentName="AWS-RunShellScript",
