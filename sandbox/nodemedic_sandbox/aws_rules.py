@@ -15,7 +15,7 @@ NEW_ACCOUNT_CONCURRENCY = 10  # a new account's Lambda concurrency quota can be 
 SSM_STDOUT_LIMIT, SSM_STDERR_LIMIT = 24_000, 8_000
 # for a moment after SendCommand, GetCommandInvocation answers InvocationDoesNotExist (botocore's
 # CommandExecuted waiter retries on it); the local SSM does so for this long
-SSM_INVOCATION_LAG_S = 0.3
+SSM_INVOCATION_LAG_S = 0.1
 # SSM's agent runs as a systemd service that sets no PATH, so a document's script gets systemd's
 # default (systemd.exec(5), "Environment variables in spawned processes"); no login shell reads
 # /etc/profile.d, where ParallelCluster puts /opt/slurm/bin on a user's PATH

@@ -849,6 +849,7 @@ class EmbeddedAWS:
         self._runs: dict[tuple[str, str], _Run] = {}
         self.hyperpod = hyperpod.HyperPodEmulation(ACCOUNT_ID, region, on_reboot=self._rebooted)
         self.ec2_capacity = True  # False: StartInstances fails with InsufficientInstanceCapacity
+        self.invocation_lag_s = SSM_INVOCATION_LAG_S  # GetCommandInvocation's InvocationDoesNotExist window
         self.lambda_concurrency_quota = NEW_ACCOUNT_CONCURRENCY  # the low quota of a new account
         # IAM: each function's calls are authorized against its role (see nodemedic_sandbox.iam)
         self.denials: list[Denial] = []
@@ -1538,7 +1539,7 @@ class EmbeddedAWS:
 
     def _run_command(self, command: Command, instance_id: str, plugin: str | None, original: Any) -> dict[str, Any]:
         run = self._runs.get((command.command_id, instance_id))
-        if (utcnow() - command.requested_date_time).total_seconds() < SSM_INVOCATION_LAG_S and not (
+        if (utcnow() - command.requested_date_time).total_seconds() < self.invocation_lag_s and not (
                 run is not None and run.done.is_set()):
             # as AWS: right after SendCommand the invocation is not there yet (botocore's
             # CommandExecuted waiter retries on this error); one whose end SSM announced is

@@ -369,6 +369,7 @@ def test_ssm_runs_the_command_only_on_the_instance_it_names(aws: EmbeddedAWS) ->
     host = _Host()
     host.seconds = 1
     aws.command_host = host
+    aws.invocation_lag_s = 0.5  # longer than AWS's moment, so that the first read below falls in it
     ssm = aws.client("ssm")
     cmd = ssm.send_command(InstanceIds=[ids[1]], DocumentName="AWS-RunShellScript",
                            Parameters={"commands": ["exit 3"]})["Command"]["CommandId"]

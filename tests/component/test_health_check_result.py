@@ -83,3 +83,33 @@ def test_a_command_not_ended_or_not_yet_known_to_ssm_is_not_judged(ledger: Ledge
         complete_check("cmd-1", ssm=FakeSSM(status), stepfunctions=sfn, ledger=ledger,
                        control=ControlStore(ledger._db, "incidents", "c"), clock=lambda: datetime.now(UTC))
     assert sfn.answers == [] and ledger.waiting_check("cmd-1") is not None
+
+
+class RegisteringSSM:
+    """SSM whose invocation is not there for the first ``missing`` reads, then has ended."""
+
+    exceptions = FakeSSM.exceptions
+
+    def __init__(self, missing: int) -> None:
+        self.missing = missing
+        self.reads = 0
+
+    def get_command_invocation(self, **_: Any) -> dict[str, Any]:
+        self.reads += 1
+        if self.reads <= self.missing:
+            raise self.exceptions.InvocationDoesNotExist()
+        return {"Status": "Success", "ResponseCode": 0, "StandardOutputContent": REPORT}
+
+
+def test_a_command_ssm_registers_late_is_read_as_soon_as_it_is_there_not_a_poll_later() -> None:
+    from nodemedic.providers.run_command import REGISTRATION_POLL_S, RunCommand
+
+    slept: list[float] = []
+    ssm = RegisteringSSM(missing=2)
+    result = RunCommand(ssm, poll_interval=5.0, sleep=slept.append).wait("i-1", "cmd-1", 60)
+    assert result.status == "Success" and ssm.reads == 3
+    assert slept == [REGISTRATION_POLL_S, REGISTRATION_POLL_S]  # not the 5 s poll
+    never = RegisteringSSM(missing=10_000)  # never registered: the wait runs out as for a command still running
+    ticks = iter(range(10_000))
+    with pytest.raises(CommandPendingError):
+        RunCommand(never, poll_interval=1.0, sleep=lambda _: None, clock=lambda: float(next(ticks))).wait("i-1", "c", 5)

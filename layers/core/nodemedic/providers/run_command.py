@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from nodemedic.errors import CommandFailedError, CommandPendingError, InstanceNotManagedError
 
+REGISTRATION_POLL_S = 0.2  # how soon an invocation SSM has not registered yet is asked for again
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
 # GetCommandInvocation returns "the first 24,000 characters written by the plugin to stdout" (SSM
 # API reference): an output that long may have lost its end, so nothing is read from it
@@ -190,9 +191,16 @@ class RunCommand(Commands):
         return self._polled(ended, timeout_s, lambda: f"command {command_id} on {instance_id} still running after {timeout_s}s")
 
     def _invocation(self, command_id: str, instance_id: str) -> dict[str, Any] | None:
-        try:
-            return dict(
-                self._ssm.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
-            )
-        except self._ssm.exceptions.InvocationDoesNotExist:
-            return None  # SSM has not registered the invocation yet
+        """The command's invocation; None while SSM has not registered it (for a moment after
+        SendCommand), read again every ``REGISTRATION_POLL_S`` within one poll interval, so a
+        command that is already done is not read a whole poll interval late."""
+        waited = 0.0
+        while True:
+            try:
+                return dict(self._ssm.get_command_invocation(CommandId=command_id, InstanceId=instance_id))
+            except self._ssm.exceptions.InvocationDoesNotExist:
+                if waited >= self._poll:
+                    return None
+                step = min(REGISTRATION_POLL_S, self._poll - waited)
+                self._sleep(step)
+                waited += step
