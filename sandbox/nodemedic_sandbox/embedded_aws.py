@@ -631,6 +631,7 @@ class CommandOutcome:
 class _Run:
     """One command on one instance, running in the background as on a real SSM agent."""
 
+    timeout: int  # seconds the agent lets it run (its executionTimeout, as the agent takes it)
     done: threading.Event = field(default_factory=threading.Event)
     outcome: CommandOutcome | None = None
     started: datetime | None = None
@@ -1510,15 +1511,15 @@ class EmbeddedAWS:
             script = render_document(document, command.parameters)
         timeout = ssm_agent_timeout(command.parameters.get("executionTimeout", ["3600"])[0])
         for instance_id in command.instance_ids:
-            run = self._runs[(command.command_id, instance_id)] = _Run()
-            threading.Thread(target=self._execute, args=(command, instance_id, script, timeout, run),
+            run = self._runs[(command.command_id, instance_id)] = _Run(timeout)
+            threading.Thread(target=self._execute, args=(command, instance_id, script, run),
                              name=f"ssm-{command.command_id[:8]}", daemon=True).start()
 
-    def _execute(self, command: Command, instance_id: str, script: str, timeout: int, run: _Run) -> None:
+    def _execute(self, command: Command, instance_id: str, script: str, run: _Run) -> None:
         assert self.command_host is not None
         run.started = datetime.now(UTC)
         try:
-            run.outcome = self.command_host.run(instance_id, script, timeout)
+            run.outcome = self.command_host.run(instance_id, script, run.timeout)
         except Exception as exc:  # noqa: BLE001 - the agent reports a crash as a failed command
             run.outcome = CommandOutcome("Failed", -1, "", f"local command host: {exc!r}")
         run.ended = datetime.now(UTC)
@@ -1548,8 +1549,7 @@ class EmbeddedAWS:
         response: dict[str, Any] = original(command, instance_id, plugin)
         if run is None:
             return response
-        timeout = ssm_agent_timeout(command.parameters.get("executionTimeout", ["3600"])[0])
-        if not run.done.wait(timeout + 30):  # as good as polling until it ends, without the polls
+        if not run.done.wait(run.timeout + 30):  # as good as polling until it ends, without the polls
             response.update(Status="InProgress", StatusDetails="InProgress")
             return response
         outcome = run.outcome

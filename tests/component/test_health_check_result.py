@@ -21,11 +21,14 @@ class FakeSSM:
     class exceptions:  # noqa: N801 - the shape of a boto3 client's exceptions
         class InvocationDoesNotExist(Exception): ...  # noqa: N818
 
-    def __init__(self, status: str | None) -> None:
-        self.status = status  # None: SSM has no invocation for the command yet
+    def __init__(self, status: str, missing: int = 0) -> None:
+        self.status = status
+        self.missing = missing  # SSM has no invocation for the command for this many reads
+        self.reads = 0
 
     def get_command_invocation(self, **_: Any) -> dict[str, Any]:
-        if self.status is None:
+        self.reads += 1
+        if self.reads <= self.missing:
             raise self.exceptions.InvocationDoesNotExist()
         return {"Status": self.status, "ResponseCode": 0, "StandardOutputContent": REPORT}
 
@@ -75,41 +78,26 @@ def test_a_throttled_answer_leaves_the_check_for_the_retry(ledger: Ledger) -> No
                           clock=lambda: datetime.now(UTC)) is None, "a late duplicate event answered again"
 
 
-@pytest.mark.parametrize("status", ["Cancelling", None])
-def test_a_command_not_ended_or_not_yet_known_to_ssm_is_not_judged(ledger: Ledger, status: str | None) -> None:  # noqa: F811
+@pytest.mark.parametrize(("status", "missing"), [("Cancelling", 0), ("Success", 1)])
+def test_a_command_not_ended_or_not_yet_known_to_ssm_is_not_judged(ledger: Ledger, status: str,  # noqa: F811
+                                                                   missing: int) -> None:
     _waiting(ledger)
     sfn = FakeStepFunctions(throttled=0)
     with pytest.raises(CommandPendingError):
-        complete_check("cmd-1", ssm=FakeSSM(status), stepfunctions=sfn, ledger=ledger,
+        complete_check("cmd-1", ssm=FakeSSM(status, missing), stepfunctions=sfn, ledger=ledger,
                        control=ControlStore(ledger._db, "incidents", "c"), clock=lambda: datetime.now(UTC))
     assert sfn.answers == [] and ledger.waiting_check("cmd-1") is not None
-
-
-class RegisteringSSM:
-    """SSM whose invocation is not there for the first ``missing`` reads, then has ended."""
-
-    exceptions = FakeSSM.exceptions
-
-    def __init__(self, missing: int) -> None:
-        self.missing = missing
-        self.reads = 0
-
-    def get_command_invocation(self, **_: Any) -> dict[str, Any]:
-        self.reads += 1
-        if self.reads <= self.missing:
-            raise self.exceptions.InvocationDoesNotExist()
-        return {"Status": "Success", "ResponseCode": 0, "StandardOutputContent": REPORT}
 
 
 def test_a_command_ssm_registers_late_is_read_as_soon_as_it_is_there_not_a_poll_later() -> None:
     from nodemedic.providers.run_command import REGISTRATION_POLL_S, RunCommand
 
     slept: list[float] = []
-    ssm = RegisteringSSM(missing=2)
+    ssm = FakeSSM("Success", missing=2)
     result = RunCommand(ssm, poll_interval=5.0, sleep=slept.append).wait("i-1", "cmd-1", 60)
     assert result.status == "Success" and ssm.reads == 3
     assert slept == [REGISTRATION_POLL_S, REGISTRATION_POLL_S]  # not the 5 s poll
-    never = RegisteringSSM(missing=10_000)  # never registered: the wait runs out as for a command still running
+    never = FakeSSM("Success", missing=10_000)  # never registered: the wait runs out as for a command still running
     ticks = iter(range(10_000))
     with pytest.raises(CommandPendingError):
         RunCommand(never, poll_interval=1.0, sleep=lambda _: None, clock=lambda: float(next(ticks))).wait("i-1", "c", 5)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -30,7 +29,7 @@ from nodemedic_agent.documents import render_document, run_script
 from nodemedic_sandbox.aws_rules import SSM_AGENT_PATH, SSM_STDERR_LIMIT, SSM_STDOUT_LIMIT, ssm_agent_timeout
 from nodemedic_sandbox.embedded_aws import check_parameters
 
-from tests.component.test_ssm_output_limit import DOCUMENTS, documents
+from tests.component.test_ssm_output_limit import DOCUMENTS, documents, fake_slurm
 
 FAKE_SLURM = r'''
 import json, os, sys, time
@@ -117,13 +116,7 @@ class SlowControllerSSM:
 
 @pytest.fixture
 def controller(tmp_path: Path) -> tuple[Path, SlowControllerSSM]:
-    """A controller whose Slurm is where ParallelCluster puts it (``SlurmBinDir``), not on the
-    PATH SSM's agent gives a script."""
-    bin_dir = tmp_path / "opt-slurm" / "bin"
-    bin_dir.mkdir(parents=True)
-    for tool in ("squeue", "scontrol"):
-        (bin_dir / tool).write_text(f"#!{sys.executable}\n{FAKE_SLURM}")
-        (bin_dir / tool).chmod(0o755)
+    bin_dir = fake_slurm(tmp_path, FAKE_SLURM, "squeue", "scontrol")
     jobs = tmp_path / "jobs.json"
     env = {**os.environ, "PATH": SSM_AGENT_PATH, "FAKE_JOBS": str(jobs)}
     return jobs, SlowControllerSSM(env, bin_dir)

@@ -111,14 +111,20 @@ class ShellSSM:
         return self.invocations[CommandId]
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> tuple[Path, ShellSSM]:
-    """A controller whose Slurm is where ParallelCluster puts it (the stack's ``SlurmBinDir``),
-    not on the PATH SSM's agent gives a script."""
+def fake_slurm(tmp_path: Path, source: str, *tools: str) -> Path:
+    """A directory of Slurm ``tools`` that run ``source``, where ParallelCluster puts Slurm (the
+    stack's ``SlurmBinDir``), not on the PATH SSM's agent gives a script."""
     bin_dir = tmp_path / "opt-slurm" / "bin"
     bin_dir.mkdir(parents=True)
-    (bin_dir / "scontrol").write_text(f"#!{sys.executable}\n{SCONTROL}")
-    (bin_dir / "scontrol").chmod(0o755)
+    for tool in tools:
+        (bin_dir / tool).write_text(f"#!{sys.executable}\n{source}")
+        (bin_dir / tool).chmod(0o755)
+    return bin_dir
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> tuple[Path, ShellSSM]:
+    bin_dir = fake_slurm(tmp_path, SCONTROL, "scontrol")
     nodes_file = tmp_path / "nodes.json"
     env = {**os.environ, "PATH": SSM_AGENT_PATH, "FAKE_NODES": str(nodes_file), "FAKE_RECORD": RECORD}
     return nodes_file, ShellSSM(env, bin_dir)

@@ -57,30 +57,19 @@ def test_every_document_parameter_is_constrained() -> None:
             assert spec["type"] == "String", f"{name}.{key}: a StringList would become lines of shell"
 
 
-def _shell_line(line: str | dict[str, Any]) -> str:
-    """A runCommand line as the instance gets it: a parameter reference (GpuResetCommand) stands
-    for a command, ``${...}`` in an ``!Sub`` too."""
-    if isinstance(line, str):
-        return line
-    if "Ref" in line:
-        return "true"
-    return re.sub(r"\$\{[A-Za-z0-9]+\}", "true", line["Fn::Sub"])
-
-
 def test_every_document_names_the_shell_its_lines_are_written_for() -> None:
     """SSM's agent runs a document's lines with sh unless the first names a shell: on Ubuntu (the
     Deep Learning AMIs, HyperPod) that is dash, where ``set -o pipefail`` stops the script at its
     first line. Each document starts with #!/bin/bash, and bash parses what follows."""
-    documents = {k: v for k, v in RESOURCES.items() if v["Type"] == "AWS::SSM::Document"}
-    for name, document in documents.items():
-        for step in document["Properties"]["Content"]["mainSteps"]:
-            lines = [_shell_line(line) for line in step["inputs"]["runCommand"]]
+    for name, content in documents(ClusterName="c1").items():
+        for step in content["mainSteps"]:
+            lines = step["inputs"]["runCommand"]
             assert lines[0] == "#!/bin/bash", f"{name}: its lines would run under sh"
             assert lines[1].startswith("trap '[ $? -ne 194 ]") and lines[1].endswith(" EXIT"), \
                 f"{name}: an exit of 194 would reboot the instance"
-            script = re.sub(r"\{\{\s*\w+\s*\}\}", "x", "\n".join(lines))
-            parsed = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, check=False)
-            assert parsed.returncode == 0, f"{name}: {parsed.stderr}"
+        parsed = subprocess.run(["bash", "-n"], input=render_document(content, {}), capture_output=True, text=True,
+                                check=False)
+        assert parsed.returncode == 0, f"{name}: {parsed.stderr}"
 
 
 def test_every_function_has_a_log_group_with_retention() -> None:
