@@ -202,6 +202,8 @@ def run_demo(console: Console, nodes: int = 6, scheduler: str = "auto", report_p
                 if time.monotonic() > deadline:
                     raise RuntimeError("executions still running after 120 s")
                 time.sleep(0.25)
+        if not console.is_terminal:  # Live leaves its last line open when it prints no cursor moves
+            console.line()
         if control.read().paused:
             operations.resume_automation(control, local.ledger, "demo-operator", "maintenance done")
         incidents = local.incidents()

@@ -26,4 +26,6 @@ def test_the_demo_detects_through_the_agents_and_prints_mttd_mttr(tmp_path) -> N
     # the safety gate: the hung node was checked first (ambiguous alone), the paused one held
     assert "verify - corroboration" in text and "hold - paused" in text and "held" in text
     assert "SNS escalation" in text and "MTTR" in text
+    # each table ends its own line (the live table left its last line open in a log)
+    assert all(line.rstrip().endswith("┘") for line in text.splitlines() if "┘" in line)
     assert "<svg" in page.read_text() and str(page) in text.replace("\n", "")
