@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -142,6 +143,16 @@ class Agent:
         self._print_lock = threading.Lock()
 
     # -- findings -> events -------------------------------------------------------------
+    @cached_property
+    def software(self) -> dict[str, str]:
+        """The node's GPU driver and kernel versions, read once: a new driver or kernel takes a
+        reboot, and with it a new start of the agent. None read is no reason to lose a fault."""
+        try:
+            return self.hw.software()
+        except (OSError, HardwareError) as exc:
+            log.warning("the node's driver and kernel versions are not sent with its events: %s", exc)
+            return {}
+
     def emit(self, finding: Finding) -> bool:
         """Publish ``finding`` unless it repeats within the dedupe window. True if published. One
         that cannot be dated yet is kept, and published with the first that can."""
@@ -169,7 +180,7 @@ class Agent:
         if count is None:
             return False
         finding = replace(finding, observed_at=self.aws_clock.stamped(finding.observed_at))
-        event = health_event(finding, self.config.cluster, self.node, count, now)
+        event = health_event(finding, self.config.cluster, self.node, count, now, self.software)
         item = entry(self.config.event_bus, event)
         if self.dry_run:
             self._print_entry(item)

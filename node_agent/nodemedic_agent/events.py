@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -62,10 +63,12 @@ def _finite(value: object) -> object:
 
 
 def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
-                 now: datetime | None = None) -> NodeHealthEvent:
+                 now: datetime | None = None, software: Mapping[str, str] | None = None) -> NodeHealthEvent:
     """The finding as a Node Health Event. Where the contract refuses only what the finding says
     about its fault (its component or its evidence), the event goes without them, saying what was
-    refused: the fault itself is never lost for the shape of its details."""
+    refused: the fault itself is never lost for the shape of its details. ``software`` (the node's
+    GPU driver and kernel versions) goes in the evidence of every event: what the safety gate
+    names when many nodes fail at once after a rollout."""
     sent = now or datetime.now(timezone.utc)
 
     def event(component: dict[str, Any] | None, evidence: dict[str, Any]) -> NodeHealthEvent:
@@ -78,13 +81,13 @@ def health_event(finding: Finding, cluster: str, node: NodeIdentity, count: int,
     summary = finding.summary[:512]
     try:
         evidence = {k: _finite(v) for k, v in finding.evidence.items()}
-        return event(finding.component, fit_evidence({"summary": summary, **evidence}))
+        return event(finding.component, fit_evidence({"summary": summary, **(software or {}), **evidence}))
     except ValidationError as exc:
         if any(err["loc"][:1] not in (("component",), ("evidence",)) for err in exc.errors()):
             raise
         refused = describe(exc, "event", limit=3)[:1024]
         log.warning("%s sent without its component and evidence, which the contract refused: %s", finding.fault_code, refused)
-        return event(None, fit_evidence({"summary": summary, "refused": refused}))
+        return event(None, fit_evidence({"summary": summary, **(software or {}), "refused": refused}))
 
 
 def heartbeat(cluster: str, node: NodeIdentity, interval_s: float, status: str = "running",

@@ -3,12 +3,15 @@ classified Node Health Event."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.domain.classification import classify
 from nodemedic_agent.checks.polled import PolledChecks
+from nodemedic_agent.hardware.host import host_software
 
 from tests.agent.conftest import agent_config
 
@@ -153,3 +156,34 @@ def test_a_kernel_message_whose_handling_fails_is_skipped_and_the_log_goes_on(bu
     events = bus.wait_health(1, timeout=3)
     assert [e["fault_code"] for e in events] == ["XID 48"]  # at once, and no check error
     assert agent.kernel_log.stats.failed == 1
+
+
+def test_every_event_says_which_gpu_driver_and_kernel_the_node_runs(bus, sim, make_agent):
+    """What the safety gate names when many nodes fail at once after a rollout: each event carries
+    the node's driver and kernel versions, whatever its fault says besides."""
+    sim.boot(time.time() - 3600)
+    sim.install(gpu_driver="575.51.03")
+    make_agent()
+    sim.inject("xid", xid=79, gpu=2)
+    sim.inject("disk-full")
+    events = [NodeHealthEvent.model_validate(e) for e in bus.wait_health(2)]
+    assert {e.fault_code for e in events} == {"XID 79", "DISK_FULL"}
+    for event in events:
+        assert event.evidence["gpu_driver"] == "575.51.03" and event.evidence["kernel"] == os.uname().release
+    sim.inject("clear")
+    assert sim.state()["software"] == {"gpu_driver": "575.51.03"}  # a rollout is no fault to clear
+
+
+@pytest.mark.parametrize(("written", "read"), [
+    ("570.172.08\n", "570.172.08"),
+    ("", None),  # the module has no version
+    ("5" * 65, None),  # no version is that long
+    ("570\x00\x01", None),  # not text
+    (None, None),  # no nvidia module loaded
+])
+def test_the_driver_version_is_the_loaded_modules_own(tmp_path: Path, written: str | None, read: str | None) -> None:
+    if written is not None:
+        (tmp_path / "module" / "nvidia").mkdir(parents=True)
+        (tmp_path / "module" / "nvidia" / "version").write_text(written)
+    found = host_software(str(tmp_path))
+    assert found.get("gpu_driver") == read and found["kernel"] == os.uname().release

@@ -83,3 +83,30 @@ def test_an_invalid_safety_policy_holds_every_incident_naming_the_field_and_rele
     assert control.read().admissions == {}  # nothing admitted, the breaker untouched
     again = opened(ledger, NODES[0])  # the lock was released: the next fault opens an incident
     assert _gate(again, provider, control, ledger) == "proceed"
+
+
+def test_a_breaker_tripped_by_a_rollout_names_the_image_and_driver_the_failing_nodes_share(ledger: Ledger) -> None:
+    """A new AMI with a new GPU driver rolled out to part of the cluster, and the nodes that took it
+    fail one after another in every rack: the trip's page names what they share. The versions
+    come from the agent's events (their evidence), the image from EC2."""
+    new, old = {"image": "ami-0new"}, {"image": "ami-0old"}
+    members = [Member(f"i-{n}", n, "running", {}, {**(new if i < 4 else old), "rack": f"rack-{i % 4}"})
+               for i, n in enumerate(NODES[:8])]
+    provider = MemoryProvider(*members)
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    policy = SafetyPolicy.model_validate({"breaker": {"max_percent": 100, "max_nodes": 3}})
+    verdicts = []
+    for i, node in enumerate(NODES[:4]):
+        incident = opened(ledger, node)
+        ledger.start_stage(incident, "detect", clock())
+        ledger.complete_stage(incident, "detect", clock(), {"evidence": {
+            "summary": "Xid 79", "gpu_driver": "575.51.03", "kernel": f"6.8.0-10{15 + i % 2}-aws"}})
+        verdicts.append(gate(incident, load_policy=lambda: policy, provider=provider, control=control,
+                             ledger=ledger, clock=clock))
+    assert [v.verdict for v in verdicts] == ["proceed"] * 3 + ["hold"]
+    page = verdicts[-1].notify
+    assert "image=ami-0new (4 of 4 nodes)" in page and "gpu_driver=575.51.03 (4 of 4 nodes)" in page
+    assert "kernel=6.8.0-1015-aws (2 of 4 nodes)" in page  # shared by half: said, after the rest
+    assert "rack=" not in page  # each in a rack of its own
+    admitted = control.read().admissions.values()
+    assert all(a.attributes["gpu_driver"] == "575.51.03" and a.attributes["image"] == "ami-0new" for a in admitted)

@@ -8,7 +8,7 @@ from nodemedic.contracts.events import PLANNED_SOURCE
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.errors import PolicyError
 from nodemedic.providers.base import Member
-from nodemedic.safety.gate import Facts, admission_of, correlation, decide
+from nodemedic.safety.gate import Facts, admission_of, correlation, decide, software_of
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.store.control import ControlState, Switch
 
@@ -317,3 +317,9 @@ def test_an_operators_pause_an_open_breaker_or_an_exclusion_still_holds_a_retire
 def test_a_dry_run_only_says_it_would_retire() -> None:
     d = decide(facts(_retiring("gpu-1", "inc-r1"), policy={"mode": "dry_run"}))
     assert d.verdict == "dry_run" and d.would == "proceed"
+
+
+def test_the_versions_an_event_carried_are_short_texts_or_nothing() -> None:
+    evidence = {"gpu_driver": "570.133.20", "kernel": "k" * 65, "image": "ami-0", "summary": "Xid 79"}
+    assert software_of(evidence) == {"gpu_driver": "570.133.20"}
+    assert software_of({"gpu_driver": 570, "kernel": ""}) == {}

@@ -103,4 +103,9 @@ class Hardware(Protocol):
     def uptime(self) -> float:
         """Seconds since the node booted."""
 
+    def software(self) -> dict[str, str]:
+        """What the node runs that a rollout changes on many nodes at once: ``gpu_driver`` (the
+        loaded NVIDIA kernel module's version) and ``kernel`` (the running kernel's release); a
+        version that cannot be read is left out. Never blocks on the GPUs."""
+
     def close(self) -> None: ...

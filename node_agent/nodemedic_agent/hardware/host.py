@@ -14,6 +14,31 @@ EFA_COUNTERS = ("rdma_read_wr_err", "rdma_write_wr_err", "rx_drops", "retrans_ti
                 "impaired_remote_conn_events", "unresponsive_remote_events")
 
 
+VERSION_MAX = 64  # longer is not a version
+
+
+def _version(text: str) -> str:
+    text = text.strip()
+    return text if 0 < len(text) <= VERSION_MAX and text.isprintable() else ""
+
+
+def host_software(sysfs_root: str) -> dict[str, str]:
+    """The node's GPU driver and kernel versions (:meth:`Hardware.software`). The driver's is the
+    loaded module's own (``<sysfs>/module/nvidia/version``, as ``modinfo`` and nvidia-smi report
+    it): a file read, so a wedged driver cannot hang it, and it is there while NVML fails."""
+    try:
+        driver = _version((Path(sysfs_root) / "module" / "nvidia" / "version").read_text(errors="replace"))
+    except OSError:
+        driver = ""
+    found = {"gpu_driver": driver, "kernel": kernel_release()}
+    return {k: v for k, v in found.items() if v}
+
+
+def kernel_release() -> str:
+    """The running kernel's release (``uname -r``), "" when it is no version."""
+    return _version(os.uname().release)
+
+
 def _link(dev: Path) -> tuple[str | None, str | None, bool | None]:
     """(netdev, operstate, carrier) of the network interface of an EFA device's PCI function.
     Reading ``carrier`` of an interface that is down fails with EINVAL: no carrier."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from nodemedic_agent.hardware.base import DCGMI_TIMEOUT_S, EfaDevice, GpuState, HardwareError, SourceUnavailableError, XidEvent
 from nodemedic_agent.hardware.dcgm import HOST_ENGINE_DOWN, DcgmHealth, parse_health
-from nodemedic_agent.hardware.host import OsStorage, SysfsEfa
+from nodemedic_agent.hardware.host import OsStorage, SysfsEfa, host_software
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ def _newest(names: tuple[str, ...], *args: Any) -> Any:
 
 class NvmlHardware:
     def __init__(self, sysfs_root: str = "/sys", dcgm: bool = True) -> None:
+        self._sysfs_root = sysfs_root
         self._efa = SysfsEfa(sysfs_root)
         self._storage = OsStorage()
         self._dcgm = dcgm
@@ -325,6 +326,9 @@ class NvmlHardware:
     @staticmethod
     def uptime() -> float:
         return time.clock_gettime(time.CLOCK_BOOTTIME)  # suspended time included, as a boot's age
+
+    def software(self) -> dict[str, str]:
+        return host_software(self._sysfs_root)
 
     def close(self) -> None:
         if self._ready:

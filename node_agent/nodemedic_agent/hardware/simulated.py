@@ -24,7 +24,7 @@ from typing import Any
 
 from nodemedic_agent.hardware.base import EfaDevice, GpuState, HardwareError, XidEvent
 from nodemedic_agent.hardware.dcgm import DcgmHealth, parse_health
-from nodemedic_agent.hardware.host import EFA_COUNTERS, SysfsEfa
+from nodemedic_agent.hardware.host import EFA_COUNTERS, SysfsEfa, kernel_release
 
 FAULTS = {
     "xid": "XID N on GPU k (kernel log line and NVML event; --text sets the message after the code)",
@@ -65,6 +65,7 @@ FAULTS = {
 }
 
 
+SIMULATED_DRIVER = "570.133.20"  # a released R570 data-center driver
 IDLE_GPU: dict[str, Any] = {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "utilization_pct": 0.0, "pcie_width": 16,
             "pcie_max_width": 16}  # an H100 SXM's maximum SM clock and PCIe Gen5 x16
 
@@ -244,9 +245,15 @@ class SimulatedNode:
             keep = self.state()
             self.create(gpus=len(keep["gpus"]), efa=0, shared_mounts=tuple(m for m in keep["mounts"] if m != "/"))
             self.boot(keep.get("booted_at", time.time()))  # cleared, not rebooted
+            if "software" in keep:  # what the node runs is no fault
+                self.install(**keep["software"])
             for port in (self.dir / "sys" / "class" / "infiniband").glob("rdmap*s0/ports/1"):
                 (port / "state").write_text("4: ACTIVE\n")
                 self._set_link(int(port.parent.parent.name[len("rdmap"):-len("s0")]), up=True)
+
+    def install(self, **versions: str) -> None:
+        """The node runs these versions from now on (``gpu_driver``, ``kernel``): a rollout."""
+        self._set_top("software", {**self.state().get("software", {}), **versions})
 
     def boot(self, at: float | None = None) -> None:
         """The node booted at ``at`` (epoch seconds; now by default)."""
@@ -341,6 +348,11 @@ class SimulatedHardware:
 
     def uptime(self) -> float:
         return time.time() - float(self._state().get("booted_at", 0.0))
+
+    def software(self) -> dict[str, str]:
+        """What :meth:`SimulatedNode.install` set, else a released R570 driver on this host's kernel."""
+        versions = {"gpu_driver": SIMULATED_DRIVER, "kernel": kernel_release(), **self._state().get("software", {})}
+        return {k: str(v) for k, v in versions.items() if v}
 
     def close(self) -> None:
         pass

@@ -29,8 +29,9 @@ class Member:
     tags: dict[str, str] = field(default_factory=dict, compare=False)
     topology: dict[str, str] = field(
         default_factory=dict, compare=False,
-        metadata={"doc": "where the instance sits: availability_zone, placement_group, host_id, "
-                         "capacity_reservation, rack, switch; what correlated failures share"})
+        metadata={"doc": "where the instance sits and what it was launched from: availability_zone, "
+                         "placement_group, host_id, capacity_reservation, rack, switch, image; what "
+                         "correlated failures share"})
     launched_at: datetime | None = field(
         default=None, compare=False,
         metadata={"doc": "EC2's LaunchTime: the instance's most recent start (a stop and start moves it)"})
@@ -54,6 +55,7 @@ def ec2_member(instance: dict[str, Any]) -> Member:
         "placement_group": placement.get("GroupName", ""),
         "host_id": placement.get("HostId", ""),
         "capacity_reservation": instance.get("CapacityReservationId", ""),  # e.g. a Capacity Block
+        "image": instance.get("ImageId", ""),  # the AMI: a new one rolled out fails many nodes at once
         **{name: tags.get(tag, "") for tag, name in TOPOLOGY_TAGS.items()},
     }
     launched = instance.get("LaunchTime")

@@ -80,7 +80,8 @@ class HyperPodProvider:
     def _member(node: dict[str, Any]) -> Member:
         status = node.get("InstanceStatus", {}).get("Status", "")
         topology = {"availability_zone": node.get("Placement", {}).get("AvailabilityZone", ""),
-                    "instance_group": node.get("InstanceGroupName", "")}
+                    "instance_group": node.get("InstanceGroupName", ""),
+                    "image": node.get("CurrentImageId", "")}  # DescribeClusterNode's; a summary has none
         return Member(node["InstanceId"], _host(node), _STATES.get(status, status.lower()), {},
                       {k: v for k, v in topology.items() if v})
 

@@ -9,7 +9,8 @@ Rules, in order; the first that decides wins, and every rule evaluated is record
 5. cooldown        -> hold       (the node slot was remediated moments ago; the fault is decided
                                  again when the cooldown ends: ``Decision.recheck_at``)
 6. lemon           -> quarantine (the Nth incident of a node slot or EC2 host in the window)
-7. breaker limit   -> hold, trip (one more node would exceed the limit; names the correlation).
+7. breaker limit   -> hold, trip (one more node would exceed the limit; names the correlation:
+                                 rack, switch, placement, host, image, driver, kernel, fault).
                                  Nodes waiting for a slot (rule 8) count: a storm of faults at
                                  once trips it, however few slots the concurrency cap gives.
                                  Planned work finding no room under the limit or the cap is held
@@ -29,6 +30,7 @@ what automation would have done.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -40,8 +42,18 @@ from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import Admission, ControlState
 
 Verdict = Literal["proceed", "verify", "quarantine", "hold", "throttled", "dry_run"]
-# the availability zone is left out: most GPU clusters live in one, so it would always "correlate"
-CORRELATED_ATTRIBUTES = ("rack", "switch", "placement_group", "host_id", "fault_code")
+# the availability zone is left out: most GPU clusters live in one, so it would always "correlate".
+# What a rollout changes (the machine image, the GPU driver, the kernel) fails many nodes at once
+# whatever their rack: the same fault on every node that took the new version
+CORRELATED_ATTRIBUTES = ("rack", "switch", "placement_group", "host_id", "image", "gpu_driver", "kernel", "fault_code")
+SOFTWARE = ("gpu_driver", "kernel")  # what the node's agent says it runs, in each event's evidence
+SOFTWARE_MAX = 64
+
+
+def software_of(evidence: Mapping[str, object]) -> dict[str, str]:
+    """The GPU driver and kernel versions a node's event carried (the agent sends them with
+    every event); a value that is no short text is not one."""
+    return {k: v for k in SOFTWARE if isinstance(v := evidence.get(k), str) and 0 < len(v) <= SOFTWARE_MAX}
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,7 @@ class Facts:
     signals: dict[tuple[str, str], datetime]  # (source, fault code) -> last seen, for the instance
     lineage: dict[str, list[tuple[str, datetime]]]  # key -> earlier (incident, admitted at)
     now: datetime
+    software: dict[str, str] = field(default_factory=dict)  # the node's versions (software_of)
 
 
 @dataclass
@@ -75,9 +88,10 @@ def lineage_keys(incident: IncidentRef, host_id: str = "") -> list[str]:
     return [f"node:{incident.slurm_node}", *([f"host:{host_id}"] if host_id else [])]
 
 
-def admission_of(incident: IncidentRef, member: Member, now: datetime) -> Admission:
+def admission_of(incident: IncidentRef, member: Member, now: datetime,
+                 software: Mapping[str, str] | None = None) -> Admission:
     return Admission(slurm_node=incident.slurm_node, instance_id=incident.instance_id, at=now,
-                     fault_code=incident.fault_code, attributes=dict(member.topology),
+                     fault_code=incident.fault_code, attributes={**member.topology, **(software or {})},
                      burn_in=incident.action == "burn_in", retire=incident.action == "retire")
 
 
@@ -197,7 +211,7 @@ def decide(f: Facts) -> Decision:
     limit = p.breaker_limit(f.cluster_size)
     counted = f.state.counted_by_breaker(f.now, timedelta(minutes=p.breaker.window_minutes), f.active)
     waiting = {i: a for i, a in f.state.waiting_for_slot(f.active).items() if i != f.incident.incident_id}
-    mine = admission_of(f.incident, f.member, f.now)
+    mine = admission_of(f.incident, f.member, f.now, f.software)
     nodes = {a.slurm_node for a in [*counted.values(), *waiting.values()]} | {node}
     in_progress = sum(a.counted and i in f.active and i != f.incident.incident_id
                       for i, a in f.state.admissions.items())

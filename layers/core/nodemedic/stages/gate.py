@@ -16,9 +16,9 @@ from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import GateOutput
 from nodemedic.errors import PolicyError, ThrottledError, UnknownNodeError
 from nodemedic.providers.base import Member, Provider
-from nodemedic.safety.gate import Decision, Facts, admission_of, decide, lineage_keys
+from nodemedic.safety.gate import Decision, Facts, admission_of, decide, lineage_keys, software_of
 from nodemedic.safety.policy import SafetyPolicy
-from nodemedic.store.control import ControlState, ControlStore, Switch
+from nodemedic.store.control import Admission, ControlState, ControlStore, Switch
 from nodemedic.store.ledger import Ledger
 
 STORM_RULES = frozenset({"paused", "breaker", "breaker_limit"})
@@ -58,11 +58,12 @@ def gate(
         raise UnknownNodeError(f"{incident.instance_id} left cluster {incident.cluster}; nothing was drained")
     active = ledger.still_open([*state.admissions, *state.waiting])
     keys = lineage_keys(incident, member.topology.get("host_id", ""))
+    software = software_of(ledger.get(incident.incident_id).evidence_recorded())
     facts = Facts(incident, member, policy, state, active, provider.size(),
-                  control.signals(incident.instance_id), {k: control.lineage(k) for k in keys}, now)
+                  control.signals(incident.instance_id), {k: control.lineage(k) for k in keys}, now, software)
     d = decide(facts)
     if d.verdict == "throttled":
-        _wait(state, incident, member, active, now, policy, control)
+        _wait(state, incident.incident_id, admission_of(incident, member, now, software), active, now, policy, control)
         raise ThrottledError(d.reason)
     if d.trips_breaker:
         state.breaker.state = "open"
@@ -76,7 +77,7 @@ def gate(
     ledger.record_progress(incident, "gate", out.model_dump(mode="json"))
     state.waiting.pop(incident.incident_id, None)
     _prune(state, active, now, policy)
-    admission = state.admissions[incident.incident_id] = admission_of(incident, member, now)
+    admission = state.admissions[incident.incident_id] = admission_of(incident, member, now, software)
     # an unverified ambiguous fault is not yet a remediation of the slot: Verify records it
     # (nor is what the breaker does not count: a burn-in, nothing remediated; a retire, nothing repaired)
     lineage = {} if d.verdict == "verify" or not admission.counted else \
@@ -85,16 +86,16 @@ def gate(
     return _complete(incident, ledger, clock, out)
 
 
-def _wait(state: ControlState, incident: IncidentRef, member: Member, active: set[str], now: datetime,
+def _wait(state: ControlState, incident_id: str, waiting: Admission, active: set[str], now: datetime,
           policy: SafetyPolicy, control: ControlStore) -> None:
     """The incident waits for a remediation slot: from now on the breaker counts its node, so many
     faults at once trip the breaker instead of taking the slots one by one as they free up. Written
     once per incident (again after a breaker reset); a concurrent write raises ControlConflictError,
     which the state machine retries."""
-    if incident.incident_id in state.waiting_for_slot({incident.incident_id}):
+    if incident_id in state.waiting_for_slot({incident_id}):
         return
     _prune(state, active, now, policy)
-    state.waiting[incident.incident_id] = admission_of(incident, member, now)
+    state.waiting[incident_id] = waiting
     control.save(state)
 
 
