@@ -153,7 +153,8 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                *reads,  # the cluster's instances: which agents are not heard
                                *on_controller(docs.slurm_query, docs.slurm_drain)],
         # adopt, by scheduler: Slurm sends the join (a retry reads the one it sent: ListCommands)
-        "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query),
+        # the requeue: a DEGRADED node's jobs, when a hard fault comes to it while they run on
+        "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query, docs.slurm_requeue),
                            *([] if provider == "hyperpod" else [send(docs.gpu_reset, member)]),  # skipped there
                            *([] if target.on_kubernetes else [send(docs.node_join, member), ("ssm", "ListCommands", {})])],
         # on HyperPod, whose nodes SSM does not reach, HyperPod's own check, the task answered here

@@ -7,6 +7,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from nodemedic import wiring
 from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import RepairInput
+from nodemedic.domain.checkpoint import parse_checkpoint_policy
 from nodemedic.observability import record_durations, seconds_since_fault, utc_now
 from nodemedic.settings import settings
 from nodemedic.stages.repair import repair
@@ -26,7 +27,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     out = repair(incident, request.destination, provider=wiring.provider(), orchestrator=wiring.orchestrator(),
                  runner=wiring.run_command(),
                  ledger=wiring.ledger(), documents=wiring.documents(), timeout_s=s.command_timeout_seconds,
-                 check_timeout_s=s.health_check_timeout_seconds, prefix=s.drain_reason_prefix, clock=utc_now)
+                 check_timeout_s=s.health_check_timeout_seconds, prefix=s.drain_reason_prefix, clock=utc_now,
+                 checkpoints=parse_checkpoint_policy(s.checkpoint_policy))
     logger.info("rung done", rung=out.rung, attempt=out.attempt, instance=out.instance_id, level=out.level)
     record_durations(metrics, incident, {"TimeToRepair": seconds_since_fault(incident)})
     return out.model_dump(mode="json")

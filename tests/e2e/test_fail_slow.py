@@ -54,3 +54,33 @@ def test_a_node_20_percent_slower_than_its_peers_is_degraded_without_killing_the
         # the report names it, with the evidence
         page = render_html(build(fleet.incidents()), fleet.incidents(), "fleet")
         assert "fail_slow" in page and "below the median of 3 busy" in page
+
+
+def test_a_gpu_lost_on_a_degraded_node_requeues_its_job_instead_of_waiting_for_it() -> None:
+    """The DEGRADED node's job runs on; then a GPU of that node falls off the bus (Xid 79): the job
+    cannot run on there. The check rung stops waiting, the job is requeued through the stack's
+    own Repair role and document, and the node's ladder goes on."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01, schedule_scale=SWEEP_S / 60,
+                   extra_parameters={"FailSlowSamples": "4"}) as fleet:
+        fleet.start_agents(heartbeat_s=0.5, poll_s=0.5)
+        job = fleet.scheduler.submit(4)
+        job_running(fleet, job)
+        for node in fleet.scheduler.nodes:
+            fleet.agents.inject(node, "busy")
+        fleet.agents.inject("gpu-3", "slow", gpu=5)
+        incident = wait_for(lambda: next((i for i in fleet.incidents() if i.slurm_node == "gpu-3"), None),
+                            "a fail-slow incident for gpu-3", 60)
+        wait_for(lambda: "DRAIN" in fleet.scheduler.node("gpu-3")["State"], "gpu-3 draining")
+        wait_for(lambda: "repair" in fleet.incident(incident.incident_id).stages, "the check rung waiting for the job")
+        assert fleet.scheduler.job(job)["JobState"] == "RUNNING"
+
+        fleet.agents.inject("gpu-3", "xid", xid=79, gpu=2)
+
+        rung = wait_for(lambda: next((r for r in fleet.incident(incident.incident_id).repair_rungs if r.requeued), None),
+                        "the job requeued by the check rung", 60)
+        assert rung.rung == "check" and rung.requeued == [job] and "XID 79" in rung.requeued_because
+        assert fleet.scheduler.job(job)["Restarts"] == "1"
+        current = fleet.incident(incident.incident_id)
+        assert current.hard_fault is not None and current.hard_fault.fault_code == "XID 79"
+        assert [i.incident_id for i in fleet.incidents()] == [incident.incident_id]  # folded, not a second incident

@@ -22,9 +22,10 @@ IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "den
 ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run",
                                             "escalated", "retired"})
 # capacity_end: no stage but a note: the node's capacity ends while this incident repairs it (it
-# is retired instead of resumed)
+# is retired instead of resumed). hard_fault: a note too: a fault that empties a node at once came
+# while this incident let the node's jobs run on (:class:`HardFault`)
 Stage = Literal["detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair", "resume", "shadow",
-                "capacity_end"]
+                "capacity_end", "hard_fault"]
 STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair",
                              "resume", "shadow")  # the stages that run, in order
 
@@ -116,6 +117,9 @@ class RungRecord(LedgerRecord):
     progress: dict[str, Any] = Field(default_factory=dict, description="replace: the provider's own steps")
     node: str = Field(default="", description="replace: the name the replacement registered under")
     joined: bool = False
+    requeued: list[str] = Field(default_factory=list,
+                                description="check of a slow node: the jobs requeued because a hard fault came")
+    requeued_because: str = ""
 
     @property
     def healthy(self) -> bool | None:
@@ -152,6 +156,24 @@ def _rung(record: object) -> RungRecord | None:
         return None
 
 
+class HardFault(BaseModel):
+    """A fault folded into an incident that lets the node's jobs run on (a slow node drained after
+    its job, a wait for the jobs' checkpoint), whose own remediation would requeue them at once
+    (a reboot or replace that no checkpoint rule covers: a lost GPU, an uncorrectable error). Those
+    jobs cannot run on: the wait ends, the jobs are requeued, and the node is repaired."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    fault_code: str
+    fault_class: str
+    action: Action
+    observed_at: AwareDatetime
+    event: str = ""
+
+    def hard(self, soft_classes: frozenset[str]) -> bool:
+        """Whether it ends a wait for jobs: a fault class the checkpoint policy does not let run on."""
+        return self.fault_class not in soft_classes
+
+
 class Incident(IncidentRef):
     """The ledger item of an incident."""
 
@@ -180,6 +202,15 @@ class Incident(IncidentRef):
     def evidence(self, key: str) -> object:
         """One value of the evidence the event that opened the incident carried (Detect's record)."""
         return self.evidence_recorded().get(key)
+
+    @property
+    def hard_fault(self) -> HardFault | None:
+        """The first fault folded into this incident whose remediation empties a node at once, if any."""
+        note = self.stages.get("hard_fault")
+        try:
+            return HardFault.model_validate(note.result) if note else None
+        except ValidationError:
+            return None
 
     @property
     def deadline(self) -> datetime | None:

@@ -65,6 +65,17 @@ def planned_deadline(incident: IncidentRef, ledger: Ledger) -> datetime | None:
     return ledger.get(incident.incident_id).deadline if incident.source == PLANNED_SOURCE else None
 
 
+def hard_fault_reason(incident: IncidentRef, ledger: Ledger, policy: CheckpointPolicy) -> str:
+    """Why the node's jobs cannot run on, if a hard fault came since the incident opened (a
+    :class:`~nodemedic.contracts.incident.HardFault` Detect noted: a lost GPU while the jobs were
+    asked to checkpoint); "" otherwise."""
+    fault = ledger.get(incident.incident_id).hard_fault
+    if fault is None or not fault.hard(policy.fault_classes):
+        return ""
+    return (f"{fault.fault_code} ({fault.fault_class}) came at {fault.observed_at.isoformat()}, a hard fault: "
+            "the jobs cannot run on")
+
+
 def _plan(incident: IncidentRef, orchestrator: Orchestrator, policy: CheckpointPolicy, now: datetime,
           deadline: datetime | None) -> CheckpointProgress:
     """The node's jobs that a rule asks to checkpoint, with their markers before the signal."""
@@ -104,7 +115,10 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
     became of each job."""
     now = clock()
     saved = progress.get("checkpoint")
+    hard = hard_fault_reason(incident, ledger, policy)
     if saved is None:
+        if hard:  # the node cannot run the jobs on: nothing to wait for
+            return CheckpointRecord(policy=f"requeued at once: {hard}")
         deadline = planned_deadline(incident, ledger)
         if deadline is not None and _too_near(deadline, now):  # no time to checkpoint: requeue now
             return CheckpointRecord(policy=f"requeued at once: AWS acts on the node at {deadline.isoformat()}, "
@@ -127,14 +141,16 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
     jobs = [_outcome(j, a, running.get(j)) for j, a in state.asked.items()]
     waiting = [j.job_id for j in jobs
                if j.outcome == "grace_expired" and waited < state.asked[j.job_id].rule.grace_seconds]
-    if waiting and not state.cut_off(now):
+    if waiting and not state.cut_off(now) and not hard:
         raise CheckpointPendingError(f"{incident.slurm_node}: waiting {waited:.0f}s for the checkpoint of "
                                      f"{', '.join(waiting)}")
     rules = sorted({a.rule.describe() for a in state.asked.values()})
     described = "; ".join(rules) if rules else "no job on the node has a checkpoint rule"
     if state.not_asked:
         described += f"; could not signal {', '.join(state.not_asked)}"
-    if waiting:
+    if waiting and hard:
+        described += f"; the wait ended: {hard}"
+    elif waiting:
         assert state.deadline is not None  # cut off: only a deadline ends a wait before its grace
         described += (f"; the wait ended {REQUEUE_MARGIN.total_seconds():.0f}s before AWS acts on the node "
                       f"({state.deadline.isoformat()})")

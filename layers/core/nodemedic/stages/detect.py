@@ -21,6 +21,7 @@ from nodemedic.contracts.events import (
 from nodemedic.contracts.incident import (
     Action,
     Confidence,
+    HardFault,
     Incident,
     IncidentRef,
     NodeLock,
@@ -39,6 +40,7 @@ from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
 _TRIGGER: TypeAdapter[TriggerEvent] = TypeAdapter(TriggerEvent)
+HARD_ACTIONS = frozenset({"reboot", "replace"})  # a fault remediated so requeues the node's jobs at once
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,24 @@ def _note_capacity_end(existing_id: str, fault: Fault, reason: str, ledger: Ledg
         ledger.complete_stage(current, "capacity_end", now, {"fault_code": fault.fault_code, "event": fault.event_key,
                                                              "instance_id": fault.instance_id, "reason": reason})
     return True
+
+
+def _note_hard_fault(existing_id: str, fault: HardFault, received: datetime, now: datetime, limits: Limits,
+                     ledger: Ledger) -> None:
+    """Note on the node's open incident a fault whose own remediation would empty the node at once
+    (the first such; :class:`HardFault`): an incident that lets the node's jobs run on (a slow
+    node's, a checkpoint wait) stops waiting for them. A fault from before the node's last repair,
+    or older than events may be (a replay), is no reason to requeue anything."""
+    try:
+        current = ledger.get(existing_id)
+    except IncidentStateError:
+        return
+    if current.status != "open" or current.hard_fault is not None or staleness(
+            received, now, limits.max_event_age, fault.observed_at, ledger.repaired_at(current.cluster, current.slurm_node)):
+        return
+    record = ledger.start_stage(current, "hard_fault", now)
+    if not record.completed_at:
+        ledger.complete_stage(current, "hard_fault", now, fault.model_dump(mode="json"))
 
 
 def _end_retirement(fault: Fault, at: datetime, cluster: str, provider: Provider, ledger: Ledger) -> None:
@@ -311,6 +331,10 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
         _end_retirement(fault, origin.at, cluster, provider, ledger)
     folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control, now, action, reason)
     if folded:
+        if folded.existing_incident_id and action in HARD_ACTIONS and not fault.requested_action:
+            _note_hard_fault(folded.existing_incident_id, HardFault(
+                fault_code=fault.fault_code, fault_class=fault_class, action=action, observed_at=origin.at,
+                event=fault.event_key or ""), received, now, limits, ledger)
         return folded
 
     handled_by = ledger.event_handled_by(fault.event_key) if fault.event_key else None

@@ -14,7 +14,7 @@ from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy
 from nodemedic.errors import EvictionPendingError
 from nodemedic.orchestrators.base import Orchestrator
-from nodemedic.stages.checkpoint import checkpoint_jobs
+from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
 from nodemedic.store.ledger import Ledger
 
 MARKING_WRITERS = 16
@@ -105,9 +105,14 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
     A burn-in never requeues (a joined node runs no work yet). A slow node's job is requeued only
     once it has checkpointed; without a rule, or when no marker came in time, it runs on to its
     end (Slurm: DRAINING) and the check rung waits for it: it is never killed mid-step. A hard
-    fault is requeued at once."""
+    fault is requeued at once, and so is a slow node's job once a hard fault came to its node too
+    (the job cannot run on there)."""
     disruptive = incident.action not in NON_DISRUPTIVE
-    if incident.action == "burn_in" or not policy.enabled:
+    if incident.action == "burn_in":
+        return None, False
+    if not disruptive and (hard := hard_fault_reason(incident, ledger, policy)):
+        return CheckpointRecord(policy=f"requeued at once: {hard}"), True
+    if not policy.enabled:
         return None, disruptive
     if incident.fault_class not in policy.fault_classes:
         if not disruptive:
@@ -116,7 +121,7 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
                                        "is a hard fault"), True
     record = checkpoint_jobs(incident, orchestrator=orchestrator, ledger=ledger, policy=policy, clock=clock,
                              progress=progress)
-    if disruptive:
+    if disruptive or hard_fault_reason(incident, ledger, policy):  # one may come while the jobs checkpoint
         return record, True
     return record, bool(record.jobs) and all(j.outcome != "grace_expired" for j in record.jobs)
 

@@ -23,8 +23,10 @@ from nodemedic.contracts.incident import (
     rungs_result,
 )
 from nodemedic.contracts.stages import Destination, RepairOutput
+from nodemedic.domain.checkpoint import CheckpointPolicy
 from nodemedic.errors import (
     CapacityEndsError,
+    EvictionPendingError,
     GpuClientsPendingError,
     IncidentStateError,
     NodeBusyError,
@@ -34,6 +36,7 @@ from nodemedic.errors import (
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider, runs_commands
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.stages.checkpoint import hard_fault_reason
 from nodemedic.stages.drain import drain_reason
 from nodemedic.store.ledger import Ledger
 
@@ -56,6 +59,7 @@ def repair(
     check_timeout_s: int,
     prefix: str,
     clock: Callable[[], datetime],
+    checkpoints: CheckpointPolicy | None = None,
 ) -> RepairOutput:
     record = ledger.start_stage(incident, "repair", clock())
     rungs = record.repair_rungs
@@ -88,7 +92,8 @@ def repair(
     current = rungs[-1]
     current.instance_id = _climb(incident, current, provider=provider, orchestrator=orchestrator,
                                  runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
-                                 prefix=prefix, save=lambda: ledger.record_progress(incident, "repair", rungs_result(rungs)),
+                                 prefix=prefix, checkpoints=checkpoints or CheckpointPolicy(),
+                                 save=lambda: ledger.record_progress(incident, "repair", rungs_result(rungs)),
                                  clock=clock)
     current.done_at = clock()
     ledger.record_progress(incident, "repair", rungs_result(rungs))
@@ -140,17 +145,34 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
 
 
+def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestrator, ledger: Ledger,
+                checkpoints: CheckpointPolicy, save: Callable[[], None]) -> None:
+    """A DEGRADED node is drained after its jobs: wait for them to end, never cut them short,
+    unless a hard fault came to the node since (a lost GPU: the jobs cannot run on there, and a
+    job hung on it would hold the node for days). Then they are requeued now."""
+    jobs = orchestrator.jobs_on(incident.slurm_node)
+    if not jobs:
+        return
+    hard = hard_fault_reason(incident, ledger, checkpoints)
+    if not hard:
+        raise NodeDrainingError(f"{incident.slurm_node} is DEGRADED and drained after its job(s) "
+                                f"{', '.join(jobs)}; its check waits for them to end")
+    moved = orchestrator.evacuate(incident.slurm_node, rung.started_at.timestamp() if rung.started_at else None)
+    rung.requeued = list(dict.fromkeys([*rung.requeued, *moved.requeued]))
+    rung.requeued_because = hard
+    save()
+    if moved.pending:
+        raise EvictionPendingError(f"{incident.slurm_node}: still leaving: {'; '.join(moved.pending)[:800]}")
+
+
 def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orchestrator: Orchestrator,
            runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int, prefix: str,
-           save: Callable[[], None], clock: Callable[[], datetime]) -> str:
+           checkpoints: CheckpointPolicy, save: Callable[[], None], clock: Callable[[], datetime]) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
     instance = rung.instance_id
     if rung.rung == "check":  # the node as it is: only its check follows, which disturbs any job
         if incident.action == "degrade":
-            jobs = orchestrator.jobs_on(incident.slurm_node)
-            if jobs:  # drained after its job: wait for the job to end, never cut it short
-                raise NodeDrainingError(f"{incident.slurm_node} is DEGRADED and drained after its job(s) "
-                                        f"{', '.join(jobs)}; its check waits for them to end")
+            _after_jobs(incident, rung, orchestrator, ledger, checkpoints, save)
         _guard(incident, orchestrator)
         return instance
     if rung.rung == "gpu_reset":
