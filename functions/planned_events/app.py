@@ -324,10 +324,10 @@ class Pacer:
                 if taker is None:
                     break
                 try:
-                    held = _held_by(ledger.get(taker))
+                    taken = ledger.get(taker)
                 except IncidentStateError:  # not in the ledger: nothing says it may be offered again
-                    held = ""
-                if held not in PASSING_HOLDS:
+                    taken = None
+                if taken is None or not (_held_by(taken) in PASSING_HOLDS or _taken_in_passing(taken, event)):
                     current = None
                     break
                 # the n-th offer (not one per incident: one folded into a held incident that kept the
@@ -364,6 +364,15 @@ class Pacer:
             return go + chosen.publish, chosen.wait
         self.why = "other invocations kept taking the room meanwhile: the next sweep decides"
         return go, counted
+
+
+def _taken_in_passing(incident: Incident, event: NodeHealthEvent) -> bool:
+    """Whether ``incident`` took the notice only by having the node already (an Xid's repair
+    under way when the notice came: Detect folded it in) and has ended since with the node
+    returned or left drained, not acted on for this notice: a reboot leaves the same instance,
+    which AWS still retires. A notice whose instance left the cluster since is moot (the sweep
+    forgets it)."""
+    return incident.status in ("closed", "failed") and incident.fault_code != event.fault_code
 
 
 def _held_by(incident: Incident) -> str:

@@ -82,5 +82,5 @@ def test_a_gpu_lost_on_a_degraded_node_requeues_its_job_instead_of_waiting_for_i
         assert rung.rung == "check" and rung.requeued == [job] and "XID 79" in rung.requeued_because
         assert fleet.scheduler.job(job)["Restarts"] == "1"
         current = fleet.incident(incident.incident_id)
-        assert current.hard_fault is not None and current.hard_fault.fault_code == "XID 79"
+        assert [f.fault_code for f in current.folded_faults] == ["XID 79"]
         assert [i.incident_id for i in fleet.incidents()] == [incident.incident_id]  # folded, not a second incident

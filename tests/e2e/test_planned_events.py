@@ -489,3 +489,36 @@ def test_a_retirement_a_real_agent_reads_from_its_instance_metadata_replaces_its
     assert (evidence["ec2_event_id"], evidence["read_from"]) == (event_id, "instance metadata")
     assert local.cluster.instance_of("gpu-2") != retiring
     assert len(local.wait_for_executions(1)) == 1
+
+
+def test_a_retirement_folded_into_a_repair_under_way_is_acted_on_once_that_repair_returned_the_node() -> None:
+    """gpu-1's GPU reset for an ECC error is under way when EC2 schedules its retirement: the
+    notice is folded into that incident, which then returns the same instance to service. The
+    notice counted as taken for good, and AWS retired the instance under its next job. Now the
+    next sweep (EC2 still lists the retirement) offers it again, and gpu-1 is replaced."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01, extra_parameters=OPEN) as local:
+        retiring = local.cluster.instance_of("gpu-1")
+
+        def aws_schedules_the_retirement(_: dict) -> None:
+            local.aws.schedule_instance_event(retiring, "instance-retirement", datetime.now(UTC) + timedelta(days=5))
+            local.fire_schedule("PlannedEventsFunction")
+            wait_for(lambda: local.incidents()[0].duplicate_events == 1, "the notice folded into the repair under way")
+
+        folded = local.aws.before_invoke("RepairFunction", aws_schedules_the_retirement,
+                                         when=lambda event: event["incident"]["slurm_node"] == "gpu-1")
+        local.put_event(local.health_event("gpu-1", "ECC_DBE"))
+        executions = local.wait_for_executions(2)
+        assert folded and all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        [repaired] = local.incidents()
+        assert repaired.status == "closed" and repaired.duplicate_events == 1
+        assert local.cluster.instance_of("gpu-1") == retiring  # reset, not replaced: AWS still retires it
+
+        _an_hour_passes(local)
+        local.fire_schedule("PlannedEventsFunction")
+        executions = local.wait_for_executions(3)
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        [planned] = [i for i in local.incidents() if i.incident_id != repaired.incident_id]
+        assert (planned.fault_code, planned.status) == ("PLANNED_RETIREMENT", "closed")
+        assert planned.stages["detect"].result["evidence"]["offered_again_after"] == repaired.incident_id
+        assert local.cluster.instance_of("gpu-1") != retiring

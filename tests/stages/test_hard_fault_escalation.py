@@ -59,18 +59,24 @@ class Node:
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
-    def report(self, fault_code: str = "XID 79", sent_ago: float = 0) -> DetectOutput:
+    def report(self, fault_code: str = "XID 79", sent_ago: float = 0, source: str = "nodemedic.agent",
+               check: str = "kernel_log", **evidence: str) -> DetectOutput:
         """The node's agent reports ``fault_code``; sent ``sent_ago`` seconds ago (an archive
         replayed delivers an event with the time it first entered the bus)."""
         sent = self.now - timedelta(seconds=sent_ago)
-        event = {"source": "nodemedic.agent", "detail-type": "Node Health Event", "time": sent.isoformat(),
+        event = {"source": source, "detail-type": "Node Health Event", "time": sent.isoformat(),
                  "detail": {"schema_version": "1", "event_id": str(uuid.uuid4()), "cluster": "c1",
                             "node": {"instance_id": INSTANCE, "hostname": "gpu-1", "slurm_node": "gpu-1"},
-                            "check": "kernel_log", "fault_code": fault_code, "severity": "critical",
+                            "check": check, "fault_code": fault_code, "severity": "critical", "evidence": evidence,
                             "observed_at": (sent - timedelta(seconds=3)).isoformat(), "sent_at": sent.isoformat()}}
         return detect(DetectInput(event=event, incident_id=f"inc-{uuid.uuid4().hex[:8]}"), cluster="c1",
                       overrides_json="", provider=self.provider, ledger=self.ledger, control=self.control,
                       now=self.now)
+
+    def aws_announces(self, fault_code: str, check: str, in_seconds: float) -> DetectOutput:
+        """The planned-events function releases AWS's notice for the node: AWS acts in ``in_seconds``."""
+        deadline = (self.now + timedelta(seconds=in_seconds)).isoformat()
+        return self.report(fault_code, source="nodemedic.planned", check=check, deadline=deadline)
 
     def drain(self) -> Any:
         return drain(self.incident, orchestrator=self.slurm, ledger=self.ledger, prefix=PREFIX, clock=self.clock,
@@ -78,8 +84,8 @@ class Node:
 
     def repair(self) -> Any:
         return repair(self.incident, "service", provider=self.provider, orchestrator=self.slurm,
-                      runner=RunCommand(None, poll_interval=0), ledger=self.ledger, documents=Documents("c1"), timeout_s=30,
-                      check_timeout_s=600, prefix=PREFIX, clock=self.clock, checkpoints=POLICY)
+                      runner=RunCommand(None, poll_interval=0), ledger=self.ledger, documents=Documents("c1"),
+                      timeout_s=30, check_timeout_s=600, prefix=PREFIX, clock=self.clock, checkpoints=POLICY)
 
 
 @pytest.fixture
@@ -106,7 +112,7 @@ def test_a_lost_gpu_on_a_degraded_node_requeues_its_job_and_the_node_is_checked(
     assert degraded.slurm.n["gpu-1"].jobs == []
     [rung] = degraded.ledger.get(degraded.incident.incident_id).repair_rungs
     assert rung.requeued == ["42"] and "XID 79" in rung.requeued_because and "hard fault" in rung.requeued_because
-    assert degraded.ledger.get(degraded.incident.incident_id).hard_fault.fault_code == "XID 79"
+    assert [f.fault_code for f in degraded.ledger.get(degraded.incident.incident_id).folded_faults] == ["XID 79"]
 
 
 @pytest.mark.parametrize(("fault_code", "why"), [
@@ -118,7 +124,7 @@ def test_what_is_no_hard_fault_leaves_the_degraded_node_to_its_job(degraded: Nod
     with pytest.raises(NodeDrainingError):
         degraded.repair()
     assert degraded.slurm.n["gpu-1"].jobs == ["42"], why
-    assert degraded.ledger.get(degraded.incident.incident_id).hard_fault is None
+    assert degraded.ledger.get(degraded.incident.incident_id).folded_faults == []
 
 
 def test_a_replayed_hard_fault_older_than_events_may_be_is_no_reason_to_requeue(degraded: Node) -> None:
@@ -126,7 +132,7 @@ def test_a_replayed_hard_fault_older_than_events_may_be_is_no_reason_to_requeue(
     with pytest.raises(NodeDrainingError):
         degraded.repair()
     assert degraded.slurm.n["gpu-1"].jobs == ["42"]
-    assert degraded.ledger.get(degraded.incident.incident_id).hard_fault is None
+    assert degraded.ledger.get(degraded.incident.incident_id).folded_faults == []
 
 
 def test_a_hard_fault_ends_the_wait_for_a_planned_drains_checkpoint(ledger: Ledger, slurm: MemorySlurm) -> None:
@@ -147,3 +153,39 @@ def test_a_hard_fault_before_the_drain_requeues_a_slow_nodes_job_at_once(ledger:
     out = node.drain()
     assert out.requeued_jobs == ["42"] and slurm.signalled == []  # nothing to checkpoint for
     assert out.checkpoint is not None and out.checkpoint.policy.startswith("requeued at once: ECC_DBE")
+
+
+def test_a_retirement_weeks_away_leaves_the_job_and_a_lost_gpu_after_it_still_ends_the_wait(degraded: Node) -> None:
+    """AWS often schedules a degraded host's retirement: its notice (two weeks ahead) is folded
+    into the slow node's incident. The job runs on; a GPU lost later ends the wait all the same."""
+    degraded.aws_announces("PLANNED_RETIREMENT", "aws_health", in_seconds=14 * 86400)
+    with pytest.raises(NodeDrainingError):
+        degraded.repair()
+    assert degraded.slurm.n["gpu-1"].jobs == ["42"]
+    degraded.report("XID 79")
+    degraded.repair()
+    assert degraded.slurm.n["gpu-1"].jobs == []
+    folded = degraded.ledger.get(degraded.incident.incident_id).folded_faults
+    assert [f.fault_code for f in folded] == ["PLANNED_RETIREMENT", "XID 79"] and folded[0].deadline is not None
+
+
+@pytest.mark.parametrize(("fault_code", "check", "in_seconds"), [
+    ("PLANNED_SPOT_INTERRUPTION", "spot_interruption", 120),  # two minutes
+    ("PLANNED_CAPACITY_END", "capacity_block", 40 * 60 - 601),  # the block's warning, read late
+])
+def test_aws_acting_on_the_node_within_half_an_hour_requeues_the_slow_nodes_job(
+        degraded: Node, fault_code: str, check: str, in_seconds: float) -> None:
+    degraded.aws_announces(fault_code, check, in_seconds)
+    degraded.repair()
+    assert degraded.slurm.n["gpu-1"].jobs == []
+    [rung] = degraded.ledger.get(degraded.incident.incident_id).repair_rungs
+    assert rung.requeued == ["42"] and rung.requeued_because.startswith(f"{fault_code}: AWS acts on the node at")
+
+
+def test_a_retirement_notice_requeues_the_slow_nodes_job_once_its_deadline_is_half_an_hour_away(degraded: Node) -> None:
+    degraded.aws_announces("PLANNED_RETIREMENT", "aws_health", in_seconds=3600)
+    with pytest.raises(NodeDrainingError):
+        degraded.repair()
+    degraded.advance(31 * 60)  # the check rung reads the job again
+    degraded.repair()
+    assert degraded.slurm.n["gpu-1"].jobs == []

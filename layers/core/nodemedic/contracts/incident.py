@@ -22,10 +22,10 @@ IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "den
 ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run",
                                             "escalated", "retired"})
 # capacity_end: no stage but a note: the node's capacity ends while this incident repairs it (it
-# is retired instead of resumed). hard_fault: a note too: a fault that empties a node at once came
-# while this incident let the node's jobs run on (:class:`HardFault`)
+# is retired instead of resumed). folded_faults: a note too: the faults folded into this incident
+# whose own remediation would take the node's jobs off it (:class:`FoldedFault`)
 Stage = Literal["detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair", "resume", "shadow",
-                "capacity_end", "hard_fault"]
+                "capacity_end", "folded_faults"]
 STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair",
                              "resume", "shadow")  # the stages that run, in order
 
@@ -156,22 +156,27 @@ def _rung(record: object) -> RungRecord | None:
         return None
 
 
-class HardFault(BaseModel):
-    """A fault folded into an incident that lets the node's jobs run on (a slow node drained after
-    its job, a wait for the jobs' checkpoint), whose own remediation would requeue them at once
-    (a reboot or replace that no checkpoint rule covers: a lost GPU, an uncorrectable error). Those
-    jobs cannot run on: the wait ends, the jobs are requeued, and the node is repaired."""
+FOLDED_KEPT = 8  # distinct fault codes noted per incident
+
+
+class FoldedFault(BaseModel):
+    """A fault folded into an open incident (its node had one already) whose own remediation
+    would take the node's jobs off it: a reboot, a replace, the end of its capacity. An incident
+    that lets the jobs run on (a slow node drained after its job, a wait for a checkpoint) reads
+    these: a hard fault (a lost GPU) ends the wait at once, an AWS deadline (a retirement, a Spot
+    interruption) ends it before AWS acts."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     fault_code: str
     fault_class: str
     action: Action
     observed_at: AwareDatetime
+    deadline: AwareDatetime | None = None  # when AWS acts on the node: a planned notice's
     event: str = ""
 
     def hard(self, soft_classes: frozenset[str]) -> bool:
-        """Whether it ends a wait for jobs: a fault class the checkpoint policy does not let run on."""
-        return self.fault_class not in soft_classes
+        """Whether the node's jobs cannot run on: a class the checkpoint policy does not let run on."""
+        return self.fault_class not in soft_classes and self.action in ("reboot", "replace")
 
 
 class Incident(IncidentRef):
@@ -204,13 +209,17 @@ class Incident(IncidentRef):
         return self.evidence_recorded().get(key)
 
     @property
-    def hard_fault(self) -> HardFault | None:
-        """The first fault folded into this incident whose remediation empties a node at once, if any."""
-        note = self.stages.get("hard_fault")
-        try:
-            return HardFault.model_validate(note.result) if note else None
-        except ValidationError:
-            return None
+    def folded_faults(self) -> list[FoldedFault]:
+        """The faults noted as folded into this incident (:class:`FoldedFault`), the first first."""
+        note = self.stages.get("folded_faults")
+        faults = note.result.get("faults", []) if note else []
+        found = []
+        for fault in faults if isinstance(faults, list) else []:
+            try:
+                found.append(FoldedFault.model_validate(fault))
+            except ValidationError:
+                continue
+        return found
 
     @property
     def deadline(self) -> datetime | None:

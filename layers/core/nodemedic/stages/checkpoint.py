@@ -67,10 +67,10 @@ def planned_deadline(incident: IncidentRef, ledger: Ledger) -> datetime | None:
 
 def hard_fault_reason(incident: IncidentRef, ledger: Ledger, policy: CheckpointPolicy) -> str:
     """Why the node's jobs cannot run on, if a hard fault came since the incident opened (a
-    :class:`~nodemedic.contracts.incident.HardFault` Detect noted: a lost GPU while the jobs were
-    asked to checkpoint); "" otherwise."""
-    fault = ledger.get(incident.incident_id).hard_fault
-    if fault is None or not fault.hard(policy.fault_classes):
+    :class:`~nodemedic.contracts.incident.FoldedFault` Detect noted: a lost GPU while the jobs
+    were asked to checkpoint); "" otherwise."""
+    fault = next((f for f in ledger.get(incident.incident_id).folded_faults if f.hard(policy.fault_classes)), None)
+    if fault is None:
         return ""
     return (f"{fault.fault_code} ({fault.fault_class}) came at {fault.observed_at.isoformat()}, a hard fault: "
             "the jobs cannot run on")

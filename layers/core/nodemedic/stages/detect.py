@@ -19,9 +19,10 @@ from nodemedic.contracts.events import (
     TriggerEvent,
 )
 from nodemedic.contracts.incident import (
+    FOLDED_KEPT,
     Action,
     Confidence,
-    HardFault,
+    FoldedFault,
     Incident,
     IncidentRef,
     NodeLock,
@@ -40,7 +41,7 @@ from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
 _TRIGGER: TypeAdapter[TriggerEvent] = TypeAdapter(TriggerEvent)
-HARD_ACTIONS = frozenset({"reboot", "replace"})  # a fault remediated so requeues the node's jobs at once
+EMPTYING_ACTIONS = frozenset({"reboot", "replace", "retire"})  # a fault remediated so takes the jobs off the node
 
 
 @dataclass(frozen=True)
@@ -161,22 +162,38 @@ def _note_capacity_end(existing_id: str, fault: Fault, reason: str, ledger: Ledg
     return True
 
 
-def _note_hard_fault(existing_id: str, fault: HardFault, received: datetime, now: datetime, limits: Limits,
-                     ledger: Ledger) -> None:
-    """Note on the node's open incident a fault whose own remediation would empty the node at once
-    (the first such; :class:`HardFault`): an incident that lets the node's jobs run on (a slow
-    node's, a checkpoint wait) stops waiting for them. A fault from before the node's last repair,
-    or older than events may be (a replay), is no reason to requeue anything."""
+def _deadline(fault: Fault) -> datetime | None:
+    """When AWS acts on the node, as a planned event's evidence says (``deadline``), else None."""
+    value = (fault.evidence or {}).get("deadline")
+    try:
+        deadline = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return deadline if deadline is not None and deadline.tzinfo is not None else None
+
+
+def _note_folded(existing_id: str, fault: FoldedFault, received: datetime, now: datetime, limits: Limits,
+                 ledger: Ledger) -> None:
+    """Note on the node's open incident a folded fault whose own remediation would take the node's
+    jobs off it (:class:`FoldedFault`; distinct codes, ``FOLDED_KEPT`` at most): an incident that
+    lets the jobs run on (a slow node's, a checkpoint wait) stops waiting for them. A fault from
+    before the node's last repair, or older than events may be (a replay), is no reason to
+    requeue anything."""
     try:
         current = ledger.get(existing_id)
     except IncidentStateError:
         return
-    if current.status != "open" or current.hard_fault is not None or staleness(
-            received, now, limits.max_event_age, fault.observed_at, ledger.repaired_at(current.cluster, current.slurm_node)):
+    noted = current.folded_faults
+    if current.status != "open" or len(noted) >= FOLDED_KEPT or fault.fault_code in {f.fault_code for f in noted} \
+            or staleness(received, now, limits.max_event_age, fault.observed_at,
+                         ledger.repaired_at(current.cluster, current.slurm_node)):
         return
-    record = ledger.start_stage(current, "hard_fault", now)
-    if not record.completed_at:
-        ledger.complete_stage(current, "hard_fault", now, fault.model_dump(mode="json"))
+    try:
+        ledger.start_stage(current, "folded_faults", now)
+        ledger.complete_stage(current, "folded_faults", now,
+                              {"faults": [f.model_dump(mode="json") for f in [*noted, fault]]})
+    except IncidentStateError:  # it ended (held, closed) since it was read: nothing waits for its jobs
+        return
 
 
 def _end_retirement(fault: Fault, at: datetime, cluster: str, provider: Provider, ledger: Ledger) -> None:
@@ -331,10 +348,10 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
         _end_retirement(fault, origin.at, cluster, provider, ledger)
     folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control, now, action, reason)
     if folded:
-        if folded.existing_incident_id and action in HARD_ACTIONS and not fault.requested_action:
-            _note_hard_fault(folded.existing_incident_id, HardFault(
+        if folded.existing_incident_id and action in EMPTYING_ACTIONS and not fault.requested_action:
+            _note_folded(folded.existing_incident_id, FoldedFault(
                 fault_code=fault.fault_code, fault_class=fault_class, action=action, observed_at=origin.at,
-                event=fault.event_key or ""), received, now, limits, ledger)
+                deadline=_deadline(fault), event=fault.event_key or ""), received, now, limits, ledger)
         return folded
 
     handled_by = ledger.event_handled_by(fault.event_key) if fault.event_key else None

@@ -10,7 +10,7 @@ invocation continues the rung it was on: one reboot, one termination, one replac
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from nodemedic.contracts.incident import (
     REPLACEMENT_CLAIM,
@@ -100,6 +100,11 @@ def repair(
     return _output(incident, len(rungs), current, check_timeout_s)
 
 
+# the check rung of a DEGRADED node reads its jobs again up to 10 min apart (NodeDrainingError's
+# retrier, statemachines/remediation.asl.json): a deadline nearer than this requeues them now
+REQUEUE_BEFORE_AWS = timedelta(minutes=30)
+
+
 def available(rung: str, provider: Provider) -> bool:
     """A GPU reset is a command run on the node: not there where SSM does not reach the nodes."""
     return rung != "gpu_reset" or runs_commands(provider)
@@ -145,15 +150,27 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
 
 
+def _aws_acts_soon(incident: IncidentRef, ledger: Ledger, now: datetime) -> str:
+    """Why the node's jobs must leave now: AWS acts on the node (a planned notice folded into the
+    incident: a retirement, a Spot interruption, the end of its Capacity Block) within
+    ``REQUEUE_BEFORE_AWS`` (the check rung reads the jobs again up to 10 min later); "" otherwise."""
+    deadlines = sorted((f.deadline, f.fault_code) for f in ledger.get(incident.incident_id).folded_faults if f.deadline)
+    if not deadlines or deadlines[0][0] - now > REQUEUE_BEFORE_AWS:
+        return ""
+    deadline, code = deadlines[0]
+    return f"{code}: AWS acts on the node at {deadline.isoformat()}, within {REQUEUE_BEFORE_AWS.total_seconds() / 60:.0f} min"
+
+
 def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestrator, ledger: Ledger,
-                checkpoints: CheckpointPolicy, save: Callable[[], None]) -> None:
+                checkpoints: CheckpointPolicy, save: Callable[[], None], now: datetime) -> None:
     """A DEGRADED node is drained after its jobs: wait for them to end, never cut them short,
     unless a hard fault came to the node since (a lost GPU: the jobs cannot run on there, and a
-    job hung on it would hold the node for days). Then they are requeued now."""
+    job hung on it would hold the node for days), or AWS acts on the node soon (a retirement
+    notice for it). Then they are requeued now."""
     jobs = orchestrator.jobs_on(incident.slurm_node)
     if not jobs:
         return
-    hard = hard_fault_reason(incident, ledger, checkpoints)
+    hard = hard_fault_reason(incident, ledger, checkpoints) or _aws_acts_soon(incident, ledger, now)
     if not hard:
         raise NodeDrainingError(f"{incident.slurm_node} is DEGRADED and drained after its job(s) "
                                 f"{', '.join(jobs)}; its check waits for them to end")
@@ -172,7 +189,7 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
     instance = rung.instance_id
     if rung.rung == "check":  # the node as it is: only its check follows, which disturbs any job
         if incident.action == "degrade":
-            _after_jobs(incident, rung, orchestrator, ledger, checkpoints, save)
+            _after_jobs(incident, rung, orchestrator, ledger, checkpoints, save, clock())
         _guard(incident, orchestrator)
         return instance
     if rung.rung == "gpu_reset":
