@@ -255,3 +255,29 @@ def test_the_incident_an_event_opened_stays_its_taker_whatever_later_deliveries_
     ledger.acknowledge_event(key, "deduplicated", "inc-B", now)
     ledger.acknowledge_event(key, "rejected", None, now)
     assert ledger.event_handled_by(key) == "inc-A"
+
+
+def test_faults_folded_at_once_are_all_noted_once_each_and_only_on_an_open_incident(ledger: Ledger) -> None:
+    """Each of 12 faults folded into one incident at the same moment (threads): the first 8
+    distinct codes are noted, none twice, none lost to another's write; none on a held incident."""
+    from datetime import timedelta
+
+    from nodemedic.contracts.incident import FOLDED_KEPT, FoldedFault
+
+    now = datetime.now(UTC)
+    assert ledger.open_incident(incident("inc-1")) is None
+    faults = [FoldedFault(fault_code=f"XID {c}", fault_class="gpu_lost", action="replace",
+                          observed_at=now + timedelta(seconds=c)) for c in range(12)]
+    threads = [threading.Thread(target=ledger.note_folded, args=("inc-1", f)) for f in [*faults[:4], *faults]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    noted = ledger.get("inc-1").folded_faults
+    assert len(noted) == FOLDED_KEPT and len({f.fault_code for f in noted}) == FOLDED_KEPT
+    assert {f.fault_code for f in faults[:4]} <= {f.fault_code for f in noted}  # noted twice over, kept once
+    assert [f.observed_at for f in noted] == sorted(f.observed_at for f in noted)
+    ledger.end(incident("inc-1"), "held", now, "breaker", release_node=False)
+    assert ledger.open_incident(incident("inc-2", instance="i-0123456789abcdef1")) is None
+    ledger.end(incident("inc-2"), "held", now, "breaker", release_node=False)
+    assert not ledger.note_folded("inc-2", faults[0]) and ledger.get("inc-2").folded_faults == []

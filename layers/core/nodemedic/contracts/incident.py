@@ -22,10 +22,9 @@ IncidentStatus = Literal["open", "closed", "failed", "held", "quarantined", "den
 ENDED_STATUSES: frozenset[str] = frozenset({"closed", "failed", "held", "quarantined", "denied", "dry_run",
                                             "escalated", "retired"})
 # capacity_end: no stage but a note: the node's capacity ends while this incident repairs it (it
-# is retired instead of resumed). folded_faults: a note too: the faults folded into this incident
-# whose own remediation would take the node's jobs off it (:class:`FoldedFault`)
+# is retired instead of resumed)
 Stage = Literal["detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair", "resume", "shadow",
-                "capacity_end", "folded_faults"]
+                "capacity_end"]
 STAGES: tuple[Stage, ...] = ("detect", "gate", "verify", "drain", "approval", "spare", "jobs", "repair",
                              "resume", "shadow")  # the stages that run, in order
 
@@ -193,6 +192,8 @@ class Incident(IncidentRef):
     outcome: str = Field(default="", description="Why the incident ended as it did (held, not corroborated, ...)")
     failed_at: AwareDatetime | None = None
     failure: dict[str, str] | None = None
+    folded_faults: list[FoldedFault] = Field(
+        default_factory=list, description="faults folded in whose remediation would take the jobs off the node, oldest first")
 
     def duration_from_fault(self, moment: datetime) -> float:
         """Seconds from the fault (``observed_at``) to ``moment``: the origin of every metric."""
@@ -208,18 +209,6 @@ class Incident(IncidentRef):
         """One value of the evidence the event that opened the incident carried (Detect's record)."""
         return self.evidence_recorded().get(key)
 
-    @property
-    def folded_faults(self) -> list[FoldedFault]:
-        """The faults noted as folded into this incident (:class:`FoldedFault`), the first first."""
-        note = self.stages.get("folded_faults")
-        faults = note.result.get("faults", []) if note else []
-        found = []
-        for fault in faults if isinstance(faults, list) else []:
-            try:
-                found.append(FoldedFault.model_validate(fault))
-            except ValidationError:
-                continue
-        return found
 
     @property
     def deadline(self) -> datetime | None:

@@ -19,7 +19,6 @@ from nodemedic.contracts.events import (
     TriggerEvent,
 )
 from nodemedic.contracts.incident import (
-    FOLDED_KEPT,
     Action,
     Confidence,
     FoldedFault,
@@ -175,25 +174,18 @@ def _deadline(fault: Fault) -> datetime | None:
 def _note_folded(existing_id: str, fault: FoldedFault, received: datetime, now: datetime, limits: Limits,
                  ledger: Ledger) -> None:
     """Note on the node's open incident a folded fault whose own remediation would take the node's
-    jobs off it (:class:`FoldedFault`; distinct codes, ``FOLDED_KEPT`` at most): an incident that
-    lets the jobs run on (a slow node's, a checkpoint wait) stops waiting for them. A fault from
-    before the node's last repair, or older than events may be (a replay), is no reason to
-    requeue anything."""
+    jobs off it (:class:`FoldedFault`): an incident that lets the jobs run on (a slow node's, a
+    checkpoint wait) stops waiting for them. A fault from before the node's last repair, or older
+    than events may be (a replay), is no reason to requeue anything. An incident that ended
+    meanwhile is not noted (nothing waits for its jobs)."""
     try:
         current = ledger.get(existing_id)
     except IncidentStateError:
         return
-    noted = current.folded_faults
-    if current.status != "open" or len(noted) >= FOLDED_KEPT or fault.fault_code in {f.fault_code for f in noted} \
-            or staleness(received, now, limits.max_event_age, fault.observed_at,
-                         ledger.repaired_at(current.cluster, current.slurm_node)):
+    if current.status != "open" or staleness(received, now, limits.max_event_age, fault.observed_at,
+                                             ledger.repaired_at(current.cluster, current.slurm_node)):
         return
-    try:
-        ledger.start_stage(current, "folded_faults", now)
-        ledger.complete_stage(current, "folded_faults", now,
-                              {"faults": [f.model_dump(mode="json") for f in [*noted, fault]]})
-    except IncidentStateError:  # it ended (held, closed) since it was read: nothing waits for its jobs
-        return
+    ledger.note_folded(existing_id, fault)
 
 
 def _end_retirement(fault: Fault, at: datetime, cluster: str, provider: Provider, ledger: Ledger) -> None:

@@ -40,9 +40,11 @@ from pydantic import ValidationError
 from nodemedic.contracts.events import ACKNOWLEDGEMENT_PREFIX
 from nodemedic.contracts.incident import (
     ENDED_STATUSES,
+    FOLDED_KEPT,
     Bookkeeping,
     Claim,
     DrainHold,
+    FoldedFault,
     Incident,
     IncidentRef,
     IncidentStatus,
@@ -261,6 +263,23 @@ class Ledger:
                           ConditionExpression="attribute_exists(pk) AND size(folded) >= :cap "
                                               "AND NOT contains(folded, :id)",
                           ExpressionAttributeValues={":one": {"N": "1"}, ":id": {"S": event_id}, **cap})
+
+    def note_folded(self, incident_id: str, fault: FoldedFault) -> bool:
+        """Note ``fault`` on the open incident (one per fault code, ``FOLDED_KEPT`` at most), each
+        code its own key of one map: two notes at once both land (a read, then a write of the
+        whole list, lost one of them). False when it was not noted: the incident is no longer
+        open, has the code, or is full."""
+        key = _incident_key(incident_id)
+        self._conditional("update_item", Key=key, UpdateExpression="SET folded_faults = :none",
+                          ConditionExpression="attribute_exists(pk) AND attribute_not_exists(folded_faults)",
+                          ExpressionAttributeValues={":none": {"M": {}}})
+        return self._conditional(
+            "update_item", Key=key, UpdateExpression="SET folded_faults.#code = :fault",
+            ConditionExpression="#status = :open AND attribute_not_exists(folded_faults.#code) "
+                                "AND size(folded_faults) < :cap",
+            ExpressionAttributeNames={"#code": fault.fault_code, "#status": "status"},
+            ExpressionAttributeValues={":fault": {"S": fault.model_dump_json()}, ":open": {"S": "open"},
+                                       ":cap": {"N": str(FOLDED_KEPT)}})
 
     # -- reading -------------------------------------------------------------------------
     def get(self, incident_id: str) -> Incident:
@@ -793,4 +812,7 @@ def _from_item(item: dict[str, Any]) -> Incident:
         incident.failed_at = datetime.fromisoformat(item["failed_at"]["S"])
     if "failure" in item:
         incident.failure = {k: v["S"] for k, v in item["failure"]["M"].items()}
+    incident.folded_faults = sorted((FoldedFault.model_validate_json(v["S"])
+                                     for v in item.get("folded_faults", {}).get("M", {}).values()),
+                                    key=lambda f: f.observed_at)
     return incident
