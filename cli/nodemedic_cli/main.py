@@ -6,7 +6,8 @@ import getpass
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -213,7 +214,17 @@ def incidents(
             table.add_row(*(plain(r[k]) for k in ("incident", "node", "fault", "status", "stage")),
                           plain(r["observed_at"][:19]), f"{mttr:.1f}" if mttr is not None else "-")
         console.print(table)
-    _run(ctx, as_json, lambda t: operator.list_incidents(t, open_, _since(since)), show)
+    def work(t: Target) -> list[dict[str, Any]]:
+        with _reading() as progress:
+            return operator.list_incidents(t, open_, _since(since), progress)
+    _run(ctx, as_json, work, show)
+
+
+@contextmanager
+def _reading() -> Iterator[Callable[[int], None]]:
+    """A line on stderr (a terminal only) that counts the incidents read while the ledger is scanned."""
+    with err_console.status("reading the ledger...") as status:
+        yield lambda n: status.update(f"reading the ledger: {n:,} incidents so far")
 
 
 @app.command("show")
@@ -449,7 +460,8 @@ def report_command(
     """MTTD/MTTR, job downtime and per-stage p50/p90 by fault class, and the training time the
     incidents cost (planned and unplanned: job downtime, work saved by checkpoints, work lost), from the ledger."""
     def work(t: Target) -> dict[str, Any]:
-        incidents_ = t.ledger.list_incidents()
+        with _reading() as progress:
+            incidents_ = t.ledger.list_incidents(progress)
         built = report.build(incidents_, _since(since))
         if html_file:
             html_file.write_text(report.render_html(built, incidents_, f"NodeMedic report - {t.stack}"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -149,8 +150,9 @@ def current_stage(i: Incident) -> str:
     return started[-1] if started else "detect"
 
 
-def list_incidents(target: Target, open_only: bool, since: datetime | None) -> list[dict[str, Any]]:
-    chosen = [i for i in target.ledger.list_incidents()
+def list_incidents(target: Target, open_only: bool, since: datetime | None,
+                   progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    chosen = [i for i in target.ledger.list_incidents(progress)
               if (not open_only or i.status == "open") and (since is None or i.detected_at >= since)]
     return [incident_summary(i) for i in sorted(chosen, key=lambda i: i.observed_at, reverse=True)]
 

@@ -281,3 +281,13 @@ def test_faults_folded_at_once_are_all_noted_once_each_and_only_on_an_open_incid
     assert ledger.open_incident(incident("inc-2", instance="i-0123456789abcdef1")) is None
     ledger.end(incident("inc-2"), "held", now, "breaker", release_node=False)
     assert not ledger.note_folded("inc-2", faults[0]) and ledger.get("inc-2").folded_faults == []
+
+
+def test_every_incident_is_listed_once_across_the_parallel_scans_with_the_count_heard_as_it_reads(
+        ledger: Ledger) -> None:
+    for n in range(150):
+        assert ledger.open_incident(incident(f"inc-{n}", instance=f"i-{n:017x}")) is None
+    heard: list[int] = []
+    listed = ledger.list_incidents(heard.append)
+    assert sorted(i.incident_id for i in listed) == sorted(f"inc-{n}" for n in range(150))
+    assert heard == sorted(heard) and heard[-1] == 150

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from threading import Lock
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -80,6 +82,7 @@ def _interrupted_key(cluster: str, slurm_node: str) -> dict[str, Any]:
 BOOKS_INDEX = "Bookkeeping"  # template.yaml: IncidentsTable's GlobalSecondaryIndexes
 CLAIMS_BOOK = "CLAIM#"  # the index key of every claim (a claim names an incident, not a cluster)
 BOOKS_SWEEP = timedelta(hours=24)  # how often the whole table is scanned for items the index lacks
+LIST_SEGMENTS = 8  # parallel scans that list the incidents (the CLI's incidents and report)
 SWEEP_PAGES = 20  # pages (1 MB each at most) a reconciler run sweeps: a large table takes several runs
 
 
@@ -291,14 +294,27 @@ class Ledger:
             raise IncidentStateError(f"incident {incident_id} is not in the ledger")
         return _from_item(item)
 
-    def list_incidents(self) -> list[Incident]:
-        pages = self._db.get_paginator("scan").paginate(
-            TableName=self._table,
-            FilterExpression="begins_with(pk, :p)",
-            ExpressionAttributeValues={":p": {"S": "INCIDENT#"}},
-            ConsistentRead=True,
-        )
-        return [_from_item(item) for page in pages for item in page.get("Items", [])]
+    def list_incidents(self, progress: Callable[[int], None] | None = None) -> list[Incident]:
+        """Every incident the table keeps, read in ``LIST_SEGMENTS`` parallel scans (DynamoDB's
+        parallel scan: a table of years of incidents is hundreds of 1 MB pages, which one scan
+        reads one after the other); ``progress`` hears the number read so far after each page."""
+        read: list[list[Incident]] = [[] for _ in range(LIST_SEGMENTS)]
+        lock = Lock()
+
+        def segment(n: int) -> None:
+            pages = self._db.get_paginator("scan").paginate(
+                TableName=self._table, FilterExpression="begins_with(pk, :p)",
+                ExpressionAttributeValues={":p": {"S": "INCIDENT#"}}, ConsistentRead=True,
+                Segment=n, TotalSegments=LIST_SEGMENTS)
+            for page in pages:
+                read[n] += [_from_item(item) for item in page.get("Items", [])]
+                if progress is not None:
+                    with lock:
+                        progress(sum(map(len, read)))
+
+        with ThreadPoolExecutor(LIST_SEGMENTS) as pool:
+            list(pool.map(segment, range(LIST_SEGMENTS)))  # an error of one segment is raised here
+        return [incident for part in read for incident in part]
 
     # -- stages --------------------------------------------------------------------------
     def start_stage(self, ref: IncidentRef, stage: Stage, now: datetime) -> StageRecord:
