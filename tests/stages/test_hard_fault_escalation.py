@@ -173,19 +173,35 @@ def test_a_retirement_weeks_away_leaves_the_job_and_a_lost_gpu_after_it_still_en
     ("PLANNED_SPOT_INTERRUPTION", "spot_interruption", 120),  # two minutes
     ("PLANNED_CAPACITY_END", "capacity_block", 40 * 60 - 601),  # the block's warning, read late
 ])
-def test_aws_acting_on_the_node_within_half_an_hour_requeues_the_slow_nodes_job(
+def test_aws_acting_on_the_node_within_half_an_hour_checkpoints_then_requeues_the_slow_nodes_job(
         degraded: Node, fault_code: str, check: str, in_seconds: float) -> None:
     degraded.aws_announces(fault_code, check, in_seconds)
+    degraded.slurm.signalled.clear()
+    with pytest.raises(CheckpointPendingError, match="asked job"):
+        degraded.repair()
+    assert degraded.slurm.signalled == [("42", "USR1", "batch")] and degraded.slurm.n["gpu-1"].jobs == ["42"]
+    degraded.advance(20)
+    degraded.slurm.markers["42"] = degraded.slurm.now + 5  # the job wrote its checkpoint
     degraded.repair()
-    assert degraded.slurm.n["gpu-1"].jobs == []
+    assert degraded.slurm.n["gpu-1"].jobs == [] and degraded.slurm.signalled == [("42", "USR1", "batch")]
     [rung] = degraded.ledger.get(degraded.incident.incident_id).repair_rungs
     assert rung.requeued == ["42"] and rung.requeued_because.startswith(f"{fault_code}: AWS acts on the node at")
 
 
-def test_a_retirement_notice_requeues_the_slow_nodes_job_once_its_deadline_is_half_an_hour_away(degraded: Node) -> None:
+def test_a_job_that_never_checkpoints_is_requeued_after_its_grace_before_aws_acts_on_its_slow_node(
+        degraded: Node) -> None:
     degraded.aws_announces("PLANNED_RETIREMENT", "aws_health", in_seconds=3600)
-    with pytest.raises(NodeDrainingError):
+    with pytest.raises(NodeDrainingError):  # an hour away: the job runs on
         degraded.repair()
-    degraded.advance(31 * 60)  # the check rung reads the job again
-    degraded.repair()
+    degraded.advance(31 * 60)  # the check rung reads the job again: 29 min left
+    asked_at = degraded.now
+    for _ in range(200):
+        try:
+            degraded.repair()
+            break
+        except CheckpointPendingError:
+            degraded.advance(20)
     assert degraded.slurm.n["gpu-1"].jobs == []
+    assert asked_at + timedelta(seconds=600) <= degraded.now < asked_at + timedelta(seconds=640)  # its grace, then
+    [rung] = degraded.ledger.get(degraded.incident.incident_id).repair_rungs
+    assert rung.requeued == ["42"] and "SIGUSR1 to the batch step(s), up to 600s" in rung.requeued_because

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from nodemedic.contracts.events import PLANNED_SOURCE
-from nodemedic.contracts.incident import IncidentRef
+from nodemedic.contracts.incident import IncidentRef, Stage
 from nodemedic.contracts.stages import CheckpointRecord, JobCheckpoint
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, work_since
 from nodemedic.errors import CheckpointPendingError
@@ -109,17 +109,19 @@ def _outcome(job_id: str, asked: _Asked, now_job: RunningJob | None) -> JobCheck
 
 
 def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, policy: CheckpointPolicy,
-                    clock: Callable[[], datetime], progress: dict[str, Any]) -> CheckpointRecord:
+                    clock: Callable[[], datetime], progress: dict[str, Any], stage: Stage = "drain",
+                    deadline: datetime | None = None) -> CheckpointRecord:
     """Ask the node's jobs to checkpoint (first call), then read their markers; raise
     :class:`CheckpointPendingError` while one is missing within its grace. The record says what
-    became of each job."""
+    became of each job. What was asked is kept in ``stage``'s progress (``progress`` is it as
+    read); ``deadline`` (when AWS acts on the node) is the planned incident's own unless given."""
     now = clock()
     saved = progress.get("checkpoint")
     hard = hard_fault_reason(incident, ledger, policy)
     if saved is None:
         if hard:  # the node cannot run the jobs on: nothing to wait for
             return CheckpointRecord(policy=f"requeued at once: {hard}")
-        deadline = planned_deadline(incident, ledger)
+        deadline = deadline or planned_deadline(incident, ledger)
         if deadline is not None and _too_near(deadline, now):  # no time to checkpoint: requeue now
             return CheckpointRecord(policy=f"requeued at once: AWS acts on the node at {deadline.isoformat()}, "
                                            f"within {REQUEUE_MARGIN.total_seconds():.0f}s")
@@ -127,11 +129,11 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
         # recorded before the signal: an invocation that never reads its answer (the controller
         # was slow, SSM throttled) is retried, and the retry must not signal the jobs again (a
         # second USR1 can mean a second checkpoint, or a requeue, to a training job)
-        ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
+        ledger.record_progress(incident, stage, {"checkpoint": state.model_dump(mode="json")})
         if failed := _signal(incident, orchestrator, state):
             state = state.model_copy(update={"not_asked": failed,
                                              "asked": {j: a for j, a in state.asked.items() if j not in failed}})
-            ledger.record_progress(incident, "drain", {"checkpoint": state.model_dump(mode="json")})
+            ledger.record_progress(incident, stage, {"checkpoint": state.model_dump(mode="json")})
         if any(a.rule.grace_seconds > 0 for a in state.asked.values()):
             raise CheckpointPendingError(f"{incident.slurm_node}: asked job(s) {', '.join(state.asked)} to checkpoint")
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from nodemedic.contracts.incident import (
     REPLACEMENT_CLAIM,
@@ -36,7 +37,7 @@ from nodemedic.errors import (
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider, runs_commands
 from nodemedic.providers.run_command import Documents, RunCommand
-from nodemedic.stages.checkpoint import hard_fault_reason
+from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
 from nodemedic.stages.drain import drain_reason
 from nodemedic.store.ledger import Ledger
 
@@ -92,7 +93,7 @@ def repair(
     current = rungs[-1]
     current.instance_id = _climb(incident, current, provider=provider, orchestrator=orchestrator,
                                  runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
-                                 prefix=prefix, checkpoints=checkpoints or CheckpointPolicy(),
+                                 prefix=prefix, checkpoints=checkpoints or CheckpointPolicy(), progress=record.result,
                                  save=lambda: ledger.record_progress(incident, "repair", rungs_result(rungs)),
                                  clock=clock)
     current.done_at = clock()
@@ -150,33 +151,40 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
 
 
-def _aws_acts_soon(incident: IncidentRef, ledger: Ledger, now: datetime) -> str:
-    """Why the node's jobs must leave now: AWS acts on the node (a planned notice folded into the
-    incident: a retirement, a Spot interruption, the end of its Capacity Block) within
-    ``REQUEUE_BEFORE_AWS`` (the check rung reads the jobs again up to 10 min later); "" otherwise."""
+def _aws_acts(incident: IncidentRef, ledger: Ledger, now: datetime) -> tuple[datetime, str] | None:
+    """When AWS acts on the node and why, if within ``REQUEUE_BEFORE_AWS`` (a planned notice
+    folded into the incident: a retirement, a Spot interruption, the end of its Capacity Block;
+    the check rung reads the jobs again up to 10 min later); None otherwise."""
     deadlines = sorted((f.deadline, f.fault_code) for f in ledger.get(incident.incident_id).folded_faults if f.deadline)
     if not deadlines or deadlines[0][0] - now > REQUEUE_BEFORE_AWS:
-        return ""
+        return None
     deadline, code = deadlines[0]
-    return f"{code}: AWS acts on the node at {deadline.isoformat()}, within {REQUEUE_BEFORE_AWS.total_seconds() / 60:.0f} min"
+    return deadline, f"{code}: AWS acts on the node at {deadline.isoformat()}"
 
 
 def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestrator, ledger: Ledger,
-                checkpoints: CheckpointPolicy, save: Callable[[], None], now: datetime) -> None:
+                checkpoints: CheckpointPolicy, save: Callable[[], None], clock: Callable[[], datetime],
+                progress: dict[str, Any]) -> None:
     """A DEGRADED node is drained after its jobs: wait for them to end, never cut them short,
     unless a hard fault came to the node since (a lost GPU: the jobs cannot run on there, and a
-    job hung on it would hold the node for days), or AWS acts on the node soon (a retirement
-    notice for it). Then they are requeued now."""
+    job hung on it would hold the node for days): then they are requeued now. Or AWS acts on the
+    node soon (a retirement notice for it): then they are asked to checkpoint first, as a drain
+    asks (:func:`checkpoint_jobs`, its wait ending before AWS acts), and requeued."""
     jobs = orchestrator.jobs_on(incident.slurm_node)
     if not jobs:
         return
-    hard = hard_fault_reason(incident, ledger, checkpoints) or _aws_acts_soon(incident, ledger, now)
-    if not hard:
-        raise NodeDrainingError(f"{incident.slurm_node} is DEGRADED and drained after its job(s) "
-                                f"{', '.join(jobs)}; its check waits for them to end")
+    why = hard_fault_reason(incident, ledger, checkpoints)
+    if not why:
+        acts = _aws_acts(incident, ledger, clock())
+        if acts is None:
+            raise NodeDrainingError(f"{incident.slurm_node} is DEGRADED and drained after its job(s) "
+                                    f"{', '.join(jobs)}; its check waits for them to end")
+        checkpointed = checkpoint_jobs(incident, orchestrator=orchestrator, ledger=ledger, policy=checkpoints,
+                                       clock=clock, progress=progress, stage="repair", deadline=acts[0])
+        why = f"{acts[1]}; {checkpointed.policy}"
     moved = orchestrator.evacuate(incident.slurm_node, rung.started_at.timestamp() if rung.started_at else None)
     rung.requeued = list(dict.fromkeys([*rung.requeued, *moved.requeued]))
-    rung.requeued_because = hard
+    rung.requeued_because = why
     save()
     if moved.pending:
         raise EvictionPendingError(f"{incident.slurm_node}: still leaving: {'; '.join(moved.pending)[:800]}")
@@ -184,12 +192,13 @@ def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestra
 
 def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orchestrator: Orchestrator,
            runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int, prefix: str,
-           checkpoints: CheckpointPolicy, save: Callable[[], None], clock: Callable[[], datetime]) -> str:
+           checkpoints: CheckpointPolicy, progress: dict[str, Any], save: Callable[[], None],
+           clock: Callable[[], datetime]) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
     instance = rung.instance_id
     if rung.rung == "check":  # the node as it is: only its check follows, which disturbs any job
         if incident.action == "degrade":
-            _after_jobs(incident, rung, orchestrator, ledger, checkpoints, save, clock())
+            _after_jobs(incident, rung, orchestrator, ledger, checkpoints, save, clock, progress)
         _guard(incident, orchestrator)
         return instance
     if rung.rung == "gpu_reset":
