@@ -363,3 +363,39 @@ def test_a_node_returned_to_service_by_hand_is_given_back_to_the_autoscalers_by_
     again = reconcile(cluster="c1", ledger=ledger, orchestrator=orch, execution_status=lambda _: "RUNNING",
                       prefix=PREFIX, now=datetime.now(UTC), publish=[].append)
     assert again.autoscaler_holds_released == []
+
+
+def test_a_degraded_nodes_pods_run_on_until_a_lost_gpu_then_leave_within_their_budget(
+        cluster: Cluster, ledger: Ledger) -> None:
+    """A DEGRADED node's pods run on after its drain; its check rung waits for them. A GPU lost
+    on the node (noted on its incident as Detect notes it) ends the wait: the pods are evicted
+    through the Eviction API, their PodDisruptionBudget respected, then the node is checked."""
+    from nodemedic.contracts.incident import FoldedFault
+    from nodemedic.errors import NodeDrainingError
+
+    node, peer = cluster.node("gpu-1"), cluster.node("gpu-2")
+    cluster.pod("llm-worker-0", node, owner=("PyTorchJob", "llm"))
+    cluster.pod("llm-worker-1", peer, owner=("PyTorchJob", "llm"))
+    cluster.pdb("llm", allowed=0)
+    orch = KubernetesOrchestrator(cluster.api)
+    incident = opened(ledger, node).model_copy(update={"fault_code": "FAIL_SLOW", "fault_class": "fail_slow",
+                                                        "action": "degrade", "ladder": ("check", "reboot")})
+    out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert out.requeued_jobs == [] and "llm-worker-0" in cluster.live_pods(node)
+
+    def check_rung() -> Any:
+        return repair(incident, "service", provider=MemoryProvider(), orchestrator=orch,
+                      runner=RunCommand(None, poll_interval=0), ledger=ledger, documents=Documents("c1"),
+                      timeout_s=30, check_timeout_s=600, prefix=PREFIX, clock=clock)
+
+    with pytest.raises(NodeDrainingError):
+        check_rung()
+    ledger.note_folded(incident.incident_id, FoldedFault(fault_code="XID 79", fault_class="gpu_lost",
+                                                         action="replace", observed_at=clock()))
+    with pytest.raises(EvictionPendingError, match="PodDisruptionBudget"):
+        check_rung()
+    cluster.allow("llm", 1)
+    cluster.confirm_deletions()
+    assert check_rung().rung == "check" and "llm-worker-0" not in cluster.live_pods(node)
+    [rung] = ledger.get(incident.incident_id).repair_rungs
+    assert rung.requeued == [f"{cluster.namespace}/PyTorchJob/llm"] and "XID 79" in rung.requeued_because
