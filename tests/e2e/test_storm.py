@@ -38,7 +38,7 @@ def test_a_storm_trips_the_breaker_once_and_an_operator_reset_re_enables_automat
         assert "DRAIN" not in local.scheduler.node(node)["State"]
     # one notification, naming the correlation
     [message] = [m["Message"] for m in local.escalations()]
-    assert "circuit breaker TRIPPED" in message and "rack=rack-b (4 of 4 nodes)" in message
+    assert "circuit breaker TRIPPED" in message and "rack=rack-b (4 of 4 nodes; 8 of 16 in the cluster)" in message
     held = [i for i in local.incidents() if i.status == "held"]
     assert sum(i.outcome.startswith("breaker_limit") for i in held) == 1
     assert all(i.outcome.startswith(("breaker_limit", "breaker:")) for i in held)

@@ -105,7 +105,9 @@ def test_a_breaker_tripped_by_a_rollout_names_the_image_and_driver_the_failing_n
                              ledger=ledger, clock=clock))
     assert [v.verdict for v in verdicts] == ["proceed"] * 3 + ["hold"]
     page = verdicts[-1].notify
-    assert "image=ami-0new (4 of 4 nodes)" in page and "gpu_driver=575.51.03 (4 of 4 nodes)" in page
+    # the image only half the cluster runs, all the failing nodes: a rollout, not the fleet
+    assert "image=ami-0new (4 of 4 nodes; 4 of 8 in the cluster)" in page
+    assert "gpu_driver=575.51.03 (4 of 4 nodes)" in page  # what each healthy node runs is not known
     assert "kernel=6.8.0-1015-aws (2 of 4 nodes)" in page  # shared by half: said, after the rest
     assert "rack=" not in page  # each in a rack of its own
     admitted = control.read().admissions.values()

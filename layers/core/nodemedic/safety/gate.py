@@ -68,6 +68,7 @@ class Facts:
     lineage: dict[str, list[tuple[str, datetime]]]  # key -> earlier (incident, admitted at)
     now: datetime
     software: dict[str, str] = field(default_factory=dict)  # the node's versions (software_of)
+    cluster: list[Member] | None = None  # every member, read only for a trip's page (correlation)
 
 
 @dataclass
@@ -95,15 +96,19 @@ def admission_of(incident: IncidentRef, member: Member, now: datetime,
                      burn_in=incident.action == "burn_in", retire=incident.action == "retire")
 
 
-def correlation(admissions: list[Admission]) -> list[str]:
-    """Attribute values shared by at least two and at least half of the nodes, most shared first."""
+def correlation(admissions: list[Admission], cluster: list[Member] | None = None) -> list[str]:
+    """Attribute values shared by at least two and at least half of the nodes, most shared first;
+    with the ``cluster``'s members, how many of them have it too (a value every node has says
+    less than one only the failing ones have)."""
     n = len(admissions)
     found: list[tuple[int, str]] = []
     for attr in CORRELATED_ATTRIBUTES:
         values = Counter(a.fault_code if attr == "fault_code" else a.attributes.get(attr, "") for a in admissions)
         value, count = max(values.items(), key=lambda kv: kv[1])
         if value and count >= 2 and count * 2 >= n:
-            found.append((count, f"{attr}={value} ({count} of {n} nodes)"))
+            known = [m.topology.get(attr) for m in cluster or [] if m.topology.get(attr)]
+            share = f"; {known.count(value)} of {len(cluster or [])} in the cluster" if known else ""
+            found.append((count, f"{attr}={value} ({count} of {n} nodes{share})"))
     return [text for _, text in sorted(found, key=lambda f: -f[0])]
 
 
@@ -231,7 +236,7 @@ def decide(f: Facts) -> Decision:
                            f"{in_progress} of {p.max_concurrent} in progress")
     if len(nodes) > limit:
         involved = list({a.slurm_node: a for a in [*counted.values(), *waiting.values(), mine]}.values())
-        shared = correlation(involved)
+        shared = correlation(involved, f.cluster)
         queued = {a.slurm_node for a in waiting.values()} - {a.slurm_node for a in counted.values()}
         detail = (f"{len(nodes)} nodes under remediation within {p.breaker.window_minutes:g} min"
                   f"{f' ({len(queued)} waiting for a slot)' if queued else ''} exceed the "

@@ -10,6 +10,7 @@ raise :class:`ControlConflictError`, which the state machine retries.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from nodemedic.contracts.incident import IncidentRef
@@ -62,6 +63,8 @@ def gate(
     facts = Facts(incident, member, policy, state, active, provider.size(),
                   control.signals(incident.instance_id), {k: control.lineage(k) for k in keys}, now, software)
     d = decide(facts)
+    if d.trips_breaker:  # its page says how much of the cluster shares what the failing nodes share
+        d = decide(replace(facts, cluster=provider.members()))
     if d.verdict == "throttled":
         _wait(state, incident.incident_id, admission_of(incident, member, now, software), active, now, policy, control)
         raise ThrottledError(d.reason)
