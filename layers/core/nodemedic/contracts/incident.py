@@ -209,7 +209,6 @@ class Incident(IncidentRef):
         """One value of the evidence the event that opened the incident carried (Detect's record)."""
         return self.evidence_recorded().get(key)
 
-
     @property
     def deadline(self) -> datetime | None:
         """When AWS acts on the node, as a planned event said (its ``deadline`` evidence, with a

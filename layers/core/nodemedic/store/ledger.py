@@ -828,7 +828,17 @@ def _from_item(item: dict[str, Any]) -> Incident:
         incident.failed_at = datetime.fromisoformat(item["failed_at"]["S"])
     if "failure" in item:
         incident.failure = {k: v["S"] for k, v in item["failure"]["M"].items()}
-    incident.folded_faults = sorted((FoldedFault.model_validate_json(v["S"])
-                                     for v in item.get("folded_faults", {}).get("M", {}).values()),
-                                    key=lambda f: f.observed_at)
+    incident.folded_faults = sorted(_folded(item), key=lambda f: f.observed_at)
     return incident
+
+
+def _folded(item: dict[str, Any]) -> list[FoldedFault]:
+    """The folded faults noted on an incident's item; one that no longer reads is left out (the
+    incident itself must always read)."""
+    found = []
+    for value in item.get("folded_faults", {}).get("M", {}).values():
+        try:
+            found.append(FoldedFault.model_validate_json(value.get("S", "")))
+        except ValidationError:
+            continue
+    return found
