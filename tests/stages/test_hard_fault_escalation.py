@@ -205,3 +205,29 @@ def test_a_job_that_never_checkpoints_is_requeued_after_its_grace_before_aws_act
     assert asked_at + timedelta(seconds=600) <= degraded.now < asked_at + timedelta(seconds=640)  # its grace, then
     [rung] = degraded.ledger.get(degraded.incident.incident_id).repair_rungs
     assert rung.requeued == ["42"] and "SIGUSR1 to the batch step(s), up to 600s" in rung.requeued_because
+
+
+@pytest.mark.parametrize(("folded", "corroborated"), [
+    (None, False),  # the check passed and nothing else came: not corroborated, node untouched
+    ("XID 79", True),  # a lost GPU while the silent node was checked: the second signal
+    ("HEARTBEAT_MISSING", False),  # the same signal again is no second one
+])
+def test_a_fault_folded_while_an_ambiguous_one_is_verified_is_its_second_signal(
+        ledger: Ledger, slurm: MemorySlurm, folded: str | None, corroborated: bool) -> None:
+    """A silent node is checked before anything is done to it. An Xid 79 that came meanwhile was
+    folded into that incident, and a passing check closed it: the Xid was lost with it."""
+    from nodemedic.contracts.stages import HealthCheckOutput
+    from nodemedic.stages.health_check import verified
+
+    node = Node(ledger, slurm, "HEARTBEAT_MISSING", "heartbeat", "reboot")
+    ledger.start_stage(node.incident, "verify", node.now)
+    if folded:
+        node.report(folded)
+    passed = HealthCheckOutput(instance_id=INSTANCE, healthy=True, checks=[{"name": "gpu", "ok": True}])
+    answer = verified(node.incident, passed, ledger=ledger, control=node.control, now=node.now)
+    assert answer.healthy is not corroborated
+    assert ledger.get(node.incident.incident_id).status == ("open" if corroborated else "closed")
+    if corroborated:
+        assert answer.checks[-1]["name"] == "second_signal" and "XID 79" in str(answer.checks[-1]["detail"])
+        again = verified(node.incident, passed, ledger=ledger, control=node.control, now=node.now)
+        assert again.healthy is False  # a retried answer says the same

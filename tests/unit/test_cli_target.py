@@ -36,6 +36,7 @@ def test_an_aws_refusal_is_one_line_that_names_the_call_not_a_traceback() -> Non
 
     import boto3
     from botocore.stub import Stubber
+    from nodemedic.store.ledger import LIST_SEGMENTS
     from nodemedic_cli.main import app
     from nodemedic_cli.target import Target
     from typer.testing import CliRunner
@@ -46,8 +47,9 @@ def test_an_aws_refusal_is_one_line_that_names_the_call_not_a_traceback() -> Non
         stack.add_response("describe_stacks", {"Stacks": [{
             "StackName": "nodemedic", "StackStatus": "CREATE_COMPLETE", "CreationTime": datetime.now(UTC),
             "Outputs": [{"OutputKey": "IncidentsTableName", "OutputValue": "incidents"}]}]})
-        table.add_client_error("scan", "AccessDeniedException", "User: arn:aws:sts::1:assumed-role/oncall "
-                               "is not authorized to perform: dynamodb:Scan")
+        for _ in range(LIST_SEGMENTS):  # each parallel scan of the ledger is refused
+            table.add_client_error("scan", "AccessDeniedException", "User: arn:aws:sts::1:assumed-role/oncall "
+                                   "is not authorized to perform: dynamodb:Scan")
         result = CliRunner().invoke(app, ["incidents", "--json"], obj=target)
     assert result.exit_code == 2, result.exception
     assert json.loads(result.output) == {"error": "AWS refused Scan: AccessDeniedException: User: arn:aws:sts::1:"

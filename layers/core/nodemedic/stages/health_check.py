@@ -133,7 +133,7 @@ def complete_check(
     healthy, checks = parse_report(result)
     out = HealthCheckOutput(instance_id=result.instance_id, healthy=healthy, checks=checks, level=detail["level"])
     if detail.get("purpose") == "verify":
-        verified(incident, out, ledger=ledger, control=control, now=clock())
+        out = verified(incident, out, ledger=ledger, control=control, now=clock())
     else:
         record_on_rung(incident, command_id, out, ledger, clock())
     answer(stepfunctions, token, out)
@@ -164,12 +164,25 @@ def record_on_rung(incident: IncidentRef, command_id: str, out: HealthCheckOutpu
 
 
 def verified(incident: IncidentRef, out: HealthCheckOutput, *, ledger: Ledger, control: ControlStore,
-             now: datetime) -> None:
-    """The verification's answer: healthy ends the incident (not corroborated, node untouched);
-    unhealthy is the second signal, and counts in the node's lineage."""
-    record = ledger.get(incident.incident_id).stages.get("verify")
-    if record is None or record.completed_at:
-        return
+             now: datetime) -> HealthCheckOutput:
+    """The verification's answer, which the caller gives the waiting task: healthy ends the
+    incident (not corroborated, node untouched); unhealthy is the second signal, and counts in the
+    node's lineage. A fault of another kind folded into the incident while it was verified (an
+    Xid 79 on the silent node) is a second signal too, whatever the check found: a passing check
+    closed the incident, and that fault, folded into it, was lost."""
+    current = ledger.get(incident.incident_id)
+    record = current.stages.get("verify")
+    if record is None:
+        return out
+    if record.completed_at:  # answered before: the same answer again
+        answered = {k: record.result[k] for k in HealthCheckOutput.model_fields if k in record.result}
+        return HealthCheckOutput.model_validate({**out.model_dump(), **answered})
+    second = next((f for f in current.folded_faults
+                   if f.fault_code != incident.fault_code and f.fault_class != "planned"), None)
+    if out.healthy and second is not None:
+        out = out.model_copy(update={"healthy": False, "checks": [*out.checks, {
+            "name": "second_signal", "ok": False,
+            "detail": f"{second.fault_code} ({second.fault_class}) came for the node while it was checked"}]})
     ledger.complete_stage(incident, "verify", now, {**record.result, **out.model_dump(mode="json")})
     if out.healthy:  # not a remediation after all: it no longer counts toward the breaker
         control.change(lambda state: state.admissions.pop(incident.incident_id, None))
@@ -177,3 +190,4 @@ def verified(incident: IncidentRef, out: HealthCheckOutput, *, ledger: Ledger, c
                                     f"and the deep health check passed; node untouched")
     else:
         control.append_lineage(lineage_keys(incident), incident.incident_id, now)
+    return out

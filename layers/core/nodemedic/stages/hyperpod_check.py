@@ -134,7 +134,7 @@ def hyperpod_check(
         out = HealthCheckOutput(instance_id=instance_id, healthy=verdict.healthy, level=level,
                                 checks=[{"name": "hyperpod", "ok": verdict.healthy, "detail": verdict.detail}])
         if purpose == "verify":
-            verified(incident, out, ledger=ledger, control=control, now=now)
+            out = verified(incident, out, ledger=ledger, control=control, now=now)
         else:
             record_on_rung(incident, check.command_id, out, ledger, now)
     else:
