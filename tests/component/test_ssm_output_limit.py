@@ -218,3 +218,24 @@ def test_an_operators_drain_is_not_taken_for_nodemedics_by_reason_text_that_name
     assert slurm.resume("gpu-1", owner="nodemedic:inc-5") is False
     assert slurm.drain("gpu-1", "nodemedic:inc-6 XID 79", takeover="nodemedic:") is False
     assert not Path(f"{nodes_file}.updates").exists(), "the operator's drain was changed"
+
+
+def test_a_node_running_a_thousand_jobs_has_each_signalled_and_read_in_lists_ssm_takes(tmp_path: Path) -> None:
+    """The signal and job-state documents take the jobs as one parameter of at most 4,000
+    characters (their allowedPattern): a node with a thousand 8-digit jobs (8,999 characters)
+    had its checkpoint request refused by SSM, and the drain failed. Now the jobs go in lists
+    that fit, each answer within what SSM returns."""
+    bin_dir = tmp_path / "opt-slurm" / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool, script in (("scancel", "exit 0"), ("squeue", 'echo "RUNNING|2026-11-28T10:00:00"')):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (bin_dir / tool).chmod(0o755)
+    ssm = ShellSSM({**os.environ, "PATH": SSM_AGENT_PATH}, bin_dir)
+    jobs = [str(10_000_000 + n) for n in range(1000)]
+
+    assert _slurm(ssm).request_checkpoint("gpu-1", jobs, "USR1", "batch") == []
+    states = _slurm(ssm).job_states(jobs)
+
+    assert sorted(states) == jobs and {s.state for s in states.values()} == {"RUNNING"}
+    assert all(s.started_at for s in states.values())
+    assert len(ssm.invocations) == 6 and all(i["printed"] < SSM_STDOUT_LIMIT for i in ssm.invocations.values())

@@ -16,6 +16,19 @@ from nodemedic.orchestrators.base import EvacuationResult, HostGpuClients, JobSt
 from nodemedic.providers.run_command import Commands, Documents
 
 _REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 :._#/@=+,()-]")  # what the drain document's allowedPattern refuses
+JOBS_PARAMETER_LIMIT = 4000  # the slurm-signal and slurm-query documents' jobs: allowedPattern {1,4000}
+
+
+def job_lists(job_ids: list[str], limit: int = JOBS_PARAMETER_LIMIT) -> list[str]:
+    """``job_ids`` as space-separated lists of at most ``limit`` characters each: SSM refuses a
+    SendCommand whose parameter its document's pattern does not match (about 440 jobs a list)."""
+    lists: list[str] = []
+    for job in job_ids:
+        if lists and len(lists[-1]) + 1 + len(job) <= limit:
+            lists[-1] += f" {job}"
+        else:
+            lists.append(job)
+    return lists
 
 
 def _node_status(fields: dict[str, str]) -> NodeStatus:
@@ -196,9 +209,10 @@ class SlurmViaSSM(HostGpuClients, NoAutoscalers):
 
     def request_checkpoint(self, node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
         """``scancel --signal`` to each job's ``scope`` step(s); the jobs that could not be signalled."""
-        out = self._send(self._docs.slurm_signal, f"checkpoint jobs on {node}", jobs=" ".join(job_ids),
-                         signal=signal, scope=scope)
-        signalled = {line.split()[1] for line in out.splitlines() if line.startswith("signalled ")}
+        signalled = {line.split()[1] for jobs in job_lists(job_ids)
+                     for line in self._send(self._docs.slurm_signal, f"checkpoint jobs on {node}", jobs=jobs,
+                                            signal=signal, scope=scope).splitlines()
+                     if line.startswith("signalled ")}
         return [j for j in job_ids if j not in signalled]
 
     def resume(self, node: str, owner: str = "*") -> bool:
@@ -216,13 +230,14 @@ class SlurmViaSSM(HostGpuClients, NoAutoscalers):
         the controller's local time, there)."""
         if not job_ids:
             return {}
-        out = self._query("job-states", "job states", jobs=" ".join(job_ids))
         states: dict[str, JobState] = {}
-        for line in out.splitlines():
-            job, _, rest = line.strip().partition("|")
-            state, _, epoch = rest.partition("|")
-            if job:
-                states[job] = JobState(job, state, _seconds(epoch.strip() or "-", f"job {job}'s start", out))
+        for jobs in job_lists(job_ids):
+            out = self._query("job-states", "job states", jobs=jobs)
+            for line in out.splitlines():
+                job, _, rest = line.strip().partition("|")
+                state, _, epoch = rest.partition("|")
+                if job:
+                    states[job] = JobState(job, state, _seconds(epoch.strip() or "-", f"job {job}'s start", out))
         return states
 
     # -- hot spares: the nodes of one Slurm reservation -----------------------------------
