@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -155,6 +156,17 @@ def _rung(record: object) -> RungRecord | None:
         return None
 
 
+def deadline_in(evidence: Mapping[str, object]) -> datetime | None:
+    """When AWS acts on the node, as a planned event's evidence says (``deadline``, with a
+    timezone); None when it names none."""
+    value = evidence.get("deadline")
+    try:
+        deadline = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return deadline if deadline is not None and deadline.tzinfo is not None else None
+
+
 FOLDED_KEPT = 8  # distinct fault codes noted per incident
 
 
@@ -211,14 +223,8 @@ class Incident(IncidentRef):
 
     @property
     def deadline(self) -> datetime | None:
-        """When AWS acts on the node, as a planned event said (its ``deadline`` evidence, with a
-        timezone); None when the event named none."""
-        value = self.evidence("deadline")
-        try:
-            deadline = datetime.fromisoformat(value) if isinstance(value, str) else None
-        except ValueError:
-            return None
-        return deadline if deadline is not None and deadline.tzinfo is not None else None
+        """When AWS acts on the node, as the planned event that opened the incident said."""
+        return deadline_in(self.evidence_recorded())
 
 
     @property

@@ -27,6 +27,7 @@ from nodemedic.contracts.incident import (
     NodeLock,
     Recheck,
     StageRecord,
+    deadline_in,
     default_ladder,
 )
 from nodemedic.contracts.problems import describe, not_unicode
@@ -159,16 +160,6 @@ def _note_capacity_end(existing_id: str, fault: Fault, reason: str, ledger: Ledg
         ledger.complete_stage(current, "capacity_end", now, {"fault_code": fault.fault_code, "event": fault.event_key,
                                                              "instance_id": fault.instance_id, "reason": reason})
     return True
-
-
-def _deadline(fault: Fault) -> datetime | None:
-    """When AWS acts on the node, as a planned event's evidence says (``deadline``), else None."""
-    value = (fault.evidence or {}).get("deadline")
-    try:
-        deadline = datetime.fromisoformat(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-    return deadline if deadline is not None and deadline.tzinfo is not None else None
 
 
 def _note_folded(existing_id: str, fault: FoldedFault, received: datetime, now: datetime, limits: Limits,
@@ -343,7 +334,7 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
         if folded.existing_incident_id and action in EMPTYING_ACTIONS and not fault.requested_action:
             _note_folded(folded.existing_incident_id, FoldedFault(
                 fault_code=fault.fault_code, fault_class=fault_class, action=action, observed_at=origin.at,
-                deadline=_deadline(fault), event=fault.event_key or ""), received, now, limits, ledger)
+                deadline=deadline_in(fault.evidence or {}), event=fault.event_key or ""), received, now, limits, ledger)
         return folded
 
     handled_by = ledger.event_handled_by(fault.event_key) if fault.event_key else None
