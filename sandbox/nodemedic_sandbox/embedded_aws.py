@@ -1543,7 +1543,7 @@ class EmbeddedAWS:
         if (utcnow() - command.requested_date_time).total_seconds() < self.invocation_lag_s and not (
                 run is not None and run.done.is_set()):
             # as AWS: right after SendCommand the invocation is not there yet (botocore's
-            # CommandExecuted waiter retries on this error); one whose end SSM announced is
+            # CommandExecuted waiter retries on this error); one whose end SSM announced is there
             raise SSMException("InvocationDoesNotExist", "An error occurred (InvocationDoesNotExist) when calling the "
                                                       "GetCommandInvocation operation")
         response: dict[str, Any] = original(command, instance_id, plugin)
