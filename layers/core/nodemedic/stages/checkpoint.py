@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from nodemedic.contracts.events import PLANNED_SOURCE
-from nodemedic.contracts.incident import IncidentRef, Stage
+from nodemedic.contracts.incident import FoldedFault, IncidentRef, Stage
 from nodemedic.contracts.stages import CheckpointRecord, JobCheckpoint
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, work_since
 from nodemedic.errors import CheckpointPendingError
@@ -65,11 +65,11 @@ def planned_deadline(incident: IncidentRef, ledger: Ledger) -> datetime | None:
     return ledger.get(incident.incident_id).deadline if incident.source == PLANNED_SOURCE else None
 
 
-def hard_fault_reason(incident: IncidentRef, ledger: Ledger, policy: CheckpointPolicy) -> str:
-    """Why the node's jobs cannot run on, if a hard fault came since the incident opened (a
-    :class:`~nodemedic.contracts.incident.FoldedFault` Detect noted: a lost GPU while the jobs
-    were asked to checkpoint); "" otherwise."""
-    fault = next((f for f in ledger.get(incident.incident_id).folded_faults if f.hard(policy.fault_classes)), None)
+def hard_fault_reason(folded: list[FoldedFault], policy: CheckpointPolicy) -> str:
+    """Why the node's jobs cannot run on, if a hard fault came since the incident opened (of the
+    faults Detect noted as ``folded`` into it: a lost GPU while the jobs were asked to
+    checkpoint); "" otherwise."""
+    fault = next((f for f in folded if f.hard(policy.fault_classes)), None)
     if fault is None:
         return ""
     return (f"{fault.fault_code} ({fault.fault_class}) came at {fault.observed_at.isoformat()}, a hard fault: "
@@ -109,15 +109,15 @@ def _outcome(job_id: str, asked: _Asked, now_job: RunningJob | None) -> JobCheck
 
 
 def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, policy: CheckpointPolicy,
-                    clock: Callable[[], datetime], progress: dict[str, Any], stage: Stage = "drain",
+                    clock: Callable[[], datetime], progress: dict[str, Any], hard: str, stage: Stage = "drain",
                     deadline: datetime | None = None) -> CheckpointRecord:
     """Ask the node's jobs to checkpoint (first call), then read their markers; raise
-    :class:`CheckpointPendingError` while one is missing within its grace. The record says what
+    :class:`CheckpointPendingError` while one is missing within its grace, unless ``hard`` (why
+    the jobs cannot run on: :func:`hard_fault_reason`) ends the wait. The record says what
     became of each job. What was asked is kept in ``stage``'s progress (``progress`` is it as
     read); ``deadline`` (when AWS acts on the node) is the planned incident's own unless given."""
     now = clock()
     saved = progress.get("checkpoint")
-    hard = hard_fault_reason(incident, ledger, policy)
     if saved is None:
         if hard:  # the node cannot run the jobs on: nothing to wait for
             return CheckpointRecord(policy=f"requeued at once: {hard}")

@@ -110,7 +110,8 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
     disruptive = incident.action not in NON_DISRUPTIVE
     if incident.action == "burn_in":
         return None, False
-    if not disruptive and (hard := hard_fault_reason(incident, ledger, policy)):
+    hard = hard_fault_reason(ledger.get(incident.incident_id).folded_faults, policy)  # read once a call
+    if not disruptive and hard:
         return CheckpointRecord(policy=f"requeued at once: {hard}"), True
     if not policy.enabled:
         return None, disruptive
@@ -120,8 +121,8 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
         return CheckpointRecord(policy=f"requeued at once: {incident.fault_code} ({incident.fault_class}) "
                                        "is a hard fault"), True
     record = checkpoint_jobs(incident, orchestrator=orchestrator, ledger=ledger, policy=policy, clock=clock,
-                             progress=progress)
-    if disruptive or hard_fault_reason(incident, ledger, policy):  # one may come while the jobs checkpoint
+                             progress=progress, hard=hard)
+    if disruptive or hard:  # a hard fault that came while the jobs checkpoint ended the wait
         return record, True
     return record, bool(record.jobs) and all(j.outcome != "grace_expired" for j in record.jobs)
 

@@ -16,6 +16,7 @@ from typing import Any
 from nodemedic.contracts.incident import (
     REPLACEMENT_CLAIM,
     CheckRecord,
+    FoldedFault,
     Incident,
     IncidentRef,
     ResetRecord,
@@ -151,11 +152,11 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
 
 
-def _aws_acts(incident: IncidentRef, ledger: Ledger, now: datetime) -> tuple[datetime, str] | None:
+def _aws_acts(folded: list[FoldedFault], now: datetime) -> tuple[datetime, str] | None:
     """When AWS acts on the node and why, if within ``REQUEUE_BEFORE_AWS`` (a planned notice
-    folded into the incident: a retirement, a Spot interruption, the end of its Capacity Block;
-    the check rung reads the jobs again up to 10 min later); None otherwise."""
-    deadlines = sorted((f.deadline, f.fault_code) for f in ledger.get(incident.incident_id).folded_faults if f.deadline)
+    ``folded`` into the incident: a retirement, a Spot interruption, the end of its Capacity
+    Block; the check rung reads the jobs again up to 10 min later); None otherwise."""
+    deadlines = sorted((f.deadline, f.fault_code) for f in folded if f.deadline)
     if not deadlines or deadlines[0][0] - now > REQUEUE_BEFORE_AWS:
         return None
     deadline, code = deadlines[0]
@@ -173,14 +174,15 @@ def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestra
     jobs = orchestrator.jobs_on(incident.slurm_node)
     if not jobs:
         return
-    why = hard_fault_reason(incident, ledger, checkpoints)
+    folded = ledger.get(incident.incident_id).folded_faults
+    why = hard_fault_reason(folded, checkpoints)
     if not why:
-        acts = _aws_acts(incident, ledger, clock())
+        acts = _aws_acts(folded, clock())
         if acts is None:
             raise NodeDrainingError(f"{incident.slurm_node} is DEGRADED and drained after its job(s) "
                                     f"{', '.join(jobs)}; its check waits for them to end")
         checkpointed = checkpoint_jobs(incident, orchestrator=orchestrator, ledger=ledger, policy=checkpoints,
-                                       clock=clock, progress=progress, stage="repair", deadline=acts[0])
+                                       clock=clock, progress=progress, hard="", stage="repair", deadline=acts[0])
         why = f"{acts[1]}; {checkpointed.policy}"
     moved = orchestrator.evacuate(incident.slurm_node, rung.started_at.timestamp() if rung.started_at else None)
     rung.requeued = list(dict.fromkeys([*rung.requeued, *moved.requeued]))
