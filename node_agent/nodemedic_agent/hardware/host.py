@@ -7,6 +7,8 @@ import shutil
 import threading
 from pathlib import Path
 
+from nodemedic.contracts.events import SOFTWARE_VERSION_MAX
+
 from nodemedic_agent.hardware.base import EfaDevice, HardwareError
 
 # the EFA hardware counters (ports/1/hw_counters) that only rise when something goes wrong
@@ -14,12 +16,9 @@ EFA_COUNTERS = ("rdma_read_wr_err", "rdma_write_wr_err", "rx_drops", "retrans_ti
                 "impaired_remote_conn_events", "unresponsive_remote_events")
 
 
-VERSION_MAX = 64  # longer is not a version
-
-
 def _version(text: str) -> str:
     text = text.strip()
-    return text if 0 < len(text) <= VERSION_MAX and text.isprintable() else ""
+    return text if 0 < len(text) <= SOFTWARE_VERSION_MAX and text.isprintable() else ""
 
 
 def host_software(sysfs_root: str) -> dict[str, str]:

@@ -49,6 +49,10 @@ def acknowledgement_key(source: str, event_id: str) -> str:
 SCHEMA_VERSION = "1"
 MAX_EVIDENCE_BYTES = 4096
 MAX_CLOCK_SKEW = timedelta(minutes=5)
+# what the agent says its node runs, in every event's evidence: the safety gate names the values
+# many failing nodes share (a rollout). Longer than SOFTWARE_VERSION_MAX is no version
+SOFTWARE_KEYS = ("gpu_driver", "kernel")
+SOFTWARE_VERSION_MAX = 64
 
 INSTANCE_ID = r"^i-[0-9a-f]{8,17}$"
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"  # a Kubernetes node name is a DNS subdomain (253)

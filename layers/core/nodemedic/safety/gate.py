@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from nodemedic.contracts.events import PLANNED_SOURCE
+from nodemedic.contracts.events import PLANNED_SOURCE, SOFTWARE_KEYS, SOFTWARE_VERSION_MAX
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.providers.base import Member
 from nodemedic.safety.policy import SafetyPolicy
@@ -46,14 +46,12 @@ Verdict = Literal["proceed", "verify", "quarantine", "hold", "throttled", "dry_r
 # What a rollout changes (the machine image, the GPU driver, the kernel) fails many nodes at once
 # whatever their rack: the same fault on every node that took the new version
 CORRELATED_ATTRIBUTES = ("rack", "switch", "placement_group", "host_id", "image", "gpu_driver", "kernel", "fault_code")
-SOFTWARE = ("gpu_driver", "kernel")  # what the node's agent says it runs, in each event's evidence
-SOFTWARE_MAX = 64
 
 
 def software_of(evidence: Mapping[str, object]) -> dict[str, str]:
     """The GPU driver and kernel versions a node's event carried (the agent sends them with
     every event); a value that is no short text is not one."""
-    return {k: v for k in SOFTWARE if isinstance(v := evidence.get(k), str) and 0 < len(v) <= SOFTWARE_MAX}
+    return {k: v for k in SOFTWARE_KEYS if isinstance(v := evidence.get(k), str) and 0 < len(v) <= SOFTWARE_VERSION_MAX}
 
 
 @dataclass(frozen=True)
