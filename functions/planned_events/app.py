@@ -228,9 +228,21 @@ def _room_queue(store: DeferredPlans, own: list[NodeHealthEvent]) -> list[NodeHe
     read, after the delivery kept its own: not as of the delivery's start. A campaign's deliveries
     run at once; one that began later keeps its notice with its later start as the time to act,
     and read as of the earlier start that notice was not due yet. Two deliveries each missed the
-    other's notice, and a campaign that ran late was said to nobody."""
+    other's notice, and a campaign that ran late was said to nobody.
+
+    A queued notice that is moot (:func:`moot`: its instance left the cluster, its window ended)
+    is no work: the next sweep forgets it. Counted, it took a room that is another's, which was
+    said to run late for work that fits (one read of the cluster's members for the whole queue)."""
     read_at = datetime.now(UTC)
-    return list({e.event_id: e for e in [*(d.event for d in store.waiting() if d.act_at <= read_at), *own]}.values())
+    queued = [d.event for d in store.waiting() if d.act_at <= read_at and d.event.event_id not in {e.event_id for e in own}]
+    if queued:
+        try:
+            members = {m.instance_id: m for m in wiring.provider().members()}
+        except Exception as exc:  # noqa: BLE001 - what was published stays so: judged with the whole queue
+            logger.warning("the cluster's members could not be read; every queued notice counts", error=str(exc))
+        else:
+            queued = [e for e in queued if moot(e, members.get(e.node.instance_id), read_at) is None]
+    return [*queued, *own]
 
 
 class Pacer:

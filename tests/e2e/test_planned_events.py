@@ -308,6 +308,37 @@ def test_a_campaign_the_pace_cannot_finish_before_aws_acts_is_said_at_once_not_a
         assert len(local.wait_for_executions(1)) == 1 and local.escalations() == []
 
 
+def test_a_waiting_notice_whose_node_left_the_cluster_makes_no_other_look_late() -> None:
+    """gpu-1 retires in 2 h (acted on now), gpu-2 in 2 h 30 (waits for the room the next sweep
+    has). Then gpu-2's instance is terminated (an operator, its Auto Scaling group): its notice is
+    moot, though still in the queue until a sweep forgets it. gpu-3's retirement in 2 h 50 comes:
+    the next room is its own, before its deadline. Counted, the moot notice took that room and the
+    on-call was paged that gpu-3 runs late, for work that fits."""
+    require_slurm()
+    with LocalMode(nodes=4, scheduler="slurm", retry_time_scale=0.01) as local:
+        waiting = DeferredPlans(local.aws.client("dynamodb"), local.stack.table_name, local.cluster.name)
+        retiring = {n: local.cluster.instance_of(n) for n in ("gpu-1", "gpu-2", "gpu-3")}
+        local.escalations()
+        for node, starts_in in {"gpu-1": timedelta(hours=2), "gpu-2": timedelta(hours=2, minutes=30)}.items():
+            event = _retirement([retiring[node]], starts_in)
+            event["detail"]["eventArn"] += f"-{node}"
+            local.emit_as_aws(event)
+            wait_for(local.executions, "gpu-1's notice acted on")
+        wait_for(waiting.waiting, "gpu-2's notice to wait for room")
+        assert [d.event.node.slurm_node for d in waiting.waiting()] == ["gpu-2"]
+        local.aws.client("ec2").terminate_instances(InstanceIds=[retiring["gpu-2"]])
+        function = local.stack.resources["PlannedEventsFunction"]
+        before = sum(i.function == function for i in local.aws.invocations)
+        third = _retirement([retiring["gpu-3"]], timedelta(hours=2, minutes=50))
+        third["detail"]["eventArn"] += "-gpu-3"
+        local.emit_as_aws(third)
+        wait_for(lambda: sum(i.function == function for i in local.aws.invocations) > before, "gpu-3's notice handled")
+        wait_for(lambda: len(waiting.waiting()) == 2, "gpu-3's notice to wait for room")
+        assert local.escalations() == []  # gpu-3 fits: nobody paged
+        [execution] = local.wait_for_executions(1)
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+
+
 def test_planned_work_whose_room_a_fault_took_meanwhile_yields_instead_of_tripping_the_breaker() -> None:
     """Four nodes: the breaker's limit is one node. The sweep releases gpu-1's retirement into the
     room it read; before its incident reaches the gate, an Xid 79 on gpu-3 is admitted and takes
