@@ -6,10 +6,12 @@ the host name in ``ListClusterNodes`` summaries as well as in ``DescribeClusterN
 model has ``PrivateDnsHostname`` in both), and ``StartClusterHealthCheck`` with the limits its API
 reference states (1-99 configurations, each naming an instance group of the cluster; its instances
 in that group), which shows the check as the node's status ``DeepHealthCheckInProgress`` until the
-test ends it (:meth:`HyperPodEmulation.end_deep_check`). A replacement is a new instance launched at the time of
-the request in the replaced node's instance group; it keeps the replaced node's host name, which
-is what HyperPod's Slurm node names rely on (on EKS its Kubernetes node name is new all the same,
-since the node is named after its instance)."""
+test ends it (:meth:`HyperPodEmulation.end_deep_check`). A batch call refuses a node HyperPod is
+working on, as its API reference says (``InstanceIdInUse``: :attr:`HyperPodEmulation.in_use`;
+``InvalidInstanceStatus``: a status in transition), where moto would reboot it. A replacement is
+a new instance launched at the time of the request in the replaced node's instance group; it keeps
+the replaced node's host name, which is what HyperPod's Slurm node names rely on (on EKS its
+Kubernetes node name is new all the same, since the node is named after its instance)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ ADDED = {  # moto has no handler for these actions; the hooks add one
     "hyperpod batch replace": (SageMakerResponse, "batch_replace_cluster_nodes"),
     "hyperpod deep health check": (SageMakerResponse, "start_cluster_health_check"),
 }
+IN_TRANSITION = frozenset({"Pending", "ShuttingDown", "SystemUpdating", "DeepHealthCheckInProgress"})
 DEEP_HEALTH_CHECKS = frozenset({"InstanceStress", "InstanceConnectivity"})  # botocore's model has a third, newer
 
 
@@ -44,6 +47,9 @@ class HyperPodEmulation:
     on_reboot: Callable[[list[str]], None] = lambda ids: None
     capacity: bool = True  # False: replacements fail for capacity, as HyperPod reports it
     calls: list[tuple[str, list[str]]] = field(default_factory=list)
+    # nodes HyperPod is working on itself (its own repair after its health agent's verdict, an
+    # operator's reboot): a batch call naming one fails for it with InstanceIdInUse
+    in_use: set[str] = field(default_factory=set)
     deep_checks: list[tuple[str, list[str]]] = field(default_factory=list)  # (instance, checks) per request
 
     def _cluster(self, name: str) -> Any:
@@ -95,6 +101,18 @@ class HyperPodEmulation:
                 failed.append({"NodeId": node_id, "ErrorCode": "InstanceIdNotFound",
                                "Message": f"node {node_id} is not in the cluster"})
                 continue
+            # "Another operation is already in progress for this node" / "The instance is in a
+            # state that does not allow rebooting. Wait for the instance to finish any ongoing
+            # changes before retrying" (API reference, BatchRebootClusterNodesError and
+            # BatchReplaceClusterNodesError); moto would reboot a node HyperPod is patching
+            if node_id in self.in_use:
+                failed.append({"NodeId": node_id, "ErrorCode": "InstanceIdInUse",
+                               "Message": f"Another operation is already in progress for node {node_id}"})
+                continue
+            if node.status in IN_TRANSITION:
+                failed.append({"NodeId": node_id, "ErrorCode": "InvalidInstanceStatus",
+                               "Message": f"node {node_id} is {node.status}: wait for it to finish any ongoing changes"})
+                continue
             ok.append(node_id)
             if operation == "replace":
                 del cluster.nodes[node_id]
@@ -138,6 +156,11 @@ class HyperPodEmulation:
                 self.deep_checks.append((instance, list(checks)))
                 node.status, node.status_message = "DeepHealthCheckInProgress", ""
         return ActionResult({"ClusterArn": cluster.arn})
+
+    def set_status(self, cluster_name: str, instance_id: str, status: str) -> None:
+        """HyperPod's own work on the node shows as its status (``SystemUpdating`` while it patches
+        it), or ends (``Running``)."""
+        self._cluster(cluster_name).nodes[instance_id].status = status
 
     def end_deep_check(self, cluster_name: str, instance_id: str, *, passed: bool, message: str = "") -> None:
         """HyperPod's deep check of the node ends: Running again, or Failure with ``message``."""

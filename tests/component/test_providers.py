@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from nodemedic.errors import CapacityError
+from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.providers.ec2 import CLUSTER_TAG, EC2Provider
@@ -190,3 +190,30 @@ def test_hyperpod_unknown_nodes_fail_the_batch_with_their_ids(aws: EmbeddedAWS) 
     provider = HyperPodProvider(aws.client("sagemaker"), "hp")
     with pytest.raises(Exception, match="i-00000000000000000"):
         provider.reboot(["i-00000000000000000"])
+
+
+def test_hyperpod_busy_with_a_node_is_a_wait_not_a_failure(aws: EmbeddedAWS) -> None:
+    """HyperPod refuses a reboot or replacement of a node it is working on itself (its own repair
+    after its health agent's verdict, a patch, a deep health check: ``InstanceIdInUse`` or
+    ``InvalidInstanceStatus``). That was a ReplacementFailedError, and the incident failed and paged
+    while HyperPod was busy repairing the very node. Now it is a wait (the rung is retried until
+    that work ends); a node that is not in the cluster still fails at once."""
+    ids = _hyperpod(aws, 3)
+    provider = HyperPodProvider(aws.client("sagemaker"), "hp")
+    aws.hyperpod.in_use.add(ids[0])
+    try:
+        with pytest.raises(ProviderBusyError, match=f"HyperPod is working on {ids[0]} itself.*InstanceIdInUse"):
+            provider.reboot([ids[0]])
+        with pytest.raises(ProviderBusyError, match="InstanceIdInUse"):
+            provider.replace(ids[0], "ip-10-0-0-1", {}, claim=_claim_all)
+    finally:
+        aws.hyperpod.in_use.clear()
+    aws.hyperpod.set_status("hp", ids[1], "SystemUpdating")  # HyperPod patching it
+    with pytest.raises(ProviderBusyError, match="InvalidInstanceStatus"):
+        provider.reboot([ids[1]])
+    assert provider.member(ids[0]).instance_id == ids[0]  # nothing was replaced meanwhile
+    with pytest.raises(ReplacementFailedError, match="InstanceIdNotFound"):  # busy and gone: not a wait
+        provider.reboot([ids[1], "i-00000000000000000"])
+    aws.hyperpod.set_status("hp", ids[1], "Running")
+    provider.reboot([ids[0], ids[1]])  # the work ended: the retried rung goes through
+    assert aws.hyperpod.calls[-1] == ("reboot", [ids[0], ids[1]])

@@ -7,17 +7,19 @@ API reference states), the ledger in DynamoDB, Slurm in memory."""
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import HealthCheckOutput
-from nodemedic.errors import HealthCheckPendingError, IncidentStateError
+from nodemedic.errors import HealthCheckPendingError, IncidentStateError, ProviderBusyError
 from nodemedic.providers.hyperpod import ClusterNodeStatus, HyperPodProvider
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.stages.hyperpod_check import REBOOT_SETTLE, START_GRACE, HyperPodProgress, hyperpod_check, judge
 from nodemedic.stages.repair import repair
+from nodemedic.stages.resume import end_unrecovered
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
@@ -206,6 +208,45 @@ def test_the_ladder_skips_the_gpu_reset_on_hyperpod_and_reboots_through_hyperpod
     skipped, rebooted = ledger.get(incident.incident_id).stages["repair"].result["rungs"]
     assert skipped["rung"] == "gpu_reset" and "SSM Run Command does not reach" in skipped["skipped"]
     assert skipped["check"]["healthy"] is False and rebooted["rebooted"] is True
+
+
+def test_a_rung_hyperpod_refuses_while_it_works_on_the_node_waits_for_that_work(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    """The agent and HyperPod's health agent saw the same fault; with automatic node recovery
+    HyperPod began its own repair after the gate let NodeMedic's pass. Its BatchRebootClusterNodes
+    is then refused (InstanceIdInUse): the incident failed and paged while HyperPod repaired the
+    node. Now the rung waits (the state machine retries it), nothing recorded as rebooted; once
+    HyperPod's work ends the retried rung reboots the node, once. An hour of it is escalated with
+    the reason, the node left drained."""
+    name, hyperpod, ids = _cluster(aws, slurm)
+    incident = opened(ledger, "gpu-1", instance=ids[0], ladder=("reboot", "replace"))
+    slurm.n["gpu-1"].drained = True
+
+    def climb() -> object:
+        return repair(incident, "service", provider=hyperpod, orchestrator=slurm, runner=RunCommand(NoSSM(), 0),
+                      ledger=ledger, documents=Documents("c1"), timeout_s=30, check_timeout_s=600, prefix=PREFIX,
+                      clock=lambda: datetime.now(UTC))
+
+    aws.hyperpod.in_use.add(ids[0])
+    try:
+        for _ in range(2):  # each retry while HyperPod works: refused again, nothing done
+            with pytest.raises(ProviderBusyError, match="InstanceIdInUse"):
+                climb()
+    finally:
+        aws.hyperpod.in_use.clear()
+    [rung] = ledger.get(incident.incident_id).stages["repair"].result["rungs"]
+    assert rung["rung"] == "reboot" and not rung.get("rebooted")
+    assert ledger.get(incident.incident_id).status == "open"
+    out = climb()
+    assert (out.rung, out.last) == ("reboot", False)
+    assert [c for c in aws.hyperpod.calls if c[0] == "reboot"] == [("reboot", [ids[0]])] * 3  # refused twice, then done
+    assert ledger.get(incident.incident_id).stages["repair"].result["rungs"][0]["rebooted"] is True
+
+    busy = {"Error": "ProviderBusyError", "Cause": json.dumps({"errorMessage": f"HyperPod is working on {ids[0]} itself"})}
+    end = end_unrecovered(incident, "escalated", ledger=ledger, clock=lambda: datetime.now(UTC), error=busy)
+    assert end.status == "escalated" and "its provider was still working on it" in end.message
+    assert "no capacity" not in end.message and f"HyperPod is working on {ids[0]}" in end.message
+    assert ledger.get(incident.incident_id).status == "escalated" and slurm.n["gpu-1"].drained
 
 
 def test_a_ladder_of_nothing_hyperpod_can_do_ends_with_the_reason(

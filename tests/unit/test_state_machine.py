@@ -63,6 +63,17 @@ def test_a_capacity_error_is_retried_later_then_escalated_not_failed():
     assert repair["Catch"][0] == {"ErrorEquals": ["CapacityError"], "ResultPath": "$.error", "Next": "Escalate"}
 
 
+def test_a_rung_the_provider_refuses_while_it_works_on_the_node_waits_then_escalates():
+    """HyperPod refuses a reboot or replacement of a node it is working on (its own repair, a patch):
+    the rung is tried again every minute for an hour (a HyperPod replacement takes about 15 min at
+    P90), then the incident is escalated with the node drained, not failed as a NodeMedic error."""
+    repair = STATES["Repair"]
+    [retry] = [r for r in repair["Retry"] if r["ErrorEquals"] == ["ProviderBusyError"]]
+    assert retry["IntervalSeconds"] * retry["MaxAttempts"] >= 3600 and retry["BackoffRate"] == 1
+    [catch] = [c for c in repair["Catch"] if "ProviderBusyError" in c["ErrorEquals"]]
+    assert catch["Next"] == "Escalate" and repair["Catch"].index(catch) < len(repair["Catch"]) - 1  # before States.ALL
+
+
 def test_each_state_that_sends_to_a_new_instance_waits_for_its_ssm_agent_to_register():
     """SSM refuses a command to an instance whose agent has not registered yet (InvalidInstanceId,
     InstanceNotManagedError here): a replacement's join (Repair) and a rung's or a joined node's

@@ -119,11 +119,16 @@ class NodeDrainingError(RetryableError):
     until the job ends, retried by the state machine for days, never killing the job."""
 
 
+class ProviderBusyError(RetryableError):
+    """The node's provider refused a reboot or replacement because it is working on the node
+    itself (HyperPod: ``InstanceIdInUse``, another operation in progress, or
+    ``InvalidInstanceStatus``, a status that allows none: its own repair, a patch, a deep health
+    check). Nothing was done; the state machine retries the rung until that work ends, then
+    fails the incident with the node drained."""
+
+
 class PublishFailedError(RetryableError):
     """EventBridge did not take some entries of a PutEvents call; the caller's invocation is retried."""
-
-
-RETRYABLE_ERRORS = tuple(cls.__name__ for cls in RetryableError.__subclasses__())
 
 
 class AwsThrottledError(RetryableError):

@@ -19,7 +19,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nodemedic.errors import CapacityError, ReplacementFailedError
+from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.base import CAPACITY_ERRORS, Member, ReplaceStep, batches
 
 BATCH_LIMIT = 25  # NodeIds per Batch*ClusterNodes call
@@ -27,6 +27,11 @@ BATCH_LIMIT = 25  # NodeIds per Batch*ClusterNodes call
 # diagnostics and EFA loopback on the one node (InstanceConnectivity needs two nodes and more)
 # https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-resiliency-slurm-deep-health-checks.html
 INSTANCE_STRESS = "InstanceStress"
+# what Batch{Reboot,Replace}ClusterNodes answers for a node HyperPod is working on: "Another operation
+# is already in progress for this node" / "a state that does not allow rebooting. Wait for the
+# instance to finish any ongoing changes before retrying" (API reference, BatchRebootClusterNodesError
+# and BatchReplaceClusterNodesError)
+BUSY_ERRORS = frozenset({"InstanceIdInUse", "InvalidInstanceStatus"})
 _STATES = {"Running": "running", "Pending": "pending", "ShuttingDown": "shutting-down",
            "SystemUpdating": "pending", "DeepHealthCheckInProgress": "pending", "Failure": "failed"}
 
@@ -127,6 +132,9 @@ class HyperPodProvider:
             failed += getattr(self._sm, operation)(ClusterName=self._cluster, NodeIds=chunk).get("Failed", [])
         if any(_capacity(f"{f.get('ErrorCode', '')} {f.get('Message', '')}") for f in failed):
             raise CapacityError(f"HyperPod {self._cluster} has no capacity: {failed}")
+        if failed and all(f.get("ErrorCode") in BUSY_ERRORS for f in failed):
+            raise ProviderBusyError(f"HyperPod is working on {', '.join(f.get('NodeId', '?') for f in failed)} "
+                                    f"itself; {operation} waits until that ends: {failed}")
         if failed:
             raise ReplacementFailedError(f"HyperPod {operation} failed for {failed}")
 

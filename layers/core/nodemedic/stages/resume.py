@@ -229,10 +229,16 @@ def end_unrecovered(
             if current.status == "open":
                 ledger.end(incident, "escalated", clock(), message, release_node=False)
             return EndOutput(status="escalated", message=message)
-        message = (f"NodeMedic escalated incident {incident.incident_id} for {incident.slurm_node}: "
-                   f"no capacity to repair it after retries ({cause}). Rungs tried: {tried}. The node stays "
-                   f"drained; start a replace runbook for it (events/runbooks/replace-node.json) when capacity "
-                   f"returns.")
+        if (error or {}).get("Error") == "ProviderBusyError":
+            message = (f"NodeMedic escalated incident {incident.incident_id} for {incident.slurm_node}: its provider "
+                       f"was still working on it after an hour of retries ({lambda_error_message(cause)}), so NodeMedic "
+                       f"did not act. Rungs done: {tried}. The node stays drained; once the provider's work ends, check "
+                       f"it and start a runbook if it still needs repair.")
+        else:
+            message = (f"NodeMedic escalated incident {incident.incident_id} for {incident.slurm_node}: "
+                       f"no capacity to repair it after retries ({cause}). Rungs tried: {tried}. The node stays "
+                       f"drained; start a replace runbook for it (events/runbooks/replace-node.json) when capacity "
+                       f"returns.")
     if repair and not repair.completed_at:
         ledger.complete_stage(incident, "repair", clock(), repair.result)
     if rungs and rungs[-1].instance_id != incident.instance_id:  # a replacement backs the node now
