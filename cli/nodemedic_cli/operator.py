@@ -79,6 +79,7 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
                             reason, by)  # validates the reason and the names for every action
     status = _known_node(target, node)
     if action in ("reboot", "replace"):
+        _refuse_if_open(target, node, action)
         # an ended incident (escalated, quarantined) holds the node on purpose until someone acts:
         # this request is that act, so it opens an incident of its own instead of folding into it
         released = _release_ended(target, node)
@@ -108,6 +109,24 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
         return {"action": action, "node": node, "state": target.orchestrator.node_status(node).state,
                 "was": status.reason, "released": released}
     return health_check(target, node, level)
+
+
+def _refuse_if_open(target: Target, node: str, action: str) -> None:
+    """An incident still open holds the node: the request would fold into it as a duplicate and
+    change nothing (NodeMedic acts on a node through one incident at a time), while the command
+    said it started. Refused, naming that incident and where it stands."""
+    member = target.provider.member_by_node(node)
+    holder = target.ledger.lock_holder(target.cluster, member.instance_id) if member else None
+    if holder is None or holder.status != "open":
+        return
+    stage = current_stage(holder)
+    then = (f"it waits for approval: `nodemedic approve {holder.incident_id}` lets it repair the node, "
+            f"`nodemedic deny {holder.incident_id}` ends it with the node drained" if stage == "approval" else
+            f"follow it with `nodemedic show {holder.incident_id}`")
+    raise OperatorError(
+        f"{node} is in incident {holder.incident_id}, still open ({holder.fault_code}, {holder.action}; at "
+        f"{stage}): a {action} request would fold into it and change nothing. {then[0].upper()}{then[1:]}. "
+        "Once it has ended, ask again.")
 
 
 def _release_ended(target: Target, node: str) -> list[str]:

@@ -150,6 +150,12 @@ def test_approve_and_deny_answer_a_waiting_incident(local: LocalMode) -> None:
             wait_for(lambda i=started["incident"]: any(x.incident_id == i and "approval" in x.stages
                                                        for x in local.incidents()), "the approval wait", timeout=60)
             waiting.append(started["incident"])
+        # a second request for a node whose incident is open would fold into it and change nothing,
+        # while the command said it started: refused, naming the incident and what it waits for
+        executions = len(local.executions())
+        refused = cli(local, "remediate", "gpu-1", "--action", "replace", "--reason", "still flaky", code=2)
+        assert f"gpu-1 is in incident {waiting[0]}, still open" in refused["error"]
+        assert f"nodemedic approve {waiting[0]}" in refused["error"] and len(local.executions()) == executions
         assert cli(local, "approve", waiting[0], "--reason", "go ahead")["decision"] == "approved"
         assert cli(local, "deny", waiting[1], "--reason", "not now")["decision"] == "denied"
         assert "waits for no approval" in cli(local, "approve", waiting[0], "--reason", "twice", code=2)["error"]
