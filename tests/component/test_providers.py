@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.base import SLURM_NODE_TAG
@@ -82,6 +83,42 @@ def test_autoscaling_capacity_failure_of_the_groups_launch_is_a_capacity_error(a
                                    aws.client("ec2"), "g")
     with pytest.raises(CapacityError, match="InsufficientInstanceCapacity"):
         provider.replace(ids[0], "gpu-1", {}, claim=lambda _: False)
+
+
+class _Busy:
+    """An Auto Scaling client whose group is busy for the next ``times`` terminations (another
+    replacement's launch under way): what the API reference lists among the call's errors."""
+
+    def __init__(self, client: Any, code: str, times: int) -> None:
+        self._client, self._code, self.times = client, code, times
+
+    def terminate_instance_in_auto_scaling_group(self, **kwargs: Any) -> dict[str, Any]:
+        if self.times:
+            self.times -= 1
+            raise ClientError({"Error": {"Code": self._code, "Message": "The operation can't be performed because "
+                                                                        "there are scaling activities in progress."}},
+                              "TerminateInstanceInAutoScalingGroup")
+        return self._client.terminate_instance_in_auto_scaling_group(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+@pytest.mark.parametrize("code", ["ScalingActivityInProgress", "ResourceContention"])
+def test_autoscaling_busy_with_another_activity_is_a_wait_not_a_failure(aws: EmbeddedAWS, code: str) -> None:
+    """Two nodes replaced at once: the group may still be launching the first one's replacement
+    when the second is terminated, and refuse. That failed the second incident and paged; now the
+    rung waits and terminates it on the retry."""
+    ids = _group(aws)
+    busy = _Busy(aws.client("autoscaling"), code, times=1)
+    provider = AutoScalingProvider(busy, aws.client("ec2"), "g")
+    with pytest.raises(ProviderBusyError, match=f"Auto Scaling group g is busy.*{code}"):
+        provider.replace(ids[1], "gpu-2", {}, claim=_claim_all)
+    assert provider.member(ids[1]).state == "running"  # nothing was done
+    step = provider.replace(ids[1], "gpu-2", {}, claim=_claim_all)
+    assert step.progress["requested_at"]
+    step = provider.replace(ids[1], "gpu-2", step.progress, claim=_claim_all)
+    assert step.instance_id not in (None, ids[1])
 
 
 def _tagged(aws: EmbeddedAWS, count: int = 2) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nodemedic.errors import CapacityError, ReplacementFailedError
+from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.base import (
     CAPACITY_ERRORS,
     SLURM_NODE_TAG,
@@ -22,6 +22,10 @@ from nodemedic.providers.base import (
 )
 
 _GONE = {"shutting-down", "terminated"}
+# what TerminateInstanceInAutoScalingGroup answers while the group is busy: "You already have a
+# pending update to an Amazon EC2 Auto Scaling resource" / "The operation can't be performed because
+# there are scaling activities in progress" (Amazon EC2 Auto Scaling API reference, its Errors)
+_BUSY = {"ResourceContention", "ResourceContentionFault", "ScalingActivityInProgress", "ScalingActivityInProgressFault"}
 
 
 class AutoScalingProvider:
@@ -99,6 +103,9 @@ class AutoScalingProvider:
             self._asg.terminate_instance_in_auto_scaling_group(
                 InstanceId=instance_id, ShouldDecrementDesiredCapacity=False)
         except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _BUSY:  # another replacement's launch, a refresh
+                raise ProviderBusyError(f"Auto Scaling group {self._group} is busy; {instance_id} is terminated once "
+                                        f"it is not: {exc}") from exc
             raise ReplacementFailedError(f"cannot terminate {instance_id}: {exc}") from exc
 
     def _candidates(self, exclude: str) -> list[str]:
