@@ -123,7 +123,8 @@ class ProviderBusyError(RetryableError):
     """The node's provider refused a reboot or replacement because it is working on the node
     itself (HyperPod: ``InstanceIdInUse``, another operation in progress, or
     ``InvalidInstanceStatus``, a status that allows none: its own repair, a patch, a deep health
-    check). Nothing was done; the state machine retries the rung until that work ends, then
+    check; an Auto Scaling group: ``ScalingActivityInProgress``, ``ResourceContention``, another
+    activity under way). Nothing was done; the state machine retries the rung until that work ends, then
     fails the incident with the node drained."""
 
 
