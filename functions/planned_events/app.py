@@ -234,7 +234,8 @@ def _room_queue(store: DeferredPlans, own: list[NodeHealthEvent]) -> list[NodeHe
     is no work: the next sweep forgets it. Counted, it took a room that is another's, which was
     said to run late for work that fits (one read of the cluster's members for the whole queue)."""
     read_at = datetime.now(UTC)
-    queued = [d.event for d in store.waiting() if d.act_at <= read_at and d.event.event_id not in {e.event_id for e in own}]
+    mine = {e.event_id for e in own}
+    queued = [d.event for d in store.waiting() if d.act_at <= read_at and d.event.event_id not in mine]
     if queued:
         try:
             members = {m.instance_id: m for m in wiring.provider().members()}

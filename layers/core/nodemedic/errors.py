@@ -124,8 +124,8 @@ class ProviderBusyError(RetryableError):
     itself (HyperPod: ``InstanceIdInUse``, another operation in progress, or
     ``InvalidInstanceStatus``, a status that allows none: its own repair, a patch, a deep health
     check; an Auto Scaling group: ``ScalingActivityInProgress``, ``ResourceContention``, another
-    activity under way). Nothing was done; the state machine retries the rung until that work ends, then
-    fails the incident with the node drained."""
+    activity under way). Nothing was done; the state machine retries the rung for an hour, until
+    that work ends, then escalates the incident with the node left drained."""
 
 
 class PublishFailedError(RetryableError):
