@@ -112,11 +112,11 @@ class SimulatedNode:
         for i in range(efa):
             port = self.dir / "sys" / "class" / "infiniband" / f"rdmap{i}s0" / "ports" / "1"
             (port / "hw_counters").mkdir(parents=True, exist_ok=True)
-            (port / "state").write_text("4: ACTIVE\n")
+            _replace(port / "state", "4: ACTIVE\n")
             for name in EFA_COUNTERS:
-                (port / "hw_counters" / name).write_text("0\n")
+                _replace(port / "hw_counters" / name, "0\n")
             self._set_link(i, up=True)
-        (self.dir / "efa_rates.json").write_text("{}")
+        _replace(self.dir / "efa_rates.json", "{}")  # a "clear" runs under a reading agent: never an empty file
         return self
 
     def _set_link(self, index: int, up: bool) -> None:
@@ -248,7 +248,7 @@ class SimulatedNode:
             if "software" in keep:  # what the node runs is no fault
                 self.install(**keep["software"])
             for port in (self.dir / "sys" / "class" / "infiniband").glob("rdmap*s0/ports/1"):
-                (port / "state").write_text("4: ACTIVE\n")
+                _replace(port / "state", "4: ACTIVE\n")
                 self._set_link(int(port.parent.parent.name[len("rdmap"):-len("s0")]), up=True)
 
     def install(self, **versions: str) -> None:
