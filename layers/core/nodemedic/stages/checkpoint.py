@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from nodemedic.contracts.events import PLANNED_SOURCE
-from nodemedic.contracts.incident import FoldedFault, IncidentRef, Stage
+from nodemedic.contracts.incident import FoldedFault, Incident, IncidentRef, Stage
 from nodemedic.contracts.stages import CheckpointRecord, JobCheckpoint
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, work_since
 from nodemedic.errors import CheckpointPendingError
@@ -59,10 +59,10 @@ def _too_near(deadline: datetime | None, now: datetime) -> bool:
     return deadline is not None and now >= deadline - REQUEUE_MARGIN
 
 
-def planned_deadline(incident: IncidentRef, ledger: Ledger) -> datetime | None:
+def planned_deadline(incident: Incident) -> datetime | None:
     """When AWS acts on the node of a planned incident: the ``deadline`` its event carried (the
     detect stage's evidence). None for any other incident, or an event that names none."""
-    return ledger.get(incident.incident_id).deadline if incident.source == PLANNED_SOURCE else None
+    return incident.deadline if incident.source == PLANNED_SOURCE else None
 
 
 def hard_fault_reason(folded: list[FoldedFault], policy: CheckpointPolicy) -> str:
@@ -110,18 +110,17 @@ def _outcome(job_id: str, asked: _Asked, now_job: RunningJob | None) -> JobCheck
 
 def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, policy: CheckpointPolicy,
                     clock: Callable[[], datetime], progress: dict[str, Any], hard: str, stage: Stage = "drain",
-                    deadline: datetime | None = None) -> CheckpointRecord:
+                    deadline: datetime | None) -> CheckpointRecord:
     """Ask the node's jobs to checkpoint (first call), then read their markers; raise
     :class:`CheckpointPendingError` while one is missing within its grace, unless ``hard`` (why
     the jobs cannot run on: :func:`hard_fault_reason`) ends the wait. The record says what
     became of each job. What was asked is kept in ``stage``'s progress (``progress`` is it as
-    read); ``deadline`` (when AWS acts on the node) is the planned incident's own unless given."""
+    read); ``deadline`` is when AWS acts on the node, if it does (:func:`planned_deadline`)."""
     now = clock()
     saved = progress.get("checkpoint")
     if saved is None:
         if hard:  # the node cannot run the jobs on: nothing to wait for
             return CheckpointRecord(policy=f"requeued at once: {hard}")
-        deadline = deadline or planned_deadline(incident, ledger)
         if deadline is not None and _too_near(deadline, now):  # no time to checkpoint: requeue now
             return CheckpointRecord(policy=f"requeued at once: AWS acts on the node at {deadline.isoformat()}, "
                                            f"within {REQUEUE_MARGIN.total_seconds():.0f}s")

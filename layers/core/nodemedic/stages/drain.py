@@ -14,7 +14,7 @@ from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy
 from nodemedic.errors import EvictionPendingError
 from nodemedic.orchestrators.base import Orchestrator
-from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
+from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason, planned_deadline
 from nodemedic.store.ledger import Ledger
 
 MARKING_WRITERS = 16
@@ -110,7 +110,8 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
     disruptive = incident.action not in NON_DISRUPTIVE
     if incident.action == "burn_in":
         return None, False
-    hard = hard_fault_reason(ledger.get(incident.incident_id).folded_faults, policy)  # read once a call
+    current = ledger.get(incident.incident_id)  # read once a call
+    hard = hard_fault_reason(current.folded_faults, policy)
     if not disruptive and hard:
         return CheckpointRecord(policy=f"requeued at once: {hard}"), True
     if not policy.enabled:
@@ -121,7 +122,7 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
         return CheckpointRecord(policy=f"requeued at once: {incident.fault_code} ({incident.fault_class}) "
                                        "is a hard fault"), True
     record = checkpoint_jobs(incident, orchestrator=orchestrator, ledger=ledger, policy=policy, clock=clock,
-                             progress=progress, hard=hard)
+                             progress=progress, hard=hard, deadline=planned_deadline(current))
     if disruptive or hard:  # a hard fault that came while the jobs checkpoint ended the wait
         return record, True
     return record, bool(record.jobs) and all(j.outcome != "grace_expired" for j in record.jobs)
