@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from nodemedic.contracts.events import PLANNED_SOURCE
-from nodemedic.contracts.incident import Incident, StageRecord
+from nodemedic.contracts.events import AGENT_SOURCE, PLANNED_SOURCE
+from nodemedic.contracts.incident import FoldedFault, Incident, StageRecord
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, parse_checkpoint_policy
 from nodemedic.errors import CheckpointPendingError, CommandPendingError, PolicyError
 from nodemedic.stages.drain import drain
@@ -115,13 +115,15 @@ def test_no_marker_within_the_grace_requeues_with_the_work_since_the_last_checkp
     assert 300 <= out.checkpoint.waited_s < 360  # it waited the grace, no longer
 
 
-def _planned(ledger: Ledger, deadline: datetime | None, source: str = PLANNED_SOURCE) -> Incident:
+def _planned(ledger: Ledger, deadline: datetime | None, source: str = PLANNED_SOURCE,
+             fault: tuple[str, str, str] = ("PLANNED_SPOT_INTERRUPTION", "planned", "retire")) -> Incident:
     """A planned incident as Detect opens it: its event's deadline in the detect stage's evidence."""
     at = datetime.now(UTC)
     evidence = {"deadline": deadline.isoformat()} if deadline else {}
+    code, fault_class, action = fault
     incident = Incident(incident_id=f"inc-planned-{at.timestamp()}", cluster="c1", instance_id="i-gpu-1",
-                        slurm_node="gpu-1", fault_code="PLANNED_SPOT_INTERRUPTION", fault_class="planned",
-                        action="retire", source=source, observed_at=at, status="open", detected_at=at, reason="test",
+                        slurm_node="gpu-1", fault_code=code, fault_class=fault_class, action=action, source=source,
+                        observed_at=at, status="open", detected_at=at, reason="test",
                         stages={"detect": StageRecord(started_at=at, completed_at=at, result={"evidence": evidence})})
     assert ledger.open_incident(incident) is None
     return incident
@@ -166,17 +168,51 @@ def test_a_deadline_too_near_to_checkpoint_requeues_at_once_without_signalling(s
     assert out.checkpoint is not None and out.checkpoint.policy.startswith("requeued at once: AWS acts on the node")
 
 
-@pytest.mark.parametrize(("deadline_in", "source"), [(timedelta(hours=1), PLANNED_SOURCE),
-                                                     (timedelta(minutes=2), "nodemedic.agent")])
-def test_only_a_planned_events_own_deadline_shortens_the_grace(slurm: MemorySlurm, ledger: Ledger,
-                                                               deadline_in: timedelta, source: str) -> None:
-    """A deadline an hour away leaves the grace as it is; so does a "deadline" in another source's
-    evidence (an agent cannot shorten the checkpoint wait of its node's jobs)."""
+@pytest.mark.parametrize("source", [PLANNED_SOURCE, AGENT_SOURCE])
+def test_a_spot_notice_ends_the_wait_before_aws_acts_whoever_relayed_it(slurm: MemorySlurm, ledger: Ledger,
+                                                                          source: str) -> None:
+    """The node's agent reads EC2's Spot notice from instance metadata, often before EventBridge
+    delivers it: the incident it opens carries the same two-minute deadline."""
     clock = Clock()
-    incident = _planned(ledger, deadline=clock.now + deadline_in, source=source)
+    incident = _planned(ledger, deadline=clock.now + timedelta(minutes=2), source=source)
+    slurm.n["gpu-1"].jobs = ["42"]
+    out = _until_done(incident, slurm, ledger, clock, step=10)
+    assert out.checkpoint is not None and 100 <= out.checkpoint.waited_s <= 110, out.checkpoint
+
+
+@pytest.mark.parametrize(("deadline_in", "fault"), [
+    (timedelta(hours=1), ("PLANNED_RETIREMENT", "planned", "replace")),
+    (timedelta(minutes=2), ("FAIL_SLOW", "fail_slow", "degrade")),
+])
+def test_a_far_deadline_or_one_in_a_faults_evidence_leaves_the_grace_as_it_is(
+        slurm: MemorySlurm, ledger: Ledger, deadline_in: timedelta, fault: tuple[str, str, str]) -> None:
+    """A deadline an hour away leaves the grace as it is; so does a "deadline" in the evidence of a
+    fault that is no planned notice (it is not AWS's)."""
+    clock = Clock()
+    incident = _planned(ledger, deadline=clock.now + deadline_in, source=AGENT_SOURCE, fault=fault)
     slurm.n["gpu-1"].jobs = ["42"]
     out = _until_done(incident, slurm, ledger, clock, step=60)
     assert out.checkpoint is not None and 300 <= out.checkpoint.waited_s < 360
+
+
+def test_a_spot_notice_folded_in_while_the_jobs_checkpoint_ends_the_wait_before_aws_acts(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """A retirement drain waits up to 300 s for the job's checkpoint; EC2's two-minute Spot warning
+    for the node comes 30 s in and is folded into the incident: the wait ends 15 s before EC2 acts,
+    not at the end of the grace, when the node and the job on it are gone."""
+    clock = Clock()
+    incident = _planned(ledger, deadline=clock.now + timedelta(days=3), fault=("PLANNED_RETIREMENT", "planned", "replace"))
+    slurm.n["gpu-1"].jobs = ["42"]
+    with pytest.raises(CheckpointPendingError):
+        _drain(incident, slurm, ledger, clock)
+    clock.advance(30)
+    notice = FoldedFault(fault_code="PLANNED_SPOT_INTERRUPTION", fault_class="planned", action="retire",
+                         observed_at=clock.now, deadline=clock.now + timedelta(minutes=2))
+    assert ledger.note_folded(incident.incident_id, notice)
+    out = _until_done(incident, slurm, ledger, clock, step=10)
+    assert out.requeued_jobs == ["42"] and out.checkpoint is not None
+    assert 130 <= out.checkpoint.waited_s <= 140, out.checkpoint.waited_s  # 30 s + 2 min - 15 s, not 300 s
+    assert f"before AWS acts on the node ({notice.deadline.isoformat()})" in out.checkpoint.policy
 
 
 def test_a_hard_fault_requeues_at_once_without_signalling(slurm: MemorySlurm, ledger: Ledger) -> None:

@@ -226,6 +226,16 @@ class Incident(IncidentRef):
         """When AWS acts on the node, as the planned event that opened the incident said."""
         return deadline_in(self.evidence_recorded())
 
+    def aws_acts(self) -> tuple[datetime, str] | None:
+        """When AWS acts on the node, and whose notice says so: the earliest ``deadline`` of the
+        planned notices that opened the incident or were folded into it (a retirement, a Spot
+        interruption, the end of its Capacity Block), whoever relayed it (the planned-events
+        function, or the node's agent reading its instance metadata). None when none names one.
+        Only a planned notice's deadline counts: a "deadline" in a fault's evidence is not AWS's."""
+        own = [(d, self.fault_code)] if self.fault_class == "planned" and (d := self.deadline) else []
+        folded = [(f.deadline, f.fault_code) for f in self.folded_faults if f.deadline and f.fault_class == "planned"]
+        return min(own + folded, default=None)
+
 
     @property
     def repair_rungs(self) -> list[RungRecord]:

@@ -21,8 +21,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from nodemedic.contracts.events import PLANNED_SOURCE
-from nodemedic.contracts.incident import FoldedFault, Incident, IncidentRef, Stage
+from nodemedic.contracts.incident import FoldedFault, IncidentRef, Stage
 from nodemedic.contracts.stages import CheckpointRecord, JobCheckpoint
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, work_since
 from nodemedic.errors import CheckpointPendingError
@@ -57,12 +56,6 @@ class CheckpointProgress(BaseModel):
 def _too_near(deadline: datetime | None, now: datetime) -> bool:
     """The wait must end now: AWS acts on the node within ``REQUEUE_MARGIN``."""
     return deadline is not None and now >= deadline - REQUEUE_MARGIN
-
-
-def planned_deadline(incident: Incident) -> datetime | None:
-    """When AWS acts on the node of a planned incident: the ``deadline`` its event carried (the
-    detect stage's evidence). None for any other incident, or an event that names none."""
-    return incident.deadline if incident.source == PLANNED_SOURCE else None
 
 
 def hard_fault_reason(folded: list[FoldedFault], policy: CheckpointPolicy) -> str:
@@ -115,7 +108,8 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
     :class:`CheckpointPendingError` while one is missing within its grace, unless ``hard`` (why
     the jobs cannot run on: :func:`hard_fault_reason`) ends the wait. The record says what
     became of each job. What was asked is kept in ``stage``'s progress (``progress`` is it as
-    read); ``deadline`` is when AWS acts on the node, if it does (:func:`planned_deadline`)."""
+    read); ``deadline`` is when AWS acts on the node, if it does (:meth:`Incident.aws_acts`, read
+    again at each call: a notice folded in while the jobs checkpoint cuts the wait too)."""
     now = clock()
     saved = progress.get("checkpoint")
     if saved is None:
@@ -137,6 +131,8 @@ def checkpoint_jobs(incident: IncidentRef, *, orchestrator: Orchestrator, ledger
             raise CheckpointPendingError(f"{incident.slurm_node}: asked job(s) {', '.join(state.asked)} to checkpoint")
     else:
         state = CheckpointProgress.model_validate(saved)
+        if deadline is not None and (state.deadline is None or deadline < state.deadline):
+            state = state.model_copy(update={"deadline": deadline})  # a notice that came since
     waited = max(0.0, (now - state.requested_at).total_seconds())
     running = {job.job_id: job for job in orchestrator.running_jobs(incident.slurm_node)} if state.asked else {}
     jobs = [_outcome(j, a, running.get(j)) for j, a in state.asked.items()]

@@ -334,7 +334,8 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
         if folded.existing_incident_id and action in EMPTYING_ACTIONS and not fault.requested_action:
             _note_folded(folded.existing_incident_id, FoldedFault(
                 fault_code=fault.fault_code, fault_class=fault_class, action=action, observed_at=origin.at,
-                deadline=deadline_in(fault.evidence or {}), event=fault.event_key or ""), received, now, limits, ledger)
+                deadline=deadline_in(fault.evidence or {}) if fault_class == "planned" else None,
+                event=fault.event_key or ""), received, now, limits, ledger)
         return folded
 
     handled_by = ledger.event_handled_by(fault.event_key) if fault.event_key else None

@@ -14,7 +14,7 @@ from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy
 from nodemedic.errors import EvictionPendingError
 from nodemedic.orchestrators.base import Orchestrator
-from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason, planned_deadline
+from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
 from nodemedic.store.ledger import Ledger
 
 MARKING_WRITERS = 16
@@ -121,8 +121,9 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
             return None, False
         return CheckpointRecord(policy=f"requeued at once: {incident.fault_code} ({incident.fault_class}) "
                                        "is a hard fault"), True
+    acts = current.aws_acts()  # a planned notice's deadline: the wait ends before AWS acts
     record = checkpoint_jobs(incident, orchestrator=orchestrator, ledger=ledger, policy=policy, clock=clock,
-                             progress=progress, hard=hard, deadline=planned_deadline(current))
+                             progress=progress, hard=hard, deadline=acts[0] if acts else None)
     if disruptive or hard:  # a hard fault that came while the jobs checkpoint ended the wait
         return record, True
     return record, bool(record.jobs) and all(j.outcome != "grace_expired" for j in record.jobs)

@@ -16,7 +16,6 @@ from typing import Any
 from nodemedic.contracts.incident import (
     REPLACEMENT_CLAIM,
     CheckRecord,
-    FoldedFault,
     Incident,
     IncidentRef,
     ResetRecord,
@@ -152,15 +151,14 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
 
 
-def _aws_acts(folded: list[FoldedFault], now: datetime) -> tuple[datetime, str] | None:
+def _aws_acts_soon(incident: Incident, now: datetime) -> tuple[datetime, str] | None:
     """When AWS acts on the node and why, if within ``REQUEUE_BEFORE_AWS`` (a planned notice
-    ``folded`` into the incident: a retirement, a Spot interruption, the end of its Capacity
-    Block; the check rung reads the jobs again up to 10 min later); None otherwise."""
-    deadlines = sorted((f.deadline, f.fault_code) for f in folded if f.deadline)
-    if not deadlines or deadlines[0][0] - now > REQUEUE_BEFORE_AWS:
+    folded into the incident: a retirement, a Spot interruption, the end of its Capacity Block;
+    the check rung reads the jobs again up to 10 min later); None otherwise."""
+    acts = incident.aws_acts()
+    if acts is None or acts[0] - now > REQUEUE_BEFORE_AWS:
         return None
-    deadline, code = deadlines[0]
-    return deadline, f"{code}: AWS acts on the node at {deadline.isoformat()}"
+    return acts[0], f"{acts[1]}: AWS acts on the node at {acts[0].isoformat()}"
 
 
 def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestrator, ledger: Ledger,
@@ -174,10 +172,10 @@ def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestra
     jobs = orchestrator.jobs_on(incident.slurm_node)
     if not jobs:
         return
-    folded = ledger.get(incident.incident_id).folded_faults
-    why = hard_fault_reason(folded, checkpoints)
+    current = ledger.get(incident.incident_id)
+    why = hard_fault_reason(current.folded_faults, checkpoints)
     if not why:
-        acts = _aws_acts(folded, clock())
+        acts = _aws_acts_soon(current, clock())
         if acts is None:
             raise NodeDrainingError(f"{incident.slurm_node} is DEGRADED and drained after its job(s) "
                                     f"{', '.join(jobs)}; its check waits for them to end")
