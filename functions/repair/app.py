@@ -25,7 +25,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
     s = settings()
     out = repair(incident, request.destination, provider=wiring.provider(), orchestrator=wiring.orchestrator(),
-                 runner=wiring.run_command(),
+                 runner=wiring.node_commands(),
                  ledger=wiring.ledger(), documents=wiring.documents(), timeout_s=s.command_timeout_seconds,
                  check_timeout_s=s.health_check_timeout_seconds, prefix=s.drain_reason_prefix, clock=utc_now,
                  checkpoints=parse_checkpoint_policy(s.checkpoint_policy))

@@ -966,7 +966,12 @@ class EmbeddedAWS:
         original_reboot = InstanceBackend.reboot_instances
 
         def reboot_instances(backend: InstanceBackend, instance_ids: list[str]) -> Any:
-            rebooted = original_reboot(backend, instance_ids)
+            # "Requests to reboot terminated instances are ignored" (EC2 API reference,
+            # RebootInstances); moto 5.2.5 sets any instance running, a terminated one too. An id
+            # EC2 does not know is refused (InvalidInstanceID.NotFound), as moto does
+            known = backend.get_multi_instances_by_id(instance_ids)
+            live = [i.id for i in known if i.state not in ("shutting-down", "terminated")]
+            rebooted = original_reboot(backend, live) if live else []
             embedded._rebooted([i.id for i in rebooted])
             return rebooted
 

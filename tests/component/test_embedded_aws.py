@@ -298,6 +298,21 @@ def test_the_command_host_hears_of_ec2_reboots_and_starts(aws: EmbeddedAWS) -> N
     assert host.reboots == [ids[1], ids[0]]
 
 
+def test_a_reboot_of_a_terminated_instance_is_ignored_as_ec2_does(aws: EmbeddedAWS) -> None:
+    """EC2 API reference, RebootInstances: "Requests to reboot terminated instances are ignored";
+    moto set the instance running again, so a node terminated under its incident came back."""
+    ec2 = aws.client("ec2")
+    ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=2, MaxCount=2)["Instances"]]
+    aws.command_host = host = _Host()
+    ec2.terminate_instances(InstanceIds=[ids[0]])
+    ec2.reboot_instances(InstanceIds=ids)
+    states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]
+              for i in r["Instances"]}
+    assert states == {ids[0]: "terminated", ids[1]: "running"} and host.reboots == [ids[1]]
+    with pytest.raises(ClientError, match="InvalidInstanceID.NotFound"):
+        ec2.reboot_instances(InstanceIds=["i-0123456789abcdef0"])
+
+
 def test_an_instance_started_from_stopped_has_that_start_as_its_launch_time(aws: EmbeddedAWS) -> None:
     """EC2's LaunchTime is the instance's most recent start; a reboot is no start."""
     ec2 = aws.client("ec2")
@@ -406,6 +421,28 @@ def test_ssm_refuses_at_once_an_instance_its_agent_has_not_registered_as_aws_doe
         ssm.send_command(InstanceIds=[instance], DocumentName="AWS-RunShellScript", Parameters={"commands": ["true"]})
     host.booting.clear()  # its agent came up
     RunCommand(ssm, 0).send(ids[0], "AWS-RunShellScript", {"commands": "true"}, 60)
+
+
+def test_a_command_to_an_instance_that_is_gone_is_refused_for_good_not_retried(aws: EmbeddedAWS) -> None:
+    """Where the caller may read EC2, a refusal is told apart: an instance still booting is
+    InstanceNotManagedError (retried), a terminated one InstanceGoneError (not retried), and one
+    EC2 does not know yet (eventual consistency after a launch) is not called gone."""
+    from nodemedic.errors import InstanceGoneError, InstanceNotManagedError, RetryableError
+    from nodemedic.providers.run_command import RunCommand
+
+    ec2 = aws.client("ec2")
+    ids = [i["InstanceId"] for i in ec2.run_instances(ImageId="ami-12345678", MinCount=2, MaxCount=2)["Instances"]]
+    aws.command_host = host = _Host()
+    host.booting.add(ids[0])
+    ec2.terminate_instances(InstanceIds=[ids[1]])
+    runner = RunCommand(aws.client("ssm"), 0, ec2=ec2)
+    with pytest.raises(InstanceNotManagedError):
+        runner.send(ids[0], "AWS-RunShellScript", {"commands": "true"}, 60)
+    with pytest.raises(InstanceNotManagedError):
+        runner.send("i-0123456789abcdef0", "AWS-RunShellScript", {"commands": "true"}, 60)
+    with pytest.raises(InstanceGoneError, match=f"{ids[1]} is terminated") as gone:
+        runner.send(ids[1], "AWS-RunShellScript", {"commands": "true"}, 60)
+    assert not isinstance(gone.value, RetryableError) and host.ran == []
 
 
 def test_ssm_lists_commands_filtered_and_a_page_at_a_time_as_ssm_does(aws: EmbeddedAWS) -> None:

@@ -101,3 +101,44 @@ def test_a_command_ssm_registers_late_is_read_as_soon_as_it_is_there_not_a_poll_
     ticks = iter(range(10_000))
     with pytest.raises(CommandPendingError):
         RunCommand(never, poll_interval=1.0, sleep=lambda _: None, clock=lambda: float(next(ticks))).wait("i-1", "c", 5)
+
+
+class GoneRunner:
+    """SSM refuses the instance for good: EC2 shows it terminated."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+
+    def send(self, instance_id: str, *_: Any) -> str:
+        from nodemedic.errors import InstanceGoneError
+
+        self.sends += 1
+        raise InstanceGoneError(f"{instance_id} is terminated: someone else ended it")
+
+
+def test_a_check_of_an_instance_that_is_gone_fails_at_once_and_a_lost_answer_is_given_again(
+        ledger: Ledger) -> None:  # noqa: F811
+    """The verification of a node whose instance was terminated meanwhile: unhealthy at once (the
+    second signal), answered by the starter itself; a throttled answer is given again by the
+    state machine's retry, which sends nothing."""
+    from nodemedic.providers.run_command import Documents
+    from nodemedic.stages.health_check import start_check
+
+    opened = incident("inc-2")
+    assert ledger.open_incident(opened) is None
+    ref = IncidentRef(**{name: getattr(opened, name) for name in IncidentRef.model_fields})
+    control = ControlStore(ledger._db, "incidents", "c")
+    sfn, runner = FakeStepFunctions(throttled=1), GoneRunner()
+
+    def start() -> str:
+        return start_check(ref, ref.instance_id, "quick", "token-2", purpose="verify", runner=runner,  # type: ignore[arg-type]
+                           ledger=ledger, control=control, stepfunctions=sfn, documents=Documents("c"), timeout_s=60,
+                           clock=lambda: datetime.now(UTC))
+
+    with pytest.raises(ClientError):
+        start()
+    assert start() == f"gone:{ref.instance_id}" and sfn.answers == ["token-2"] and runner.sends == 1
+    verify = ledger.get("inc-2").stages["verify"]
+    assert verify.completed_at is not None and verify.result["healthy"] is False
+    assert "is terminated" in verify.result["checks"][0]["detail"]
+    assert ledger.get("inc-2").status == "open"  # the second signal: remediation goes on

@@ -44,6 +44,12 @@ class InstanceNotManagedError(RetryableError):
     yet, as on an instance still booting, or it is shutting down or terminated."""
 
 
+class InstanceGoneError(NodeMedicError):
+    """SSM refused to send to the instance, and EC2 says it is shutting down or terminated
+    (someone else ended it: an Auto Scaling health check, an operator, EC2 itself): no command
+    will ever reach it. Not retried."""
+
+
 class HealthCheckPendingError(RetryableError):
     """The provider's own health check of the node has not decided yet (SageMaker HyperPod: the
     node is still booting, being updated, or running HyperPod's deep health check)."""

@@ -70,6 +70,13 @@ def run_command() -> RunCommand:
 
 
 @lru_cache(maxsize=1)
+def node_commands() -> RunCommand:
+    """Commands to the cluster's nodes (a GPU reset, a deep check), each refusal told from an
+    instance that is gone: for a function whose role may ``ec2:DescribeInstances``."""
+    return RunCommand(client("ssm"), settings().command_poll_interval_seconds, ec2=client("ec2"))
+
+
+@lru_cache(maxsize=1)
 def controller_commands() -> Commands:
     """How the Slurm controller's documents reach it: SSM Run Command, or the relay."""
     s = settings()

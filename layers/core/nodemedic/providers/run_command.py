@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nodemedic.errors import CommandFailedError, CommandPendingError, InstanceNotManagedError
+from nodemedic.errors import CommandFailedError, CommandPendingError, InstanceGoneError, InstanceNotManagedError
 
 REGISTRATION_POLL_S = 0.2  # how soon an invocation SSM has not registered yet is asked for again
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
@@ -134,8 +134,12 @@ class RunCommand(Commands):
         poll_interval: float,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        ec2: Any = None,
     ) -> None:
+        """``ec2``: where given, a refusal is told from an instance that is gone (its role needs
+        ``ec2:DescribeInstances``)."""
         self._ssm = client
+        self._ec2 = ec2
         self._poll = poll_interval
         self._sleep = sleep
         self._clock = clock
@@ -148,7 +152,9 @@ class RunCommand(Commands):
         node that just joined) is refused with ``InvalidInstanceId`` until its agent comes up, a
         minute or more after EC2 calls it running. That refusal is
         :class:`~nodemedic.errors.InstanceNotManagedError`, which the state machine retries; a
-        registered instance that is rebooting is not refused (SSM delivers once it is back)."""
+        registered instance that is rebooting is not refused (SSM delivers once it is back). An
+        instance EC2 shows shutting down or terminated is refused for good:
+        :class:`~nodemedic.errors.InstanceGoneError`, not retried."""
         try:
             sent = self._ssm.send_command(
                 InstanceIds=[instance_id],
@@ -160,10 +166,28 @@ class RunCommand(Commands):
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "InvalidInstanceId":
                 raise
+            if (state := self._gone(instance_id)) is not None:
+                raise InstanceGoneError(f"{instance_id} is {state}: someone else ended it (an Auto Scaling health "
+                                        "check, an operator, EC2), and no command will reach it") from exc
             raise InstanceNotManagedError(
                 f"SSM cannot send to {instance_id} yet: its agent has not registered it (still booting?), or it is "
                 f"shutting down or terminated ({exc.response['Error'].get('Message', '')})") from exc
         return str(sent["Command"]["CommandId"])
+
+    def _gone(self, instance_id: str) -> str | None:
+        """EC2's state of an instance that is shutting down or terminated; None otherwise. An
+        instance EC2 does not find is not called gone: right after a launch, ``DescribeInstances``
+        may not know it yet (EC2 API reference, "Eventual consistency")."""
+        if self._ec2 is None:
+            return None
+        try:
+            found = self._ec2.describe_instances(InstanceIds=[instance_id])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound":
+                return None
+            raise
+        states = [i["State"]["Name"] for r in found["Reservations"] for i in r["Instances"]]
+        return states[0] if states and states[0] in ("shutting-down", "terminated") else None
 
     def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
         """The ids of the commands sent to ``instance_id`` with ``document`` and these

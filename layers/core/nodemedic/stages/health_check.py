@@ -21,7 +21,7 @@ from typing import Any
 from nodemedic.contracts.incident import CheckRecord, IncidentRef, RungRecord, Stage, StageRecord, rungs_result
 from nodemedic.contracts.problems import read_json
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
-from nodemedic.errors import CommandPendingError
+from nodemedic.errors import CommandPendingError, InstanceGoneError
 from nodemedic.providers.run_command import SSM_STDOUT_LIMIT, TERMINAL, CommandResult, Documents, RunCommand
 from nodemedic.safety.gate import lineage_keys
 from nodemedic.store.control import ControlStore
@@ -52,6 +52,9 @@ def parse_report(result: CommandResult) -> tuple[bool, list[dict[str, Any]]]:
     return report["healthy"] is True and result.ok, checks
 
 
+GONE = "gone:"  # the command id recorded for a check no command could run: its instance is gone
+
+
 def start_check(
     incident: IncidentRef,
     instance_id: str,
@@ -61,6 +64,8 @@ def start_check(
     purpose: Purpose = "recovery",
     runner: RunCommand,
     ledger: Ledger,
+    control: ControlStore,
+    stepfunctions: Any,
     documents: Documents,
     timeout_s: int,
     clock: Callable[[], datetime],
@@ -68,22 +73,47 @@ def start_check(
     """Send the deep health check to the instance and return at once: the state machine waits on
     ``task_token``, which :func:`complete_check` answers when SSM reports the command ended.
     ``recovery``: the check after a rung of the ladder (recorded on the rung). ``verify``: an
-    ambiguous fault is checked before anything destructive (recorded in the ``verify`` stage)."""
+    ambiguous fault is checked before anything destructive (recorded in the ``verify`` stage).
+
+    An instance that is gone (terminated by someone else while the incident ran) fails its check
+    at once, answered here: SSM refuses it for good, and the ladder goes on (a replace rung finds
+    the group's new instance) instead of retrying the send for a quarter of an hour."""
     record = ledger.start_stage(incident, stage_of(purpose), clock())
     rungs, sent_before = check_record(record, purpose)
-    if record.completed_at:  # verify answered already; a late retry sends nothing
-        return sent_before.command_id
     token_id = hashlib.sha256(task_token.encode()).hexdigest()[:16]
-    if sent_before.token == token_id:  # a retried invocation for the same wait: sent already
+    # a retried invocation for the same wait: sent already (or verify answered already: a late
+    # retry sends nothing); a check answered here may be the one whose answer was lost
+    if sent_before.token == token_id or record.completed_at:
+        if sent_before.token == token_id and sent_before.command_id.startswith(GONE):
+            answer(stepfunctions, task_token, _gone_result(sent_before))
         return sent_before.command_id
-    command_id = runner.send(instance_id, documents.health_check, {"level": level}, timeout_s,
-                             f"nodemedic {purpose} {level} check {incident.slurm_node}")
+    try:
+        command_id = runner.send(instance_id, documents.health_check, {"level": level}, timeout_s,
+                                 f"nodemedic {purpose} {level} check {incident.slurm_node}")
+    except InstanceGoneError as exc:
+        now = clock()
+        check = CheckRecord(level=level, command_id=f"{GONE}{instance_id}", instance_id=instance_id, started_at=now,
+                            token=token_id, healthy=False, ended_at=now,
+                            checks=[{"name": "instance", "ok": False, "detail": str(exc)}])
+        save_check_record(incident, purpose, rungs, check, ledger)
+        out = _gone_result(check)
+        if purpose == "verify":
+            out = verified(incident, out, ledger=ledger, control=control, now=now)
+        else:
+            record_on_rung(incident, check.command_id, out, ledger, now)
+        answer(stepfunctions, task_token, out)
+        return check.command_id
     ledger.save_check(command_id, incident.incident_id, task_token,
                       {"instance_id": instance_id, "level": level, "purpose": purpose,
                        "incident": incident.model_dump(mode="json")})
     check = CheckRecord(level=level, command_id=command_id, instance_id=instance_id, started_at=clock(), token=token_id)
     save_check_record(incident, purpose, rungs, check, ledger)
     return command_id
+
+
+def _gone_result(check: CheckRecord) -> HealthCheckOutput:
+    return HealthCheckOutput(instance_id=check.instance_id, healthy=False, level=check.level or "quick",
+                             checks=list(check.checks))
 
 
 def stage_of(purpose: Purpose) -> Stage:

@@ -30,6 +30,7 @@ from nodemedic.errors import (
     EvictionPendingError,
     GpuClientsPendingError,
     IncidentStateError,
+    InstanceGoneError,
     NodeBusyError,
     NodeDrainingError,
     ReplacementPendingError,
@@ -218,8 +219,11 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
                     rung.reset = ResetRecord(status="Skipped", exit_code=-1,
                                              output=f"not reset after {GPU_CLIENTS_WAIT_S} s: {waiting}"[-300:])
                 else:
-                    rung.reset_command = runner.send(instance, documents.gpu_reset, {}, timeout_s,
-                                                        f"GPU reset {incident.slurm_node}")
+                    try:
+                        rung.reset_command = runner.send(instance, documents.gpu_reset, {}, timeout_s,
+                                                         f"GPU reset {incident.slurm_node}")
+                    except InstanceGoneError as exc:  # the check that follows says so too, and the ladder goes on
+                        rung.reset = ResetRecord(status="Skipped", exit_code=-1, output=str(exc)[-300:])
                 save()
             if rung.reset is None:
                 result = runner.wait(instance, rung.reset_command, timeout_s)

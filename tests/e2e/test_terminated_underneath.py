@@ -1,0 +1,45 @@
+"""A node's instance ended by someone else while its incident runs (its Auto Scaling group's health
+check, an operator, EC2): the ladder goes on to what it can still do, not a failed incident.
+
+Before, the GPU reset and the check after each rung were sent to the terminated instance. SSM refused it as it
+refuses an instance still booting, the state machine retried the send for a quarter of an hour, and
+the incident failed with the node drained and the on-call paged, while the group had launched the
+instance that the replace rung would have taken. Now the check fails at once ("terminated"),
+and the replace rung takes the group's new instance. On the local stack (real Slurm, the deployed
+template and its strict IAM: the deep check's role reads EC2's state)."""
+
+from nodemedic import operations
+
+from tests.e2e.support import OPERATOR, stack, wait_for
+from tests.e2e.test_safety import _wait_for_approval_requests
+
+
+def test_a_node_terminated_under_its_incident_is_replaced_by_the_ladder_not_failed() -> None:
+    with stack(4, RemediationMode="approval") as local:  # the incident waits for its approval
+        old = local.cluster.instance_of("gpu-2")
+        local.put_event(local.health_event("gpu-2", "XID 48"))  # a reboot first, then a replace
+        [waiting] = _wait_for_approval_requests(local, 1)
+        # meanwhile the group's health check ends the instance and launches another
+        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+            InstanceId=old, ShouldDecrementDesiredCapacity=False)
+        operations.answer_approval(local.ledger, local.aws.client("stepfunctions"), waiting.incident_id,
+                                   approve=True, by=OPERATOR, reason="XID 48 in the kernel log")
+        local.wait_for_executions(1, timeout=120)
+
+        incident = local.incident(waiting.incident_id)
+        assert incident.status == "closed", (incident.status, incident.failure, incident.outcome)
+        *on_old, replaced = incident.stages["repair"].result["rungs"]
+        # XID 48's ladder: a GPU reset (not sent: no command reaches the instance), a reboot
+        # (EC2 ignores it), each check failed at once; then the replace
+        assert [r["rung"] for r in on_old] == ["gpu_reset", "reboot"]
+        assert on_old[0]["reset"]["status"] == "Skipped" and f"{old} is terminated" in on_old[0]["reset"]["output"]
+        for rung in on_old:
+            [gone] = rung["check"]["checks"]
+            assert rung["instance_id"] == old and rung["check"]["healthy"] is False
+            assert gone["name"] == "instance" and f"{old} is terminated" in gone["detail"]
+        new = local.cluster.instance_of("gpu-2")
+        assert new != old and (replaced["rung"], replaced["instance_id"]) == ("replace", new)
+        assert replaced["check"]["healthy"] is True
+        wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
+        # nothing was ever run on the terminated instance
+        assert not [c for c in local.cluster.commands if c.instance_id == old and "health-check" in c.script]
