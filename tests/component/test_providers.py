@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
+from nodemedic.errors import CapacityError, InstanceGoneError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.providers.ec2 import CLUSTER_TAG, EC2Provider
@@ -254,3 +254,24 @@ def test_hyperpod_busy_with_a_node_is_a_wait_not_a_failure(aws: EmbeddedAWS) -> 
     aws.hyperpod.set_status("hp", ids[1], "Running")
     provider.reboot([ids[0], ids[1]])  # the work ended: the retried rung goes through
     assert aws.hyperpod.calls[-1] == ("reboot", [ids[0], ids[1]])
+
+
+class _FailsEveryNode:
+    """A SageMaker client whose batch calls fail each node with ``code``."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def batch_reboot_cluster_nodes(self, ClusterName: str, NodeIds: list[str]) -> dict:  # noqa: N803 - boto3's names
+        return {"Successful": [], "Failed": [{"NodeId": n, "ErrorCode": self.code, "Message": "m"} for n in NodeIds]}
+
+
+@pytest.mark.parametrize(("code", "error"), [
+    ("InternalServerError", ProviderBusyError),  # HyperPod's own fault for the node: asked again
+    ("InstanceIdNotFound", InstanceGoneError),  # HyperPod replaced it itself, or it was removed
+    ("SomethingNew", ReplacementFailedError),  # a code the API reference does not list: failed, with it
+])
+def test_each_error_code_hyperpod_documents_for_a_node_has_its_meaning(code: str, error: type) -> None:
+    with pytest.raises(error, match=code):
+        HyperPodProvider(_FailsEveryNode(code), "hp").reboot(["i-0123456789abcdef0"])
+

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import HealthCheckOutput
-from nodemedic.errors import HealthCheckPendingError, IncidentStateError, ProviderBusyError
+from nodemedic.errors import HealthCheckPendingError, IncidentStateError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.hyperpod import ClusterNodeStatus, HyperPodProvider
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.stages.hyperpod_check import REBOOT_SETTLE, START_GRACE, HyperPodProgress, hyperpod_check, judge
@@ -247,6 +247,60 @@ def test_a_rung_hyperpod_refuses_while_it_works_on_the_node_waits_for_that_work(
     assert end.status == "escalated" and "its provider was still working on it" in end.message
     assert "no capacity" not in end.message and f"HyperPod is working on {ids[0]}" in end.message
     assert ledger.get(incident.incident_id).status == "escalated" and slurm.n["gpu-1"].drained
+
+
+@pytest.mark.parametrize("rung", ["reboot", "replace"])
+def test_a_node_hyperpod_replaced_itself_while_the_rung_waited_is_its_replacement_checked_not_a_failure(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger, rung: str) -> None:
+    """HyperPod's automatic node recovery refused the rung while it worked on the node, then
+    replaced it: the retried rung named an instance HyperPod no longer has (InstanceIdNotFound),
+    and the incident failed and paged, the new node left drained. Now the rung leaves HyperPod's
+    replacement, which serves the node's name, and its check (HyperPod's deep check) judges it."""
+    name, hyperpod, ids = _cluster(aws, slurm)
+    incident = opened(ledger, "gpu-1", instance=ids[0], ladder=(rung,))
+    slurm.n["gpu-1"].drained = True
+    clock = Clock()
+
+    def climb() -> object:
+        return repair(incident, "service", provider=hyperpod, orchestrator=slurm, runner=RunCommand(NoSSM(), 0),
+                      ledger=ledger, documents=Documents("c1"), timeout_s=30, check_timeout_s=600, prefix=PREFIX,
+                      clock=clock)
+
+    if rung == "reboot":  # HyperPod works on the node: the rung waits
+        aws.hyperpod.in_use.add(ids[0])
+        with pytest.raises(ProviderBusyError):
+            climb()
+        aws.hyperpod.in_use.clear()
+    aws.client("sagemaker").batch_replace_cluster_nodes(ClusterName=name, NodeIds=[ids[0]])  # HyperPod's own
+    new = hyperpod.member_by_node("gpu-1").instance_id
+    assert new not in ids
+    out = climb()
+    assert (out.rung, out.instance_id, out.last) == (rung, new, True)
+    [done] = ledger.get(incident.incident_id).stages["repair"].result["rungs"]
+    assert done["instance_id"] == new and not done.get("rebooted")
+    assert f"{ids[0]} left the cluster before the {rung}" in done["replaced_by_provider"]
+    assert out == climb()  # a retry leaves the same instance and asks HyperPod for nothing
+    assert [c for c in aws.hyperpod.calls if c[1] == [new]] == []
+    check = Checking(name, ids, incident, hyperpod, ledger, clock, FakeStepFunctions(throttled=0), new)
+    with pytest.raises(HealthCheckPendingError, match="asked for"):  # no reboot to wait for: asked at once
+        check("t1")
+    with pytest.raises(HealthCheckPendingError, match="is running"):
+        check("t2")
+    aws.hyperpod.end_deep_check(name, new, passed=True)
+    assert check("t3").healthy
+
+
+def test_a_node_gone_from_hyperpod_with_nothing_in_its_place_fails_the_rung_with_the_reason(
+        aws: EmbeddedAWS, slurm: MemorySlurm, ledger: Ledger) -> None:
+    name, hyperpod, ids = _cluster(aws, slurm)
+    aws.client("sagemaker").batch_replace_cluster_nodes(ClusterName=name, NodeIds=[ids[0]])
+    incident = opened(ledger, "gpu-1", instance=ids[0], ladder=("reboot",))
+    aws.hyperpod.set_status(name, hyperpod.member_by_node("gpu-1").instance_id, "ShuttingDown")  # not replaced: removed
+    slurm.n["gpu-1"].drained = True
+    with pytest.raises(ReplacementFailedError, match="no longer a node of HyperPod.*no instance serves the node"):
+        repair(incident, "service", provider=hyperpod, orchestrator=slurm, runner=RunCommand(NoSSM(), 0),
+               ledger=ledger, documents=Documents("c1"), timeout_s=30, check_timeout_s=600, prefix=PREFIX,
+               clock=lambda: datetime.now(UTC))
 
 
 def test_a_ladder_of_nothing_hyperpod_can_do_ends_with_the_reason(

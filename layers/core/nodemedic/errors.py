@@ -45,9 +45,9 @@ class InstanceNotManagedError(RetryableError):
 
 
 class InstanceGoneError(NodeMedicError):
-    """SSM refused to send to the instance, and EC2 says it is shutting down or terminated
-    (someone else ended it: an Auto Scaling health check, an operator, EC2 itself): no command
-    will ever reach it. Not retried."""
+    """The instance is gone, ended by someone else (an Auto Scaling health check, an operator, EC2,
+    HyperPod's own recovery): SSM refused to send to it and EC2 says it is shutting down or
+    terminated, or HyperPod has no such node any more. Nothing will ever reach it. Not retried."""
 
 
 class HealthCheckPendingError(RetryableError):

@@ -130,7 +130,9 @@ def hyperpod() -> HyperPodProvider:
 def reset(*, keep_clients: bool = False) -> None:
     """Forget the settings and every adapter built from them, and the boto3 clients too unless
     ``keep_clients`` (the local mode runs each function in one process, each with its own settings)."""
-    for cached in (ledger, control, run_command, controller_commands, kubernetes, orchestrator, provider, hyperpod, settings):
+    # every cached adapter of this module (and the settings it imports), found rather than listed:
+    # one left out of a list kept another function's client, with that function's role
+    for cached in [f for f in list(globals().values()) if callable(getattr(f, "cache_clear", None)) and f is not client]:
         cached.cache_clear()
     _policy_cache.clear()
     if not keep_clients:

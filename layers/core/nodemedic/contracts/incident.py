@@ -114,6 +114,8 @@ class RungRecord(LedgerRecord):
     clients_wait_since: AwareDatetime | None = Field(default=None, description="gpu_reset: waiting for the GPU's clients")
     clients_resumed: bool = False
     rebooted: bool = False
+    replaced_by_provider: str = Field(default="", description="the provider had replaced the rung's instance itself "
+                                                              "before the rung acted (HyperPod's own recovery)")
     progress: dict[str, Any] = Field(default_factory=dict, description="replace: the provider's own steps")
     node: str = Field(default="", description="replace: the name the replacement registered under")
     joined: bool = False

@@ -19,7 +19,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
+from nodemedic.errors import CapacityError, InstanceGoneError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.base import CAPACITY_ERRORS, Member, ReplaceStep, batches
 
 BATCH_LIMIT = 25  # NodeIds per Batch*ClusterNodes call
@@ -32,6 +32,10 @@ INSTANCE_STRESS = "InstanceStress"
 # instance to finish any ongoing changes before retrying" (API reference, BatchRebootClusterNodesError
 # and BatchReplaceClusterNodesError)
 BUSY_ERRORS = frozenset({"InstanceIdInUse", "InvalidInstanceStatus"})
+# the node is not in the cluster (any more): HyperPod replaced it itself, or it was removed
+GONE_ERRORS = frozenset({"InstanceIdNotFound"})
+# a fault on HyperPod's side for that node (the fourth code the API reference lists): asked again
+TRANSIENT_ERRORS = frozenset({"InternalServerError"})
 _STATES = {"Running": "running", "Pending": "pending", "ShuttingDown": "shutting-down",
            "SystemUpdating": "pending", "DeepHealthCheckInProgress": "pending", "Failure": "failed"}
 
@@ -132,9 +136,15 @@ class HyperPodProvider:
             failed += getattr(self._sm, operation)(ClusterName=self._cluster, NodeIds=chunk).get("Failed", [])
         if any(_capacity(f"{f.get('ErrorCode', '')} {f.get('Message', '')}") for f in failed):
             raise CapacityError(f"HyperPod {self._cluster} has no capacity: {failed}")
+        if failed and all(f.get("ErrorCode") in GONE_ERRORS for f in failed):
+            raise InstanceGoneError(f"{', '.join(f.get('NodeId', '?') for f in failed)} is no longer a node of HyperPod "
+                                    f"cluster {self._cluster} (HyperPod replaced it itself, or it was removed): {failed}")
         if failed and all(f.get("ErrorCode") in BUSY_ERRORS for f in failed):
             raise ProviderBusyError(f"HyperPod is working on {', '.join(f.get('NodeId', '?') for f in failed)} "
                                     f"itself; {operation} waits until that ends: {failed}")
+        if failed and all(f.get("ErrorCode") in BUSY_ERRORS | TRANSIENT_ERRORS for f in failed):
+            raise ProviderBusyError(f"HyperPod could not {operation} {', '.join(f.get('NodeId', '?') for f in failed)} "
+                                    f"now; asked again: {failed}")
         if failed:
             raise ReplacementFailedError(f"HyperPod {operation} failed for {failed}")
 
@@ -151,7 +161,8 @@ class HyperPodProvider:
             nodes = self._summaries()
             group = next((n.get("InstanceGroupName", "") for n in nodes if n["InstanceId"] == instance_id), None)
             if group is None:
-                raise ReplacementFailedError(f"{instance_id} is not a node of HyperPod cluster {self._cluster}")
+                raise InstanceGoneError(f"{instance_id} is no longer a node of HyperPod cluster {self._cluster} "
+                                        "(HyperPod replaced it itself, or it was removed)")
             newest = max(n["LaunchTime"] for n in nodes if n.get("InstanceGroupName") == group and n.get("LaunchTime"))
             self.replace_nodes([instance_id])
             done.update(instance_group=group, launched_after=newest.isoformat(),

@@ -122,7 +122,10 @@ def hyperpod_check(
                             progress=HyperPodProgress(started_at=now).model_dump(mode="json"))
     if check.healthy is None:
         progress = HyperPodProgress.model_validate(check.progress)
-        after_reboot = purpose == "recovery" and bool(rungs) and rungs[-1].rung == "reboot"
+        # a reboot shows in HyperPod's status a while after it was asked for; a rung whose node
+        # HyperPod had replaced itself rebooted nothing
+        after_reboot = (purpose == "recovery" and bool(rungs) and rungs[-1].rung == "reboot"
+                        and not rungs[-1].replaced_by_provider)
         node = hyperpod.node_status(instance_id)
         verdict = judge(node, level, progress, now, after_reboot=after_reboot)
         if verdict.request and node is not None:

@@ -33,6 +33,7 @@ from nodemedic.errors import (
     InstanceGoneError,
     NodeBusyError,
     NodeDrainingError,
+    ReplacementFailedError,
     ReplacementPendingError,
 )
 from nodemedic.orchestrators.base import Orchestrator
@@ -191,6 +192,23 @@ def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestra
         raise EvictionPendingError(f"{incident.slurm_node}: still leaving: {'; '.join(moved.pending)[:800]}")
 
 
+def _replaced_by_provider(incident: IncidentRef, rung: RungRecord, provider: Provider, save: Callable[[], None],
+                          gone: InstanceGoneError) -> str:
+    """The rung's instance left the cluster before the rung acted on it: with automatic node
+    recovery, HyperPod replaced the node itself while the rung waited for it (ProviderBusyError).
+    Where another instance serves the node's name now, that is the provider's replacement: the
+    rung leaves it, and its check judges it before it takes work. Else nothing is left to act on:
+    :class:`ReplacementFailedError` (the node stays drained, the on-call is told)."""
+    successor = provider.member_by_node(incident.slurm_node)
+    if successor is None or successor.instance_id == rung.instance_id:
+        raise ReplacementFailedError(f"{incident.slurm_node}: {gone}; no instance serves the node now") from gone
+    rung.replaced_by_provider = (f"{rung.instance_id} left the cluster before the {rung.rung} ({gone}); "
+                                 f"{successor.instance_id} serves {incident.slurm_node} now")
+    rung.instance_id = successor.instance_id  # the one the rung leaves, kept for a retry
+    save()
+    return successor.instance_id
+
+
 def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orchestrator: Orchestrator,
            runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int, prefix: str,
            checkpoints: CheckpointPolicy, progress: dict[str, Any], save: Callable[[], None],
@@ -235,17 +253,25 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
             rung.clients_resumed = True
             save()
         return instance
+    if rung.replaced_by_provider:  # a retry: the provider's replacement is the instance the rung leaves
+        return instance
     if rung.rung == "reboot":
         if not rung.rebooted:
             _guard(incident, orchestrator)
-            provider.reboot([instance])
+            try:
+                provider.reboot([instance])
+            except InstanceGoneError as exc:
+                return _replaced_by_provider(incident, rung, provider, save, exc)
             rung.rebooted = True
             save()
         return instance
     if not rung.progress.get("requested_at"):  # before the instance is terminated or stopped
         _guard(incident, orchestrator)
-    step = provider.replace(instance, incident.slurm_node, dict(rung.progress),
-                            claim=lambda candidate: ledger.claim(REPLACEMENT_CLAIM, candidate, incident.incident_id))
+    try:
+        step = provider.replace(instance, incident.slurm_node, dict(rung.progress),
+                                claim=lambda candidate: ledger.claim(REPLACEMENT_CLAIM, candidate, incident.incident_id))
+    except InstanceGoneError as exc:
+        return _replaced_by_provider(incident, rung, provider, save, exc)
     rung.progress = step.progress
     save()
     if step.instance_id is None:
