@@ -117,16 +117,8 @@ def _refuse_if_open(target: Target, node: str, action: str) -> None:
     said it started. Refused, naming that incident and where it stands."""
     member = target.provider.member_by_node(node)
     holder = target.ledger.lock_holder(target.cluster, member.instance_id) if member else None
-    if holder is None or holder.status != "open":
-        return
-    stage = current_stage(holder)
-    then = (f"it waits for approval: `nodemedic approve {holder.incident_id}` lets it repair the node, "
-            f"`nodemedic deny {holder.incident_id}` ends it with the node drained" if stage == "approval" else
-            f"follow it with `nodemedic show {holder.incident_id}`")
-    raise OperatorError(
-        f"{node} is in incident {holder.incident_id}, still open ({holder.fault_code}, {holder.action}; at "
-        f"{stage}): a {action} request would fold into it and change nothing. {then[0].upper()}{then[1:]}. "
-        "Once it has ended, ask again.")
+    if holder is not None and holder.status == "open":
+        raise OperatorError(operations.request_would_fold(holder, node, action))
 
 
 def _release_ended(target: Target, node: str) -> list[str]:
@@ -161,12 +153,7 @@ def incident_summary(i: Incident) -> dict[str, Any]:
     return {"incident": i.incident_id, "node": i.slurm_node, "instance_id": i.instance_id, "fault": i.fault_code,
             "fault_class": i.fault_class, "status": i.status, "observed_at": i.observed_at.isoformat(),
             "detected_at": i.detected_at.isoformat(), "closed_at": i.closed_at.isoformat() if i.closed_at else None,
-            "stage": current_stage(i), "outcome": i.outcome}
-
-
-def current_stage(i: Incident) -> str:
-    started = [s for s in STAGES if s in i.stages]
-    return started[-1] if started else "detect"
+            "stage": i.stage, "outcome": i.outcome}
 
 
 def list_incidents(target: Target, open_only: bool, since: datetime | None,

@@ -164,3 +164,33 @@ def test_a_runbook_sample_starts_an_execution_that_succeeds(local: LocalMode, sa
         action, "manual", node, "closed")
     assert "oncall@example.com" in incident.reason
     assert [r["rung"] for r in incident.stages["repair"].result["rungs"]] == [action]
+
+
+def test_a_runbook_started_by_hand_for_a_quarantined_node_acts() -> None:
+    """A runbook started from the console, not the CLI: the CLI released a quarantine's lock before it
+    started the execution, a hand-started one did not, so the request folded into the quarantined
+    incident and the execution "succeeded" having done nothing. Now Detect releases it: the request
+    is the act the quarantine waits for (one for a node whose incident is still open is refused:
+    tests/stages/test_operator_requests.py)."""
+    import json
+
+    from tests.conftest import load_event
+    from tests.e2e.support import OPEN, stack
+
+    with stack(4, **OPEN) as local:
+        local.cluster.fail_replacement_of("gpu-2")
+        local.put_event(local.health_event("gpu-2", "XID 79"))
+        [first] = local.wait_for_executions(1)
+        quarantined = local.incident(first["name"])
+        assert quarantined.status == "quarantined"
+        bad = local.cluster.instance_of("gpu-2")
+
+        local.aws.client("stepfunctions").start_execution(
+            stateMachineArn=local.stack.state_machine_arn, name="runbook-replace-gpu-2",
+            input=json.dumps(load_event("runbooks/replace-node.json")))
+        second = latest(local.wait_for_executions(2, timeout=120))
+        assert second["status"] == "SUCCEEDED", second.get("cause")
+        replaced = local.incident("runbook-replace-gpu-2")
+        assert (replaced.action, replaced.status) == ("replace", "closed"), replaced.outcome
+        assert local.cluster.instance_of("gpu-2") != bad
+        assert local.incident(quarantined.incident_id).status == "quarantined"  # the ledger keeps what happened

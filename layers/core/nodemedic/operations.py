@@ -30,6 +30,19 @@ class OperatorError(NodeMedicError):
     """The operator's request cannot be carried out; nothing was changed."""
 
 
+def request_would_fold(holder: Incident, node: str, action: str) -> str:
+    """Why an operator's reboot or replace of ``node`` is refused while ``holder``, still open,
+    holds it: NodeMedic acts on a node through one incident at a time, so the request would fold
+    into that incident and change nothing. Names the incident, where it stands, and what to do."""
+    stage = holder.stage
+    then = (f"it waits for approval: `nodemedic approve {holder.incident_id}` lets it repair the node, "
+            f"`nodemedic deny {holder.incident_id}` ends it with the node drained" if stage == "approval" else
+            f"follow it with `nodemedic show {holder.incident_id}`")
+    return (f"{node} is in incident {holder.incident_id}, still open ({holder.fault_code}, {holder.action}; at "
+            f"{stage}): a {action} request would fold into it and change nothing. {then[0].upper()}{then[1:]}. "
+            "Once it has ended, ask again.")
+
+
 class Reenabled(NamedTuple):
     """Automation on again: the new state, and the held incidents whose nodes were released. Their
     faults are not looked at again: a node's next event opens a new incident, and a fault that

@@ -240,6 +240,11 @@ class Incident(IncidentRef):
 
 
     @property
+    def stage(self) -> Stage:
+        """The latest stage the incident has begun (pipeline order)."""
+        return next((s for s in reversed(STAGES) if s in self.stages), "detect")
+
+    @property
     def repair_rungs(self) -> list[RungRecord]:
         """The repair rungs recorded on the incident, first first."""
         repaired = self.stages.get("repair")

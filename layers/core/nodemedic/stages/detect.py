@@ -35,6 +35,7 @@ from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, hyperpod_fault_code, parse_overrides
 from nodemedic.domain.freshness import fault_origin, staleness
 from nodemedic.errors import IncidentStateError, InvalidEventError, UnknownNodeError, UnknownNodeQuietError
+from nodemedic.operations import request_would_fold
 from nodemedic.planned_events import back_from_interruption
 from nodemedic.providers.base import Member, Provider
 from nodemedic.store.control import ControlStore
@@ -213,6 +214,20 @@ def _fold_into_active(fault: Fault, incident_id: str, cluster: str, ledger: Ledg
                         existing_incident_id=lock[0])
 
 
+def _make_way_for(requested: str, member: Member, incident_id: str, cluster: str, ledger: Ledger) -> None:
+    """An operator's reboot or replace (the CLI's, or a runbook started by hand): an incident that
+    ended but holds the node on purpose (quarantined, escalated, failed, held) is waiting for
+    exactly this act, so its lock is released and the request opens an incident of its own; one
+    still open refuses it (:class:`InvalidEventError`, nothing done), since the request would fold
+    into it and change nothing while the execution said it ran."""
+    holder = ledger.lock_holder(cluster, member.instance_id)
+    if holder is None or holder.incident_id == incident_id:
+        return
+    if holder.status == "open":
+        raise InvalidEventError(request_would_fold(holder, member.slurm_node or holder.slurm_node, requested))
+    ledger.release_ended(cluster, member.instance_id)
+
+
 def _resolve_or_page(fault: Fault, provider: Provider, cluster: str, control: ControlStore, now: datetime,
                      limits: Limits) -> Member:
     """The member; an unknown node pages the on-call at most once per ``page_window`` (whoever
@@ -329,7 +344,9 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
         return DetectOutput(decision="monitor", reason=reason, fault_class=fault_class)
     if action == "burn_in":
         _end_retirement(fault, origin.at, cluster, provider, ledger)
-    folded = _fold_into_active(fault, request.incident_id, cluster, ledger, control, now, action, reason)
+    # an operator's request is never folded: it is refused, or released the node (_make_way_for)
+    folded = None if fault.requested_action else _fold_into_active(fault, request.incident_id, cluster, ledger,
+                                                                   control, now, action, reason)
     if folded:
         if folded.existing_incident_id and action in EMPTYING_ACTIONS and not fault.requested_action:
             _note_folded(folded.existing_incident_id, FoldedFault(
@@ -347,6 +364,8 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
                           ledger.repaired_at(cluster, member.slurm_node or ""))
     if why_stale:
         raise InvalidEventError(why_stale)
+    if fault.requested_action:
+        _make_way_for(fault.requested_action, member, request.incident_id, cluster, ledger)
     control.record_signal(member.instance_id, fault.source, fault.fault_code, now)  # the server's clock
     ref = IncidentRef(
         incident_id=request.incident_id,
