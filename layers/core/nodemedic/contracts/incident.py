@@ -238,7 +238,6 @@ class Incident(IncidentRef):
         folded = [(f.deadline, f.fault_code) for f in self.folded_faults if f.deadline and f.fault_class == "planned"]
         return min(own + folded, default=None)
 
-
     @property
     def stage(self) -> Stage:
         """The latest stage the incident has begun (pipeline order)."""

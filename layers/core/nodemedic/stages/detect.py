@@ -348,7 +348,7 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
     folded = None if fault.requested_action else _fold_into_active(fault, request.incident_id, cluster, ledger,
                                                                    control, now, action, reason)
     if folded:
-        if folded.existing_incident_id and action in EMPTYING_ACTIONS and not fault.requested_action:
+        if folded.existing_incident_id and action in EMPTYING_ACTIONS:
             _note_folded(folded.existing_incident_id, FoldedFault(
                 fault_code=fault.fault_code, fault_class=fault_class, action=action, observed_at=origin.at,
                 deadline=deadline_in(fault.evidence or {}) if fault_class == "planned" else None,
