@@ -967,9 +967,16 @@ class EmbeddedAWS:
 
         def reboot_instances(backend: InstanceBackend, instance_ids: list[str]) -> Any:
             # "Requests to reboot terminated instances are ignored" (EC2 API reference,
-            # RebootInstances); moto 5.2.5 sets any instance running, a terminated one too. An id
-            # EC2 does not know is refused (InvalidInstanceID.NotFound), as moto does
+            # RebootInstances); moto 5.2.5 sets any instance running, a terminated or stopped one
+            # too. A reboot is an operating-system reboot of a running instance (EC2 User Guide,
+            # "Reboot your Amazon EC2 instance"); one stopped, stopping or still pending is refused
+            # with IncorrectInstanceState (EC2 API reference, "Error codes": the instance is in an
+            # incorrect state for the requested action). An id EC2 does not know is refused
+            # (InvalidInstanceID.NotFound), as moto does
             known = backend.get_multi_instances_by_id(instance_ids)
+            if idle := [i.id for i in known if i.state in ("pending", "stopping", "stopped")]:
+                raise EC2ClientError("IncorrectInstanceState",
+                                     f"The instance '{idle[0]}' is not in a state from which it can be rebooted.")
             live = [i.id for i in known if i.state not in ("shutting-down", "terminated")]
             rebooted = original_reboot(backend, live) if live else []
             embedded._rebooted([i.id for i in rebooted])

@@ -7,7 +7,8 @@ stack with real Slurm; then the reconciler runs once. Whatever the fault and the
 - a node NodeMedic acted on and did not return is drained;
 - the job that ran on the node is never killed: it runs, or waits to run again;
 - an operator's drain is never lifted;
-- a job an operator let land on the node mid-repair is never killed by a destructive step.
+- a job an operator let land on the node mid-repair is never killed by a destructive step;
+- a node whose instance someone else terminated is replaced: the incident closes.
 
 ``make test`` runs the scenarios marked ``chaos_smoke``; ``make chaos`` runs them all.
 """
@@ -35,9 +36,13 @@ STAGES: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
 # each AWS service a stage calls, throttled at that stage for as long as the incident lasts:
 # DynamoDB (the ledger) and SSM (the Slurm controller) by every stage, EC2 and Auto Scaling by Repair
 THROTTLED = {"dynamodb": tuple(STAGES), "ssm": tuple(STAGES), "ec2": ("repair",), "autoscaling": ("repair",)}
-FAULTS = ("controller-down", *(f"{service}-throttled" for service in THROTTLED), "operator-drain", "operator-resume")
+FAULTS = ("controller-down", *(f"{service}-throttled" for service in THROTTLED), "operator-drain", "operator-resume",
+          "instance-terminated")
 SMOKE = {("controller-down", "drain"), ("dynamodb-throttled", "repair"), ("operator-resume", "repair"),
-         ("operator-drain", "resume"), ("ssm-throttled", "resume")}
+         ("operator-drain", "resume"), ("ssm-throttled", "resume"), ("instance-terminated", "repair")}
+# the fault reported: a lost GPU (its ladder: replace); where the node's instance is terminated by
+# someone else, one whose ladder begins with rungs on the instance itself (reset, reboot, replace)
+REPORTED = {"instance-terminated": "XID 48"}
 SCENARIOS = [(f, s) for f in FAULTS for s in STAGES
              if not f.endswith("-throttled") or s in THROTTLED[f.removesuffix("-throttled")]]
 
@@ -61,6 +66,9 @@ def _inject(local: LocalMode, fault: str, stage: str, sick: str, started: list[s
         elif fault == "operator-resume":  # lifts NodeMedic's drain by hand, and a job lands there
             _scontrol(local, "update", f"nodename={sick}", "state=resume")
             started.append(local.scheduler.submit(1, name="operator", on=sick))
+        elif fault == "instance-terminated":  # the group's health check (or an operator) ends the instance
+            local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+                InstanceId=local.cluster.instance_of(sick), ShouldDecrementDesiredCapacity=False)
     return local.aws.before_invoke(function, act, when=when)
 
 
@@ -73,7 +81,7 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
         sick = nodes[0]
         started: list[str] = []  # jobs an operator let land on the node
         injected = _inject(local, fault, stage, sick, started)
-        local.put_event(local.health_event(sick, "XID 79"))
+        local.put_event(local.health_event(sick, REPORTED.get(fault, "XID 79")))
         [execution] = local.wait_for_executions(1, timeout=240)
         if fault == "controller-down":
             local.scheduler.start_controller()
@@ -104,6 +112,8 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
         if fault == "operator-drain" and injected:
             check("DRAIN" in state["State"] and state.get("Reason", "").startswith("operator:chaos"),
                   "the operator's drain was never lifted")
+        if fault == "instance-terminated":  # nothing reaches the instance: the ladder goes on to its replace
+            check(incident.status == "closed", f"the incident closed ({incident.status}: {incident.outcome})")
         for landed in started:  # the operator's job on the node mid-incident was never killed
             check(local.scheduler.job(landed)["JobState"] in ("RUNNING", "PENDING", "COMPLETED"),
                   f"job {landed} placed by the operator lives")

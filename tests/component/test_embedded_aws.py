@@ -311,6 +311,10 @@ def test_a_reboot_of_a_terminated_instance_is_ignored_as_ec2_does(aws: EmbeddedA
     assert states == {ids[0]: "terminated", ids[1]: "running"} and host.reboots == [ids[1]]
     with pytest.raises(ClientError, match="InvalidInstanceID.NotFound"):
         ec2.reboot_instances(InstanceIds=["i-0123456789abcdef0"])
+    ec2.stop_instances(InstanceIds=[ids[1]])  # a reboot is a running instance's: moto started it
+    with pytest.raises(ClientError, match="IncorrectInstanceState"):
+        ec2.reboot_instances(InstanceIds=[ids[1]])
+    assert ec2.describe_instances(InstanceIds=[ids[1]])["Reservations"][0]["Instances"][0]["State"]["Name"] == "stopped"
 
 
 def test_an_instance_started_from_stopped_has_that_start_as_its_launch_time(aws: EmbeddedAWS) -> None:
