@@ -1,11 +1,11 @@
 """A node's instance ended by someone else while its incident runs (its Auto Scaling group's health
 check, an operator, EC2): the ladder goes on to what it can still do, not a failed incident.
 
-Before, the GPU reset and the check after each rung were sent to the terminated instance. SSM refused it as it
-refuses an instance still booting, the state machine retried the send for a quarter of an hour, and
-the incident failed with the node drained and the on-call paged, while the group had launched the
-instance that the replace rung would have taken. Now the check fails at once ("terminated"),
-and the replace rung takes the group's new instance. On the local stack (real Slurm, the deployed
+Before, the GPU reset and the check after each rung were sent to the terminated instance. SSM
+refused them as it refuses an instance still booting, the state machine retried the sends for
+about 18 minutes, and the incident failed with the node drained and the on-call paged, while the
+group had launched the instance that the replace rung would have taken. Now each check fails at
+once ("terminated"), and the replace rung takes the group's new instance. On the local stack (real Slurm, the deployed
 template and its strict IAM: the deep check's role reads EC2's state)."""
 
 from nodemedic import operations
