@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
-from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
+from nodemedic.errors import ReplacementFailedError
 
 SLURM_NODE_TAG = "nodemedic:slurm-node"
 TOPOLOGY_TAGS = {"nodemedic:rack": "rack", "nodemedic:switch": "switch"}
@@ -71,36 +71,25 @@ def ec2_instances(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, Any
 
 
 def reboot_ec2(ec2: Any, instance_ids: list[str]) -> None:
-    """``RebootInstances``. EC2 reboots only a running instance; one that is not
-    (``IncorrectInstanceState``) is booted as its state allows: one stopped (by an operator, a Spot
-    stop, a scheduled stop) is started, since a start boots it as the rung asks; one stopping is
-    waited for (:class:`~nodemedic.errors.ProviderBusyError`), then started; one pending boots
-    already. No capacity to start: :class:`~nodemedic.errors.CapacityError`. Any other refusal:
-    :class:`~nodemedic.errors.ReplacementFailedError`."""
+    """``RebootInstances``. EC2 reboots only a running instance: one still ``pending`` boots
+    already, which is what the rung asks. One stopped or stopping was stopped by someone else (an
+    operator, a Spot stop, a scheduled stop): NodeMedic never starts an instance it did not stop,
+    so that, like any other refusal, is a :class:`~nodemedic.errors.ReplacementFailedError` that
+    says so."""
     try:
         ec2.reboot_instances(InstanceIds=instance_ids)
         return
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") != "IncorrectInstanceState":
             raise ReplacementFailedError(f"cannot reboot {', '.join(instance_ids)}: {exc}") from exc
+        refused = exc
     states = {i["InstanceId"]: i["State"]["Name"]
               for i in ec2_instances(ec2, [{"Name": "instance-id", "Values": instance_ids}])}
-    if stopping := sorted(i for i, state in states.items() if state == "stopping"):
-        raise ProviderBusyError(f"{', '.join(stopping)} is stopping: it is started once it has stopped")
-    running = [i for i in instance_ids if states.get(i) == "running"]
-    stopped = [i for i in instance_ids if states.get(i) == "stopped"]
-    try:
-        if running:  # running again by now (it was pending): the reboot asked for
-            ec2.reboot_instances(InstanceIds=running)
-        if stopped:
-            ec2.start_instances(InstanceIds=stopped)
-    except ClientError as exc:
-        if is_capacity_error(exc):
-            raise CapacityError(f"no capacity to start {', '.join(stopped)} again: {exc}") from exc
-        raise ReplacementFailedError(f"cannot reboot {', '.join(running)} or start {', '.join(stopped)}: {exc}") from exc
-    if gone := sorted(set(instance_ids) - set(running) - set(stopped) - {i for i, s in states.items() if s == "pending"}):
-        raise ReplacementFailedError(f"cannot reboot {', '.join(gone)}: "
-                                     f"{', '.join(states.get(i, 'not found') for i in gone)}")
+    if not_booting := [f"{i} ({states.get(i, 'not found')})" for i in instance_ids if states.get(i) != "pending"]:
+        raise ReplacementFailedError(
+            f"cannot reboot {', '.join(not_booting)}: someone else "
+            "stopped it, and NodeMedic does not start an instance it did not stop; start it, or replace the node "
+            f"(nodemedic remediate NODE --action replace) ({refused})") from refused
 
 
 def is_capacity_error(exc: ClientError) -> bool:
