@@ -15,6 +15,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CommandFailedError, CommandPendingError, InstanceGoneError, InstanceNotManagedError
+from nodemedic.providers.base import ec2_instances
 
 REGISTRATION_POLL_S = 0.2  # how soon an invocation SSM has not registered yet is asked for again
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
@@ -180,13 +181,7 @@ class RunCommand(Commands):
         may not know it yet (EC2 API reference, "Eventual consistency")."""
         if self._ec2 is None:
             return None
-        try:
-            found = self._ec2.describe_instances(InstanceIds=[instance_id])
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "InvalidInstanceID.NotFound":
-                return None
-            raise
-        states = [i["State"]["Name"] for r in found["Reservations"] for i in r["Instances"]]
+        states = [i["State"]["Name"] for i in ec2_instances(self._ec2, [{"Name": "instance-id", "Values": [instance_id]}])]
         return states[0] if states and states[0] in ("shutting-down", "terminated") else None
 
     def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
