@@ -139,12 +139,11 @@ class HyperPodProvider:
         if failed and all(f.get("ErrorCode") in GONE_ERRORS for f in failed):
             raise InstanceGoneError(f"{', '.join(f.get('NodeId', '?') for f in failed)} is no longer a node of HyperPod "
                                     f"cluster {self._cluster} (HyperPod replaced it itself, or it was removed): {failed}")
-        if failed and all(f.get("ErrorCode") in BUSY_ERRORS for f in failed):
-            raise ProviderBusyError(f"HyperPod is working on {', '.join(f.get('NodeId', '?') for f in failed)} "
-                                    f"itself; {operation} waits until that ends: {failed}")
         if failed and all(f.get("ErrorCode") in BUSY_ERRORS | TRANSIENT_ERRORS for f in failed):
-            raise ProviderBusyError(f"HyperPod could not {operation} {', '.join(f.get('NodeId', '?') for f in failed)} "
-                                    f"now; asked again: {failed}")
+            nodes = ", ".join(f.get("NodeId", "?") for f in failed)
+            raise ProviderBusyError(f"HyperPod is working on {nodes} itself; {operation} waits until that ends: {failed}"
+                                    if all(f.get("ErrorCode") in BUSY_ERRORS for f in failed)
+                                    else f"HyperPod could not {operation} {nodes} now; asked again: {failed}")
         if failed:
             raise ReplacementFailedError(f"HyperPod {operation} failed for {failed}")
 
