@@ -57,7 +57,7 @@ lint: venv  ## cfn-lint the template, ruff the code, mypy --strict what runs in 
 	$(BIN)/mypy --python-version $(AGENT_MIN_PYTHON) $(AGENT_PACKAGES)
 
 # make test's pytest workers (pytest-xdist); a test file runs whole on one worker, on its own stack.
-# The tests wait on their stacks a third of the time: on 2 cores, 3 workers ran the suite in 600 s, 2 in 827 s
+# The tests wait on their stacks a third of the time: on 2 cores, 3 workers ran the suite in 800-843 s, 2 in 1,018 s
 TEST_WORKERS ?= 3
 
 test: venv slurm kube helm chromium awscli journal lint  ## run the whole test suite on TEST_WORKERS workers (it lists the tests over 10 s)
