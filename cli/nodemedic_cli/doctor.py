@@ -154,7 +154,9 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                                *on_controller(docs.slurm_query, docs.slurm_drain)],
         # adopt, by scheduler: Slurm sends the join (a retry reads the one it sent: ListCommands)
         # the requeue: a DEGRADED node's jobs, when a hard fault comes to it while they run on
+        # the policy: an exclusion set while the incident was under way stops its next step
         "RepairFunction": [*db, *reads, *repair, *on_controller(docs.slurm_query, docs.slurm_requeue),
+                           ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]}),
                            *([] if provider == "hyperpod" else [send(docs.gpu_reset, member)]),  # skipped there
                            *([] if target.on_kubernetes else [send(docs.node_join, member), ("ssm", "ListCommands", {})])],
         # on HyperPod, whose nodes SSM does not reach, HyperPod's own check, the task answered here

@@ -284,7 +284,8 @@ def _status_line(r: dict[str, Any]) -> None:
 
 @app.command()
 def pause(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
-    """Pause all automation: new incidents are recorded and held, no node is touched."""
+    """Pause all automation: new incidents are recorded and held, no node is touched; an incident
+    under way stops before its next step that changes its node (escalated, the node drained)."""
     _run(ctx, as_json, lambda t: (operations.pause(t.control, by or _user(), reason), operator.control_status(t))[1],
          _status_line)
 

@@ -107,6 +107,31 @@ def test_approval_waits_then_approve_continues_and_deny_ends_with_the_node_drain
                                        reason="changed my mind")
 
 
+def test_a_pause_during_the_approval_wait_stops_the_approved_incident_before_it_touches_the_node() -> None:
+    """The on-call pauses automation (a driver rollout is suspected) while an incident waits for
+    approval; a second operator, who did not see the pause, approves it. The Repair function reads
+    the pause right before the replace: nothing is terminated, the incident ends escalated naming
+    the pause, and the node stays drained with NodeMedic's reason (through the deployed template:
+    the Repair role reads the policy and the control item under the strict local IAM)."""
+    with stack(4, RemediationMode="approval", BreakerMaxPercent="100") as local:
+        sfn = local.aws.client("stepfunctions")
+        old = local.cluster.instance_of("gpu-1")
+        local.put_event(local.health_event("gpu-1", "XID 79"))
+        [waiting] = _wait_for_approval_requests(local, 1)
+        operations.pause(control(local), by="alice@example.com", reason="driver 580 rollout suspected")
+        operations.answer_approval(local.ledger, sfn, waiting.incident_id, approve=True, by=OPERATOR,
+                                   reason="XID 79 confirmed in the kernel log")
+        [execution] = local.wait_for_executions(1, timeout=120)
+
+        incident = local.incident(waiting.incident_id)
+        assert execution["status"] == "SUCCEEDED" and incident.status == "escalated", incident.outcome
+        assert "automation paused by alice@example.com" in incident.outcome
+        assert local.cluster.instance_of("gpu-1") == old
+        assert old in {i["InstanceId"] for i in local.cluster.group_instances()}
+        node = local.scheduler.node("gpu-1")
+        assert "DRAIN" in node["State"] and node["Reason"].startswith(f"nodemedic:{waiting.incident_id}")
+
+
 def _wait_for_approval_requests(local: LocalMode, count: int, timeout: float = 60.0) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

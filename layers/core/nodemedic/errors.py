@@ -115,6 +115,12 @@ class NodeBusyError(RetryableError):
     then the incident ends escalated with the node as it is."""
 
 
+class HandsOffError(NodeMedicError):
+    """Right before a step that changes the node, automation is paused or the node is excluded
+    (an operator's act while the incident was under way): nothing is done to it, and the incident
+    ends escalated with the node as it is. Not retried: the operator's answer is the next step."""
+
+
 class GpuClientsPendingError(RetryableError):
     """The pods that hold a Kubernetes node's GPUs open (the GPU operator's components, NVML
     clients) are still leaving it after their deploy labels were paused; the GPU reset waits."""

@@ -110,6 +110,20 @@ def correlation(admissions: list[Admission], cluster: list[Member] | None = None
     return [text for _, text in sorted(found, key=lambda f: -f[0])]
 
 
+def paused_by(state: ControlState) -> str | None:
+    """Who paused automation, when and why; None while automation is on."""
+    paused = state.paused
+    return f"automation paused by {paused.by} at {paused.at:%Y-%m-%d %H:%M}Z: {paused.reason}" if paused else None
+
+
+def hands_off(state: ControlState, policy: SafetyPolicy, node: str, tags: dict[str, str]) -> str | None:
+    """Why automation must keep its hands off ``node`` now (paused, or the node excluded); None:
+    it may act. The gate asks it of a new fault (rules 1 and 2); the repair ladder asks it again
+    right before each step that changes a node, so a pause or an exclusion an operator sets while
+    an incident is under way stops that incident there (:class:`~nodemedic.errors.HandsOffError`)."""
+    return paused_by(state) or policy.exclusions.excludes(node, tags)
+
+
 def decide(f: Facts) -> Decision:
     rules: list[dict[str, str]] = []
     p, node = f.policy, f.incident.slurm_node
@@ -121,9 +135,8 @@ def decide(f: Facts) -> Decision:
         rules.append({"rule": rule, "result": verdict, "detail": detail})
         return Decision(verdict, f"{rule}: {detail}", rules, **extra)  # type: ignore[arg-type]
 
-    if f.state.paused:
-        return _dry(f, stop("hold", "paused", f"automation paused by {f.state.paused.by} at "
-                                              f"{f.state.paused.at:%Y-%m-%d %H:%M}Z: {f.state.paused.reason}"))
+    if why := paused_by(f.state):
+        return _dry(f, stop("hold", "paused", why))
     ok("paused", "automation is on")
     why = p.exclusions.excludes(node, f.member.tags)
     if why:

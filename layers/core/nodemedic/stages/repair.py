@@ -29,6 +29,7 @@ from nodemedic.errors import (
     CapacityEndsError,
     EvictionPendingError,
     GpuClientsPendingError,
+    HandsOffError,
     IncidentStateError,
     InstanceGoneError,
     NodeBusyError,
@@ -47,6 +48,7 @@ from nodemedic.store.ledger import Ledger
 # k8s-driver-manager gives each component five minutes for the same wait
 GPU_CLIENTS_WAIT_S = 300
 NO_ANSWER = [{"name": "answer", "ok": False, "detail": "the deep health check did not answer in time"}]
+HandsOff = Callable[[str, str], str | None]  # (node, instance) -> why automation must not touch it now
 
 
 def repair(
@@ -63,7 +65,10 @@ def repair(
     prefix: str,
     clock: Callable[[], datetime],
     checkpoints: CheckpointPolicy | None = None,
+    hands_off: HandsOff = lambda node, instance: None,
 ) -> RepairOutput:
+    """The next rung of the ladder. ``hands_off(node, instance)``: why automation must not touch
+    the node now (:func:`nodemedic.safety.gate.hands_off`), asked right before each step."""
     record = ledger.start_stage(incident, "repair", clock())
     rungs = record.repair_rungs
     incident = serving(incident, rungs)
@@ -97,7 +102,7 @@ def repair(
                                  runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
                                  prefix=prefix, checkpoints=checkpoints or CheckpointPolicy(), progress=record.result,
                                  save=lambda: ledger.record_progress(incident, "repair", rungs_result(rungs)),
-                                 clock=clock)
+                                 clock=clock, hands_off=hands_off)
     current.done_at = clock()
     ledger.record_progress(incident, "repair", rungs_result(rungs))
     return _output(incident, len(rungs), current, check_timeout_s)
@@ -145,9 +150,12 @@ def _output(incident: IncidentRef, attempt: int, rung: RungRecord, check_timeout
                         last=attempt >= len(incident.rungs), check_timeout_s=check_timeout_s)
 
 
-def _guard(incident: IncidentRef, orchestrator: Orchestrator) -> None:
-    """No destructive step on a node that runs a job, or that someone returned to service:
-    checked right before each step, whatever the stages before it recorded."""
+def _guard(incident: IncidentRef, orchestrator: Orchestrator, hands_off: HandsOff, instance: str) -> None:
+    """No step that changes a node while automation is paused or the node is excluded, and no
+    destructive step on a node that runs a job, or that someone returned to service: checked
+    right before each step, whatever the stages before it recorded."""
+    if held := hands_off(incident.slurm_node, instance):
+        raise HandsOffError(f"not touching {incident.slurm_node} ({instance}): {held}")
     why = orchestrator.busy(incident.slurm_node)
     if why:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
@@ -212,20 +220,20 @@ def _replaced_by_provider(incident: IncidentRef, rung: RungRecord, provider: Pro
 def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orchestrator: Orchestrator,
            runner: RunCommand, ledger: Ledger, documents: Documents, timeout_s: int, prefix: str,
            checkpoints: CheckpointPolicy, progress: dict[str, Any], save: Callable[[], None],
-           clock: Callable[[], datetime]) -> str:
+           clock: Callable[[], datetime], hands_off: HandsOff) -> str:
     """Do one rung (idempotently: each step is saved before the next); the instance it leaves."""
     instance = rung.instance_id
     if rung.rung == "check":  # the node as it is: only its check follows, which disturbs any job
         if incident.action == "degrade":
             _after_jobs(incident, rung, orchestrator, ledger, checkpoints, save, clock, progress)
-        _guard(incident, orchestrator)
+        _guard(incident, orchestrator, hands_off, instance)
         return instance
     if rung.rung == "gpu_reset":
         if rung.reset is None:
             # the command is recorded once sent: a retry whose wait ran out waits for that reset
             # instead of starting a second one on GPUs the first may still be resetting
             if not rung.reset_command:
-                _guard(incident, orchestrator)
+                _guard(incident, orchestrator, hands_off, instance)
                 waiting = orchestrator.pause_gpu_clients(incident.slurm_node, incident.incident_id)
                 if waiting:
                     if rung.clients_wait_since is None:
@@ -257,7 +265,7 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
         return instance
     if rung.rung == "reboot":
         if not rung.rebooted:
-            _guard(incident, orchestrator)
+            _guard(incident, orchestrator, hands_off, instance)
             try:
                 provider.reboot([instance])
             except InstanceGoneError as exc:
@@ -266,7 +274,7 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
             save()
         return instance
     if not rung.progress.get("requested_at"):  # before the instance is terminated or stopped
-        _guard(incident, orchestrator)
+        _guard(incident, orchestrator, hands_off, instance)
     try:
         step = provider.replace(instance, incident.slurm_node, dict(rung.progress),
                                 claim=lambda candidate: ledger.claim(REPLACEMENT_CLAIM, candidate, incident.incident_id))

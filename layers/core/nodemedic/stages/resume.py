@@ -220,7 +220,7 @@ def end_unrecovered(
                    f"returned to service by automation. Escalated: replace or investigate it by hand.")
     else:
         cause = (error or {}).get("Cause") or (error or {}).get("Error") or "unknown"
-        if (error or {}).get("Error") == "NodeBusyError":
+        if (error or {}).get("Error") in ("NodeBusyError", "HandsOffError"):
             message = (f"NodeMedic escalated incident {incident.incident_id}: it stopped before a destructive step. "
                        f"{lambda_error_message(cause)}. Rungs done: {tried}. Nothing more is done to the node; check "
                        f"it and start a runbook if it still needs repair.")

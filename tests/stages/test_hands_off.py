@@ -1,0 +1,107 @@
+"""An operator who pauses automation, or excludes a node, while its incident is under way stops
+that incident before its next step that changes the node; the incident ends escalated with the
+node as it is and says why.
+
+Fast tier: the real Repair stage, the control item and the ledger in DynamoDB (embedded), the
+gate's own rule (:func:`nodemedic.safety.gate.hands_off`), Slurm in memory.
+"""
+
+from __future__ import annotations
+
+import pytest
+from nodemedic import operations
+from nodemedic.errors import HandsOffError
+from nodemedic.providers.base import Member
+from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.safety.gate import hands_off
+from nodemedic.safety.policy import parse_policy
+from nodemedic.stages.repair import repair
+from nodemedic.stages.resume import end_unrecovered
+from nodemedic.store.control import ControlStore
+from nodemedic.store.ledger import Ledger
+
+from tests.stages.conftest import PREFIX, clock, opened
+from tests.stages.memory_provider import MemoryProvider
+from tests.stages.memory_slurm import MemorySlurm
+
+
+class RebootingProvider(MemoryProvider):
+    """Members in memory, and the reboots asked of them."""
+
+    def __init__(self, *members: Member) -> None:
+        super().__init__(*members)
+        self.rebooted: list[str] = []
+
+    def reboot(self, instance_ids: list[str]) -> None:
+        self.rebooted += instance_ids
+
+
+def _member(node: str, **tags: str) -> Member:
+    return Member(f"i-{node}", node, "running", tags)
+
+
+def _climb(ledger: Ledger, slurm: MemorySlurm, provider: RebootingProvider, control: ControlStore, policy: str,
+           incident):
+    def held(node: str, instance: str) -> str | None:  # as the Repair function reads it
+        member = provider.member(instance)
+        return hands_off(control.read(), parse_policy(policy, origin="test"), node, member.tags if member else {})
+
+    return repair(incident, "service", provider=provider, orchestrator=slurm, runner=RunCommand(None, poll_interval=0),
+                  ledger=ledger, documents=Documents("c1"), timeout_s=30, check_timeout_s=600, prefix=PREFIX,
+                  clock=clock, hands_off=held)
+
+
+@pytest.mark.parametrize("how", ["pause", "exclusion-list", "exclusion-tag"])
+def test_a_pause_or_exclusion_set_during_the_incident_stops_it_before_the_reboot(
+        ledger: Ledger, slurm: MemorySlurm, how: str) -> None:
+    """The incident passed its gate and drained gpu-1; then the on-call pauses automation (a bad
+    rollout is suspected), lists gpu-1 in the policy's exclusions, or tags its instance
+    ``nodemedic:exclude=true`` (they work on it). The reboot is never asked for; the incident
+    ends escalated, naming who and why, the node drained as it was."""
+    incident = opened(ledger, "gpu-1", ladder=("reboot", "replace"))
+    slurm.n["gpu-1"].drained = True
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    tags = {"nodemedic:exclude": "true"} if how == "exclusion-tag" else {}
+    provider = RebootingProvider(_member("gpu-1", **tags), _member("gpu-2"))
+    policy = '{"exclusions": {"nodes": ["gpu-1"]}}' if how == "exclusion-list" else "{}"
+    if how == "pause":
+        operations.pause(control, by="alice", reason="driver rollout suspected")
+
+    with pytest.raises(HandsOffError) as stopped:
+        _climb(ledger, slurm, provider, control, policy, incident)
+    assert provider.rebooted == []
+    why = {"pause": "automation paused by alice", "exclusion-list": "gpu-1 matches exclusion 'gpu-1'",
+           "exclusion-tag": "instance tag nodemedic:exclude=true"}[how]
+    assert why in str(stopped.value)
+
+    # the state machine's Catch: HandsOffError -> Escalate (statemachines/remediation.asl.json)
+    end = end_unrecovered(incident, "escalated", ledger=ledger, clock=clock,
+                          error={"Error": "HandsOffError", "Cause": f'{{"errorMessage": "{stopped.value}"}}'})
+    assert end.status == "escalated" and "stopped before a destructive step" in end.message and why in end.message
+    assert ledger.get(incident.incident_id).status == "escalated"
+    assert slurm.n["gpu-1"].drained, "the node was returned to service"
+
+
+def test_with_automation_on_and_the_node_not_excluded_the_rung_acts(ledger: Ledger, slurm: MemorySlurm) -> None:
+    """The same incident with nobody's hands in the way: the reboot is asked for (an exclusion of
+    another node, a tag set to something else, change nothing)."""
+    incident = opened(ledger, "gpu-1", ladder=("reboot", "replace"))
+    slurm.n["gpu-1"].drained = True
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    provider = RebootingProvider(_member("gpu-1", **{"nodemedic:exclude": "false"}), _member("gpu-2"))
+
+    out = _climb(ledger, slurm, provider, control, '{"exclusions": {"nodes": ["gpu-2", "login-*"]}}', incident)
+    assert (out.rung, provider.rebooted) == ("reboot", ["i-gpu-1"])
+
+
+def test_a_pause_lifted_before_the_step_lets_the_incident_go_on(ledger: Ledger, slurm: MemorySlurm) -> None:
+    """Only the moment of the step counts: a pause the operator lifted again is no reason to stop."""
+    incident = opened(ledger, "gpu-1", ladder=("reboot", "replace"))
+    slurm.n["gpu-1"].drained = True
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    provider = RebootingProvider(_member("gpu-1"))
+    operations.pause(control, by="alice", reason="checking a switch")
+    operations.resume_automation(control, ledger, by="alice", reason="switch fine")
+
+    assert _climb(ledger, slurm, provider, control, "{}", incident).rung == "reboot"
+    assert provider.rebooted == ["i-gpu-1"]
