@@ -8,7 +8,9 @@ stack with real Slurm; then the reconciler runs once. Whatever the fault and the
 - the job that ran on the node is never killed: it runs, or waits to run again;
 - an operator's drain is never lifted;
 - a job an operator let land on the node mid-repair is never killed by a destructive step;
-- a node whose instance someone else terminated is replaced: the incident closes.
+- a node whose instance someone else terminated is replaced: the incident closes;
+- once an operator pauses automation, nothing more is done to the node: no reset, reboot or
+  replace (the incident ends escalated, the node drained), unless only its return was left.
 
 ``make test`` runs the scenarios marked ``chaos_smoke``; ``make chaos`` runs them all.
 """
@@ -21,10 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from nodemedic import operations
 from nodemedic.reconciler import KEEPS_LOCK
 from nodemedic_sandbox.local import LocalMode
 
-from tests.e2e.support import OPEN, running_job, stack
+from tests.e2e.support import OPEN, control, running_job, stack
 
 # the stage, as the function that runs it and the Resume function's step
 STAGES: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
@@ -37,7 +40,7 @@ STAGES: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
 # DynamoDB (the ledger) and SSM (the Slurm controller) by every stage, EC2 and Auto Scaling by Repair
 THROTTLED = {"dynamodb": tuple(STAGES), "ssm": tuple(STAGES), "ec2": ("repair",), "autoscaling": ("repair",)}
 FAULTS = ("controller-down", *(f"{service}-throttled" for service in THROTTLED), "operator-drain", "operator-resume",
-          "instance-terminated")
+          "instance-terminated", "operator-pause")
 SMOKE = {("controller-down", "drain"), ("dynamodb-throttled", "repair"), ("operator-resume", "repair"),
          ("operator-drain", "resume"), ("ssm-throttled", "resume"), ("instance-terminated", "repair")}
 # the fault reported: a lost GPU (its ladder: replace); where the node's instance is terminated by
@@ -69,6 +72,8 @@ def _inject(local: LocalMode, fault: str, stage: str, sick: str, started: list[s
         elif fault == "instance-terminated":  # the group's health check (or an operator) ends the instance
             local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
                 InstanceId=local.cluster.instance_of(sick), ShouldDecrementDesiredCapacity=False)
+        elif fault == "operator-pause":  # the big red button, after the incident passed its gate
+            operations.pause(control(local), by="chaos@example.com", reason="chaos: a rollout is suspected")
     return local.aws.before_invoke(function, act, when=when)
 
 
@@ -79,6 +84,7 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
     with stack(nodes=4, spares=1, boot_seconds=1, **OPEN) as local:
         job, nodes = running_job(local)
         sick = nodes[0]
+        original = local.cluster.instance_of(sick)
         started: list[str] = []  # jobs an operator let land on the node
         injected = _inject(local, fault, stage, sick, started)
         local.put_event(local.health_event(sick, REPORTED.get(fault, "XID 79")))
@@ -114,6 +120,10 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
                   "the operator's drain was never lifted")
         if fault == "instance-terminated":  # nothing reaches the instance: the ladder goes on to its replace
             check(incident.status == "closed", f"the incident closed ({incident.status}: {incident.outcome})")
+        if fault == "operator-pause" and injected and stage != "resume":
+            check(local.cluster.instance_of(sick) == original and incident.status == "escalated"
+                  and "automation paused by chaos@example.com" in incident.outcome,
+                  f"nothing was done to the node after the pause ({incident.status}: {incident.outcome[:120]})")
         for landed in started:  # the operator's job on the node mid-incident was never killed
             check(local.scheduler.job(landed)["JobState"] in ("RUNNING", "PENDING", "COMPLETED"),
                   f"job {landed} placed by the operator lives")
