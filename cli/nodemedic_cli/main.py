@@ -261,7 +261,8 @@ def _answer(ctx: typer.Context, incident: str, approve_it: bool, by: str, reason
 @app.command()
 def approve(ctx: typer.Context, incident: Annotated[str, typer.Argument(help="Incident waiting for approval.")],
             reason: Reason, by: By = "", as_json: AsJson = False) -> None:
-    """Approve an incident that waits (approval mode): it goes on to repair the node."""
+    """Approve an incident that waits (approval mode): it goes on to repair the node. Refused while
+    automation is paused (the incident would stop before it touches the node); it waits meanwhile."""
     _answer(ctx, incident, True, by, reason, as_json)
 
 

@@ -272,6 +272,14 @@ def spares(target: Target) -> dict[str, Any]:
 
 
 def approve(target: Target, incident_id: str, approve_it: bool, by: str, reason: str) -> dict[str, str]:
+    """Answer an incident's approval wait. An approval while automation is paused is refused,
+    changing nothing: the incident would stop before it touched its node (Repair reads the pause
+    right before each step), while the command said it went on; a denial is answered."""
     get_incident(target, incident_id)
+    paused = target.control.read().paused if approve_it else None
+    if paused:
+        raise OperatorError(f"automation is paused by {paused.by} ({paused.reason}): approved, {incident_id} would "
+                            "stop before it touches its node. Resume automation first (nodemedic resume), or deny it; "
+                            "it waits meanwhile")
     return operations.answer_approval(target.ledger, target.client("stepfunctions"), incident_id,
                                       approve=approve_it, by=by, reason=reason)

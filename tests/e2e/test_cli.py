@@ -156,8 +156,15 @@ def test_approve_and_deny_answer_a_waiting_incident(local: LocalMode) -> None:
         refused = cli(local, "remediate", "gpu-1", "--action", "replace", "--reason", "still flaky", code=2)
         assert f"gpu-1 is in incident {waiting[0]}, still open" in refused["error"]
         assert f"nodemedic approve {waiting[0]}" in refused["error"] and len(local.executions()) == executions
-        assert cli(local, "approve", waiting[0], "--reason", "go ahead")["decision"] == "approved"
+        # an approval while automation is paused would be stopped before the node is touched, while
+        # the command said it went on: refused, the incident still waiting; a denial is answered
+        cli(local, "pause", "--reason", "driver rollout suspected")
+        refused = cli(local, "approve", waiting[0], "--reason", "go ahead", code=2)["error"]
+        assert "automation is paused" in refused and "nodemedic resume" in refused
+        assert "approval" in local.incident(waiting[0]).stages and local.incident(waiting[0]).status == "open"
         assert cli(local, "deny", waiting[1], "--reason", "not now")["decision"] == "denied"
+        cli(local, "resume", "--reason", "rollout is fine")
+        assert cli(local, "approve", waiting[0], "--reason", "go ahead")["decision"] == "approved"
         assert "waits for no approval" in cli(local, "approve", waiting[0], "--reason", "twice", code=2)["error"]
         deadline = time.monotonic() + 90
         while {local.incident(i).status for i in waiting} & {"open"} and time.monotonic() < deadline:

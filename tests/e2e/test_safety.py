@@ -109,7 +109,8 @@ def test_approval_waits_then_approve_continues_and_deny_ends_with_the_node_drain
 
 def test_a_pause_during_the_approval_wait_stops_the_approved_incident_before_it_touches_the_node() -> None:
     """The on-call pauses automation (a driver rollout is suspected) while an incident waits for
-    approval; a second operator, who did not see the pause, approves it. The Repair function reads
+    approval; a second operator, who did not see the pause, approves it past the CLI (which refuses
+    an approval while paused: tests/e2e/test_cli.py), e.g. from a chat bot. The Repair function reads
     the pause right before the replace: nothing is terminated, the incident ends escalated naming
     the pause, and the node stays drained with NodeMedic's reason (through the deployed template:
     the Repair role reads the policy and the control item under the strict local IAM)."""
