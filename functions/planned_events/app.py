@@ -16,6 +16,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import ClientError
 from nodemedic import wiring
 from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.bus import publish_health_events
@@ -271,7 +272,7 @@ class Pacer:
         """Read when planned work the gate counts is in play (a Spot warning's two minutes wait for none)."""
         try:
             policy = wiring.policy()
-        except PolicyError as exc:
+        except (PolicyError, ClientError) as exc:  # invalid, or its read throttled: offered again at a later sweep
             self.why = f"the safety policy cannot be read: {exc}"
             return None
         state = wiring.control().read()

@@ -19,6 +19,9 @@ def test_throttling_at_every_stage_past_the_sdks_retries_still_ends_in_a_repaire
         old = local.cluster.instance_of(sick)
         throttles = [local.aws.throttle("autoscaling", caller="Detect", times=PAST_THE_SDK),
                      local.aws.throttle("dynamodb", caller="Gate", times=PAST_THE_SDK),
+                     # the safety policy's read: throttled, it is retried, not read as a bad policy (held)
+                     local.aws.throttle("ssm", "GetParameter", caller="Gate", times=PAST_THE_SDK),
+                     local.aws.throttle("ssm", "GetParameter", caller="Repair", times=PAST_THE_SDK),
                      local.aws.throttle("dynamodb", caller="Drain", times=PAST_THE_SDK),
                      local.aws.throttle("ssm", "SendCommand", caller="Drain", times=3),
                      local.aws.throttle("ec2", "CreateTags", caller="Repair", times=PAST_THE_SDK),

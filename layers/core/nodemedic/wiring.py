@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.exceptions import ClientError
 
-from nodemedic.aws_retries import CLIENT_CONFIG
+from nodemedic.aws_retries import CLIENT_CONFIG, retryable
 from nodemedic.errors import PolicyError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.orchestrators.slurm import SlurmViaSSM
@@ -58,6 +58,8 @@ def policy() -> SafetyPolicy:
     try:
         text = client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
     except ClientError as exc:
+        if retryable(exc):  # throttled: the handler reports AwsThrottledError, which the state machine retries
+            raise
         raise PolicyError(f"cannot read the safety policy parameter {name}: {exc}") from exc
     loaded = parse_policy(text, origin=f"safety policy {name}")
     _policy_cache[name] = (time.monotonic(), loaded)
