@@ -79,10 +79,7 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
                             reason, by)  # validates the reason and the names for every action
     status = _known_node(target, node)
     if action in ("reboot", "replace"):
-        _refuse_if_open(target, node, action)
-        # an ended incident (escalated, quarantined) holds the node on purpose until someone acts:
-        # this request is that act, so it opens an incident of its own instead of folding into it
-        released = _release_ended(target, node)
+        released = _make_way_for(target, node, action)
         name = execution_name(action, node, datetime.now(UTC))
         started = target.client("stepfunctions").start_execution(
             stateMachineArn=target.output("StateMachineArn"), name=name, input=json.dumps(request))
@@ -111,14 +108,21 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
     return health_check(target, node, level)
 
 
-def _refuse_if_open(target: Target, node: str, action: str) -> None:
+def _make_way_for(target: Target, node: str, action: str) -> list[str]:
     """An incident still open holds the node: the request would fold into it as a duplicate and
     change nothing (NodeMedic acts on a node through one incident at a time), while the command
-    said it started. Refused, naming that incident and where it stands."""
+    said it started. Refused, naming that incident and where it stands. An ended incident
+    (escalated, quarantined) holds the node on purpose until someone acts: this request is that
+    act, so its lock is released and the request opens an incident of its own. The ids of the
+    incidents that no longer hold the node."""
     member = target.provider.member_by_node(node)
-    holder = target.ledger.lock_holder(target.cluster, member.instance_id) if member else None
+    if member is None:
+        return []
+    holder = target.ledger.lock_holder(target.cluster, member.instance_id)
     if holder is not None and holder.status == "open":
         raise OperatorError(operations.request_would_fold(holder, node, action))
+    released = target.ledger.release_holder(target.cluster, member.instance_id, holder)
+    return [released] if released else []
 
 
 def _release_ended(target: Target, node: str) -> list[str]:

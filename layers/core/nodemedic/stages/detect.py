@@ -225,7 +225,7 @@ def _make_way_for(requested: str, member: Member, incident_id: str, cluster: str
         return
     if holder.status == "open":
         raise InvalidEventError(request_would_fold(holder, member.slurm_node or holder.slurm_node, requested))
-    ledger.release_ended(cluster, member.instance_id)
+    ledger.release_holder(cluster, member.instance_id, holder)
 
 
 def _resolve_or_page(fault: Fault, provider: Provider, cluster: str, control: ControlStore, now: datetime,

@@ -626,7 +626,12 @@ class Ledger:
         """Release the instance's lock if an incident that has ended holds it (a quarantine, an
         escalation, a retirement: they keep it on purpose until someone acts); the id of that
         incident, or None. An open incident's lock is never released here."""
-        holder = self.lock_holder(cluster, instance_id)
+        return self.release_holder(cluster, instance_id, self.lock_holder(cluster, instance_id))
+
+    def release_holder(self, cluster: str, instance_id: str, holder: Incident | None) -> str | None:
+        """:meth:`release_ended` with the holder already read (:meth:`lock_holder`): an incident
+        that has ended never opens again, and each release is conditional on the lock still being
+        that incident's."""
         if holder is None or holder.status == "open":
             return None
         # its locks on the instances it left behind go too (the one a replacement terminated):
