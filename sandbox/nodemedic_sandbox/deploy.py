@@ -126,7 +126,7 @@ def package(template: dict[str, Any], root: Path, aws: EmbeddedAWS) -> tuple[dic
 
 def deploy(aws: EmbeddedAWS, template_path: Path, stack_name: str, parameters: dict[str, str]) -> Stack:
     root = template_path.parent
-    sam = yaml_parse(template_path.read_text())
+    sam = copy.deepcopy(_parsed(template_path.read_text()))  # deploying changes it
     if problems := parameter_problems(sam.get("Parameters", {}), parameters):
         raise DeploymentRefusedError("; ".join(problems))
     if problems := rule_problems(sam.get("Rules", {}), sam.get("Parameters", {}), parameters):
@@ -288,11 +288,16 @@ def _recreate_state_machines(aws: EmbeddedAWS, stack_name: str, cfn: dict[str, A
         aws.state_machine_roles.append(role)  # its Lambda and SDK calls are authorized against it
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
+def _parsed(template_text: str) -> dict[str, Any]:
+    """A template parsed once per text (0.1-0.2 s each parse: the tests deploy a stack or make a
+    table per test). Shared: a caller that changes it copies it first."""
+    return dict(yaml_parse(template_text))
+
+
 def _declared(template_path: Path, resource: str) -> dict[str, Any]:
-    """A resource's properties as the template declares them, parsed once (0.1 s each parse; the
-    stage tests make a table per test)."""
-    return dict(yaml_parse(template_path.read_text())["Resources"][resource]["Properties"])
+    """A resource's properties as the template declares them."""
+    return copy.deepcopy(dict(_parsed(template_path.read_text())["Resources"][resource]["Properties"]))
 
 
 def create_table_as_declared(db: Any, name: str, resource: str = "IncidentsTable", template_path: Path | None = None) -> str:

@@ -44,6 +44,7 @@ from botocore.exceptions import ClientError
 from botocore.retries.standard import ExponentialBackoff
 from moto import mock_aws
 from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto.cloudformation.models import Stack as CloudFormationStack
 from moto.cloudwatch.models import CloudWatchBackend
 from moto.core.botocore_stubber import MockRawResponse
 from moto.core.responses import ActionResult
@@ -151,6 +152,20 @@ def _remember_parameters(params: dict[str, Any], context: dict[str, Any], **_: A
     context[_PARAMETERS] = params
 
 
+_MOTO_PARSE_TEMPLATE = CloudFormationStack.parse_template
+
+
+def _template_json_first(template: str) -> dict[str, Any]:
+    """A template as moto reads it, JSON read as JSON: moto 5.2.5 reads every template with
+    PyYAML's pure-Python loader first, and the JSON the local deploy sends took a large part of
+    each stack's start-up that way. The same dict either way (YAML is a superset of JSON)."""
+    try:
+        parsed = json.loads(template)
+    except ValueError:
+        return _MOTO_PARSE_TEMPLATE(template)
+    return parsed if isinstance(parsed, dict) else _MOTO_PARSE_TEMPLATE(template)
+
+
 _OWN_SESSIONS: dict[str, boto3.Session] = {}
 
 
@@ -212,6 +227,7 @@ class _FunctionClients:
 
 
 _PARSED: dict[str, Any] = {}
+_PARSED_KEPT = 32
 _PARSING = threading.Lock()
 
 
@@ -223,15 +239,33 @@ def _execution_status(execution: Execution) -> str:
     return execution.exec_status.value if execution.exec_status is not None else "RUNNING"
 
 
-def _parsed_program(worker: ExecutionWorker) -> Any:
-    """moto parses the definition again for every execution (~90 ms for ours, with ANTLR). The
-    parsed program is declarations only (each execution's state lives in its Environment), so
-    one parse per definition serves every execution."""
-    definition = worker._evaluation_details.state_machine_details.definition
+def _program(definition: str) -> Any:
+    """A definition parsed once (~90 ms for ours, with ANTLR). The parsed program is declarations
+    only (each execution's state lives in its Environment), so one parse per definition serves
+    its check at CreateStateMachine and every execution; moto parsed it again for each."""
     with _PARSING:
         if definition not in _PARSED:
             _PARSED[definition] = AmazonStateLanguageParser.parse(definition)[0]
+            while len(_PARSED) > _PARSED_KEPT:  # the oldest first: each stack's functions have new names
+                del _PARSED[next(iter(_PARSED))]
         return _PARSED[definition]
+
+
+_MOTO_VALIDATE = StepFunctionsParserBackend._validate_definition
+
+
+def _validated(definition: str) -> None:
+    """moto's check of a definition at CreateStateMachine, with the parse the executions reuse;
+    a bad definition is refused as moto refuses it."""
+    try:
+        _program(definition)
+    except Exception:
+        _MOTO_VALIDATE(definition=definition)  # raises moto's InvalidDefinition
+        raise
+
+
+def _parsed_program(worker: ExecutionWorker) -> Any:
+    return _program(worker._evaluation_details.state_machine_details.definition)
 
 
 # Terminal errors that a Retrier or Catcher on States.ALL does not match (it matches them only by
@@ -899,12 +933,14 @@ class EmbeddedAWS:
         self._own = _own_session(self.region)
         self._running = True
         # the functions' clients come from boto3's default session (nodemedic.wiring.client):
-        # every call they make passes through the authorizer first. The session is kept (not made
-        # anew): its loader's cache of service models is what a thousand Step Functions threads
-        # creating Lambda clients at once would otherwise each parse again.
+        # every call they make passes through the authorizer first. moto makes that session anew
+        # at each start; it gets the process's loader of service models, whose cache is what a
+        # thousand Step Functions threads creating Lambda clients at once would otherwise each
+        # parse again, and what each start parsed again (half a stack's start-up).
         session = boto3._get_default_session()
+        session._session.register_component("data_loader", self._own._session.get_component("data_loader"))
         for service in SERVICES:
-            session.client(service)  # type: ignore[call-overload]  # load each model once, before any burst
+            session.client(service)  # type: ignore[call-overload]  # every model loaded before any burst
         session.events.register("before-parameter-build", _remember_parameters)
         session.events.register("before-call", self._authorize)
         # a before-send handler answers the request when it returns a response (botocore's
@@ -1037,6 +1073,7 @@ class EmbeddedAWS:
             (SimpleSystemManagerResponse, "list_commands", _list_commands_as_ssm),
             (Command, "_get_instance_ids_from_targets", instance_ids_from_targets),
             (CloudWatchBackend, "set_alarm_state", set_alarm_state),
+            (CloudFormationStack, "parse_template", staticmethod(_template_json_first)),
             (EventsBackend, "put_events", _request_within_limit(_entries_failing(
                 EventsBackend.put_events, lambda entry: _aws_source_refused(entry) or _detail_not_an_object(entry)
                 or self._injected_entry_error(entry)))),
@@ -1053,6 +1090,7 @@ class EmbeddedAWS:
             (InstanceBackend, "start_instances", start_instances),
             (InstanceBackend, "describe_instance_status", describe_instance_status),
             (ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program),
+            (StepFunctionsParserBackend, "_validate_definition", staticmethod(_validated)),
             (Execution, "status", property(_execution_status)),
             (ErrorEqualsDecl, "_eval_body", _states_all_misses_terminal_errors),
             *hyperpod.hooks(self.hyperpod),

@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-from nodemedic_agent.burn_in import hold
-
 from nodemedic_sandbox import faults as faults_file
 from nodemedic_sandbox import scheduler
 
@@ -30,6 +28,8 @@ def burn_in_marker(state: Path, node: str) -> Path:
 
 
 def join(state: Path, node: str, instance_id: str) -> int:
+    from nodemedic_agent.burn_in import hold  # only here: the other commands start without the agent's models
+
     with faults_file.change(state) as faults:
         faults_file.take_bad_replacement(faults, node, instance_id)  # injected: this replacement is bad hardware
         faults["members"] = {**faults.get("members", {}), instance_id: node}

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
-from nodemedic_sandbox import kube_apiserver, slurm_cluster
+from nodemedic_sandbox import slurm_cluster
 
 
 class Scheduler(Protocol):
@@ -44,7 +44,9 @@ def create(nodes: list[str], root: Path | None = None, prefer: str = "auto") -> 
     (a real Slurm when it can start here, else the simulation), ``slurm``, ``simulated`` or
     ``kubernetes`` (a real kube-apiserver; the local mode plays kubelets and operators)."""
     if prefer == "kubernetes":
-        from nodemedic_sandbox import kube_cluster  # the Kubernetes client loads only when asked for
+        # the Kubernetes client loads only when asked for: not in each node-side command of a Slurm
+        # cluster (``python -m nodemedic_sandbox.node``), where its import was most of the start-up
+        from nodemedic_sandbox import kube_apiserver, kube_cluster
 
         why_not = kube_apiserver.unavailable_reason()
         if why_not:
