@@ -135,9 +135,11 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                          ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]})],
         "ShadowFunction": [("dynamodb", "GetItem", table), ("dynamodb", "UpdateItem", table),
                            *on_controller(docs.slurm_query)],
+        # the policy and the instance's tags: a pause or an exclusion set since the gate stops the drain
         "DrainFunction": [*db, ("dynamodb", "BatchGetItem", {"RequestItems": {table["TableName"]: {}}}),
                           *on_controller(docs.slurm_query, docs.slurm_drain, docs.slurm_requeue, docs.slurm_signal),
-                          *([] if target.on_kubernetes else [("ssm", "ListCommands", {})])],
+                          *([] if target.on_kubernetes else [("ssm", "ListCommands", {})]), *reads,
+                          ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]})],
         "SparesFunction": [*db, *reads, *names, *on_controller(docs.slurm_query, docs.spare_take)],
         "ResumeFunction": [*db, ("dynamodb", "DeleteItem", table), ("dynamodb", "TransactWriteItems", fail_incident),
                            *on_controller(docs.slurm_query, docs.slurm_resume, docs.spare_add, docs.slurm_drain)],

@@ -25,7 +25,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
     out = drain(incident, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
                 prefix=settings().drain_reason_prefix, clock=utc_now,
-                checkpoints=parse_checkpoint_policy(settings().checkpoint_policy))
+                checkpoints=parse_checkpoint_policy(settings().checkpoint_policy), hands_off=wiring.hands_off)
     logger.info("drained", drained_by_pipeline=out.drained_by_pipeline,
                 requeued=out.requeued_jobs, not_requeued=out.jobs_not_requeued,
                 checkpoint=out.checkpoint.model_dump(mode="json") if out.checkpoint else None)

@@ -9,19 +9,11 @@ from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import RepairInput
 from nodemedic.domain.checkpoint import parse_checkpoint_policy
 from nodemedic.observability import record_durations, seconds_since_fault, utc_now
-from nodemedic.safety.gate import hands_off
 from nodemedic.settings import settings
 from nodemedic.stages.repair import repair
 
 logger = Logger(service="repair")
 metrics = Metrics()
-
-
-def _hands_off(node: str, instance_id: str) -> str | None:
-    """Why automation must not touch the node now, read as the gate reads it: the control state
-    (a pause), the safety policy and the instance's tags (an exclusion)."""
-    member = wiring.provider().member(instance_id)
-    return hands_off(wiring.control().read(), wiring.policy(), node, member.tags if member else {})
 
 
 @logger.inject_lambda_context
@@ -36,7 +28,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                  runner=wiring.node_commands(),
                  ledger=wiring.ledger(), documents=wiring.documents(), timeout_s=s.command_timeout_seconds,
                  check_timeout_s=s.health_check_timeout_seconds, prefix=s.drain_reason_prefix, clock=utc_now,
-                 checkpoints=parse_checkpoint_policy(s.checkpoint_policy), hands_off=_hands_off)
+                 checkpoints=parse_checkpoint_policy(s.checkpoint_policy), hands_off=wiring.hands_off)
     logger.info("rung done", rung=out.rung, attempt=out.attempt, instance=out.instance_id, level=out.level)
     record_durations(metrics, incident, {"TimeToRepair": seconds_since_fault(incident)})
     return out.model_dump(mode="json")

@@ -9,8 +9,9 @@ stack with real Slurm; then the reconciler runs once. Whatever the fault and the
 - an operator's drain is never lifted;
 - a job an operator let land on the node mid-repair is never killed by a destructive step;
 - a node whose instance someone else terminated is replaced: the incident closes;
-- once an operator pauses automation, nothing more is done to the node: no reset, reboot or
-  replace (the incident ends escalated, the node drained), unless only its return was left.
+- once an operator pauses automation, nothing more is done to the node: no drain, requeue,
+  reset, reboot or replace (the incident ends escalated, the node as it was), unless only its
+  return was left.
 
 ``make test`` runs the scenarios marked ``chaos_smoke``; ``make chaos`` runs them all.
 """
@@ -42,7 +43,8 @@ THROTTLED = {"dynamodb": tuple(STAGES), "ssm": tuple(STAGES), "ec2": ("repair",)
 FAULTS = ("controller-down", *(f"{service}-throttled" for service in THROTTLED), "operator-drain", "operator-resume",
           "instance-terminated", "operator-pause")
 SMOKE = {("controller-down", "drain"), ("dynamodb-throttled", "repair"), ("operator-resume", "repair"),
-         ("operator-drain", "resume"), ("ssm-throttled", "resume"), ("instance-terminated", "repair")}
+         ("operator-drain", "resume"), ("ssm-throttled", "resume"), ("instance-terminated", "repair"),
+         ("operator-pause", "drain")}
 # the fault reported: a lost GPU (its ladder: replace); where the node's instance is terminated by
 # someone else, one whose ladder begins with rungs on the instance itself (reset, reboot, replace)
 REPORTED = {"instance-terminated": "XID 48"}
@@ -113,7 +115,11 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
         check(not any(again[k] for k in ("incidents_failed", "locks_released", "claims_released", "drains_reasserted")),
               "a second reconciler run finds nothing")
         check(job_state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING"), f"the job lives ({job_state})")
-        if incident.status != "closed" and "drain" in incident.stages:
+        paused_before_drain = fault == "operator-pause" and stage == "drain" and bool(injected)
+        if paused_before_drain:  # the node is the operator's: not drained, its job not requeued
+            check("DRAIN" not in state["State"] and job_state == "RUNNING",
+                  f"the node was neither drained nor its job requeued after the pause ({state['State']}, {job_state})")
+        elif incident.status != "closed" and "drain" in incident.stages:
             check("DRAIN" in state["State"], f"the node stays drained ({state['State']})")
         if fault == "operator-drain" and injected:
             check("DRAIN" in state["State"] and state.get("Reason", "").startswith("operator:chaos"),

@@ -1,6 +1,6 @@
 """An operator who pauses automation, or excludes a node, while its incident is under way stops
-that incident before its next step that changes the node; the incident ends escalated with the
-node as it is and says why.
+that incident before its next step that changes the node (the drain, the requeue, each rung);
+the incident ends escalated with the node as it is and says why.
 
 Fast tier: the real Repair stage, the control item and the ledger in DynamoDB (embedded), the
 gate's own rule (:func:`nodemedic.safety.gate.hands_off`), Slurm in memory.
@@ -8,13 +8,17 @@ gate's own rule (:func:`nodemedic.safety.gate.hands_off`), Slurm in memory.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from nodemedic import operations
-from nodemedic.errors import HandsOffError
+from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
+from nodemedic.errors import CheckpointPendingError, HandsOffError
 from nodemedic.providers.base import Member
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.safety.gate import hands_off
 from nodemedic.safety.policy import parse_policy
+from nodemedic.stages.drain import drain
 from nodemedic.stages.repair import repair
 from nodemedic.stages.resume import end_unrecovered
 from nodemedic.store.control import ControlStore
@@ -105,3 +109,56 @@ def test_a_pause_lifted_before_the_step_lets_the_incident_go_on(ledger: Ledger, 
 
     assert _climb(ledger, slurm, provider, control, "{}", incident).rung == "reboot"
     assert provider.rebooted == ["i-gpu-1"]
+
+
+def _held(control: ControlStore, provider: MemoryProvider, policy: str = "{}"):
+    def held(node: str, instance: str) -> str | None:  # as wiring.hands_off reads it
+        member = provider.member(instance)
+        return hands_off(control.read(), parse_policy(policy, origin="test"), node, member.tags if member else {})
+    return held
+
+
+@pytest.mark.parametrize("how", ["pause", "exclusion-tag"])
+def test_a_pause_or_exclusion_set_after_the_gate_stops_the_drain_before_it_drains(
+        ledger: Ledger, slurm: MemorySlurm, how: str) -> None:
+    """The gate admitted the fault; before Drain ran, the on-call paused automation or tagged the
+    instance excluded. The node is not drained and its job not requeued: it is theirs now."""
+    incident = opened(ledger, "gpu-1")
+    slurm.n["gpu-1"].jobs = ["42"]
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    provider = MemoryProvider(_member("gpu-1", **({"nodemedic:exclude": "true"} if how == "exclusion-tag" else {})))
+    if how == "pause":
+        operations.pause(control, by="alice", reason="driver rollout suspected")
+
+    with pytest.raises(HandsOffError, match="alice|nodemedic:exclude"):
+        drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock, hands_off=_held(control, provider))
+    assert not slurm.n["gpu-1"].drained and slurm.n["gpu-1"].jobs == ["42"]
+    assert not any(c.startswith(("drain", "requeue")) for c in slurm.calls)
+
+
+def test_a_pause_during_the_checkpoint_wait_keeps_the_job_from_being_requeued(ledger: Ledger,
+                                                                             slurm: MemorySlurm) -> None:
+    """The drain asked the job to checkpoint and waits for its marker; meanwhile the on-call
+    pauses automation. The next call does not requeue the job: the node stays drained (the
+    drain came first), the job runs on, the incident is stopped."""
+    incident = opened(ledger, "gpu-1").model_copy(update={"fault_code": "PLANNED_RETIREMENT", "fault_class": "planned",
+                                                          "action": "replace"})
+    slurm.n["gpu-1"].jobs = ["42"]
+    slurm.markers["42"] = 9_000.0
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    held = _held(control, MemoryProvider(_member("gpu-1")))
+    policy = CheckpointPolicy(default=CheckpointRule(signal="USR1", scope="batch", grace_seconds=300))
+    now = [clock()]
+
+    def later():
+        return now[0]
+
+    with pytest.raises(CheckpointPendingError):
+        drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=later, checkpoints=policy, hands_off=held)
+    operations.pause(control, by="alice", reason="a bad rollout")
+    now[0] += timedelta(seconds=400)  # the grace is over: without the pause the job would be requeued now
+
+    with pytest.raises(HandsOffError, match="automation paused by alice"):
+        drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=later, checkpoints=policy, hands_off=held)
+    assert slurm.n["gpu-1"].drained and slurm.n["gpu-1"].jobs == ["42"]
+    assert not any(c.startswith("requeue") for c in slurm.calls)

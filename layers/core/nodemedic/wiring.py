@@ -19,6 +19,7 @@ from nodemedic.providers.kinds import provider_for
 from nodemedic.providers.node_names import NamedByOrchestrator
 from nodemedic.providers.relay_command import RelayCommand
 from nodemedic.providers.run_command import Commands, Documents, RunCommand
+from nodemedic.safety.gate import hands_off as held
 from nodemedic.safety.policy import SafetyPolicy, parse_policy
 from nodemedic.settings import settings
 from nodemedic.store.control import ControlStore
@@ -64,6 +65,14 @@ def policy() -> SafetyPolicy:
     loaded = parse_policy(text, origin=f"safety policy {name}")
     _policy_cache[name] = (time.monotonic(), loaded)
     return loaded
+
+
+def hands_off(node: str, instance_id: str) -> str | None:
+    """Why automation must not touch the node now, read as the gate reads it: the control state
+    (a pause), the safety policy and the instance's tags (an exclusion). Drain and Repair ask it
+    right before each step that changes the node."""
+    member = provider().member(instance_id)
+    return held(control().read(), policy(), node, member.tags if member else {})
 
 
 @lru_cache(maxsize=1)

@@ -30,7 +30,7 @@ what automation would have done.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -116,11 +116,15 @@ def paused_by(state: ControlState) -> str | None:
     return f"automation paused by {paused.by} at {paused.at:%Y-%m-%d %H:%M}Z: {paused.reason}" if paused else None
 
 
+HandsOff = Callable[[str, str], "str | None"]  # (node, instance) -> why automation must not touch it now
+
+
 def hands_off(state: ControlState, policy: SafetyPolicy, node: str, tags: dict[str, str]) -> str | None:
     """Why automation must keep its hands off ``node`` now (paused, or the node excluded); None:
-    it may act. The gate asks it of a new fault (rules 1 and 2); the repair ladder asks it again
-    right before each step that changes a node, so a pause or an exclusion an operator sets while
-    an incident is under way stops that incident there (:class:`~nodemedic.errors.HandsOffError`)."""
+    it may act. The gate asks it of a new fault (rules 1 and 2); the drain and the repair ladder
+    ask it again right before each step that changes a node, so a pause or an exclusion an
+    operator sets while an incident is under way stops that incident there
+    (:class:`~nodemedic.errors.HandsOffError`)."""
     return paused_by(state) or policy.exclusions.excludes(node, tags)
 
 

@@ -12,8 +12,9 @@ from pydantic import BaseModel, Field
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy
-from nodemedic.errors import EvictionPendingError
+from nodemedic.errors import EvictionPendingError, HandsOffError
 from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.safety.gate import HandsOff
 from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
 from nodemedic.store.ledger import Ledger
 
@@ -129,17 +130,27 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
     return record, bool(record.jobs) and all(j.outcome != "grace_expired" for j in record.jobs)
 
 
+def _guard(incident: IncidentRef, hands_off: HandsOff) -> None:
+    """Nothing done to the node while automation is paused or the node is excluded: asked right
+    before the drain and right before the requeue (a checkpoint wait may have taken minutes)."""
+    if held := hands_off(incident.slurm_node, incident.instance_id):
+        raise HandsOffError(f"not touching {incident.slurm_node} ({incident.instance_id}): {held}")
+
+
 def drain(
     incident: IncidentRef, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str, clock: Callable[[], datetime],
-    checkpoints: CheckpointPolicy | None = None,
+    checkpoints: CheckpointPolicy | None = None, hands_off: HandsOff = lambda node, instance: None,
 ) -> DrainOutput:
     record = ledger.start_stage(incident, "drain", clock())
     if record.completed_at:  # a retried invocation: the work is done
         return DrainOutput.model_validate(record.result)
     progress = record.result
+    _guard(incident, hands_off)
     ours = _drain_node(incident, orchestrator, ledger, prefix, clock, progress)
     checkpoint, requeue = _before_requeue(incident, orchestrator, ledger, checkpoints or CheckpointPolicy(), clock,
                                           progress)
+    if requeue:
+        _guard(incident, hands_off)
     evacuated = _evacuate(incident, orchestrator, ledger, record.started_at.timestamp(), clock(), progress) \
         if requeue else _Evacuated()
     out = DrainOutput(

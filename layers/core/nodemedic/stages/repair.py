@@ -40,6 +40,7 @@ from nodemedic.errors import (
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider, runs_commands
 from nodemedic.providers.run_command import Documents, RunCommand
+from nodemedic.safety.gate import HandsOff
 from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
 from nodemedic.stages.drain import drain_reason
 from nodemedic.store.ledger import Ledger
@@ -48,7 +49,6 @@ from nodemedic.store.ledger import Ledger
 # k8s-driver-manager gives each component five minutes for the same wait
 GPU_CLIENTS_WAIT_S = 300
 NO_ANSWER = [{"name": "answer", "ok": False, "detail": "the deep health check did not answer in time"}]
-HandsOff = Callable[[str, str], str | None]  # (node, instance) -> why automation must not touch it now
 
 
 def repair(
@@ -158,7 +158,7 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator, hands_off: HandsOf
         raise HandsOffError(f"not touching {incident.slurm_node} ({instance}): {held}")
     why = orchestrator.busy(incident.slurm_node)
     if why:
-        raise NodeBusyError(f"not touching {incident.slurm_node} ({incident.instance_id}): {why}")
+        raise NodeBusyError(f"not touching {incident.slurm_node} ({instance}): {why}")
 
 
 def _aws_acts_soon(incident: Incident, now: datetime) -> tuple[datetime, str] | None:
