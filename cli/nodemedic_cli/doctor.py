@@ -165,7 +165,10 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
         "DeepHealthCheckFunction": [*db, *([("sagemaker", op, {"ClusterName": p.get("HyperPodClusterName", "")})
                                             for op in ("StartClusterHealthCheck", "DescribeClusterNode")]
                                            + [("states", "SendTaskSuccess", {})] if provider == "hyperpod"
-                                           else [send(docs.health_check, member)])],
+                                           else [send(docs.health_check, member)]),
+                                    # a check after a rung is not sent while hands are off the node
+                                    *reads, *(describe_cluster if target.on_kubernetes else []),
+                                    ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]})],
         "HealthCheckResultFunction": [*db, ("dynamodb", "DeleteItem", table), ("ssm", "GetCommandInvocation", {}),
                                       ("states", "SendTaskSuccess", {})],
         "ApprovalFunction": [("dynamodb", "UpdateItem", table),

@@ -28,12 +28,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if s.provider == "hyperpod":
         out = hyperpod_check(incident, request.instance_id, request.level, request.task_token, purpose=request.purpose,
                              hyperpod=wiring.hyperpod(), ledger=wiring.ledger(), control=wiring.control(),
-                             stepfunctions=wiring.client("stepfunctions"), clock=utc_now)
+                             stepfunctions=wiring.client("stepfunctions"), clock=utc_now, hands_off=wiring.hands_off)
         logger.info("HyperPod's check decided", instance=request.instance_id, level=request.level, healthy=out.healthy)
         return {"healthy": out.healthy}
     command_id = start_check(incident, request.instance_id, request.level, request.task_token,
                              purpose=request.purpose, runner=wiring.node_commands(), ledger=wiring.ledger(),
                              control=wiring.control(), stepfunctions=wiring.client("stepfunctions"),
-                             documents=wiring.documents(), timeout_s=s.command_timeout_seconds, clock=utc_now)
+                             documents=wiring.documents(), timeout_s=s.command_timeout_seconds, clock=utc_now,
+                             hands_off=wiring.hands_off)
     logger.info("deep health check sent", instance=request.instance_id, level=request.level, command=command_id)
     return {"command_id": command_id}

@@ -133,6 +133,30 @@ def test_a_pause_during_the_approval_wait_stops_the_approved_incident_before_it_
         assert "DRAIN" in node["State"] and node["Reason"].startswith(f"nodemedic:{waiting.incident_id}")
 
 
+def test_a_pause_after_the_gpu_reset_keeps_the_deep_check_off_the_node() -> None:
+    """The ladder reset the GPUs of gpu-2; right before its deep check (DCGM diagnostics take the
+    GPUs, on a node the on-call may be working on) automation is paused. No check is sent: the
+    incident ends escalated naming the pause, the node stays drained (the DeepHealthCheck role
+    reads the policy and the instance's tags under the strict local IAM; the state machine's
+    waitForTaskToken Catch routes HandsOffError to Escalate)."""
+    with stack(4, BreakerMaxPercent="100", NodeCooldownMinutes="0") as local:
+        local.aws.before_invoke("DeepHealthCheck", lambda _: operations.pause(
+            control(local), by="alice@example.com", reason="driver 580 rollout suspected"),
+            when=lambda event: event.get("purpose") != "verify")
+        local.put_event(local.health_event("gpu-2", "XID 48"))  # its ladder begins with a GPU reset
+        [execution] = local.wait_for_executions(1, timeout=120)
+
+        incident = local.incident(execution["name"])
+        assert execution["status"] == "SUCCEEDED" and incident.status == "escalated", incident.outcome
+        assert "automation paused by alice@example.com" in incident.outcome
+        [rung] = incident.stages["repair"].result["rungs"]
+        assert rung["rung"] == "gpu_reset" and not rung.get("check", {}).get("command_id")
+        checks = [c for c in local.aws.client("ssm").list_commands()["Commands"]
+                  if c["DocumentName"] == local.stack.resources["HealthCheckDocument"]]
+        assert checks == []
+        assert "DRAIN" in local.scheduler.node("gpu-2")["State"]
+
+
 def _wait_for_approval_requests(local: LocalMode, count: int, timeout: float = 60.0) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,6 +1,7 @@
 """An operator who pauses automation, or excludes a node, while its incident is under way stops
 that incident before its next step that changes the node (the drain, the requeue, each rung);
-the incident ends escalated with the node as it is and says why.
+(the deep check after a rung included); the incident ends escalated with the node as it is
+and says why.
 
 Fast tier: the real Repair stage, the control item and the ledger in DynamoDB (embedded), the
 gate's own rule (:func:`nodemedic.safety.gate.hands_off`), Slurm in memory.
@@ -19,6 +20,7 @@ from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.safety.gate import hands_off
 from nodemedic.safety.policy import parse_policy
 from nodemedic.stages.drain import drain
+from nodemedic.stages.health_check import start_check
 from nodemedic.stages.repair import repair
 from nodemedic.stages.resume import end_unrecovered
 from nodemedic.store.control import ControlStore
@@ -162,3 +164,37 @@ def test_a_pause_during_the_checkpoint_wait_keeps_the_job_from_being_requeued(le
         drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=later, checkpoints=policy, hands_off=held)
     assert slurm.n["gpu-1"].drained and slurm.n["gpu-1"].jobs == ["42"]
     assert not any(c.startswith("requeue") for c in slurm.calls)
+
+
+class SendingRunner:
+    """The SSM commands a stage sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, instance_id: str, document: str, *_: object) -> str:
+        self.sent.append((instance_id, document))
+        return f"cmd-{len(self.sent)}"
+
+
+def test_a_pause_after_the_reboot_keeps_its_deep_check_off_the_node(ledger: Ledger, slurm: MemorySlurm) -> None:
+    """The ladder rebooted gpu-1; before its deep check (DCGM diagnostics, NCCL: they take the
+    GPUs an operator may be working on) the on-call pauses automation. The check is not sent;
+    the incident stops there. A check to verify a fault, before anything was done, still runs."""
+    incident = opened(ledger, "gpu-1", ladder=("reboot", "replace"))
+    slurm.n["gpu-1"].drained = True
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    provider = RebootingProvider(_member("gpu-1"))
+    _climb(ledger, slurm, provider, control, "{}", incident)  # the reboot
+    operations.pause(control, by="alice", reason="a bad rollout")
+    runner = SendingRunner()
+
+    def check(purpose: str) -> str:
+        return start_check(incident, "i-gpu-1", "full", f"token-{purpose}", purpose=purpose,  # type: ignore[arg-type]
+                           runner=runner, ledger=ledger, control=control, stepfunctions=None,  # type: ignore[arg-type]
+                           documents=Documents("c1"), timeout_s=60, clock=clock, hands_off=_held(control, provider))
+
+    with pytest.raises(HandsOffError, match="automation paused by alice"):
+        check("recovery")
+    assert runner.sent == []
+    assert check("verify") == "cmd-1" and runner.sent == [("i-gpu-1", Documents("c1").health_check)]

@@ -81,10 +81,14 @@ def _rendered(function: str) -> list[dict]:
     def sub(value: object) -> object:
         if isinstance(value, dict) and "Fn::Sub" in value:
             return str(value["Fn::Sub"]).replace("${AWS::Partition}", "aws").replace("${AWS::Region}", "us-east-1") \
-                .replace("${AWS::AccountId}", "123456789012")
+                .replace("${AWS::AccountId}", "123456789012") \
+                .replace("${SafetyPolicyParameter}", STACK.outputs["SafetyPolicyParameterName"]) \
+                .replace("${EksClusterName}", STACK.parameters["EksClusterName"])
         return [sub(v) for v in value] if isinstance(value, list) else value
+    attached = [r["Properties"]["PolicyDocument"] for r in RESOURCES.values() if r["Type"] == "AWS::IAM::Policy"
+                and {"Ref": f"{function}Role"} in r["Properties"]["Roles"]]  # e.g. EksDescribeClusterPolicy
     return [{k: sub(v) for k, v in s.items() if k != "Condition"}
-            for p in RESOURCES[function]["Properties"]["Policies"] if isinstance(p, dict)
+            for p in [*RESOURCES[function]["Properties"]["Policies"], *attached] if isinstance(p, dict)
             for s in p.get("Statement", []) if "Condition" not in s]
 
 

@@ -37,6 +37,7 @@ from typing import Literal
 
 from nodemedic.contracts.events import PLANNED_SOURCE, SOFTWARE_KEYS, SOFTWARE_VERSION_MAX
 from nodemedic.contracts.incident import IncidentRef
+from nodemedic.errors import HandsOffError
 from nodemedic.providers.base import Member
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import Admission, ControlState
@@ -126,6 +127,13 @@ def hands_off(state: ControlState, policy: SafetyPolicy, node: str, tags: dict[s
     operator sets while an incident is under way stops that incident there
     (:class:`~nodemedic.errors.HandsOffError`)."""
     return paused_by(state) or policy.exclusions.excludes(node, tags)
+
+
+def refuse_if_held(hands_off: HandsOff, node: str, instance: str) -> None:
+    """:class:`~nodemedic.errors.HandsOffError` when automation must keep its hands off the node
+    now: asked right before a step that changes it (a drain, a requeue, a rung, a deep check)."""
+    if held := hands_off(node, instance):
+        raise HandsOffError(f"not touching {node} ({instance}): {held}")
 
 
 def decide(f: Facts) -> Decision:

@@ -12,9 +12,9 @@ from pydantic import BaseModel, Field
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy
-from nodemedic.errors import EvictionPendingError, HandsOffError
+from nodemedic.errors import EvictionPendingError
 from nodemedic.orchestrators.base import Orchestrator
-from nodemedic.safety.gate import HandsOff
+from nodemedic.safety.gate import HandsOff, refuse_if_held
 from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
 from nodemedic.store.ledger import Ledger
 
@@ -133,8 +133,7 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
 def _guard(incident: IncidentRef, hands_off: HandsOff) -> None:
     """Nothing done to the node while automation is paused or the node is excluded: asked right
     before the drain and right before the requeue (a checkpoint wait may have taken minutes)."""
-    if held := hands_off(incident.slurm_node, incident.instance_id):
-        raise HandsOffError(f"not touching {incident.slurm_node} ({incident.instance_id}): {held}")
+    refuse_if_held(hands_off, incident.slurm_node, incident.instance_id)
 
 
 def drain(

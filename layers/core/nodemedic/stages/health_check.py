@@ -23,7 +23,7 @@ from nodemedic.contracts.problems import read_json
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import CommandPendingError, InstanceGoneError
 from nodemedic.providers.run_command import SSM_STDOUT_LIMIT, TERMINAL, CommandResult, Documents, RunCommand
-from nodemedic.safety.gate import lineage_keys
+from nodemedic.safety.gate import HandsOff, lineage_keys, refuse_if_held
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
@@ -69,6 +69,7 @@ def start_check(
     documents: Documents,
     timeout_s: int,
     clock: Callable[[], datetime],
+    hands_off: HandsOff = lambda node, instance: None,
 ) -> str:
     """Send the deep health check to the instance and return at once: the state machine waits on
     ``task_token``, which :func:`complete_check` answers when SSM reports the command ended.
@@ -87,6 +88,8 @@ def start_check(
         if sent_before.token == token_id and sent_before.command_id.startswith(GONE):
             answer(stepfunctions, task_token, _gone_result(sent_before))
         return sent_before.command_id
+    if purpose == "recovery":
+        refuse_if_held(hands_off, incident.slurm_node, instance_id)
     try:
         command_id = runner.send(instance_id, documents.health_check, {"level": level}, timeout_s,
                                  f"nodemedic {purpose} {level} check {incident.slurm_node}")

@@ -31,6 +31,7 @@ from nodemedic.contracts.incident import CheckRecord, IncidentRef
 from nodemedic.contracts.stages import CheckLevel, HealthCheckOutput, Purpose
 from nodemedic.errors import HealthCheckPendingError
 from nodemedic.providers.hyperpod import INSTANCE_STRESS, ClusterNodeStatus, HyperPodProvider
+from nodemedic.safety.gate import HandsOff, refuse_if_held
 from nodemedic.stages.health_check import answer, check_record, record_on_rung, save_check_record, stage_of, verified
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -104,6 +105,7 @@ def hyperpod_check(
     control: ControlStore,
     stepfunctions: Any,
     clock: Callable[[], datetime],
+    hands_off: HandsOff = lambda node, instance: None,
 ) -> HealthCheckOutput:
     """One reading of HyperPod's check of ``instance_id``: the answer to ``task_token`` once
     HyperPod has decided (recorded like the SSM check's: on the rung, or as the verification),
@@ -129,6 +131,8 @@ def hyperpod_check(
         node = hyperpod.node_status(instance_id)
         verdict = judge(node, level, progress, now, after_reboot=after_reboot)
         if verdict.request and node is not None:
+            if purpose == "recovery":  # its deep check takes the node's GPUs: not while hands are off
+                refuse_if_held(hands_off, incident.slurm_node, instance_id)
             hyperpod.start_deep_check(instance_id, node.instance_group)
         check = check.model_copy(update={"progress": progress.model_dump(mode="json"), "detail": verdict.detail})
         save_check_record(incident, purpose, rungs, check, ledger)

@@ -29,7 +29,6 @@ from nodemedic.errors import (
     CapacityEndsError,
     EvictionPendingError,
     GpuClientsPendingError,
-    HandsOffError,
     IncidentStateError,
     InstanceGoneError,
     NodeBusyError,
@@ -40,7 +39,7 @@ from nodemedic.errors import (
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider, runs_commands
 from nodemedic.providers.run_command import Documents, RunCommand
-from nodemedic.safety.gate import HandsOff
+from nodemedic.safety.gate import HandsOff, refuse_if_held
 from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
 from nodemedic.stages.drain import drain_reason
 from nodemedic.store.ledger import Ledger
@@ -154,8 +153,7 @@ def _guard(incident: IncidentRef, orchestrator: Orchestrator, hands_off: HandsOf
     """No step that changes a node while automation is paused or the node is excluded, and no
     destructive step on a node that runs a job, or that someone returned to service: checked
     right before each step, whatever the stages before it recorded."""
-    if held := hands_off(incident.slurm_node, instance):
-        raise HandsOffError(f"not touching {incident.slurm_node} ({instance}): {held}")
+    refuse_if_held(hands_off, incident.slurm_node, instance)
     why = orchestrator.busy(incident.slurm_node)
     if why:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({instance}): {why}")
