@@ -132,10 +132,15 @@ def test_a_pause_or_exclusion_set_after_the_gate_stops_the_drain_before_it_drain
     if how == "pause":
         operations.pause(control, by="alice", reason="driver rollout suspected")
 
-    with pytest.raises(HandsOffError, match="alice|nodemedic:exclude"):
+    with pytest.raises(HandsOffError, match="alice|nodemedic:exclude") as stopped:
         drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock, hands_off=_held(control, provider))
     assert not slurm.n["gpu-1"].drained and slurm.n["gpu-1"].jobs == ["42"]
     assert not any(c.startswith(("drain", "requeue")) for c in slurm.calls)
+
+    # Escalate: the incident ends holding nothing, so the node's next fault is not folded into it
+    end = end_unrecovered(incident, "escalated", ledger=ledger, clock=clock,
+                          error={"Error": "HandsOffError", "Cause": f'{{"errorMessage": "{stopped.value}"}}'})
+    assert end.status == "escalated" and ledger.node_lock("c1", incident.instance_id) is None
 
 
 def test_a_pause_during_the_checkpoint_wait_keeps_the_job_from_being_requeued(ledger: Ledger,
@@ -164,6 +169,10 @@ def test_a_pause_during_the_checkpoint_wait_keeps_the_job_from_being_requeued(le
         drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=later, checkpoints=policy, hands_off=held)
     assert slurm.n["gpu-1"].drained and slurm.n["gpu-1"].jobs == ["42"]
     assert not any(c.startswith("requeue") for c in slurm.calls)
+    # the drain is NodeMedic's: the escalated incident keeps holding the node until an operator acts
+    end_unrecovered(incident, "escalated", ledger=ledger, clock=clock,
+                    error={"Error": "HandsOffError", "Cause": '{"errorMessage": "paused"}'})
+    assert ledger.node_lock("c1", incident.instance_id) is not None
 
 
 class SendingRunner:

@@ -226,8 +226,12 @@ def end_unrecovered(
                        f"it and start a runbook if it still needs repair.")
             if repair and not repair.completed_at:
                 ledger.complete_stage(incident, "repair", clock(), repair.result)
+            # stopped before its drain, it holds nothing: the node's next fault opens an incident
+            # of its own (held by the gate while the pause or exclusion lasts), not folded into this
+            drain = current.stages.get("drain")
+            untouched = drain is None or drain.result.get("drained_by_pipeline") is not True
             if current.status == "open":
-                ledger.end(incident, "escalated", clock(), message, release_node=False)
+                ledger.end(incident, "escalated", clock(), message, release_node=untouched)
             return EndOutput(status="escalated", message=message)
         if (error or {}).get("Error") == "ProviderBusyError":
             message = (f"NodeMedic escalated incident {incident.incident_id} for {incident.slurm_node}: its provider "
