@@ -6,6 +6,8 @@ hard fault is requeued at once."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -128,3 +130,30 @@ def test_a_degraded_node_is_drained_after_its_job_checkpointed_and_a_hard_fault_
         assert "hard fault" in lost.stages["drain"].result["checkpoint"]["policy"]
         assert lost.stages["drain"].result["requeued_jobs"] == [dead]
         assert not (local.scheduler.root / "jobs" / f"ckpt-{dead}").exists()  # never asked: the GPU is gone
+
+
+def test_a_node_returned_to_service_during_the_checkpoint_wait_keeps_its_job() -> None:
+    """A retirement notice: the drain asks the job to checkpoint and waits for its marker (this
+    job never reports one); meanwhile an operator returns the node to service (``scontrol update
+    state=resume``). The requeue document reads the node undrained and requeues nothing, in the
+    same command: the job is not cut short, and the incident ends escalated saying why."""
+    policy = json.dumps({"default": {"signal": "USR1", "scope": "batch", "grace_seconds": 4}})
+    with stack(nodes=4, CheckpointPolicy=policy) as local:
+        job = local.scheduler.submit(1, name="nockpt", body="trap '' USR1\nwhile true; do sleep 0.2; done")
+        [node] = local.scheduler.hostnames(job_running(local, job)["NodeList"])
+        calls: list[int] = []
+
+        def first_retry(_: dict) -> bool:  # the first call drained the node and signalled the job
+            calls.append(1)
+            return len(calls) == 2
+
+        local.aws.before_invoke("DrainFunction", lambda _: subprocess.run(
+            ["scontrol", "update", f"nodename={node}", "state=resume"], env={**os.environ, **local.scheduler.env},
+            check=True, timeout=30), when=first_retry)
+        local.emit_as_aws(_retirement([local.cluster.instance_of(node)], starts_in=timedelta(days=14)))
+        incident = _incident_ended(local, node)
+
+        assert incident.status == "escalated", incident.outcome
+        assert "no longer drained" in incident.outcome and "returned it to service" in incident.outcome
+        assert not incident.stages["drain"].result.get("requeued_jobs")
+        assert job_running(local, job)["Restarts"] == "0"  # never requeued

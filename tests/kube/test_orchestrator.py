@@ -131,6 +131,21 @@ def test_evacuate_evicts_workloads_and_skips_daemonsets_and_mirror_pods(cluster:
     assert orch.jobs_on(node) == [] and orch.busy(node) is None
 
 
+def test_a_node_uncordoned_since_the_drain_keeps_its_pods(cluster: Cluster) -> None:
+    """Someone returned the node to service while its training pods were asked to checkpoint
+    (kubectl uncordon): the evacuation that follows evicts nothing and says so; the Drain stage
+    then stops the incident (NodeBusyError) instead of cutting the job short."""
+    node = cluster.node("gpu-1")
+    cluster.pod("train-0", node, owner=("PyTorchJob", "llm"))
+    orch = _adapter(cluster)
+    assert orch.drain(node, REASON)
+    cluster.core.patch_node(node, {"spec": {"unschedulable": False}})  # kubectl uncordon
+
+    result = orch.evacuate(node, started_at=datetime.now(UTC).timestamp())
+    assert result.not_drained and result.requeued == [] and result.pending == []
+    assert "train-0" in cluster.live_pods(node)
+
+
 def test_a_retried_evacuate_still_reports_the_workloads_an_earlier_call_evicted(cluster: Cluster) -> None:
     """The call that evicted the pods never returned its answer (the function timed out; the state
     machine retries the drain): the pods are terminating, no longer evictable, yet this drain moved

@@ -72,6 +72,10 @@ class MemorySlurm(HostGpuClients, NoAutoscalers):
         """As the real adapter: a later call for the same drain (``started_at``) also reports what
         the earlier ones requeued (it reads their requeue commands)."""
         self._up(f"requeue {node}")
+        if earlier := self.evacuated.get((node, started_at)):  # an earlier command's answer, read again
+            return EvacuationResult(requeued=list(earlier), not_requeued=[], job_nodes=earlier)
+        if not self.n[node].drained:  # checked by the requeue command itself
+            return EvacuationResult(requeued=[], not_requeued=[], not_drained=self._status(node).state)
         jobs = list(self.n[node].jobs)
         job_nodes = {j: [name for name, n in self.n.items() if j in n.jobs] for j in jobs}
         for n in self.n.values():  # a requeued job leaves all its nodes

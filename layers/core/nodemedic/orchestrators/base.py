@@ -44,6 +44,9 @@ class EvacuationResult:
     pending: list[str] = field(default_factory=list)  # still leaving (Kubernetes: a budget, a wait): call again
     # Kubernetes: each requeued workload's live pods before its evictions; restarted, it runs as many again
     job_members: dict[str, int] = field(default_factory=dict)
+    # the node was no longer drained (cordoned) when the requeue came, so none was: someone returned
+    # it to service meanwhile (e.g. during a checkpoint wait); its state, read by the same command
+    not_drained: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ class Orchestrator(Protocol):
         ...
 
     def evacuate(self, node: str, started_at: float | None = None) -> EvacuationResult:
-        """Requeue the jobs running on ``node`` and make them eligible to start at once. What
+        """Requeue the jobs running on ``node`` and make them eligible to start at once, only while
+        it is drained (checked by the same command: else nothing is requeued, ``not_drained``). What
         cannot leave yet is ``pending``: the caller calls again (``started_at``: the drain's start,
         epoch seconds, from which a scheduler's eviction timeouts count). Where the scheduler can
         tell (Slurm: the requeue commands sent since ``started_at``), a later call for the same

@@ -658,8 +658,12 @@ class KubernetesOrchestrator:
         evicted before counts too, so a retry after a call whose answer was lost still reports
         those workloads: pods still terminating (evicted since ``started_at``), and the workloads
         recorded on the node (``nodemedic.io/evicting``) before their evictions, once their pods
-        are gone."""
+        are gone. Only while the node is held out of scheduling (cordoned): one someone uncordoned
+        since the drain keeps its pods (``not_drained``), read right before the evictions."""
         elapsed = 0.0 if started_at is None else self._clock().timestamp() - started_at
+        current = self._read(node)
+        if not current.held:  # uncordoned since the drain (during a checkpoint wait): its pods stay
+            return EvacuationResult(requeued=[], not_requeued=[], not_drained="uncordoned, schedulable")
         self._mark_out_of_service(node)  # only if the node is not Ready (decided on the read it patches)
         pods = self._pods_on(node)
         moving = [(pod, self._policy.rule(pod.metadata.namespace)) for pod in filter(_evictable, pods)]

@@ -49,14 +49,18 @@ def _seconds(text: str, what: str, out: str) -> float | None:
 
 def _requeue_result(lines: list[str]) -> EvacuationResult:
     """What the slurm-requeue document printed (``requeued <job> <nodes>``, ``not_requeued <job>
-    <why>``), over one or more commands: a job one of them requeued is requeued."""
+    <why>``, or ``not_drained <state>`` alone), over one or more commands: a job one of them
+    requeued is requeued."""
     requeued: list[str] = []
     refused: dict[str, str] = {}
     job_nodes: dict[str, list[str]] = {}
+    not_drained = ""
     for line in lines:
         word, _, rest = line.partition(" ")
         job, _, nodes = rest.strip().partition(" ")
-        if word == "requeued" and job not in job_nodes:
+        if word == "not_drained":
+            not_drained = rest.strip() or "?"
+        elif word == "requeued" and job not in job_nodes:
             requeued.append(job)
             try:
                 job_nodes[job] = expand_hostlist(nodes)
@@ -65,7 +69,8 @@ def _requeue_result(lines: list[str]) -> EvacuationResult:
         elif word == "not_requeued":
             refused[job] = rest.strip()
     not_requeued = [why for job, why in refused.items() if job not in job_nodes]
-    return EvacuationResult(requeued=requeued, not_requeued=not_requeued, job_nodes=job_nodes)
+    return EvacuationResult(requeued=requeued, not_requeued=not_requeued, job_nodes=job_nodes,
+                            not_drained="" if requeued else not_drained)
 
 
 class SlurmViaSSM(HostGpuClients, NoAutoscalers):

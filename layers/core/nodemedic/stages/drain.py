@@ -12,8 +12,8 @@ from pydantic import BaseModel, Field
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy
-from nodemedic.errors import EvictionPendingError
-from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.errors import EvictionPendingError, NodeBusyError
+from nodemedic.orchestrators.base import EvacuationResult, Orchestrator
 from nodemedic.safety.gate import HandsOff, refuse_if_held
 from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
 from nodemedic.store.ledger import Ledger
@@ -57,12 +57,22 @@ def _mark_interrupted(incident: IncidentRef, ledger: Ledger, job_nodes: dict[str
             pass
 
 
+def refuse_if_returned(incident: IncidentRef, moved: EvacuationResult) -> None:
+    """:class:`NodeBusyError` when the requeue found the node no longer drained (cordoned) and so
+    requeued nothing: someone returned it to service since the drain (during a checkpoint wait),
+    and a requeue now would cut its jobs short (the state machine escalates)."""
+    if moved.not_drained:
+        raise NodeBusyError(f"not requeueing the jobs on {incident.slurm_node} ({incident.instance_id}): it is no "
+                            f"longer drained ({moved.not_drained}): someone returned it to service")
+
+
 def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger, started_at: float,
               now: datetime, progress: dict[str, object]) -> _Evacuated:
     """Evacuate, adding up what earlier invocations moved; while pods are still leaving (a
     Kubernetes PodDisruptionBudget, a namespace that waits for completion) record the progress
     and raise :class:`EvictionPendingError`: the state machine calls again."""
     this = orchestrator.evacuate(incident.slurm_node, started_at)
+    refuse_if_returned(incident, this)
     saved = progress.get("evacuated")
     before = _Evacuated.model_validate(saved) if isinstance(saved, dict) else _Evacuated()
     total = _Evacuated(

@@ -41,7 +41,7 @@ from nodemedic.providers.base import Provider, runs_commands
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.safety.gate import HandsOff, refuse_if_held
 from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
-from nodemedic.stages.drain import drain_reason
+from nodemedic.stages.drain import drain_reason, refuse_if_returned
 from nodemedic.store.ledger import Ledger
 
 # how long a GPU reset waits for the GPU clients (Kubernetes) to leave the node; NVIDIA's
@@ -191,6 +191,7 @@ def _after_jobs(incident: IncidentRef, rung: RungRecord, orchestrator: Orchestra
                                        clock=clock, progress=progress, hard="", stage="repair", deadline=acts[0])
         why = f"{acts[1]}; {checkpointed.policy}"
     moved = orchestrator.evacuate(incident.slurm_node, rung.started_at.timestamp() if rung.started_at else None)
+    refuse_if_returned(incident, moved)
     rung.requeued = list(dict.fromkeys([*rung.requeued, *moved.requeued]))
     rung.requeued_because = why
     save()
