@@ -140,7 +140,8 @@ def representative_calls(target: Target, member: str) -> dict[str, list[Call]]:
                           *on_controller(docs.slurm_query, docs.slurm_drain, docs.slurm_requeue, docs.slurm_signal),
                           *([] if target.on_kubernetes else [("ssm", "ListCommands", {})]), *reads,
                           ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]})],
-        "SparesFunction": [*db, *reads, *names, *on_controller(docs.slurm_query, docs.spare_take)],
+        "SparesFunction": [*db, *reads, *names, *on_controller(docs.slurm_query, docs.spare_take),
+                           ("ssm", "GetParameter", {"Name": out["SafetyPolicyParameterName"]})],  # an excluded spare
         "ResumeFunction": [*db, ("dynamodb", "DeleteItem", table), ("dynamodb", "TransactWriteItems", fail_incident),
                            *on_controller(docs.slurm_query, docs.slurm_resume, docs.spare_add, docs.slurm_drain)],
         "ReconcilerFunction": [*db, ("dynamodb", "Scan", table), ("dynamodb", "DeleteItem", table),

@@ -23,7 +23,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     incident = StageInput.model_validate(event).incident
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
     out = swap_in(incident, orchestrator=wiring.orchestrator(), provider=wiring.provider(), ledger=wiring.ledger(),
-                  pool_size=settings().hot_spares, clock=utc_now)
+                  pool_size=settings().hot_spares, clock=utc_now, hands_off=wiring.hands_off)
     logger.info("spare", spare=out.spare, pool=out.pool, reason=out.reason)
     metrics.add_dimension(name="Cluster", value=incident.cluster)
     metrics.add_metric(name="SparePoolSize", unit=MetricUnit.Count, value=len(out.pool))

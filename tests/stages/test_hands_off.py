@@ -23,6 +23,7 @@ from nodemedic.stages.drain import drain
 from nodemedic.stages.health_check import start_check
 from nodemedic.stages.repair import repair
 from nodemedic.stages.resume import end_unrecovered
+from nodemedic.stages.spares import swap_in
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
@@ -207,3 +208,26 @@ def test_a_pause_after_the_reboot_keeps_its_deep_check_off_the_node(ledger: Ledg
         check("recovery")
     assert runner.sent == []
     assert check("verify") == "cmd-1" and runner.sent == [("i-gpu-1", Documents("c1").health_check)]
+
+
+def test_an_excluded_spare_is_passed_over_and_none_is_taken_while_paused(ledger: Ledger, slurm: MemorySlurm) -> None:
+    """An operator works on spare-1 (its instance tagged ``nodemedic:exclude=true``): the job of
+    the failed node goes to spare-2. Once automation is paused, no spare is taken at all, and the
+    stage says why for each."""
+    slurm.n["spare-2"] = type(slurm.n["spare-1"])(reserved=True)
+    slurm.n["gpu-1"].jobs, slurm.n["gpu-2"].jobs = ["77"], ["88"]
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    provider = MemoryProvider(_member("gpu-1"), _member("gpu-2"), _member("spare-1", **{"nodemedic:exclude": "true"}),
+                              _member("spare-2"))
+    held = _held(control, provider)
+    first, second = opened(ledger, "gpu-1"), opened(ledger, "gpu-2")
+    for incident in (first, second):
+        drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+
+    taken = swap_in(first, orchestrator=slurm, provider=provider, ledger=ledger, pool_size=2, clock=clock, hands_off=held)
+    assert taken.spare == "spare-2" and slurm.n["spare-1"].reserved
+
+    operations.pause(control, by="alice", reason="a bad rollout")
+    none = swap_in(second, orchestrator=slurm, provider=provider, ledger=ledger, pool_size=2, clock=clock, hands_off=held)
+    assert none.spare is None and slurm.n["spare-1"].reserved
+    assert "spare-1 (automation paused by alice" in none.reason

@@ -71,7 +71,7 @@ def hands_off(node: str, instance_id: str) -> str | None:
     """Why automation must not touch the node now, read as the gate reads it: the control state
     (a pause), the safety policy and the instance's tags (an exclusion). Drain and Repair ask it
     right before each step that changes the node."""
-    member = provider().member(instance_id)
+    member = provider().member(instance_id) if instance_id else None
     return held(control().read(), policy(), node, member.tags if member else {})
 
 

@@ -19,6 +19,7 @@ from nodemedic.contracts.incident import NON_DISRUPTIVE, SPARE_CLAIM, IncidentRe
 from nodemedic.contracts.stages import SpareOutput
 from nodemedic.orchestrators.base import UNREADY, Orchestrator
 from nodemedic.providers.base import Provider
+from nodemedic.safety.gate import HandsOff
 from nodemedic.store.ledger import Ledger
 
 RETIRED_STAYS = "the node stays drained (its capacity ends)"
@@ -41,7 +42,12 @@ def _ending_with(incident: IncidentRef, provider: Provider, names: list[str]) ->
 
 
 def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Provider, ledger: Ledger,
-            pool_size: int, clock: Callable[[], datetime]) -> SpareOutput:
+            pool_size: int, clock: Callable[[], datetime],
+            hands_off: HandsOff = lambda node, instance: None) -> SpareOutput:
+    """Take a ready spare for the node's interrupted jobs. Taking one changes that node: a spare
+    an operator excluded (its instance tagged ``nodemedic:exclude=true``, the node listed in
+    ``exclusions.nodes``: they work on it) is passed over, and none is taken while automation
+    is paused (the repair that follows stops the incident), asked right before each is claimed."""
     record = ledger.start_stage(incident, "spare", clock())
     if record.completed_at:
         return SpareOutput.model_validate(record.result)
@@ -66,10 +72,18 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
     else:
         pool = orchestrator.spares()
         ending = _ending_with(incident, provider, [s.name for s in pool]) if not spare else set()
+        held: dict[str, str] = {}
+
+        def free(name: str) -> bool:
+            member = provider.member_by_node(name)
+            if why := hands_off(name, member.instance_id if member else ""):
+                held[name] = why
+            return not why
+
         if not spare:
             candidates = sorted(s.name for s in pool if ready(s.state) and s.name != incident.slurm_node)
-            spare = next((name for name in candidates
-                          if name not in ending and ledger.claim(SPARE_CLAIM, name, incident.incident_id)), None)
+            spare = next((name for name in candidates if name not in ending and free(name)
+                          and ledger.claim(SPARE_CLAIM, name, incident.incident_id)), None)
             ledger.record_progress(incident, "spare", {"spare": spare})
         if spare:
             orchestrator.take_spare(str(spare))
@@ -79,7 +93,7 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
                                      f"({', '.join(str(j) for j in interrupted)}); "
                                      f"{incident.slurm_node} joins the pool once repaired and fully checked")
         else:
-            unready = ", ".join(f"{s.name} ({'its capacity ends too' if s.name in ending else s.state})"
+            unready = ", ".join(f"{s.name} ({'its capacity ends too' if s.name in ending else held.get(s.name, s.state)})"
                                 for s in pool) or "none"
             out = SpareOutput(spare=None, destination="service", pool=sorted(s.name for s in pool),
                               reason=f"no ready spare (pool: {unready}): {then}")
