@@ -286,8 +286,8 @@ def _status_line(r: dict[str, Any]) -> None:
 @app.command()
 def pause(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
     """Pause all automation: new incidents are recorded and held, no node is touched; an incident
-    under way stops before its next step that changes its node (a drain, a requeue, a rung):
-    escalated, the node left as it is."""
+    under way takes no spare and stops before its next step that changes its node (the drain, the
+    requeue, a rung, the check after it): escalated, the node left as it is."""
     _run(ctx, as_json, lambda t: (operations.pause(t.control, by or _user(), reason), operator.control_status(t))[1],
          _status_line)
 
