@@ -231,3 +231,19 @@ def test_an_excluded_spare_is_passed_over_and_none_is_taken_while_paused(ledger:
     none = swap_in(second, orchestrator=slurm, provider=provider, ledger=ledger, pool_size=2, clock=clock, hands_off=held)
     assert none.spare is None and slurm.n["spare-1"].reserved
     assert "spare-1 (automation paused by alice" in none.reason
+
+
+def test_stopped_after_a_replace_the_incident_holds_the_replacement(ledger: Ledger, slurm: MemorySlurm) -> None:
+    """The ladder replaced gpu-1's instance (the replacement joined, drained with this incident's
+    reason); automation is paused before its check. The incident ends escalated holding the node
+    as it is now: the replacement's events fold into it, not into an incident of their own."""
+    from nodemedic.contracts.incident import RungRecord, rungs_result
+
+    incident = opened(ledger, "gpu-1", ladder=("replace",))
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    ledger.start_stage(incident, "repair", clock())
+    ledger.record_progress(incident, "repair", rungs_result([RungRecord(rung="replace", instance_id="i-new")]))
+
+    end_unrecovered(incident, "escalated", ledger=ledger, clock=clock,
+                    error={"Error": "HandsOffError", "Cause": '{"errorMessage": "paused"}'})
+    assert ledger.node_lock("c1", "i-new") is not None and ledger.node_lock("c1", incident.instance_id) is not None

@@ -230,6 +230,8 @@ def end_unrecovered(
             # of its own (held by the gate while the pause or exclusion lasts), not folded into this
             drain = current.stages.get("drain")
             untouched = drain is None or drain.result.get("drained_by_pipeline") is not True
+            if not untouched and rungs and rungs[-1].instance_id != incident.instance_id:
+                ledger.lock(incident, rungs[-1].instance_id)  # stopped after a replace: held as the node is now
             if current.status == "open":
                 ledger.end(incident, "escalated", clock(), message, release_node=untouched)
             return EndOutput(status="escalated", message=message)
