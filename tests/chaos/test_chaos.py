@@ -10,8 +10,8 @@ stack with real Slurm; then the reconciler runs once. Whatever the fault and the
 - a job an operator let land on the node mid-repair is never killed by a destructive step;
 - a node whose instance someone else terminated is replaced: the incident closes;
 - once an operator pauses automation, nothing more is done to the node: no drain, requeue,
-  reset, reboot or replace (the incident ends escalated, the node as it was), unless only its
-  return was left.
+  spare, reset, reboot or replace (the incident ends escalated, the node as it was), unless only
+  its return was left.
 
 ``make test`` runs the scenarios marked ``chaos_smoke``; ``make chaos`` runs them all.
 """
@@ -87,6 +87,7 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
         job, nodes = running_job(local)
         sick = nodes[0]
         original = local.cluster.instance_of(sick)
+        pool = local.cluster.spare_pool()
         started: list[str] = []  # jobs an operator let land on the node
         injected = _inject(local, fault, stage, sick, started)
         local.put_event(local.health_event(sick, REPORTED.get(fault, "XID 79")))
@@ -126,6 +127,8 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
                   "the operator's drain was never lifted")
         if fault == "instance-terminated":  # nothing reaches the instance: the ladder goes on to its replace
             check(incident.status == "closed", f"the incident closed ({incident.status}: {incident.outcome})")
+        if fault == "operator-pause" and injected and stage in ("drain", "spare"):
+            check(local.cluster.spare_pool() == pool, f"no spare was taken after the pause ({local.cluster.spare_pool()})")
         if fault == "operator-pause" and injected and stage != "resume":
             check(local.cluster.instance_of(sick) == original and incident.status == "escalated"
                   and "automation paused by chaos@example.com" in incident.outcome,
