@@ -46,6 +46,9 @@ if os.path.basename(sys.argv[0]) == "squeue":
         print(jobs[opts["-j"]]["list"])
     elif opts.get("-o") == "%A %T":
         print("\n".join(f"{j} {jobs[j]['state']}" for j in opts["-j"].split(",") if j in jobs))
+elif args[:2] == ["show", "node"] and args[3:] == ["-o"]:  # the requeue reads the node first: drained
+    print(f"NodeName={args[2]} Arch=x86_64 NextState=RESUME State={os.environ.get('FAKE_NODE_STATE', 'MIXED+DRAIN')} "
+          "Reason=nodemedic:inc-1 XID 79")
 elif args[:1] == ["requeue"]:
     if args[1] in os.environ.get("FAKE_HANG", "").split():
         time.sleep(30)  # the controller does not answer; SSM's executionTimeout kills the script
@@ -153,6 +156,18 @@ def test_a_retry_reads_the_requeue_whose_answer_was_lost_and_sends_none_again(co
     # another node's requeue, or one sent before this drain started, is not this drain's
     assert _slurm(ssm).evacuate("gpu-3", started).requeued == ["13"]
     assert _slurm(ssm).evacuate("gpu-1", time.time() + 10).requeued == []
+
+
+@pytest.mark.parametrize("state", ["MIXED", "IDLE", "ALLOCATED"])
+def test_a_node_no_longer_drained_keeps_its_jobs(controller, state: str) -> None:
+    """Someone returned the node to service after the drain (``scontrol update state=resume``
+    during a checkpoint wait): the document reads the node's State (not NextState) in the same
+    command and requeues nothing; the adapter says so."""
+    jobs, ssm = controller
+    _jobs(jobs, j11=["gpu-1", "gpu-2"])
+    ssm.env["FAKE_NODE_STATE"] = state
+    out = _slurm(ssm).evacuate("gpu-1", time.time())
+    assert out.not_drained == state and out.requeued == [] and _states(jobs) == {"11": "RUNNING"}
 
 
 def test_a_retry_keeps_what_a_requeue_killed_part_way_did_and_requeues_the_rest(controller) -> None:
