@@ -80,7 +80,6 @@ class MemorySlurm(HostGpuClients, NoAutoscalers):
         job_nodes = {j: [name for name, n in self.n.items() if j in n.jobs] for j in jobs}
         for n in self.n.values():  # a requeued job leaves all its nodes
             n.jobs = [j for j in n.jobs if j not in jobs]
-        job_nodes = {**self.evacuated.get((node, started_at), {}), **job_nodes}
         if started_at is not None:
             self.evacuated[(node, started_at)] = job_nodes
         return EvacuationResult(requeued=list(job_nodes), not_requeued=[], job_nodes=job_nodes)
