@@ -47,15 +47,18 @@ def _member(node: str, **tags: str) -> Member:
     return Member(f"i-{node}", node, "running", tags)
 
 
+def _held(control: ControlStore, provider: MemoryProvider, policy: str = "{}"):
+    def held(node: str, instance: str) -> str | None:  # as wiring.hands_off reads it
+        member = provider.member(instance) if instance else provider.member_by_node(node)
+        return hands_off(control.read(), parse_policy(policy, origin="test"), node, member.tags if member else {})
+    return held
+
+
 def _climb(ledger: Ledger, slurm: MemorySlurm, provider: RebootingProvider, control: ControlStore, policy: str,
            incident):
-    def held(node: str, instance: str) -> str | None:  # as the Repair function reads it
-        member = provider.member(instance)
-        return hands_off(control.read(), parse_policy(policy, origin="test"), node, member.tags if member else {})
-
     return repair(incident, "service", provider=provider, orchestrator=slurm, runner=RunCommand(None, poll_interval=0),
                   ledger=ledger, documents=Documents("c1"), timeout_s=30, check_timeout_s=600, prefix=PREFIX,
-                  clock=clock, hands_off=held)
+                  clock=clock, hands_off=_held(control, provider, policy))
 
 
 @pytest.mark.parametrize("how", ["pause", "exclusion-list", "exclusion-tag"])
@@ -112,13 +115,6 @@ def test_a_pause_lifted_before_the_step_lets_the_incident_go_on(ledger: Ledger, 
 
     assert _climb(ledger, slurm, provider, control, "{}", incident).rung == "reboot"
     assert provider.rebooted == ["i-gpu-1"]
-
-
-def _held(control: ControlStore, provider: MemoryProvider, policy: str = "{}"):
-    def held(node: str, instance: str) -> str | None:  # as wiring.hands_off reads it
-        member = provider.member(instance)
-        return hands_off(control.read(), parse_policy(policy, origin="test"), node, member.tags if member else {})
-    return held
 
 
 @pytest.mark.parametrize("how", ["pause", "exclusion-tag"])

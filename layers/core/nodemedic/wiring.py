@@ -69,9 +69,10 @@ def policy() -> SafetyPolicy:
 
 def hands_off(node: str, instance_id: str) -> str | None:
     """Why automation must not touch the node now, read as the gate reads it: the control state
-    (a pause), the safety policy and the instance's tags (an exclusion). Drain and Repair ask it
-    right before each step that changes the node."""
-    member = provider().member(instance_id) if instance_id else None
+    (a pause), the safety policy and the instance's tags (an exclusion). Drain, Spares, Repair
+    and the check after a rung ask it right before each step that changes a node. Without
+    ``instance_id`` (a spare, known by its name) the instance is the one backing ``node``."""
+    member = provider().member(instance_id) if instance_id else provider().member_by_node(node)
     return held(control().read(), policy(), node, member.tags if member else {})
 
 

@@ -117,7 +117,8 @@ def paused_by(state: ControlState) -> str | None:
     return f"automation paused by {paused.by} at {paused.at:%Y-%m-%d %H:%M}Z: {paused.reason}" if paused else None
 
 
-HandsOff = Callable[[str, str], "str | None"]  # (node, instance) -> why automation must not touch it now
+# (node, instance; "": the one backing the node) -> why automation must not touch it now
+HandsOff = Callable[[str, str], "str | None"]
 
 
 def hands_off(state: ControlState, policy: SafetyPolicy, node: str, tags: dict[str, str]) -> str | None:

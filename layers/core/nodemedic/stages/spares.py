@@ -75,8 +75,7 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
         held: dict[str, str] = {}
 
         def free(name: str) -> bool:
-            member = provider.member_by_node(name)
-            if why := hands_off(name, member.instance_id if member else ""):
+            if why := hands_off(name, ""):  # the spare is known by its name
                 held[name] = why
             return not why
 
