@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client as k8s
 from nodemedic.orchestrators.kubernetes import SPARE_TAINT
 from nodemedic.providers.karpenter import GROUP, NODECLAIM_TAG, NODECLAIMS, NODEPOOL_TAG, VERSION
+from nodemedic.stages.spares import ready
 from nodemedic_sandbox import kube_apiserver
 from nodemedic_sandbox.kube_cluster import KubeScheduler
 from nodemedic_sandbox.local import LocalMode
@@ -65,6 +66,9 @@ def test_xid79_on_a_karpenter_node_deletes_its_nodeclaim_and_the_pools_next_laun
     assert after["JobState"] == "RUNNING" and after["NodeList"] == "gpu-2,gpu-3,gpu-4"
     assert SPARE_TAINT not in kube.taints("gpu-4")
     wait_for(lambda: "gpu-1" not in kube.node_names(), "the old node to be deleted")
+    # the replacement joins the pool at once, Ready a moment later (its kubelet, READY_AFTER_S):
+    # a spare that is not Ready is never taken, so the next fault comes once it is
+    wait_for(lambda: ready(kube.node(rung["node"])["State"]), "the replacement in the pool to be Ready")
 
     # another node of the pool: a GPU reset, then EC2's reboot of the pool's instance (allowed by
     # its NodePool tag); its worker takes the replacement from the pool, and the node is in service again
