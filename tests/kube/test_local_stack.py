@@ -112,6 +112,8 @@ def test_an_operators_cordon_and_taint_are_never_undone_even_when_they_race_the_
     replaced = next(i for i in local.incidents() if i.slurm_node == "gpu-2")
     [rung] = replaced.stages["repair"].result["rungs"]
     assert rung["rung"] == "replace" and not replaced.stages["resume"].result["resumed"]
+    # (its kubelet reports it Ready a moment after it registers, READY_AFTER_S: read once it has)
+    wait_for(lambda: "NOT_RESPONDING" not in kube.node(rung["node"])["State"], "the replacement to be Ready")
     assert kube.node(rung["node"])["State"].endswith("+DRAIN") and rung["node"] not in kube.spares()
     assert f"its replacement {rung['node']} is left drained" in replaced.outcome
     # gpu-3: rebooted and checked; NodeMedic's own cordon and taint are gone, the operator's taint is not
