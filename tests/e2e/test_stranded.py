@@ -2,6 +2,9 @@
 that fails ends its incident failed, releases its lock, leaves the node held drained, and the
 reconciler repairs what could not be done at the time."""
 
+import os
+import subprocess
+
 import boto3
 import pytest
 from nodemedic.operations import OperatorError
@@ -77,6 +80,18 @@ def test_controller_down_at_drain_then_restarted_without_its_state() -> None:
         assert "DRAIN" not in local.scheduler.node(sick)["State"]
         assert local.ledger.hold_of(local.cluster.name, sick) is None
         assert local.reconcile()["drains_reasserted"] == []
+
+        # slurmctld crashes after the close and restarts from state saved before the return: the
+        # node reads drained by the closed incident again; the reconciler returns it, once
+        subprocess.run(["scontrol", "update", f"nodename={sick}", "state=drain",
+                        f"reason=nodemedic:{second['name']} XID 79"], env={**os.environ, **local.scheduler.env},
+                       check=True, timeout=30)
+        report = local.reconcile()
+        assert report["returns_reasserted"] == [sick] and not report["errors"], report
+        assert "DRAIN" not in local.scheduler.node(sick)["State"]
+        [page] = [e for e in local.escalations() if "reconciler" in e.get("Subject", "")]
+        assert f"returned {sick} again" in page["Message"]
+        assert local.reconcile()["returns_reasserted"] == []
 
 
 def test_an_operator_keeps_a_node_nodemedic_drained_out_for_an_rma() -> None:

@@ -35,6 +35,7 @@ class MemorySlurm(HostGpuClients, NoAutoscalers):
         self.signalled: list[tuple[str, str, str]] = []  # (job, signal, scope)
         self.checkpoint_takes: float | None = None  # a signalled job writes its marker this much later
         self.evacuated: dict[tuple[str, float | None], dict[str, list[str]]] = {}  # per drain: job -> its nodes
+        self.lost_lifts = 0  # the next lifts of a drain are acknowledged, then lost (a controller restart)
 
     def _up(self, what: str) -> None:
         self.calls.append(what)
@@ -117,6 +118,9 @@ class MemorySlurm(HostGpuClients, NoAutoscalers):
         if not current.drained or not (owner == "*" or current.reason == owner
                                        or current.reason.startswith(f"{owner} ")):
             return False
+        if self.lost_lifts:  # slurmctld restarts from a state saved before the lift: still drained
+            self.lost_lifts -= 1
+            return True
         current.drained, current.reason = False, ""
         return True
 

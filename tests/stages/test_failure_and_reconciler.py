@@ -12,7 +12,7 @@ import pytest
 from botocore.exceptions import ClientError
 from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.contracts.incident import REPLACEMENT_CLAIM, SPARE_CLAIM, Incident, StageRecord
-from nodemedic.errors import DrainFailedError
+from nodemedic.errors import DrainFailedError, ReturnLostError
 from nodemedic.providers.base import Member
 from nodemedic.reconciler import UNWATCHED_AFTER, AgentWatch, ReconcileReport, reconcile
 from nodemedic.stages.drain import drain, drain_reason
@@ -157,7 +157,8 @@ def test_the_reconciler_ends_stranded_incidents_and_releases_leaked_locks_and_cl
     assert report.claims_released == [f"spare spare-1 (incident {closed.incident_id} closed)"]
     assert ledger.get(fresh.incident_id).status == "open" and ledger.get(running.incident_id).status == "open"
     assert ledger.active_incident_id("c1", "i-gpu-9") == quarantined.incident_id  # kept on purpose
-    assert report.counts() == {"incident": 1, "lock": 1, "claim": 1, "drain": 0, "gpu_clients": 0, "autoscaler_hold": 0,
+    assert report.counts() == {"incident": 1, "lock": 1, "claim": 1, "drain": 0, "return": 0, "gpu_clients": 0,
+                               "autoscaler_hold": 0,
                                "recheck": 0}
     again = _reconcile(slurm, ledger, {fresh.incident_id: "RUNNING"})
     assert not any(again.counts().values()), "a second run finds nothing"
@@ -179,6 +180,63 @@ def test_a_drain_lost_in_a_controller_restart_is_reasserted_unless_the_node_is_b
     assert sorted(report.drains_reasserted) == ["gpu-1", "gpu-2"]
     assert slurm.n["gpu-1"].reason == drain_reason(PREFIX, repairing)
     assert not slurm.n["gpu-3"].drained
+
+
+def _returned(ledger: Ledger, slurm: MemorySlurm, node: str = "gpu-1", destination: str = "service") -> Incident:
+    incident = opened(ledger, node)
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    ledger.start_stage(incident, "jobs", clock())
+    ledger.complete_stage(incident, "jobs", clock(), {"running": {}, "pending": [], "job_downtime_s": None})
+    resume(incident, destination, orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=2,
+           clock=clock)
+    return incident
+
+
+def test_a_return_the_controller_lost_is_made_again_and_the_incident_closes_only_once_the_node_stays_back(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    slurm.lost_lifts = 1  # scontrol said resumed; slurmctld then restarted from state saved before
+    with pytest.raises(ReturnLostError, match="returned again"):
+        _returned(ledger, slurm)
+    [incident] = [i for i in ledger.list_incidents() if i.slurm_node == "gpu-1"]
+    assert incident.status == "open"
+    assert not slurm.n["gpu-1"].drained  # returned again before the state machine's next try
+    slurm.lost_lifts = 1  # lost again: the next try returns it again, still open
+    slurm.n["gpu-1"].drained, slurm.n["gpu-1"].reason = True, drain_reason(PREFIX, incident)
+    with pytest.raises(ReturnLostError):
+        resume(incident, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=2,
+               clock=clock)
+    back = resume(incident, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=2,
+                  clock=clock)
+    assert back.resumed and back.node_state == "IDLE" and ledger.get(incident.incident_id).status == "closed"
+
+
+def test_the_reconciler_returns_a_node_whose_return_was_lost_after_its_incident_closed(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    to_service, to_pool = _returned(ledger, slurm, "gpu-1"), _returned(ledger, slurm, "gpu-2", "pool")
+    operators = _returned(ledger, slurm, "gpu-3")
+    for name, incident in (("gpu-1", to_service), ("gpu-2", to_pool), ("gpu-3", operators)):
+        assert ledger.get(incident.incident_id).status == "closed"  # slurmctld restarted from older state:
+        slurm.n[name].drained, slurm.n[name].reason = True, drain_reason(PREFIX, incident)
+    slurm.n["gpu-2"].reserved = False
+    slurm.n["gpu-3"].reason = "operator:bob RMA"  # drained again since, by an operator: theirs
+    failed = opened(ledger, "gpu-4")  # a failed incident holds its node drained: not a lost return
+    drain(failed, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    _fail(failed, slurm, ledger)
+    report = _reconcile(slurm, ledger)
+    assert sorted(report.returns_reasserted) == ["gpu-1", "gpu-2"] and report.counts()["return"] == 2
+    assert not slurm.n["gpu-1"].drained and not slurm.n["gpu-2"].drained and slurm.n["gpu-2"].reserved
+    assert "returned gpu-1 again" in " ".join(report.pages)
+    assert slurm.n["gpu-3"].reason == "operator:bob RMA" and slurm.n["gpu-4"].drained
+    assert not _reconcile(slurm, ledger).returns_reasserted
+
+
+def test_a_node_an_incident_left_drained_on_purpose_is_not_returned_by_the_reconciler(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    slurm.n["gpu-1"].drained, slurm.n["gpu-1"].reason = True, "operator:bob RMA"
+    incident = _returned(ledger, slurm)  # the operator's drain was there first: left drained, closed
+    assert ledger.get(incident.incident_id).status == "closed"
+    slurm.n["gpu-1"].reason = drain_reason(PREFIX, incident)  # even if it now reads as NodeMedic's
+    assert not _reconcile(slurm, ledger).returns_reasserted and slurm.n["gpu-1"].drained
 
 
 def test_the_reconciler_never_overrides_an_operators_resume_through_nodemedic(

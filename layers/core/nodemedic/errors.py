@@ -83,6 +83,13 @@ class ResumeFailedError(NodeMedicError):
     """The node could not be returned to service."""
 
 
+class ReturnLostError(RetryableError):
+    """The node was returned (its drain lifted, the scheduler said so) but reads drained again by
+    the same incident: the scheduler lost the change (slurmctld restarted from state it saved
+    before). The Resume stage returned it again; the state machine calls it once more to see it
+    stay back."""
+
+
 
 
 class CapacityError(NodeMedicError):

@@ -12,6 +12,9 @@ index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
 - a node NodeMedic holds drained that is not drained (a controller restarted without saving the
   drain; the scheduler was unreachable when the incident failed) is drained again, never over
   someone else's drain, and never while its incident is returning it to service;
+- a node still drained by an incident that closed after returning it (slurmctld lost the return:
+  it restarted from state saved before it) is returned again, by the same command, which lifts
+  only that incident's drain: an incident that is over never keeps a node out of service;
 - a node held out for its burn-in that no incident is checking - on Slurm drained ``<prefix>:burn-in
   <instance> joined`` by the agent, whose ``NODE_JOINED`` was folded into another incident for the
   node that ended without checking it (a verify that passed, a hold) or never arrived; on
@@ -98,6 +101,8 @@ class ReconcileReport(BaseModel):
     locks_released: list[str] = Field(default_factory=list)
     claims_released: list[str] = Field(default_factory=list)
     drains_reasserted: list[str] = Field(default_factory=list)
+    returns_reasserted: list[str] = Field(default_factory=list,
+                                          description="returned by a closed incident, drained again by the scheduler")
     holds_dropped: list[str] = Field(default_factory=list)
     burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
@@ -114,6 +119,7 @@ class ReconcileReport(BaseModel):
     def counts(self) -> dict[str, int]:
         return {"incident": len(self.incidents_failed), "lock": len(self.locks_released),
                 "claim": len(self.claims_released), "drain": len(self.drains_reasserted),
+                "return": len(self.returns_reasserted),
                 "gpu_clients": len(self.gpu_clients_resumed), "autoscaler_hold": len(self.autoscaler_holds_released),
                 "recheck": len(self.rechecks_offered)}
 
@@ -148,6 +154,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
         report.errors.append(f"cannot read the scheduler's nodes: {exc}")
         return report
     _holds(books, ledger, orchestrator, nodes, report)
+    _lost_returns(books, ledger, orchestrator, nodes, prefix, report)
     _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, publish, report)
     _paused_gpu_clients(books, ledger, orchestrator, report)
     _stray_autoscaler_holds(books, orchestrator, report)
@@ -410,6 +417,39 @@ def _replacement_awaited(books: Bookkeeping) -> bool:
         if progress.get("requested_at") and not progress.get("new_instance_id"):
             return True
     return False
+
+
+def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
+                  prefix: str, report: ReconcileReport) -> None:
+    """A node that reads drained by an incident that closed after returning it: the scheduler lost
+    the return (slurmctld restarted from state saved before it). Returned again, by the same
+    command (it lifts only that incident's drain), so the node is not kept out of service for good
+    by an incident that is over. A node an incident or a drain hold is about is that one's."""
+    busy = _in_hand(books) | {hold.slurm_node for hold in books.holds}
+    owners = {node.name: node.reason.split()[0].removeprefix(f"{prefix}:") for node in nodes.values()
+              if node.drained and node.reason.startswith(f"{prefix}:") and node.name not in busy}
+    for name, incident_id in sorted(owners.items()):
+        try:
+            incident = ledger.get(incident_id)
+        except IncidentStateError:  # not one of this stack's incidents
+            continue
+        back = incident.stages.get("resume")
+        if (incident.status != "closed" or back is None or back.result.get("resumed") is not True
+                or back.result.get("slurm_node") != name):
+            continue
+        owner = f"{prefix}:{incident_id}"
+        try:
+            returned = (orchestrator.add_spare(name, owner) if back.result.get("destination") == "pool"
+                        else orchestrator.resume(name, owner))
+        except Exception as exc:  # noqa: BLE001 - one node's error never stops the others
+            report.errors.append(f"return {name}: {exc}")
+            continue
+        if returned:
+            report.returns_reasserted.append(name)
+            report.pages.append(
+                f"NodeMedic returned {name} again: incident {incident_id} closed after returning it, but the "
+                f"scheduler had it drained by that incident again ({nodes[name].state}); it lost the return "
+                f"(a controller restart from state saved before it).")
 
 
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,

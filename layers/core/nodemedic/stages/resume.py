@@ -15,8 +15,8 @@ from datetime import datetime
 
 from nodemedic.contracts.incident import SPARE_CLAIM, Incident, IncidentRef, StageRecord
 from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, ResumeOutput
-from nodemedic.errors import JobsPendingError
-from nodemedic.orchestrators.base import JobState, Orchestrator
+from nodemedic.errors import JobsPendingError, ReturnLostError
+from nodemedic.orchestrators.base import JobState, NodeStatus, Orchestrator
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.repair import capacity_ends, serving
 from nodemedic.store.ledger import Ledger
@@ -102,9 +102,12 @@ def resume(
     # Kubernetes a replacement registers as a new node that NodeMedic cordoned, and it stays out too
     operators = drained is not None and drained.result.get("drained_by_pipeline") is False
     status = orchestrator.node_status(incident.slurm_node)
+    owner = owner_tag(prefix, incident)
     if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
         resumed = bool(record.result["resumed"])
         destination = record.result.get("destination", destination)  # type: ignore[assignment]
+        if resumed and status.drained_by(owner):  # unless the scheduler lost its return: returned again
+            status = _return(incident, destination, orchestrator=orchestrator, owner=owner)
     elif (returning := record.result.get("returning")) in ("service", "pool") and not status.drained:
         # retried after the command that returns it took effect and its answer was lost (a slow
         # controller outlasted the wait, SSM throttled): the node is back, not left to an operator
@@ -118,22 +121,29 @@ def resume(
         # NodeMedic stops holding the node first, whoever's drain it carries: the reconciler never
         # drains again a node being returned (a failure from here on holds it again)
         ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
-        resumed = not operators and status.drained_by(owner_tag(prefix, incident))
+        resumed = not operators and status.drained_by(owner)
         if destination == "pool" and len(orchestrator.spares()) >= pool_size:
             destination = "service"
         if resumed:  # recorded before the command: a retry that finds the node back knows why
             ledger.record_progress(incident, "resume", {"returning": destination})
         # the read above only chooses; the drain is lifted inside the scheduler command that
         # checks it is still ours (an operator may have drained it again meanwhile)
-        if resumed and destination == "pool":
-            resumed = orchestrator.add_spare(incident.slurm_node, owner_tag(prefix, incident))
-            ledger.release(SPARE_CLAIM, incident.slurm_node)
-        elif resumed:
-            resumed = orchestrator.resume(incident.slurm_node, owner_tag(prefix, incident))
+        if resumed:
+            returned = orchestrator.add_spare if destination == "pool" else orchestrator.resume
+            resumed = returned(incident.slurm_node, owner)
+            if destination == "pool":
+                ledger.release(SPARE_CLAIM, incident.slurm_node)
         if resumed:
             status = orchestrator.node_status(incident.slurm_node)
         ledger.record_progress(incident, "resume", {"resumed": resumed, "destination": destination})
     jobs = await_jobs(incident, orchestrator=orchestrator, ledger=ledger, wait_s=job_wait_s, clock=clock)
+    if resumed:  # read again before closing: the scheduler may have lost the return meanwhile
+        status = orchestrator.node_status(incident.slurm_node)
+        if status.drained_by(owner):
+            _return(incident, destination, orchestrator=orchestrator, owner=owner)
+            raise ReturnLostError(f"{incident.slurm_node} was returned, then read drained again by incident "
+                                  f"{incident.incident_id} ({status.state}): the scheduler lost the change (a "
+                                  f"controller restart from state saved before it); returned again")
     done = clock()
     out = ResumeOutput(
         slurm_node=incident.slurm_node, resumed=resumed, destination=destination, node_state=status.state,
@@ -143,6 +153,16 @@ def resume(
     ledger.close(incident, done, f"node back in the spare pool ({status.state})" if destination == "pool" and resumed
                  else "" if resumed else _left_drained(current.slurm_node, incident.slurm_node))
     return out
+
+
+def _return(incident: IncidentRef, destination: Destination, *, orchestrator: Orchestrator,
+            owner: str) -> NodeStatus:
+    """Return the node again (the same command, which lifts only ``owner``'s drain); its state after."""
+    if destination == "pool":
+        orchestrator.add_spare(incident.slurm_node, owner)
+    else:
+        orchestrator.resume(incident.slurm_node, owner)
+    return orchestrator.node_status(incident.slurm_node)
 
 
 def _left_drained(node: str, serving_node: str) -> str:
