@@ -61,27 +61,41 @@ def load_event(relative: str) -> dict:
 # docs/chaos.md). Here, not in tests/chaos/conftest.py: under pytest-xdist only the controller
 # prints the summary, it sees the workers' reports, and it loads this conftest but not that one.
 CHAOS_OUTCOMES: list[dict[str, Any]] = []
+SOAK_OUTCOMES: list[dict[str, Any]] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    outcome = dict(report.user_properties).get("chaos")
-    if report.when == "call" and outcome:
-        CHAOS_OUTCOMES.append(outcome)
+    properties = dict(report.user_properties)
+    if report.when == "call" and properties.get("chaos"):
+        CHAOS_OUTCOMES.append(properties["chaos"])
+    if report.when == "call" and properties.get("soak"):
+        SOAK_OUTCOMES.append(properties["soak"])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not CHAOS_OUTCOMES:
+    if not CHAOS_OUTCOMES and not SOAK_OUTCOMES:
         return
     outcomes = sorted(CHAOS_OUTCOMES, key=lambda o: o["rank"])  # workers finish in any order
     lines = ["| scenario | incident | node afterwards | job | invariants |", "|---|---|---|---|---|"]
     lines += [f"| {o['scenario']} | {o['incident']} | {o['node']} | {o['job']} | {o['invariants']} |"
               for o in outcomes]
-    terminalreporter.write_sep("=", "chaos scenarios")
-    for line in lines:
-        terminalreporter.write_line(line)
+    soaks = ["| seed | what happened, in order | incidents | reconciler | invariants |", "|---|---|---|---|---|"]
+    soaks += [f"| {o['seed']} | {o['actions']} | {o['incidents']} | {o['reconciler']} | {o['invariants']} |"
+              for o in sorted(SOAK_OUTCOMES, key=lambda o: o["seed"])]
+    for title, table in (("chaos scenarios", lines), ("soaks", soaks)):
+        if len(table) == 2:  # none ran
+            continue
+        terminalreporter.write_sep("=", title)
+        for line in table:
+            terminalreporter.write_line(line)
     target = os.environ.get("CHAOS_REPORT")
     if target:
         Path(target).write_text(
             "# Chaos scenarios\n\nWritten by `make chaos` (tests/chaos/test_chaos.py): each fault injected right "
             "before one stage of a real incident, on the local stack with real Slurm; then the reconciler runs "
-            "once and every invariant is checked.\n\n" + "\n".join(lines) + "\n")
+            "once and every invariant is checked.\n\n" + "\n".join(lines) + "\n\n"
+            "## Soaks\n\n(tests/chaos/test_soak.py) Many faults at once on 5 nodes and a spare, in an order a seed "
+            "fixes: faults on any node (a spare, a replacement, a node in an incident), events delivered again, "
+            "clocks 10 min slow or 2 min fast, an operator draining, returning and pausing, slurmctld restarted "
+            "or crashed, instances terminated by someone else, AWS throttling; then, once every execution "
+            "ended, the reconciler runs twice and the same invariants are checked.\n\n" + "\n".join(soaks) + "\n")
