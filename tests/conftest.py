@@ -81,7 +81,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
               for o in outcomes]
     soaks = ["| seed | what happened, in order | incidents | reconciler | invariants |", "|---|---|---|---|---|"]
     soaks += [f"| {o['seed']} | {o['actions']} | {o['incidents']} | {o['reconciler']} | {o['invariants']} |"
-              for o in sorted(SOAK_OUTCOMES, key=lambda o: o["seed"])]
+              for o in sorted(SOAK_OUTCOMES, key=lambda o: o["rank"])]
     for title, table in (("chaos scenarios", lines), ("soaks", soaks)):
         if len(table) == 2:  # none ran
             continue

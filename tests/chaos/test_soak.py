@@ -2,9 +2,10 @@
 
 Where test_chaos.py injects one fault before one stage, a soak run lets several incidents run
 together while the world misbehaves around them: faults on nodes already in an incident, on spares
-and on replacements; events delivered again; clocks fast and slow; events sent late; an operator draining, returning
-and pausing; the Slurm controller restarting; instances terminated by someone else. When it is all
-over and the reconciler has run, the same invariants must hold as after one fault.
+and on replacements; events delivered again; clocks fast and slow; events sent late; an operator
+draining, returning and pausing; the Slurm controller restarting or crashing (and, one soak in
+three, the relay that reaches it); instances terminated by someone else; AWS throttling. When it
+is all over and the reconciler has run, the same invariants must hold as after one fault.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from nodemedic_sandbox.local import TERMINAL, LocalMode
 from tests.chaos.test_chaos import _scontrol
 from tests.e2e.support import OPEN, control, stack
 
-SEEDS = 12
+# NODEMEDIC_SOAK_SEEDS=100:140 NODEMEDIC_SOAK_ACTIONS=30 make chaos: other seeds, longer soaks
+FIRST, _, LAST = os.environ.get("NODEMEDIC_SOAK_SEEDS", "0:12").partition(":")
+SEEDS = range(int(FIRST), int(LAST))
 SMOKE = {7}  # make test runs this one (two slurmctld crashes, replays, operator drains); make chaos runs all
-ACTIONS_PER_SOAK = 14
+ACTIONS_PER_SOAK = int(os.environ.get("NODEMEDIC_SOAK_ACTIONS", "14"))
 CODES = ("XID 79", "XID 48", "ECC_DBE", "XID 79", "NVSWITCH_FATAL", "THERMAL_VIOLATION")
 ACTIONS = ("fault", "fault", "fault", "replay", "skewed", "late", "operator-drain", "operator-resume", "pause",
            "controller-restart", "controller-crash", "terminate", "throttle", "submit")
@@ -117,9 +120,19 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
         times = rng.randint(5, 60)
         local.aws.throttle(service, times=times)
         world.log.append(f"throttle {service} x{times}")
+    elif action == "relay-restart" and local.relay is not None:  # the controller's relay restarts
+        local.stop_relay(local.relay)
+        time.sleep(rng.uniform(0.5, 3))
+        local.relay = local.start_relay(local.cluster.controller_id)
+        world.log.append("relay restart")
     elif action == "submit":
         world.jobs.append(local.scheduler.submit(rng.choice([1, 2])))
         world.log.append(f"submit job {world.jobs[-1]}")
+
+
+# what a reconciler run may start (a burn-in for a node held for one, a fault offered again after
+# its cooldown): an incident of its own, run to its end before the next run
+STARTS = ("burn_ins_started", "rechecks_offered")
 
 
 def _quiet(local: LocalMode, timeout: float) -> list[dict[str, Any]]:
@@ -128,7 +141,7 @@ def _quiet(local: LocalMode, timeout: float) -> list[dict[str, Any]]:
     while time.monotonic() < deadline:
         executions = local.executions()
         if all(e["status"] in TERMINAL for e in executions):
-            time.sleep(3)
+            time.sleep(5)
             again = local.executions()
             if len(again) == len(executions) and all(e["status"] in TERMINAL for e in again):
                 return again
@@ -138,24 +151,32 @@ def _quiet(local: LocalMode, timeout: float) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("seed", [pytest.param(seed, marks=() if seed in SMOKE else (pytest.mark.chaos_full,))
-                                  for seed in range(SEEDS)])
+                                  for seed in SEEDS])
 def test_invariants_hold_after_a_soak(seed: int, record_property: Any) -> None:
     rng = random.Random(seed)
     world = World()
-    with stack(nodes=5, spares=1, boot_seconds=1, **OPEN) as local:
+    relay = seed % 3 == 2  # one soak in three reaches slurmctld through the relay (SlurmChannel relay), not SSM
+    actions = (*ACTIONS, "relay-restart") if relay else ACTIONS
+    with stack(nodes=5, spares=1, boot_seconds=1, **OPEN, **({"SlurmChannel": "relay"} if relay else {})) as local:
         world.jobs.append(local.scheduler.submit(2))
         world.jobs.append(local.scheduler.submit(1))
         for _ in range(ACTIONS_PER_SOAK):
             world.log.append(datetime.now(UTC).strftime("%H:%M:%S.%f"))
-            _act(local, rng, world, rng.choice(ACTIONS))
+            _act(local, rng, world, rng.choice(actions))
             time.sleep(rng.uniform(0, 2.5))
+        local.aws.throttles.clear()  # the world calms down: the reconciler's runs are not throttled
+        runs: list[dict[str, Any]] = []
+        while len(runs) < 2 or any(runs[-1][k] for k in STARTS):  # what a run started runs to its end first
+            _quiet(local, timeout=400)
+            runs.append(local.reconcile())
+            assert len(runs) < 6, runs
         _quiet(local, timeout=400)
-        local.aws.throttles.clear()  # the world calms down: the reconciler's run is not throttled
-        first = local.reconcile()
-        first_counts = {k: len(v) for k, v in first.items() if isinstance(v, list) and k not in ("pages", "errors")}
-        again = local.reconcile()
+        first, again = runs[0], runs[-1]
+        first_counts = {k: sum(len(r[k]) for r in runs[:-1]) for k, v in first.items()
+                        if isinstance(v, list) and k not in ("pages", "errors")}
         books = local.ledger.bookkeeping(local.cluster.name)
         incidents = {i.incident_id: i for i in local.incidents()}
+        executions = {e["name"]: e["status"] for e in local.executions()}
         broken: list[str] = []
 
         def check(ok: bool, what: str) -> None:
@@ -167,8 +188,9 @@ def test_invariants_hold_after_a_soak(seed: int, record_property: Any) -> None:
         check(all(incidents[x.incident_id].status in KEEPS_LOCK for x in books.locks if x.incident_id in incidents),
               "no lock outlives its incident")
         check(not books.claims, f"no claim outlives its incident ({books.claims})")
-        check(not any(again[k] for k in ("incidents_failed", "locks_released", "claims_released", "drains_reasserted")),
-              f"a second reconciler run finds nothing ({again})")
+        check(not any(again[k] for k in ("incidents_failed", "locks_released", "claims_released", "drains_reasserted",
+                                         "returns_reasserted", *STARTS)),
+              f"the last reconciler run finds nothing ({again})")
         for job in world.jobs:
             try:
                 state = local.scheduler.job(job)["JobState"]
@@ -198,9 +220,13 @@ def test_invariants_hold_after_a_soak(seed: int, record_property: Any) -> None:
         for i in incidents.values():
             by_status[i.status] = by_status.get(i.status, 0) + 1
         record_property("soak", {  # the run lists it (tests/conftest.py)
-            "seed": seed, "actions": "; ".join(line for line in world.log if not line[:1].isdigit()),
+            "seed": f"{seed}{' (relay)' if relay else ''}", "rank": seed,
+            "actions": "; ".join(line for line in world.log if not line[:1].isdigit()),
             "incidents": ", ".join(f"{n} {status}" for status, n in sorted(by_status.items())) or "none",
             "reconciler": ", ".join(f"{kind} {n}" for kind, n in first_counts.items() if n) or "nothing to repair",
             "invariants": "all hold" if not broken else "BROKEN: " + "; ".join(broken)})
-        assert not broken, "\n".join([*broken, "", "what happened:", *world.log, f"reconciler: {first}", "", "incidents:", *(
-            f"{i.incident_id} {i.slurm_node} {i.fault_code} {i.status}: {i.outcome}" for i in incidents.values())])
+        runs_said = [f"reconciler run {n}: {run}" for n, run in enumerate(runs, 1)]
+        incidents_said = [f"{i.incident_id} {i.slurm_node} {i.fault_code} {i.status} (detected {i.detected_at:%H:%M:%S}, "
+                          f"execution {executions.get(i.incident_id, 'none')}): {i.outcome}" for i in incidents.values()]
+        assert not broken, "\n".join([*broken, "", "what happened:", *world.log, *runs_said, "", "incidents:",
+                                       *incidents_said])

@@ -230,6 +230,23 @@ def test_the_reconciler_returns_a_node_whose_return_was_lost_after_its_incident_
     assert not _reconcile(slurm, ledger).returns_reasserted
 
 
+def test_a_return_lost_at_every_try_fails_the_incident_and_the_reconciler_returns_the_node(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    slurm.lost_lifts = 100  # slurmctld loses every lift while the state machine tries
+    with pytest.raises(ReturnLostError):
+        _returned(ledger, slurm)
+    [incident] = [i for i in ledger.list_incidents() if i.slurm_node == "gpu-1"]
+    for _ in range(3):  # the state machine's tries
+        with pytest.raises(ReturnLostError):
+            resume(incident, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=2,
+                   clock=clock)
+    ended = _fail(incident, slurm, ledger, {"Error": "ReturnLostError", "Cause": "read drained by it again"})
+    assert ended.status == "failed" and "the reconciler makes it again" in ended.message
+    assert slurm.n["gpu-1"].reason == drain_reason(PREFIX, incident)
+    slurm.lost_lifts = 0  # the controller keeps what it is told again
+    assert _reconcile(slurm, ledger).returns_reasserted == ["gpu-1"] and not slurm.n["gpu-1"].drained
+
+
 def test_a_node_an_incident_left_drained_on_purpose_is_not_returned_by_the_reconciler(
         slurm: MemorySlurm, ledger: Ledger) -> None:
     slurm.n["gpu-1"].drained, slurm.n["gpu-1"].reason = True, "operator:bob RMA"

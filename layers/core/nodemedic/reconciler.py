@@ -12,7 +12,7 @@ index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
 - a node NodeMedic holds drained that is not drained (a controller restarted without saving the
   drain; the scheduler was unreachable when the incident failed) is drained again, never over
   someone else's drain, and never while its incident is returning it to service;
-- a node still drained by an incident that closed after returning it (slurmctld lost the return:
+- a node still drained by an incident that ended after returning it (slurmctld lost the return:
   it restarted from state saved before it) is returned again, by the same command, which lifts
   only that incident's drain: an incident that is over never keeps a node out of service;
 - a node held out for its burn-in that no incident is checking - on Slurm drained ``<prefix>:burn-in
@@ -421,10 +421,11 @@ def _replacement_awaited(books: Bookkeeping) -> bool:
 
 def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
                   prefix: str, report: ReconcileReport) -> None:
-    """A node that reads drained by an incident that closed after returning it: the scheduler lost
-    the return (slurmctld restarted from state saved before it). Returned again, by the same
-    command (it lifts only that incident's drain), so the node is not kept out of service for good
-    by an incident that is over. A node an incident or a drain hold is about is that one's."""
+    """A node that reads drained by an incident that ended (closed, or failed after that) after
+    returning it: the scheduler lost the return (slurmctld restarted from state saved before it).
+    Returned again, by the same command (it lifts only that incident's drain), so the node is not
+    kept out of service for good by an incident that is over. A node an incident or a drain hold is
+    about is that one's."""
     busy = _in_hand(books) | {hold.slurm_node for hold in books.holds}
     owners = {node.name: node.reason.split()[0].removeprefix(f"{prefix}:") for node in nodes.values()
               if node.drained and node.reason.startswith(f"{prefix}:") and node.name not in busy}
@@ -434,8 +435,8 @@ def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator
         except IncidentStateError:  # not one of this stack's incidents
             continue
         back = incident.stages.get("resume")
-        if (incident.status != "closed" or back is None or back.result.get("resumed") is not True
-                or back.result.get("slurm_node") != name):
+        if (incident.status not in ("closed", "failed") or back is None or back.result.get("resumed") is not True
+                or back.result.get("slurm_node", name) != name):
             continue
         owner = f"{prefix}:{incident_id}"
         try:
@@ -447,7 +448,7 @@ def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator
         if returned:
             report.returns_reasserted.append(name)
             report.pages.append(
-                f"NodeMedic returned {name} again: incident {incident_id} closed after returning it, but the "
+                f"NodeMedic returned {name} again: incident {incident_id} ({incident.status}) had returned it, but the "
                 f"scheduler had it drained by that incident again ({nodes[name].state}); it lost the return "
                 f"(a controller restart from state saved before it).")
 

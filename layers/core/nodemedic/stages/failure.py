@@ -74,7 +74,8 @@ def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestr
                        f"it as soon as the scheduler answers")
     else:
         hold = None
-        drained = (f"{node} was returned to service before the failure and is left so" if acted
+        drained = (f"{node} was returned to service before the failure and is left so (should the scheduler "
+                   f"have lost that return, the reconciler makes it again)" if acted
                    else f"{node} was not touched (the failure came before the gate let NodeMedic act)")
     message = (f"NodeMedic incident {incident.incident_id} on {node} ({incident.instance_id}) failed in stage "
                f"{stage}: {name}: {cause}. {drained}. The node's lock is released: its next fault, or a runbook "
