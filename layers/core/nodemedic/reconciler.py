@@ -102,7 +102,7 @@ class ReconcileReport(BaseModel):
     claims_released: list[str] = Field(default_factory=list)
     drains_reasserted: list[str] = Field(default_factory=list)
     returns_reasserted: list[str] = Field(default_factory=list,
-                                          description="returned by a closed incident, drained again by the scheduler")
+                                          description="returned by an incident that ended, drained again by the scheduler")
     holds_dropped: list[str] = Field(default_factory=list)
     burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
