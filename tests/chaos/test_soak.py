@@ -61,21 +61,21 @@ def _scontrol_ok(local: LocalMode, *args: str) -> None:
 def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> None:
     node = rng.choice(local.node_names)
     if action in ("fault", "skewed", "late"):
+        code, shift = rng.choice(CODES), timedelta(minutes=rng.choice([-10, -1, 2]))  # drawn first: a seed is one order
         try:
             local.cluster.instance_of(node)
         except LookupError:  # being replaced: no instance to report from
             return
-        now, shift = datetime.now(UTC), timedelta(minutes=rng.choice([-10, -1, 2]))
+        now = datetime.now(UTC)
         if action == "fault":
-            detail = local.health_event(node, rng.choice(CODES))
+            detail = local.health_event(node, code)
             note = ""
         elif action == "skewed":  # the node's clock is off: both its times are
-            detail = local.health_event(node, rng.choice(CODES), observed_at=now + shift,
-                                        sent_at=(now + shift).isoformat())
+            detail = local.health_event(node, code, observed_at=now + shift, sent_at=(now + shift).isoformat())
             note = f" (its clock {int(shift.total_seconds() // 60):+d} min)"
         else:  # seen minutes ago, sent now (the agent's spool after an outage)
             shift = -abs(shift)
-            detail = local.health_event(node, rng.choice(CODES), observed_at=now + shift)
+            detail = local.health_event(node, code, observed_at=now + shift)
             note = f" (seen {-int(shift.total_seconds() // 60)} min ago)"
         world.sent.append(detail)
         local.put_event(detail)
