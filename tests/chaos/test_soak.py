@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -216,9 +217,7 @@ def test_invariants_hold_after_a_soak(seed: int, record_property: Any) -> None:
                 check(owner is not None and owner.status != "closed",
                       f"{node} is drained by an incident that did not keep it "
                       f"({reason[:60]}: {owner.status if owner else 'none'})")
-        by_status: dict[str, int] = {}
-        for i in incidents.values():
-            by_status[i.status] = by_status.get(i.status, 0) + 1
+        by_status = Counter(i.status for i in incidents.values())
         record_property("soak", {  # the run lists it (tests/conftest.py)
             "seed": f"{seed}{' (relay)' if relay else ''}", "rank": seed,
             "actions": "; ".join(line for line in world.log if not line[:1].isdigit()),

@@ -66,7 +66,9 @@ from nodemedic.errors import IncidentStateError
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.planned_events import back_from_interruption
 from nodemedic.providers.base import Member
+from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.failure import fail
+from nodemedic.stages.resume import return_node
 from nodemedic.store.ledger import Ledger
 
 KEEPS_LOCK = frozenset({"open", "held", "quarantined", "escalated", "retired"})  # see the runbooks: on purpose
@@ -438,10 +440,9 @@ def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator
         if (incident.status not in ("closed", "failed") or back is None or back.result.get("resumed") is not True
                 or back.result.get("slurm_node", name) != name):
             continue
-        owner = f"{prefix}:{incident_id}"
         try:
-            returned = (orchestrator.add_spare(name, owner) if back.result.get("destination") == "pool"
-                        else orchestrator.resume(name, owner))
+            returned = return_node(orchestrator, name, "pool" if back.result.get("destination") == "pool" else "service",
+                                   owner_tag(prefix, incident))
         except Exception as exc:  # noqa: BLE001 - one node's error never stops the others
             report.errors.append(f"return {name}: {exc}")
             continue

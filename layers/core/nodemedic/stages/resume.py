@@ -16,7 +16,7 @@ from datetime import datetime
 from nodemedic.contracts.incident import SPARE_CLAIM, Incident, IncidentRef, StageRecord
 from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, ResumeOutput
 from nodemedic.errors import JobsPendingError, ReturnLostError
-from nodemedic.orchestrators.base import JobState, NodeStatus, Orchestrator
+from nodemedic.orchestrators.base import JobState, Orchestrator
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.repair import capacity_ends, serving
 from nodemedic.store.ledger import Ledger
@@ -107,7 +107,8 @@ def resume(
         resumed = bool(record.result["resumed"])
         destination = record.result.get("destination", destination)  # type: ignore[assignment]
         if resumed and status.drained_by(owner):  # unless the scheduler lost its return: returned again
-            status = _return(incident, destination, orchestrator=orchestrator, owner=owner)
+            return_node(orchestrator, incident.slurm_node, destination, owner)
+            status = orchestrator.node_status(incident.slurm_node)
     elif (returning := record.result.get("returning")) in ("service", "pool") and not status.drained:
         # retried after the command that returns it took effect and its answer was lost (a slow
         # controller outlasted the wait, SSM throttled): the node is back, not left to an operator
@@ -129,8 +130,7 @@ def resume(
         # the read above only chooses; the drain is lifted inside the scheduler command that
         # checks it is still ours (an operator may have drained it again meanwhile)
         if resumed:
-            returned = orchestrator.add_spare if destination == "pool" else orchestrator.resume
-            resumed = returned(incident.slurm_node, owner)
+            resumed = return_node(orchestrator, incident.slurm_node, destination, owner)
             if destination == "pool":
                 ledger.release(SPARE_CLAIM, incident.slurm_node)
         if resumed:
@@ -140,7 +140,7 @@ def resume(
     if resumed:  # read again before closing: the scheduler may have lost the return meanwhile
         status = orchestrator.node_status(incident.slurm_node)
         if status.drained_by(owner):
-            _return(incident, destination, orchestrator=orchestrator, owner=owner)
+            return_node(orchestrator, incident.slurm_node, destination, owner)
             raise ReturnLostError(f"{incident.slurm_node} was returned, then read drained again by incident "
                                   f"{incident.incident_id} ({status.state}): the scheduler lost the change (a "
                                   f"controller restart from state saved before it); returned again")
@@ -155,14 +155,12 @@ def resume(
     return out
 
 
-def _return(incident: IncidentRef, destination: Destination, *, orchestrator: Orchestrator,
-            owner: str) -> NodeStatus:
-    """Return the node again (the same command, which lifts only ``owner``'s drain); its state after."""
+def return_node(orchestrator: Orchestrator, node: str, destination: Destination, owner: str) -> bool:
+    """Return ``node`` to the spare pool or to service, lifting its drain only if ``owner`` set it
+    (checked and acted on in one scheduler command). True when the drain was lifted."""
     if destination == "pool":
-        orchestrator.add_spare(incident.slurm_node, owner)
-    else:
-        orchestrator.resume(incident.slurm_node, owner)
-    return orchestrator.node_status(incident.slurm_node)
+        return orchestrator.add_spare(node, owner)
+    return orchestrator.resume(node, owner)
 
 
 def _left_drained(node: str, serving_node: str) -> str:
