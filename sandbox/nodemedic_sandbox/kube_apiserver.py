@@ -70,7 +70,8 @@ class KubeAPIServer:
     root: Path = field(init=False)
     port: int = field(init=False, default=0)
     admin_token: str = field(init=False, default="")
-    _procs: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+    _procs: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)  # etcd, then the API server
+    _args: list[str] = field(init=False, default_factory=list)  # the API server's command line
 
     def __enter__(self) -> KubeAPIServer:
         why = unavailable_reason()
@@ -146,8 +147,27 @@ class KubeAPIServer:
                 "- name: webhook\n  context: {cluster: webhook, user: apiserver}\ncurrent-context: webhook\n")
             args += ["--authentication-token-webhook-config-file", str(config),
                      "--authentication-token-webhook-cache-ttl", "0s"]
-        log = (self.root / "apiserver.log").open("wb")
-        self._procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        self._args = args
+        self.start_apiserver()
+
+    def stop_apiserver(self, *, graceful: bool = False) -> None:
+        """Stop the API server (etcd keeps running, so nothing it stored is lost): every call is
+        refused until it starts again, as during an EKS control-plane update or a crash. SIGKILL,
+        or ``graceful``: SIGTERM and wait while it finishes the requests in flight."""
+        if len(self._procs) < 2:
+            return
+        proc = self._procs.pop()
+        proc.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def start_apiserver(self) -> None:
+        """Start the API server (again) on the same port and etcd; return once it answers."""
+        with (self.root / "apiserver.log").open("ab") as log:  # the process keeps its own copy
+            self._procs.append(subprocess.Popen(self._args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         self._wait_ready()
 
     def _wait_ready(self, timeout_s: float = 60) -> None:

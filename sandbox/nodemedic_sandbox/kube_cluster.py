@@ -121,6 +121,13 @@ class KubeScheduler:
             self._thread.join(timeout=10)
         self._stack.close()
 
+    def stop_controller(self, *, graceful: bool = False) -> None:
+        """Stop the API server (the control plane of this cluster, as slurmctld is Slurm's)."""
+        self.server.stop_apiserver(graceful=graceful)
+
+    def start_controller(self) -> None:
+        self.server.start_apiserver()
+
     # -- nodes ------------------------------------------------------------------------------
     def register(self, node: str, machine: Machine, *, spare: bool = False, ready: bool = True) -> None:
         """The kubelet of ``machine`` registers as ``node``: ``ready`` at once (the cluster's first

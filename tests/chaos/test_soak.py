@@ -1,11 +1,15 @@
-"""Soak: many faults at once, in a random order a seed fixes, on the local stack with real Slurm.
+"""Soak: many faults at once, in a random order a seed fixes, on the local stack with real Slurm
+and with a real kube-apiserver.
 
 Where test_chaos.py injects one fault before one stage, a soak run lets several incidents run
 together while the world misbehaves around them: faults on nodes already in an incident, on spares
 and on replacements; events delivered again; clocks fast and slow; events sent late; an operator
 draining, returning and pausing; the Slurm controller restarting or crashing (and, one soak in
-three, the relay that reaches it); instances terminated by someone else; AWS throttling. When it
-is all over and the reconciler has run, the same invariants must hold as after one fault.
+three, the relay that reaches it); instances terminated by someone else; AWS throttling. On
+Kubernetes the operator cordons and uncordons (kubectl), the control plane is the API server
+(restarted or killed; etcd keeps what it stored), a PodDisruptionBudget blocks a job's evictions
+for a while, and EKS's DescribeCluster is throttled too. When it is all over and the reconciler
+has run, the same invariants must hold as after one fault.
 """
 
 from __future__ import annotations
@@ -20,21 +24,29 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import urllib3
+from kubernetes.client.rest import ApiException
 from nodemedic import operations
+from nodemedic.orchestrators.kubernetes import DRAIN_TAINT, REASON
 from nodemedic.reconciler import KEEPS_LOCK
+from nodemedic_sandbox import kube_apiserver
+from nodemedic_sandbox.kube_cluster import KubeScheduler
 from nodemedic_sandbox.local import TERMINAL, LocalMode
 
 from tests.chaos.test_chaos import _scontrol
+from tests.conftest import require
 from tests.e2e.support import OPEN, control, stack
 
 # NODEMEDIC_SOAK_SEEDS=100:140 NODEMEDIC_SOAK_ACTIONS=30 make chaos: other seeds, longer soaks
 FIRST, _, LAST = os.environ.get("NODEMEDIC_SOAK_SEEDS", "0:12").partition(":")
 SEEDS = range(int(FIRST), int(LAST))
 SMOKE = {7}  # make test runs this one (two slurmctld crashes, replays, operator drains); make chaos runs all
+KUBE_SMOKE = {1}  # and this one on Kubernetes
 ACTIONS_PER_SOAK = int(os.environ.get("NODEMEDIC_SOAK_ACTIONS", "14"))
 CODES = ("XID 79", "XID 48", "ECC_DBE", "XID 79", "NVSWITCH_FATAL", "THERMAL_VIOLATION")
 ACTIONS = ("fault", "fault", "fault", "replay", "skewed", "late", "operator-drain", "operator-resume", "pause",
            "controller-restart", "controller-crash", "terminate", "throttle", "submit")
+KUBE_ACTIONS = (*ACTIONS, "budget")
 
 
 @dataclass
@@ -59,8 +71,29 @@ def _scontrol_ok(local: LocalMode, *args: str) -> None:
     raise AssertionError(f"scontrol {' '.join(args)}: {done.stderr}")
 
 
+def _kube(local: LocalMode) -> KubeScheduler | None:
+    return local.scheduler if isinstance(local.scheduler, KubeScheduler) else None
+
+
+def _kube_ok(call: Any) -> None:
+    """An operator's kubectl command, tried again while the API server restarts."""
+    for _ in range(60):
+        try:
+            call()
+            return
+        except ApiException as exc:
+            if exc.status == 404:  # the node is gone (its instance ended)
+                return
+        except urllib3.exceptions.HTTPError:  # the API server is down
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the API server did not take an operator's command in 30 s")
+
+
 def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> None:
-    node = rng.choice(local.node_names)
+    kube = _kube(local)
+    # on Kubernetes a replacement joins under a name of its own: any node there now
+    node = rng.choice(local.node_names if kube is None else sorted(kube.node_names()))
     if action in ("fault", "skewed", "late"):
         code, shift = rng.choice(CODES), timedelta(minutes=rng.choice([-10, -1, 2]))  # drawn first: a seed is one order
         try:
@@ -84,13 +117,19 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
     elif action == "replay" and world.sent:
         detail = rng.choice(world.sent)
         local.put_event(detail)
-        world.log.append(f"replay {detail['fault_code']} on {detail['node']['slurm_node']}")
+        world.log.append(f"replay {detail['fault_code']} on {detail['node'].get('slurm_node') or detail['node']['k8s_node']}")
     elif action == "operator-drain":
-        _scontrol_ok(local, "update", f"nodename={node}", "state=drain", "reason=operator:soak RMA")
+        if kube is None:
+            _scontrol_ok(local, "update", f"nodename={node}", "state=drain", "reason=operator:soak RMA")
+        else:  # kubectl cordon
+            _kube_ok(lambda: kube.core.patch_node(node, {"spec": {"unschedulable": True}}))
         world.operator_drained.add(node)
         world.log.append(f"operator drains {node}")
     elif action == "operator-resume":
-        _scontrol(local, "update", f"nodename={node}", "state=resume")  # refused where not drained: nothing
+        if kube is None:
+            _scontrol(local, "update", f"nodename={node}", "state=resume")  # refused where not drained: nothing
+        else:  # kubectl uncordon: NodeMedic's taint, if any, stays
+            _kube_ok(lambda: kube.core.patch_node(node, {"spec": {"unschedulable": False}}))
         world.operator_drained.discard(node)
         world.log.append(f"operator resumes {node}")
     elif action == "pause":
@@ -101,7 +140,7 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
     elif action in ("controller-restart", "controller-crash"):
         # a crash loses what slurmctld had not saved yet: an operator's drain of the last seconds too
         local.scheduler.stop_controller(graceful=action == "controller-restart")
-        if action == "controller-crash":
+        if action == "controller-crash" and kube is None:  # an API server's etcd has stored it all
             world.operator_drained.clear()
             world.crashed = True
         time.sleep(rng.uniform(0.5, 3))
@@ -117,7 +156,7 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
         world.terminated.add(node)
         world.log.append(f"terminate {node} ({instance})")
     elif action == "throttle":  # the next attempts of every stage's calls to one service
-        service = rng.choice(("dynamodb", "ssm", "ec2", "autoscaling"))
+        service = rng.choice(("dynamodb", "ssm", "ec2", "autoscaling", *(("eks",) if kube else ())))
         times = rng.randint(5, 60)
         local.aws.throttle(service, times=times)
         world.log.append(f"throttle {service} x{times}")
@@ -129,6 +168,51 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
     elif action == "submit":
         world.jobs.append(local.scheduler.submit(rng.choice([1, 2])))
         world.log.append(f"submit job {world.jobs[-1]}")
+    elif action == "budget" and kube is not None:  # a job's PodDisruptionBudget allows no eviction for a while
+        job, seconds = rng.choice(world.jobs), rng.uniform(1, 8)
+        _kube_ok(lambda: kube.budget(job, allowed=0))
+        time.sleep(seconds)
+        _kube_ok(lambda: kube.budget(job, allowed=1))
+        world.log.append(f"{job} allows no disruption for {seconds:.0f} s")
+
+
+def _owner_kept(reason: str, incidents: dict[str, Any]) -> tuple[bool, str]:
+    """A drain NodeMedic owns (its reason ``nodemedic:<incident> …``) belongs to an incident that
+    kept the node out (failed, escalated): never to one that closed, or to none."""
+    owner = incidents.get(reason.removeprefix("nodemedic:").split()[0]) if reason else None
+    return owner is not None and owner.status != "closed", owner.status if owner else "none"
+
+
+def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any], check: Any) -> None:
+    for node in local.node_names:
+        try:
+            local.cluster.instance_of(node)
+        except LookupError as exc:  # none: a replacement still booting is waited for by its incident
+            check("0 running" in str(exc), f"one instance backs {node} ({exc}): none orphaned")
+        state = local.scheduler.node(node)
+        reason = state.get("Reason", "")
+        if node in world.operator_drained:
+            check("DRAIN" in state["State"] and reason.startswith("operator:soak"),
+                  f"the operator's drain of {node} was never lifted ({state['State']} {reason})")
+        if reason.startswith("nodemedic:") and "DRAIN" in state["State"]:
+            kept, status = _owner_kept(reason, incidents)
+            check(kept, f"{node} is drained by an incident that did not keep it ({reason[:60]}: {status})")
+
+
+def _kube_nodes_hold(kube: KubeScheduler, world: World, incidents: dict[str, Any], check: Any) -> None:
+    """Each node there now (a replaced one is gone, its replacement has a name of its own)."""
+    for raw in kube.core.list_node().items:
+        node, cordoned = raw.metadata.name, bool(raw.spec.unschedulable)
+        reason = (raw.metadata.annotations or {}).get(REASON, "")
+        tainted = any(t.key == DRAIN_TAINT for t in raw.spec.taints or [])
+        if node in world.operator_drained:
+            check(cordoned, f"the operator's cordon of {node} was never lifted")
+        if cordoned or tainted:
+            if reason.startswith("nodemedic:"):
+                kept, status = _owner_kept(reason, incidents)
+                check(kept, f"{node} is held by an incident that did not keep it ({reason[:60]}: {status})")
+            else:
+                check(not tainted, f"{node} carries NodeMedic's taint without naming its incident ({reason!r})")
 
 
 # what a reconciler run may start (a burn-in for a node held for one, a fault offered again after
@@ -151,14 +235,31 @@ def _quiet(local: LocalMode, timeout: float) -> list[dict[str, Any]]:
         e["name"] for e in local.executions() if e["status"] not in TERMINAL))
 
 
-@pytest.mark.parametrize("seed", [pytest.param(seed, marks=() if seed in SMOKE else (pytest.mark.chaos_full,))
-                                  for seed in SEEDS])
-def test_invariants_hold_after_a_soak(seed: int, record_property: Any) -> None:
+def _soaks() -> list[Any]:
+    """Every seed on Slurm; every other seed on Kubernetes too."""
+    return [pytest.param(scheduler, seed, id=f"{scheduler}-{seed}",
+                         marks=() if seed in smoke else (pytest.mark.chaos_full,))
+            for scheduler, seeds, smoke in (("slurm", SEEDS, SMOKE), ("kubernetes", SEEDS[1::2], KUBE_SMOKE))
+            for seed in seeds]
+
+
+def _stack(scheduler: str, seed: int) -> tuple[LocalMode, bool]:
+    """Five nodes and a spare; one Slurm soak in three reaches slurmctld through the relay."""
+    if scheduler == "kubernetes":
+        require("the real kube-apiserver", kube_apiserver.unavailable_reason())
+        return LocalMode(nodes=5, spares=1, scheduler="kubernetes", retry_time_scale=0.01, boot_seconds=1,
+                         extra_parameters=OPEN), False
+    relay = seed % 3 == 2
+    return stack(nodes=5, spares=1, boot_seconds=1, **OPEN, **({"SlurmChannel": "relay"} if relay else {})), relay
+
+
+@pytest.mark.parametrize(("scheduler", "seed"), _soaks())
+def test_invariants_hold_after_a_soak(scheduler: str, seed: int, record_property: Any) -> None:
     rng = random.Random(seed)
     world = World()
-    relay = seed % 3 == 2  # one soak in three reaches slurmctld through the relay (SlurmChannel relay), not SSM
-    actions = (*ACTIONS, "relay-restart") if relay else ACTIONS
-    with stack(nodes=5, spares=1, boot_seconds=1, **OPEN, **({"SlurmChannel": "relay"} if relay else {})) as local:
+    soak, relay = _stack(scheduler, seed)
+    actions = (*ACTIONS, "relay-restart") if relay else KUBE_ACTIONS if scheduler == "kubernetes" else ACTIONS
+    with soak as local:
         world.jobs.append(local.scheduler.submit(2))
         world.jobs.append(local.scheduler.submit(1))
         for _ in range(ACTIONS_PER_SOAK):
@@ -202,24 +303,14 @@ def test_invariants_hold_after_a_soak(seed: int, record_property: Any) -> None:
             # NODE_FAIL: an instance someone else terminated under it, not NodeMedic's doing
             check(state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETED")
                   or (state == "NODE_FAIL" and bool(world.terminated)), f"job {job} lives ({state})")
-        for node in local.node_names:
-            try:
-                local.cluster.instance_of(node)
-            except LookupError as exc:  # none: a replacement still booting is waited for by its incident
-                check("0 running" in str(exc), f"one instance backs {node} ({exc}): none orphaned")
-            state = local.scheduler.node(node)
-            reason = state.get("Reason", "")
-            if node in world.operator_drained:
-                check("DRAIN" in state["State"] and reason.startswith("operator:soak"),
-                      f"the operator's drain of {node} was never lifted ({state['State']} {reason})")
-            if reason.startswith("nodemedic:") and "DRAIN" in state["State"]:
-                owner = incidents.get(reason.removeprefix("nodemedic:").split()[0])
-                check(owner is not None and owner.status != "closed",
-                      f"{node} is drained by an incident that did not keep it "
-                      f"({reason[:60]}: {owner.status if owner else 'none'})")
+        kube = _kube(local)
+        if kube is None:
+            _slurm_nodes_hold(local, world, incidents, check)
+        else:
+            _kube_nodes_hold(kube, world, incidents, check)
         by_status = Counter(i.status for i in incidents.values())
         record_property("soak", {  # the run lists it (tests/conftest.py)
-            "seed": f"{seed}{' (relay)' if relay else ''}", "rank": seed,
+            "seed": f"{seed}{' (relay)' if relay else ' (Kubernetes)' if kube else ''}", "rank": (bool(kube), seed),
             "actions": "; ".join(line for line in world.log if not line[:1].isdigit()),
             "incidents": ", ".join(f"{n} {status}" for status, n in sorted(by_status.items())) or "none",
             "reconciler": ", ".join(f"{kind} {n}" for kind, n in first_counts.items() if n) or "nothing to repair",
@@ -227,5 +318,6 @@ def test_invariants_hold_after_a_soak(seed: int, record_property: Any) -> None:
         runs_said = [f"reconciler run {n}: {run}" for n, run in enumerate(runs, 1)]
         incidents_said = [f"{i.incident_id} {i.slurm_node} {i.fault_code} {i.status} (detected {i.detected_at:%H:%M:%S}, "
                           f"execution {executions.get(i.incident_id, 'none')}): {i.outcome}" for i in incidents.values()]
+        print(*world.log, *runs_said, *incidents_said, sep="\n")  # pytest -rP shows it for a soak that passed
         assert not broken, "\n".join([*broken, "", "what happened:", *world.log, *runs_said, "", "incidents:",
                                        *incidents_said])

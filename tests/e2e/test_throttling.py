@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from nodemedic.aws_retries import MAX_ATTEMPTS
 from nodemedic_sandbox.local import LocalMode
 
-from tests.e2e.support import OPEN, job_running, running_job, stack
+from tests.e2e.support import OPEN, job_running, latest, running_job, stack
 
 PAST_THE_SDK = MAX_ATTEMPTS + 2  # one stage retry by the state machine, then the SDK absorbs the rest
 
@@ -91,3 +91,39 @@ def test_the_agents_resend_of_an_event_detect_could_not_act_on_opens_the_inciden
         assert LocalMode.detect_decision(again) != "remediate"
         assert len(local.incidents()) == 1
         job_running(local, job)
+
+
+def test_a_fault_whose_gate_stayed_throttled_is_decided_again_at_the_reconcilers_next_run() -> None:
+    """Auto Scaling throttled past the gate's budget: the incident fails without touching the node,
+    and the fault is not lost (the agent stopped sending it once an incident opened): the
+    reconciler offers it again, and the node is repaired. Three failures in a row, then no more."""
+    with stack(**OPEN) as local:
+        job, nodes = running_job(local)
+        sick, other = nodes[0], nodes[1]
+        forever = local.aws.throttle("autoscaling", caller="Gate", times=10_000)
+        local.put_event(local.health_event(sick, "XID 79"))
+        [first] = local.wait_for_executions(1, timeout=240)
+        assert first["status"] == "FAILED"
+        failed = local.incident(first["name"])
+        assert (failed.status, failed.failure["stage"], failed.failure["error"]) == ("failed", "gate", "AwsThrottledError")
+        assert "was not touched" in failed.outcome and "decides its XID 79 again" in failed.outcome
+        assert "DRAIN" not in local.scheduler.node(sick)["State"]
+
+        local.aws.throttles.remove(forever)  # AWS answers again
+        assert local.reconcile()["rechecks_offered"] == [sick]
+        fixed = local.incident(latest(local.wait_for_executions(2, timeout=240))["name"])
+        assert fixed.status == "closed" and fixed.evidence("recheck_of") == failed.incident_id, fixed.outcome
+        assert (fixed.fault_code, fixed.observed_at) == ("XID 79", failed.observed_at)
+        assert local.reconcile()["rechecks_offered"] == []  # decided once
+        job_running(local, job)
+
+        local.aws.throttles.append(forever)  # throttled for good: offered three times, then the on-call decides
+        local.put_event(local.health_event(other, "XID 79"))
+        failed = local.incident(latest(local.wait_for_executions(3, timeout=240))["name"])
+        for executions in (4, 5, 6):
+            assert local.reconcile()["rechecks_offered"] == [other]
+            retried = local.incident(latest(local.wait_for_executions(executions, timeout=240))["name"])
+            assert retried.status == "failed" and retried.evidence("recheck_of") == failed.incident_id
+            failed = retried
+        assert "decides its XID 79 again" not in failed.outcome and "was not touched" in failed.outcome
+        assert local.reconcile()["rechecks_offered"] == []

@@ -111,7 +111,8 @@ class ReconcileReport(BaseModel):
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
     autoscaler_holds_released: list[str] = Field(default_factory=list,
                                                  description="nodes in service still kept from the autoscalers")
-    rechecks_offered: list[str] = Field(default_factory=list, description="faults the cooldown held, offered again")
+    rechecks_offered: list[str] = Field(default_factory=list, description="faults put off (the cooldown, a failed gate), "
+                                        "offered again")
     rechecks_given_up: list[str] = Field(default_factory=list, description="offered again and again, never decided")
     unwatched_nodes: list[str] | None = Field(default=None, description="nodes in service NodeMedic cannot watch; "
                                              "None when not checked")
@@ -188,7 +189,8 @@ def recheck_event(recheck: Recheck, instance_id: str, now: datetime) -> NodeHeal
 
 def _rechecks(books: Bookkeeping, ledger: Ledger, now: datetime, publish: Callable[[NodeHealthEvent], None],
               report: ReconcileReport) -> None:
-    """Offer Detect again each fault the cooldown held whose cooldown has ended. Detect drops the
+    """Offer Detect again each fault the cooldown held whose cooldown has ended, and each fault
+    whose gate failed on a passing error (stages.failure, due at once). Detect drops the
     recheck once it decided (one it could not drop is dropped here, its offer acknowledged); one
     still here at the next run was not decided (the event was lost, its execution failed) and is
     offered again, ``RECHECK_OFFERS`` times at most: then the on-call is told, and it is dropped."""
@@ -200,10 +202,11 @@ def _rechecks(books: Bookkeeping, ledger: Ledger, now: datetime, publish: Callab
             if recheck.offers >= RECHECK_OFFERS:
                 if ledger.drop_recheck(recheck):
                     report.pages.append(
-                        f"NodeMedic held a {recheck.fault_code} on {recheck.slurm_node} during its cooldown (incident "
-                        f"{recheck.incident_id}) and offered it again {recheck.offers} times after the cooldown; it "
-                        "was never decided. The node may still be in service with that fault: check it (nodemedic show "
-                        f"{recheck.incident_id}) and remediate it by hand if it is sick (nodemedic remediate).")
+                        f"NodeMedic put off a {recheck.fault_code} on {recheck.slurm_node} (incident "
+                        f"{recheck.incident_id}: its cooldown, or its gate failed) and offered it again "
+                        f"{recheck.offers} times; it was never decided. The node may still be in service with that "
+                        f"fault: check it (nodemedic show {recheck.incident_id}) and remediate it by hand if it is "
+                        "sick (nodemedic remediate).")
                     report.rechecks_given_up.append(recheck.slurm_node)
                 continue
             try:

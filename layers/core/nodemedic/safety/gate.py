@@ -83,6 +83,14 @@ class Decision:
     recheck_at: datetime | None = None  # a hold that passes by itself (the cooldown): decide the fault again then
 
 
+def decided_again(incident: IncidentRef) -> bool:
+    """A fault the pipeline could not decide now (the cooldown held it; AWS throttled its gate past
+    the retries) is offered again by the reconciler: a one-off Xid line or an alarm's state change
+    is never sent again. Not an operator's request, nor planned work, which the planned-events
+    sweep offers again itself."""
+    return incident.fault_class != "manual" and incident.source != PLANNED_SOURCE
+
+
 def lineage_keys(incident: IncidentRef, host_id: str = "") -> list[str]:
     """Keys that outlive an instance: the Slurm node slot, and the EC2 host when known."""
     return [f"node:{incident.slurm_node}", *([f"host:{host_id}"] if host_id else [])]
@@ -213,11 +221,9 @@ def decide(f: Facts) -> Decision:
     cooldown = timedelta(minutes=p.node_cooldown_minutes)
     recent = [at for _, at in f.lineage.get(slot, []) if f.now - at < cooldown]
     if recent:
-        # the fault is not forgotten: a one-off Xid line or an alarm's state change is never sent
-        # again, so the reconciler offers it again once the cooldown ends (not an operator's request,
-        # and not planned work, which the planned-events sweep offers again itself)
+        # the fault is not forgotten: the reconciler offers it again once the cooldown ends
         again = max(recent) + cooldown
-        offered = f.incident.fault_class != "manual" and f.incident.source != PLANNED_SOURCE
+        offered = decided_again(f.incident)
         return _dry(f, stop("hold", "cooldown", f"{node} was remediated at {max(recent):%H:%M:%S}Z, "
                                                 f"within the {p.node_cooldown_minutes:g} min cooldown"
                                                 + (f"; decided again after {again:%H:%M:%S}Z" if offered else ""),

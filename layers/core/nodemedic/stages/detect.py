@@ -293,7 +293,8 @@ def _drop(recheck: Recheck, ledger: Ledger) -> None:
 
 def _recheck_fault(trigger: HealthEventEnvelope, cluster: str, provider: Provider, ledger: Ledger,
                    now: datetime) -> tuple[Fault, Recheck | None]:
-    """A fault the cooldown held, offered again by the reconciler once the cooldown ended. The event
+    """A fault put off, offered again by the reconciler: the cooldown held it and has ended, or its
+    gate failed on a passing error (AWS throttling past the retries). The event
     only names the held incident (evidence ``recheck_of``): the fault is read from the ledger, so an
     offer cannot change it, and it keeps its own source and origin. Offered again under the
     reconciler's name, a lone ambiguous fault would corroborate itself (a second "source"), and
@@ -310,7 +311,7 @@ def _recheck_fault(trigger: HealthEventEnvelope, cluster: str, provider: Provide
     if recheck is None or recheck.incident_id != held_id:
         if not ledger.event_handled_by(key):
             raise InvalidEventError(f"no recheck of incident {held_id[:80]} waits for {node}, {d.fault_code}: "
-                                    "decided already, or its fault was never held by the cooldown")
+                                    "decided already, or its fault was never put off")
         recheck = None  # decided already: this is a redelivery, deduplicated as any other
     elif recheck.due > now:
         raise InvalidEventError(f"the recheck of incident {held_id} is due at {recheck.due.isoformat()}, not before")

@@ -5,7 +5,10 @@ next fault or a runbook opens a new incident; a spare it had claimed but not tak
 and a node the gate had allowed NodeMedic to act on is left drained and *held* drained (the
 reconciler drains it again if the drain is lost, or if the scheduler could not be reached now).
 A node returned to service before the failure is not drained again; a node the gate never let
-NodeMedic act on (gate, verify, dry run) is not touched.
+NodeMedic act on (gate, verify, dry run) is not touched. Its fault is not lost when what failed
+was passing (AWS throttling past the retries, the cluster at its limit of concurrent remediations
+for longer than the gate waits, Lambda's own errors): the reconciler offers it again at its next
+run, as it does a fault the cooldown held, ``RETRIES`` times in a row at most.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from datetime import datetime
 
 from nodemedic.contracts.incident import SPARE_CLAIM, STAGES, Incident, IncidentRef
 from nodemedic.contracts.stages import EndOutput
+from nodemedic.errors import RetryableError
 from nodemedic.orchestrators.base import Orchestrator
+from nodemedic.safety.gate import decided_again
 from nodemedic.stages.drain import drain_reason
 from nodemedic.stages.resume import lambda_error_message
 from nodemedic.store.ledger import Ledger
@@ -37,6 +42,35 @@ def error_message(error: dict[str, str | None] | None) -> tuple[str, str]:
     document whose ``errorMessage`` is the message."""
     name = (error or {}).get("Error") or "unknown"
     return name, lambda_error_message((error or {}).get("Cause") or "")[:1000]
+
+
+RETRIES = 3  # a fault whose gate failed on a passing error is offered again this often in a row
+# Lambda's own errors that AWS says to retry (Step Functions developer guide, "Handling errors":
+# Lambda.ServiceException, Lambda.AWSLambdaException, Lambda.SdkClientException), its throttling,
+# and a task's timeout
+_PASSING = frozenset({"Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
+                      "Lambda.TooManyRequestsException", "States.Timeout"})
+
+
+def _retryable(cls: type[Exception]) -> set[str]:
+    subclasses: list[type[Exception]] = cls.__subclasses__()
+    return {name for sub in subclasses for name in (sub.__name__, *_retryable(sub))}
+
+
+def passing(error: str) -> bool:
+    """The error is expected to clear by itself: the state machine retried it until its budget ran out."""
+    return error in _PASSING or error in _retryable(RetryableError)
+
+
+def failed_in_a_row(incident: Incident, ledger: Ledger) -> int:
+    """How many incidents before this one failed on the same fault, each offering it to the next."""
+    count, current = 0, incident
+    while count < RETRIES and isinstance(before := current.evidence("recheck_of"), str):
+        current = ledger.get(before)
+        if current.status != "failed":
+            break
+        count += 1
+    return count
 
 
 def allowed_to_act(incident: Incident) -> bool:
@@ -77,9 +111,15 @@ def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestr
         drained = (f"{node} was returned to service before the failure and is left so (should the scheduler "
                    f"have lost that return, the reconciler makes it again)" if acted
                    else f"{node} was not touched (the failure came before the gate let NodeMedic act)")
+    now = clock()
+    again = not acted and passing(name) and decided_again(incident) and failed_in_a_row(current, ledger) < RETRIES
+    if again:
+        drained += (f"; the error passes, so NodeMedic decides its {incident.fault_code} again at the reconciler's "
+                    "next run")
     message = (f"NodeMedic incident {incident.incident_id} on {node} ({incident.instance_id}) failed in stage "
                f"{stage}: {name}: {cause}. {drained}. The node's lock is released: its next fault, or a runbook "
                f"(nodemedic remediate {node} --action replace|reboot), opens a new incident; "
                f"`nodemedic remediate {node} --action resume` returns it to service.")
-    ledger.fail(incident, clock(), {"stage": stage, "error": name, "cause": cause}, message, hold)
+    ledger.fail(incident, now, {"stage": stage, "error": name, "cause": cause}, message, hold,
+                recheck_due=now if again else None)
     return EndOutput(status="failed", message=message)

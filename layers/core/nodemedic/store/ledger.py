@@ -430,13 +430,16 @@ class Ledger:
             raise IncidentStateError(f"incident {ref.incident_id} is {current}; cannot mark it {status}") from exc
 
     def fail(self, ref: IncidentRef, now: datetime, failure: dict[str, str], outcome: str,
-             hold_reason: str | None) -> None:
+             hold_reason: str | None, recheck_due: datetime | None = None) -> None:
         """End an open incident ``failed`` with where and why, release its node lock (the next
         fault, or a runbook, opens a new incident) and, with ``hold_reason``, keep its node held
-        drained; atomically."""
+        drained, or with ``recheck_due``, keep its fault to be decided again from then (as
+        :meth:`hold_for_recheck`); atomically."""
         extra: list[dict[str, Any]] = []
         if hold_reason is not None:
             extra.append({"Put": {"TableName": self._table, "Item": self._hold_item(ref, hold_reason, now)}})
+        if recheck_due is not None:
+            extra.append(self._recheck_put(ref, recheck_due))
         self.end(ref, "failed", now, outcome, release_node=True, extra=extra, failure=failure)
 
     # -- faults the cooldown held, decided again when it ends ---------------------------
@@ -447,11 +450,13 @@ class Ledger:
         offered yet. (Kept, the first would be dropped as decided once its own offer was: a fault
         held after that offer, in a later cooldown, would be lost.) Kept at most ``RECHECK_KEPT``
         past ``due`` (the table's TTL)."""
-        self.end(ref, "held", now, outcome, release_node=True, extra=[{"Put": {
-            "TableName": self._table, "Item": {
-                **_recheck_key(ref.cluster, ref.slurm_node, ref.fault_code), "incident_id": {"S": ref.incident_id},
-                "cluster": {"S": ref.cluster}, "slurm_node": {"S": ref.slurm_node}, "fault_code": {"S": ref.fault_code},
-                "due": {"S": due.isoformat()}, **_books(ref.cluster), "expires_at": _ttl(due + RECHECK_KEPT)}}}])
+        self.end(ref, "held", now, outcome, release_node=True, extra=[self._recheck_put(ref, due)])
+
+    def _recheck_put(self, ref: IncidentRef, due: datetime) -> dict[str, Any]:
+        return {"Put": {"TableName": self._table, "Item": {
+            **_recheck_key(ref.cluster, ref.slurm_node, ref.fault_code), "incident_id": {"S": ref.incident_id},
+            "cluster": {"S": ref.cluster}, "slurm_node": {"S": ref.slurm_node}, "fault_code": {"S": ref.fault_code},
+            "due": {"S": due.isoformat()}, **_books(ref.cluster), "expires_at": _ttl(due + RECHECK_KEPT)}}}
 
     def recheck(self, cluster: str, slurm_node: str, fault_code: str) -> Recheck | None:
         item = self._db.get_item(TableName=self._table, Key=_recheck_key(cluster, slurm_node, fault_code),
