@@ -125,8 +125,19 @@ class KubeScheduler:
         """Stop the API server (the control plane of this cluster, as slurmctld is Slurm's)."""
         self.server.stop_apiserver(graceful=graceful)
 
-    def start_controller(self) -> None:
+    def start_controller(self, *, unsynced_s: float = 0.0) -> None:
+        """Start the API server again. ``unsynced_s``: for that long after it answers, it refuses
+        NodeMedic's groups (403), as an API server whose RBAC informers have not synced yet does
+        (kubernetes#121635): their bindings are taken away, then put back, so the real authorizer
+        answers as the unsynced one would."""
         self.server.start_apiserver()
+        if unsynced_s:
+            rbac = k8s.RbacAuthorizationV1Api(self.api)
+            bindings = [o for o in yaml.safe_load_all(RBAC.read_text()) if o and o["kind"] == "ClusterRoleBinding"]
+            for binding in bindings:
+                rbac.delete_cluster_role_binding(binding["metadata"]["name"])
+            time.sleep(unsynced_s)
+            k8s_utils.create_from_yaml(self.api, yaml_objects=bindings)
 
     # -- nodes ------------------------------------------------------------------------------
     def register(self, node: str, machine: Machine, *, spare: bool = False, ready: bool = True) -> None:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
-from nodemedic.errors import DrainFailedError
+from nodemedic.errors import AwsThrottledError, DrainFailedError
 from nodemedic.orchestrators import eks_auth
 from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator
 from nodemedic_agent.config import parse_config
@@ -129,6 +129,25 @@ def test_the_reader_group_names_nodes_and_reads_jobs_but_changes_nothing(
             "train-0", cluster.namespace, {"metadata": {"name": "train-0", "namespace": cluster.namespace}})
     assert denied.value.status == 403
     assert not cluster.read_node(node).spec.unschedulable and "train-0" in cluster.live_pods(node)
+
+
+def test_the_pipelines_client_passes_a_refusal_on_to_be_retried_and_says_what_lasting_one_means(
+        apiserver: KubeAPIServer, cluster: Cluster, authenticator: EksAuthenticator, rbac: None) -> None:
+    """An API server that has just restarted refuses requests until its RBAC has synced (403 for
+    a while, kubernetes#121635): in a function the refusal is AwsThrottledError, which the state
+    machine retries within its budget, and its message says what a refusal that lasts means. The
+    operator's client (the CLI) keeps the API server's answer."""
+    authenticator.credentials[READER_KEY] = (SECRET, READER_ARN)
+    authenticator.access_entries[READER_ROLE] = AccessEntry(("nodemedic:reader",))
+    node = cluster.node("gpu-1")
+    eks = _DescribeCluster(apiserver)
+    pipeline = KubernetesOrchestrator(eks_auth.api_client(eks, _sts(key=READER_KEY), EKS_CLUSTER, refusals_pass=True))
+    with pytest.raises(AwsThrottledError, match="403 Forbidden") as refused:
+        pipeline.drain(node, "nodemedic:inc-9 XID 79")  # a reader may not patch nodes
+    assert "until its RBAC has synced" in str(refused.value) and "deploy/kubernetes/rbac.yaml" in str(refused.value)
+    with pytest.raises(DrainFailedError, match="403"):
+        KubernetesOrchestrator(_as_lambda(apiserver, sts=_sts(key=READER_KEY))).drain(node, "nodemedic:inc-9 XID 79")
+    assert not cluster.read_node(node).spec.unschedulable
 
 
 def test_a_token_for_another_cluster_or_from_unknown_credentials_is_refused(

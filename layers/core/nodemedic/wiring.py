@@ -110,7 +110,7 @@ def kubernetes() -> KubernetesOrchestrator:
 
     s = settings()
     return connect(client("eks"), client("sts"), s.eks_cluster_name, s.kubernetes_drain_policy,
-                   s.drain_reason_prefix)
+                   s.drain_reason_prefix, refusals_pass=True)
 
 
 @lru_cache(maxsize=1)

@@ -70,6 +70,15 @@ API_RETRIES = urllib3.Retry(total=5, connect=3, read=2, status=3, backoff_factor
                             raise_on_status=False, respect_retry_after_header=True)
 
 
+# An API server that has just started (an EKS control-plane update, a restart) accepts requests
+# before its RBAC informers have synced, and refuses them (403) for a while: for minutes with
+# many bindings (kubernetes#121635; #101422 names the reason "informers not synced"). For the
+# pipeline such a refusal passes, and is retried as a busy API server is; one that lasts past the
+# stage's budget is a missing access entry or RBAC, and fails the incident saying so. An
+# operator's command is told at once.
+REFUSED_STATUSES = frozenset({401, 403})
+
+
 def budget_refusal(exc: ApiException) -> bool:
     """A 429 that is a PodDisruptionBudget refusing an eviction, not a busy API server (API
     Priority and Fairness answers 429 too). The eviction REST handler says so in its Status: the
@@ -95,7 +104,10 @@ class _ApiClient(k8s.ApiClient):  # type: ignore[misc]
     :class:`AwsThrottledError`: the state machine retries the stage later, within its budget, as
     for a throttled AWS call, instead of failing the incident on an overloaded control plane. An
     eviction a PodDisruptionBudget refuses (also a 429) stays the API server's answer, which the
-    drain handles."""
+    drain handles. With ``refusals_pass`` (the pipeline's client), a refusal is too
+    (``REFUSED_STATUSES``)."""
+
+    refusals_pass = False
 
     def call_api(self, resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -104,6 +116,11 @@ class _ApiClient(k8s.ApiClient):  # type: ignore[misc]
             if exc.status in BUSY_STATUSES and not budget_refusal(exc):
                 raise AwsThrottledError(f"the Kubernetes API server answered {method} {resource_path} with "
                                         f"{exc.status} {exc.reason} after {API_RETRIES.status} retries") from exc
+            if self.refusals_pass and exc.status in REFUSED_STATUSES:
+                raise AwsThrottledError(
+                    f"the Kubernetes API server refused {method} {resource_path}: {exc.status} {exc.reason}. An API "
+                    "server refuses so for a while after it starts, until its RBAC has synced; if it lasts, "
+                    "NodeMedic's access entry or its RBAC (deploy/kubernetes/rbac.yaml) is missing") from exc
             raise
         except urllib3.exceptions.HTTPError as exc:  # refused, reset, timed out, after the transport's retries
             raise AwsThrottledError(f"cannot reach the Kubernetes API server ({method} {resource_path}): {exc}") from exc
@@ -119,9 +136,10 @@ class _ApiPool(urllib3.PoolManager):
         return super().request(method, url, *args, **kw)
 
 
-def client_for(host: str, ca_pem: bytes, fresh_token: Any) -> Any:
+def client_for(host: str, ca_pem: bytes, fresh_token: Any, *, refusals_pass: bool = False) -> Any:
     """An API client for ``host`` that trusts only ``ca_pem`` and asks ``fresh_token()`` for a
-    new token whenever the last one is ``TOKEN_REFRESH_S`` old."""
+    new token whenever the last one is ``TOKEN_REFRESH_S`` old; ``refusals_pass``: see
+    :class:`_ApiClient`."""
     config = k8s.Configuration()
     config.host = host
     issued = [0.0]
@@ -134,6 +152,7 @@ def client_for(host: str, ca_pem: bytes, fresh_token: Any) -> Any:
     config.refresh_api_key_hook = refresh
     refresh(config)
     api = _ApiClient(config)
+    api.refusals_pass = refusals_pass
     # this client version takes a CA only as a file path: trust the cluster's CA from memory instead
     # (no file to write or clean up), with certificate and host name verification as ever
     api.rest_client.pool_manager = _ApiPool(
@@ -142,8 +161,8 @@ def client_for(host: str, ca_pem: bytes, fresh_token: Any) -> Any:
     return api
 
 
-def api_client(eks: Any, sts: Any, cluster: str) -> Any:
+def api_client(eks: Any, sts: Any, cluster: str, *, refusals_pass: bool = False) -> Any:
     """An API client for the EKS cluster ``cluster``."""
     described = eks.describe_cluster(name=cluster)["cluster"]
     ca = base64.b64decode(described["certificateAuthority"]["data"])
-    return client_for(described["endpoint"], ca, lambda: token(sts, cluster))
+    return client_for(described["endpoint"], ca, lambda: token(sts, cluster), refusals_pass=refusals_pass)

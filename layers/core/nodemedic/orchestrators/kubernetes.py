@@ -363,12 +363,13 @@ class _Node:
             return None
 
 
-def connect(eks: Any, sts: Any, cluster: str, drain_policy: str, prefix: str = "nodemedic") -> KubernetesOrchestrator:
+def connect(eks: Any, sts: Any, cluster: str, drain_policy: str, prefix: str = "nodemedic", *,
+            refusals_pass: bool = False) -> KubernetesOrchestrator:
     """The adapter for the EKS cluster ``cluster``, with the credentials of the ``sts`` client
     (a function's role, or an operator's), the drain policy's JSON text and the stack's
-    DrainReasonPrefix."""
-    return KubernetesOrchestrator(eks_auth.api_client(eks, sts, cluster), policy=parse_drain_policy(drain_policy),
-                                  prefix=prefix)
+    DrainReasonPrefix; ``refusals_pass`` for the pipeline's functions (eks_auth.REFUSED_STATUSES)."""
+    return KubernetesOrchestrator(eks_auth.api_client(eks, sts, cluster, refusals_pass=refusals_pass),
+                                  policy=parse_drain_policy(drain_policy), prefix=prefix)
 
 
 def refusal(exc: ApiException) -> str:
