@@ -66,7 +66,7 @@ test: venv slurm kube helm chromium awscli journal lint  ## run the whole test s
 unit: venv  ## fast tests only (no local stack): units and the stages on in-memory Slurm
 	$(BIN)/pytest tests/unit tests/stages
 
-chaos: venv slurm  ## every chaos scenario and soak (make test runs a bounded subset); the report goes to docs/chaos.md
+chaos: venv slurm kube  ## every chaos scenario and soak (make test runs a bounded subset); the report goes to docs/chaos.md
 	CHAOS_REPORT=docs/chaos.md $(BIN)/pytest tests/chaos -m "" -n $(TEST_WORKERS) -p no:cacheprovider
 
 GPU_PYTHON ?= python3

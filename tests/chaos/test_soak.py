@@ -90,6 +90,28 @@ def _kube_ok(call: Any) -> None:
     raise AssertionError("the API server did not take an operator's command in 30 s")
 
 
+def _cordon(kube: KubeScheduler, node: str) -> bool:
+    """kubectl cordon, on the node as read (its resourceVersion). False where it was cordoned
+    already: cordoning it again changes nothing the API server records, so nobody, NodeMedic
+    included, can tell that the operator wants it out (nodemedic remediate --action drain says so)."""
+    for _ in range(60):
+        try:
+            raw = kube.core.read_node(node)
+            if raw.spec.unschedulable:
+                return False
+            kube.core.patch_node(node, {"metadata": {"resourceVersion": raw.metadata.resource_version},
+                                        "spec": {"unschedulable": True}})
+            return True
+        except ApiException as exc:
+            if exc.status == 404:  # the node is gone (its instance ended)
+                return False
+            # 409: the node changed since the read: read it again
+        except urllib3.exceptions.HTTPError:  # the API server is down
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the API server did not take an operator's cordon in 30 s")
+
+
 def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> None:
     kube = _kube(local)
     # on Kubernetes a replacement joins under a name of its own: any node there now
@@ -121,8 +143,9 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
     elif action == "operator-drain":
         if kube is None:
             _scontrol_ok(local, "update", f"nodename={node}", "state=drain", "reason=operator:soak RMA")
-        else:  # kubectl cordon
-            _kube_ok(lambda: kube.core.patch_node(node, {"spec": {"unschedulable": True}}))
+        elif not _cordon(kube, node):
+            world.log.append(f"operator cordons {node}, cordoned already: nothing changes")
+            return
         world.operator_drained.add(node)
         world.log.append(f"operator drains {node}")
     elif action == "operator-resume":
@@ -144,7 +167,10 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
             world.operator_drained.clear()
             world.crashed = True
         time.sleep(rng.uniform(0.5, 3))
-        local.scheduler.start_controller()
+        if kube is not None and action == "controller-crash":  # its RBAC unsynced for a while (kubernetes#121635)
+            kube.start_controller(unsynced_s=0.5)
+        else:
+            local.scheduler.start_controller()
         world.log.append(action)
     elif action == "terminate":
         try:
@@ -178,9 +204,15 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
 
 def _owner_kept(reason: str, incidents: dict[str, Any]) -> tuple[bool, str]:
     """A drain NodeMedic owns (its reason ``nodemedic:<incident> …``) belongs to an incident that
-    kept the node out (failed, escalated): never to one that closed, or to none."""
+    kept the node out: failed, escalated, or closed without returning it (on Kubernetes, a
+    replacement of a node an operator had cordoned stays cordoned); never to one that closed
+    having returned it, or to none."""
     owner = incidents.get(reason.removeprefix("nodemedic:").split()[0]) if reason else None
-    return owner is not None and owner.status != "closed", owner.status if owner else "none"
+    if owner is None:
+        return False, "none"
+    resume = owner.stages.get("resume")
+    left_out = resume is not None and resume.result.get("resumed") is False
+    return owner.status != "closed" or left_out, owner.status + (" (left it out)" if left_out else "")
 
 
 def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any], check: Any) -> None:
