@@ -10,7 +10,7 @@ template and its strict IAM: the deep check's role reads EC2's state)."""
 
 from nodemedic import operations
 
-from tests.e2e.support import OPERATOR, stack, wait_for
+from tests.e2e.support import OPEN, OPERATOR, stack, wait_for
 from tests.e2e.test_safety import _wait_for_approval_requests
 
 
@@ -43,3 +43,33 @@ def test_a_node_terminated_under_its_incident_is_replaced_by_the_ladder_not_fail
         wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
         # nothing was ever run on the terminated instance
         assert not [c for c in local.cluster.commands if c.instance_id == old and "health-check" in c.script]
+
+
+def test_a_replacement_someone_else_ends_before_it_joins_is_replaced_by_the_groups_next_instance() -> None:
+    """The replace rung claimed the group's new instance, and someone else ends it while it boots
+    (an operator, the group's health check). Before, the rung waited on it until its budget ran
+    out: the incident failed, the node was left with no instance, and the instance the group
+    launched in its place ran unclaimed. Now the rung claims that one."""
+    with stack(4, boot_seconds=5, **OPEN) as local:
+        old = local.cluster.instance_of("gpu-2")
+        local.put_event(local.health_event("gpu-2", "XID 79"))
+        [incident_id] = wait_for(lambda: [i.incident_id for i in local.incidents()], "the incident")
+
+        def claimed() -> str | None:
+            repair = local.incident(incident_id).stages.get("repair")
+            rungs = repair.result.get("rungs", []) if repair else []
+            return rungs[-1].get("progress", {}).get("new_instance_id") if rungs else None
+
+        lost = wait_for(claimed, "the replace rung to claim the group's new instance", timeout=60)
+        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+            InstanceId=lost, ShouldDecrementDesiredCapacity=False)
+        [execution] = local.wait_for_executions(1, timeout=240)
+
+        incident = local.incident(incident_id)
+        assert execution["status"] == "SUCCEEDED" and incident.status == "closed", (lost, incident.outcome)
+        [rung] = incident.stages["repair"].result["rungs"]
+        new = local.cluster.instance_of("gpu-2")
+        assert new not in (old, lost) and rung["instance_id"] == new and rung["check"]["healthy"] is True
+        assert rung["progress"]["lost_replacements"] == [lost]
+        assert not local.ledger.bookkeeping(local.cluster.name).claims  # the lost one's claim too
+        wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")

@@ -258,10 +258,14 @@ class Incident(IncidentRef):
     @property
     def claims(self) -> list[Claim]:
         """What the incident's records say it claimed: the hot spare its spare stage took, the
-        replacement instance each replace rung found."""
+        replacement instance each replace rung found (and any found before it that someone else
+        ended before it joined)."""
         spare = self.stages.get("spare")
         taken = [(SPARE_CLAIM, spare.result.get("spare") if spare else None)]
-        taken += [(REPLACEMENT_CLAIM, r.progress.get("new_instance_id")) for r in self.repair_rungs]
+        for rung in self.repair_rungs:
+            lost = rung.progress.get("lost_replacements")
+            taken += [(REPLACEMENT_CLAIM, key) for key in [*(lost if isinstance(lost, list) else []),
+                                                         rung.progress.get("new_instance_id")]]
         return [Claim(kind=kind, key=key, incident_id=self.incident_id) for kind, key in taken
                 if isinstance(key, str) and key]
 
