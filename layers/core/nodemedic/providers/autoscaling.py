@@ -12,7 +12,6 @@ from botocore.exceptions import ClientError
 from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.base import (
     CAPACITY_ERRORS,
-    ENDED,
     SLURM_NODE_TAG,
     Member,
     ReplaceStep,
@@ -22,7 +21,7 @@ from nodemedic.providers.base import (
     reboot_ec2,
 )
 
-_GONE = ENDED
+_GONE = {"shutting-down", "terminated"}
 # what TerminateInstanceInAutoScalingGroup answers while the group is busy: "You already have a
 # pending update to an Amazon EC2 Auto Scaling resource" / "The operation can't be performed because
 # there are scaling activities in progress" (Amazon EC2 Auto Scaling API reference, its Errors)

@@ -19,9 +19,6 @@ CAPACITY_ERRORS = frozenset({"InsufficientInstanceCapacity", "InsufficientCapaci
                              "InsufficientReservedInstanceCapacity", "InsufficientCapacityException"})
 
 
-ENDED = frozenset({"shutting-down", "terminated"})  # EC2 states of an instance that is gone for good
-
-
 @dataclass(frozen=True)
 class Member:
     """An instance that belongs to the cluster, and the Slurm node it backs."""

@@ -167,7 +167,7 @@ class RunCommand(Commands):
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "InvalidInstanceId":
                 raise
-            if (state := self._gone(instance_id)) is not None:
+            if (state := self.gone(instance_id)) is not None:
                 raise InstanceGoneError(f"{instance_id} is {state}: someone else ended it (an Auto Scaling health "
                                         "check, an operator, EC2), and no command will reach it") from exc
             raise InstanceNotManagedError(
@@ -175,7 +175,7 @@ class RunCommand(Commands):
                 f"shutting down or terminated ({exc.response['Error'].get('Message', '')})") from exc
         return str(sent["Command"]["CommandId"])
 
-    def _gone(self, instance_id: str) -> str | None:
+    def gone(self, instance_id: str) -> str | None:
         """EC2's state of an instance that is shutting down or terminated; None otherwise. An
         instance EC2 does not find is not called gone: right after a launch, ``DescribeInstances``
         may not know it yet (EC2 API reference, "Eventual consistency")."""

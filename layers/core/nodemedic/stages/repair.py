@@ -38,7 +38,7 @@ from nodemedic.errors import (
     ReplacementPendingError,
 )
 from nodemedic.orchestrators.base import Orchestrator
-from nodemedic.providers.base import ENDED, Provider, runs_commands
+from nodemedic.providers.base import Provider, runs_commands
 from nodemedic.providers.run_command import Documents, RunCommand
 from nodemedic.safety.gate import HandsOff, refuse_if_held
 from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
@@ -217,15 +217,11 @@ def _replaced_by_provider(incident: IncidentRef, rung: RungRecord, provider: Pro
     return successor.instance_id
 
 
-def _ended(provider: Provider, instance_id: str) -> bool:
-    member = provider.member(instance_id)
-    return member is None or member.state in ENDED
-
-
 def _forget(rung: RungRecord, lost: str, save: Callable[[], None]) -> None:
-    """Someone else ended the replacement before it joined (an operator, a health check): the
-    provider's next instance is claimed in its place. Waiting on this one failed the incident, and
-    left the node without an instance and the one launched in its place unclaimed."""
+    """Someone else ended the replacement before it joined (an operator, a health check; EC2
+    says it is shutting down or terminated): the provider's next instance is claimed in its
+    place. Waiting on this one failed the incident, and left the node without an instance and
+    the one launched in its place unclaimed."""
     rung.progress = {k: v for k, v in rung.progress.items() if k != "new_instance_id"}
     rung.progress["lost_replacements"] = [*rung.progress.get("lost_replacements", []), lost]
     save()
@@ -290,7 +286,7 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
     if not rung.progress.get("requested_at"):  # before the instance is terminated or stopped
         _guard(incident, orchestrator, hands_off, instance)
     lost = rung.progress.get("new_instance_id")
-    if not rung.joined and isinstance(lost, str) and _ended(provider, lost):
+    if not rung.joined and isinstance(lost, str) and runner.gone(lost):
         _forget(rung, lost, save)
     try:
         step = provider.replace(instance, incident.slurm_node, dict(rung.progress),
@@ -306,7 +302,7 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
         try:
             node = orchestrator.adopt(incident.slurm_node, step.instance_id, drain_reason(prefix, incident), began)
         except (InstanceNotManagedError, InstanceGoneError):  # Slurm's join: SSM cannot reach it
-            if not _ended(provider, step.instance_id):
+            if not runner.gone(step.instance_id):
                 raise  # still booting
             _forget(rung, step.instance_id, save)
             raise ReplacementPendingError(f"the replacement {step.instance_id} for {incident.slurm_node} was ended by "
