@@ -108,6 +108,26 @@ def test_a_failure_before_the_gate_let_nodemedic_act_touches_nothing(slurm: Memo
     assert ledger.active_incident_id("c1", "i-gpu-1") is None
 
 
+@pytest.mark.parametrize(("error", "again"), [("AwsThrottledError", True), ("ThrottledError", True),
+                                              ("States.Timeout", True), ("PolicyError", False),
+                                              ("UnknownNodeError", False)])
+def test_a_fault_whose_gate_failed_on_a_passing_error_is_kept_to_be_offered_again(
+        slurm: MemorySlurm, ledger: Ledger, error: str, again: bool) -> None:
+    """Its agent stopped sending it once the incident opened: a failure that passes (throttling, a
+    timeout) keeps it as a recheck due at once; one that does not (a bad policy) leaves it to the
+    page. A chain of failures whose first incident left the ledger still counts, and never fails
+    the Failure stage itself."""
+    incident = opened(ledger)
+    ledger.start_stage(incident, "detect", clock())
+    ledger.complete_stage(incident, "detect", clock(), {"evidence": {"recheck_of": "inc-expired"}})
+    ledger.start_stage(incident, "gate", clock())
+    ended = _fail(incident, slurm, ledger, {"Error": error, "Cause": "x"})
+    recheck = ledger.recheck("c1", "gpu-1", "XID 79")
+    assert ("decides its XID 79 again" in ended.message) is again
+    assert (recheck is not None and recheck.incident_id == incident.incident_id and recheck.due <= clock()) is again
+    assert not slurm.n["gpu-1"].drained and slurm.calls == []
+
+
 def test_a_failure_after_the_node_was_returned_leaves_it_in_service(slurm: MemorySlurm, ledger: Ledger) -> None:
     incident = opened(ledger)
     drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)

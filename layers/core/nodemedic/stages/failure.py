@@ -18,7 +18,7 @@ from datetime import datetime
 
 from nodemedic.contracts.incident import SPARE_CLAIM, STAGES, Incident, IncidentRef
 from nodemedic.contracts.stages import EndOutput
-from nodemedic.errors import RetryableError
+from nodemedic.errors import IncidentStateError, RetryableError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.safety.gate import decided_again
 from nodemedic.stages.drain import drain_reason
@@ -66,7 +66,10 @@ def failed_in_a_row(incident: Incident, ledger: Ledger) -> int:
     """How many incidents before this one failed on the same fault, each offering it to the next."""
     count, current = 0, incident
     while count < RETRIES and isinstance(before := current.evidence("recheck_of"), str):
-        current = ledger.get(before)
+        try:
+            current = ledger.get(before)
+        except IncidentStateError:  # not in the ledger (expired, a restored backup): the chain ends there
+            break
         if current.status != "failed":
             break
         count += 1
