@@ -19,6 +19,7 @@ import random
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -75,15 +76,16 @@ def _kube(local: LocalMode) -> KubeScheduler | None:
     return local.scheduler if isinstance(local.scheduler, KubeScheduler) else None
 
 
-def _kube_ok(call: Any) -> None:
-    """An operator's kubectl command, tried again while the API server restarts."""
+def _kube_ok(call: Callable[[], Any]) -> Any:
+    """An operator's kubectl command, tried again while the API server restarts (and, where the
+    node changed since the command read it, 409) until it answers: what it returns, or None where
+    the node is gone (its instance ended)."""
     for _ in range(60):
         try:
-            call()
-            return
+            return call()
         except ApiException as exc:
-            if exc.status == 404:  # the node is gone (its instance ended)
-                return
+            if exc.status == 404:
+                return None
         except urllib3.exceptions.HTTPError:  # the API server is down
             pass
         time.sleep(0.5)
@@ -94,22 +96,15 @@ def _cordon(kube: KubeScheduler, node: str) -> bool:
     """kubectl cordon, on the node as read (its resourceVersion). False where it was cordoned
     already: cordoning it again changes nothing the API server records, so nobody, NodeMedic
     included, can tell that the operator wants it out (nodemedic remediate --action drain says so)."""
-    for _ in range(60):
-        try:
-            raw = kube.core.read_node(node)
-            if raw.spec.unschedulable:
-                return False
-            kube.core.patch_node(node, {"metadata": {"resourceVersion": raw.metadata.resource_version},
-                                        "spec": {"unschedulable": True}})
-            return True
-        except ApiException as exc:
-            if exc.status == 404:  # the node is gone (its instance ended)
-                return False
-            # 409: the node changed since the read: read it again
-        except urllib3.exceptions.HTTPError:  # the API server is down
-            pass
-        time.sleep(0.5)
-    raise AssertionError("the API server did not take an operator's cordon in 30 s")
+    def cordon() -> bool:
+        raw = kube.core.read_node(node)
+        if raw.spec.unschedulable:
+            return False
+        kube.core.patch_node(node, {"metadata": {"resourceVersion": raw.metadata.resource_version},
+                                    "spec": {"unschedulable": True}})
+        return True
+
+    return _kube_ok(cordon) is True
 
 
 def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> None:

@@ -90,8 +90,6 @@ class ReturnLostError(RetryableError):
     stay back."""
 
 
-
-
 class CapacityError(NodeMedicError):
     """AWS has no capacity for the replacement now (InsufficientInstanceCapacity and the like).
     The state machine retries the rung later, then escalates; the node stays drained."""

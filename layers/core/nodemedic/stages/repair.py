@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from nodemedic.contracts.incident import (
     REPLACEMENT_CLAIM,
@@ -217,14 +217,16 @@ def _replaced_by_provider(incident: IncidentRef, rung: RungRecord, provider: Pro
     return successor.instance_id
 
 
-def _forget(rung: RungRecord, lost: str, save: Callable[[], None]) -> None:
+def _forget(incident: IncidentRef, rung: RungRecord, lost: str, save: Callable[[], None]) -> NoReturn:
     """Someone else ended the replacement before it joined (an operator, a health check; EC2
     says it is shutting down or terminated): the provider's next instance is claimed in its
-    place. Waiting on this one failed the incident, and left the node without an instance and
-    the one launched in its place unclaimed."""
+    place, at the next try. Waiting on this one failed the incident, and left the node without an
+    instance and the one launched in its place unclaimed."""
     rung.progress = {k: v for k, v in rung.progress.items() if k != "new_instance_id"}
     rung.progress["lost_replacements"] = [*rung.progress.get("lost_replacements", []), lost]
     save()
+    raise ReplacementPendingError(f"the replacement {lost} for {incident.slurm_node} was ended by someone else "
+                                  "before it joined; the next instance is claimed")
 
 
 def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orchestrator: Orchestrator,
@@ -285,9 +287,6 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
         return instance
     if not rung.progress.get("requested_at"):  # before the instance is terminated or stopped
         _guard(incident, orchestrator, hands_off, instance)
-    lost = rung.progress.get("new_instance_id")
-    if not rung.joined and isinstance(lost, str) and runner.gone(lost):
-        _forget(rung, lost, save)
     try:
         step = provider.replace(instance, incident.slurm_node, dict(rung.progress),
                                 claim=lambda candidate: ledger.claim(REPLACEMENT_CLAIM, candidate, incident.incident_id))
@@ -304,10 +303,10 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
         except (InstanceNotManagedError, InstanceGoneError):  # Slurm's join: SSM cannot reach it
             if not runner.gone(step.instance_id):
                 raise  # still booting
-            _forget(rung, step.instance_id, save)
-            raise ReplacementPendingError(f"the replacement {step.instance_id} for {incident.slurm_node} was ended by "
-                                          "someone else before it joined; the next instance is claimed") from None
-        if node is None:
+            _forget(incident, rung, step.instance_id, save)
+        if node is None:  # Kubernetes: its node has not registered
+            if runner.gone(step.instance_id):
+                _forget(incident, rung, step.instance_id, save)
             raise ReplacementPendingError(f"the replacement {step.instance_id} for {incident.slurm_node} has not "
                                           "joined the cluster yet")
         rung.node = node
