@@ -27,6 +27,7 @@ import traceback
 import unicodedata
 import uuid
 import warnings
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -71,6 +72,7 @@ from moto.ssm.exceptions import SSMException
 from moto.ssm.models import Command, SimpleSystemManagerBackend
 from moto.ssm.responses import SimpleSystemManagerResponse
 from moto.stepfunctions.exceptions import ValidationException as StatesValidationException
+from moto.stepfunctions.parser import utils as stepfunctions_utils
 from moto.stepfunctions.parser.asl.component.common.error_name.error_equals_decl import ErrorEqualsDecl
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
 from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
@@ -80,6 +82,7 @@ from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguagePa
 from moto.stepfunctions.parser.backend.execution import Execution
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+from moto.stepfunctions.parser.utils import TMP_THREADS
 from moto.utilities.arns import parse_arn
 from nodemedic_agent.documents import parameter_problems, render_document
 
@@ -117,6 +120,7 @@ HOOKED = {
     "eventbridge request size": (EventsBackend, "put_events"),
     "step functions input size": (StepFunctionsParserBackend, "start_execution"),
     "step functions status of a starting execution": (Execution, "status"),
+    "step functions interpreter threads": (stepfunctions_utils, "TMP_THREADS"),
     **hyperpod.HOOKED,
     **{f"dynamodb {name}": (DynamoDBBackend, name) for name in ("put_item", "update_item", "delete_item",
                                                                   "transact_write_items")},
@@ -126,6 +130,8 @@ HOOKED = {
     "sqs visible messages": (SqsQueue, "messages"),
 }
 _DYNAMODB_WRITES = threading.RLock()
+ENDING_EXECUTIONS_S = 30.0  # how long stop() waits for a stopped execution's Lambda task in flight
+_ORPHANED: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # see EmbeddedAWS.end_executions
 
 
 SERVICES = ("autoscaling", "cloudformation", "cloudwatch", "dynamodb", "ec2", "eks", "events", "iam", "kms", "lambda",
@@ -1156,7 +1162,36 @@ class EmbeddedAWS:
         if self.command_host is not None:
             self.command_host.rebooted(instance_ids)
 
+    def end_executions(self, timeout_s: float = ENDING_EXECUTIONS_S) -> None:
+        """Stop every running execution and wait (``timeout_s`` at most) for the interpreter's
+        threads, a Lambda task in flight included, to end. moto's executions run on daemon
+        threads that outlive the mocks: one left running went on invoking its stack's functions
+        inside the next embedded AWS of the process, whose IAM then denied its state machine a
+        function it had never heard of. A thread still alive past ``timeout_s`` is orphaned:
+        every call it makes to any later embedded AWS is refused (see ``_authorize``)."""
+        if not self._running:
+            return
+        if self._schedules is not None:
+            self._schedules.set()  # no scheduled rule starts another
+        sfn = self.client("stepfunctions")
+        for machines in sfn.get_paginator("list_state_machines").paginate():
+            for machine in machines["stateMachines"]:
+                pages = sfn.get_paginator("list_executions").paginate(
+                    stateMachineArn=machine["stateMachineArn"], statusFilter="RUNNING")
+                for page in pages:
+                    for execution in page["executions"]:
+                        sfn.stop_execution(executionArn=execution["executionArn"], error="EmbeddedAWS.Stopped",
+                                           cause="the embedded AWS stopped")
+        deadline = time.monotonic() + timeout_s
+        # a waitForTaskToken thread only waits for its token (to the task's timeout) and calls nothing
+        for thread in [t for t in TMP_THREADS if t.is_alive() and not t.name.startswith("WaitForTaskToken_")]:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                _ORPHANED.add(thread)
+        TMP_THREADS[:] = [t for t in TMP_THREADS if t.is_alive()]
+
     def stop(self) -> None:
+        self.end_executions()
         with self._lifecycle:
             self._running = False
         if self._schedules is not None:
@@ -1258,6 +1293,10 @@ class EmbeddedAWS:
 
     def _authorize(self, model: Any, context: dict[str, Any], request_signer: Any = None, **_: Any) -> None:
         self._caller.call = None
+        if threading.current_thread() in _ORPHANED:
+            raise ClientError({"Error": {"Code": "ExecutionDoesNotExist",
+                                         "Message": "this thread ran an execution of an embedded AWS that has stopped"}},
+                              model.name)
         caller = self._principal(request_signer)
         if caller is None:
             return

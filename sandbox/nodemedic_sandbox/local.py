@@ -88,6 +88,7 @@ class LocalMode:
     def __exit__(self, *exc: object) -> None:
         if self.agents is not None:
             self.agents.stop()
+        self.aws.end_executions()  # while the relays and the scheduler its Lambda tasks in flight call still run
         for relay, thread in self._relays:
             relay.stop_event.set()
             thread.join(timeout=30)

@@ -848,3 +848,37 @@ def test_a_command_runs_for_the_time_ssms_agent_gives_it(given: str, runs_for: i
     """The agent runs a step whose timeoutSeconds is under 5 s or over two days for its default
     hour: a 2 s timeout is no timeout at all on AWS."""
     assert ssm_agent_timeout(given) == runs_for
+
+
+def test_an_execution_running_when_its_embedded_aws_stops_reaches_no_later_one(tmp_path: Path) -> None:
+    """moto runs executions on threads that outlive the mocks: one still running when its stack
+    stopped went on invoking that stack's functions inside the next test's embedded AWS, whose IAM
+    then denied them (a CI failure in a test that had passed). Stopping ends them first."""
+    code = tmp_path / "fn"
+    code.mkdir()
+    (code / "app.py").write_text("import time\ndef handler(event, context):\n    time.sleep(event['sleep'])\n    return {}\n")
+    invoke = {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke"}
+    definition = {"StartAt": "Slow", "States": {
+        "Slow": {**invoke, "Parameters": {"FunctionName": "fn", "Payload": {"sleep": 1}}, "Next": "Then"},
+        "Then": {**invoke, "Parameters": {"FunctionName": "fn", "Payload": {"sleep": 0}}, "End": True}}}
+    with EmbeddedAWS(retry_time_scale=0.01) as first:
+        iam = first.client("iam")
+        role = iam.create_role(RoleName="sm", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        iam.put_role_policy(RoleName="sm", PolicyName="p", PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": "*"}]}))
+        first.client("lambda").create_function(FunctionName="fn", Runtime="python3.12", Role=role, Handler="app.handler",
+                                               Code={"ZipFile": b"PK"})
+        first.functions["fn"] = FunctionSource(code, "app.handler")
+        first.state_machine_roles.append(role)
+        sfn = first.client("stepfunctions")
+        arn = sfn.create_state_machine(name="m", definition=json.dumps(definition), roleArn=role)["stateMachineArn"]
+        execution = sfn.start_execution(stateMachineArn=arn, input="{}")["executionArn"]
+        time.sleep(0.5)
+        assert first.invocations == []  # "Slow" is in flight: stop() comes now
+    with EmbeddedAWS(retry_time_scale=0.01) as second:
+        iam = second.client("iam")
+        second.state_machine_roles.append(iam.create_role(RoleName="sm", AssumeRolePolicyDocument="{}")["Role"]["Arn"])
+        time.sleep(2)  # "Then" would have been invoked by now
+        assert (second.denials, second.invocations) == ([], [])
+    assert [i.event for i in first.invocations] == [{"sleep": 1}]  # "Slow" ended; "Then" never ran
+    assert execution
