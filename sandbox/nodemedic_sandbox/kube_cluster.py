@@ -8,6 +8,9 @@ the same way as on EKS, plus the parts of a cluster that cannot run here, played
   ``READY_AFTER_S`` later (on EKS the CNI takes tens of seconds; scaled
   down), not while the instance reboots; the deletion of an evicted pod is confirmed;
 - the cloud node-lifecycle controller: the node of a terminated instance is deleted;
+- the pod garbage collector: a pod bound to a node that is gone is deleted (force, no budget)
+  ``ORPHAN_QUARANTINE_S`` after it is first seen so (kube-controller-manager's podgc waits
+  ``quarantineTime`` = 40 s; scaled down);
 - any other controller the cluster adds (``controllers``: Karpenter, :mod:`nodemedic_sandbox.karpenter`);
 - a training operator and the scheduler: each training job keeps its pods, a missing pod is made
   again and bound to a node that is ready, not cordoned and carries no taint (a hot spare does
@@ -46,6 +49,7 @@ RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 NAMESPACE = "training"
 TICK_S = 0.2
 READY_AFTER_S = 1.0  # a new node's registration -> Ready (the CNI's start on EKS, scaled down)
+ORPHAN_QUARANTINE_S = 2.0  # podgc's quarantineTime (pkg/controller/podgc/gc_controller.go: 40 s), scaled down
 _TRAINING_OWNER = ("kubeflow.org/v1", "PyTorchJob")
 
 
@@ -85,6 +89,7 @@ class KubeScheduler:
     _ready: dict[str, bool] = field(default_factory=dict)  # node -> its Ready condition, as last set
     _registered: dict[str, float] = field(default_factory=dict)  # node -> time.monotonic() it registered
     _spares_seen: set[str] = field(default_factory=set)  # nodes that have been in the spare pool
+    _orphans: dict[str, float] = field(default_factory=dict)  # pod -> time.monotonic() first seen on a gone node
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -241,6 +246,7 @@ class KubeScheduler:
                 self._kubelets()
                 self._see_spares(self.core.list_node().items)
                 self._confirm_deletions()
+                self._collect_orphans()
                 self._reconcile_jobs()
             except Exception as exc:  # noqa: BLE001 - a stopping API server, a race: try again next tick
                 if not self._stop.is_set():
@@ -281,6 +287,19 @@ class KubeScheduler:
             if pod.metadata.deletion_timestamp is not None:
                 with contextlib.suppress(ApiException):
                     self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
+
+    def _collect_orphans(self) -> None:
+        """The pod garbage collector: a pod bound to a node the API server no longer has is
+        deleted at once (grace 0) once it has been so for ``ORPHAN_QUARANTINE_S``."""
+        nodes = {str(n.metadata.name) for n in self.core.list_node().items}
+        now = time.monotonic()
+        orphans = {str(p.metadata.name) for p in self.core.list_namespaced_pod(NAMESPACE).items
+                   if p.spec.node_name and p.spec.node_name not in nodes}
+        self._orphans = {pod: self._orphans.get(pod, now) for pod in orphans}
+        for pod, since in list(self._orphans.items()):
+            if now - since >= ORPHAN_QUARANTINE_S:
+                with contextlib.suppress(ApiException):
+                    self.core.delete_namespaced_pod(pod, NAMESPACE, grace_period_seconds=0)
 
     def _reconcile_jobs(self) -> None:
         """The training operator makes a missing worker again at once (Pending); the scheduler

@@ -354,3 +354,66 @@ def test_the_api_server_killed_and_restarted_mid_incident_only_delays_it(local: 
     assert incident.status == "closed", incident.outcome
     after = kube.job(job)
     assert after["JobState"] == "RUNNING" and after["NodeList"] == "gpu-2,gpu-3,gpu-4"
+
+
+
+@pytest.mark.parametrize("ended", ["before its drain", "while it awaits its approval"])
+def test_a_node_whose_instance_is_ended_under_its_incident_is_retired_not_failed(ended: str) -> None:
+    """Someone else ends the instance while its incident runs (the group's health check, an
+    operator): the cloud controller deletes its node, so the API server no longer knows the node
+    the incident names. Before, the stage that next read the node failed on its 404 and the
+    on-call was paged about a node that no longer exists. Now the drain has nothing left to
+    cordon (the pods still bound to it are deleted, as the pod garbage collector would), the job's
+    worker moves to the spare, and the repair, finding the node and its instance gone, sends
+    nothing: the incident is retired and its lock released. The group's new instance joins as a
+    node of its own, held for its burn-in."""
+    from nodemedic import operations
+
+    from tests.e2e.support import OPERATOR
+    from tests.e2e.test_safety import _wait_for_approval_requests
+
+    require("the real kube-apiserver", kube_apiserver.unavailable_reason())
+    approval = ended == "while it awaits its approval"
+    parameters = {**OPEN, "RemediationMode": "approval"} if approval else OPEN
+    with LocalMode(nodes=3, spares=1, scheduler="kubernetes", retry_time_scale=0.01,
+                   extra_parameters=parameters) as local:
+        kube = _kube(local)
+        job = kube.submit(3, name="llm")  # one worker on each of gpu-1..3; gpu-4 is the spare
+        assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to run")
+        old = kube.instance_of("gpu-2")
+        group = {i["InstanceId"] for i in local.cluster.group_instances()}
+
+        def end_it(_: object = None) -> None:
+            local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+                InstanceId=old, ShouldDecrementDesiredCapacity=False)
+            wait_for(lambda: "gpu-2" not in kube.node_names(), "the node of the ended instance to be deleted")
+
+        if not approval:
+            local.aws.before_invoke("Drain", end_it)
+        local.put_event(local.health_event("gpu-2", "XID 48"))  # a GPU reset, a reboot, then a replace
+        if approval:
+            [waiting] = _wait_for_approval_requests(local, 1)
+            end_it()
+            operations.answer_approval(local.ledger, local.aws.client("stepfunctions"), waiting.incident_id,
+                                       approve=True, by=OPERATOR, reason="XID 48 in the kernel log")
+        [execution] = local.wait_for_executions(1, timeout=120)
+
+        incident = local.incident(execution["name"])
+        assert (execution["status"], incident.status) == ("SUCCEEDED", "retired"), (incident.failure, incident.outcome)
+        assert f"EC2 ended {old} outside NodeMedic" in (incident.outcome or "")
+        assert incident.stages["drain"].result["node_gone"] is (not approval)
+        assert incident.stages["spare"].result["spare"] == "gpu-4"
+        after = kube.job(job)
+        assert after["JobState"] == "RUNNING" and "gpu-4" in after["NodeList"].split(",") and "gpu-2" not in after["NodeList"]
+        # nothing was sent to the ended instance, nothing replaced by NodeMedic, nobody paged, the lock released
+        assert not [c for c in local.cluster.commands if c.instance_id == old]
+        assert not [r for r in incident.stages["repair"].result["rungs"] if r.get("reset_command") or r.get("progress")]
+        asked = [f"NodeMedic: approve {incident.action} of gpu-2?"] if approval else []
+        assert [m["Subject"] for m in local.escalations()] == asked
+        assert local.ledger.node_lock(incident.cluster, old) is None
+        # the group's own replacement joins under a name of its own, held for its burn-in
+        [new] = wait_for(lambda: [i["InstanceId"] for i in local.cluster.group_instances()
+                                  if i["InstanceId"] not in group], "the group's new instance")
+        joined = wait_for(lambda: kube.node_of(new), "the new instance's node")
+        assert BURN_IN_TAINT in kube.taints(joined)
+        assert kube.errors == []

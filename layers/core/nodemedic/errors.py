@@ -50,6 +50,12 @@ class InstanceGoneError(NodeMedicError):
     terminated, or HyperPod has no such node any more. Nothing will ever reach it. Not retried."""
 
 
+class NodeGoneError(NodeMedicError):
+    """The orchestrator no longer has the node: on Kubernetes the API server answers 404, the cloud
+    node-lifecycle controller having deleted the node of an instance that ended. No work can land
+    on it; nothing is left there to cordon or uncordon."""
+
+
 class HealthCheckPendingError(RetryableError):
     """The provider's own health check of the node has not decided yet (SageMaker HyperPod: the
     node is still booting, being updated, or running HyperPod's deep health check)."""

@@ -94,6 +94,9 @@ class DrainOutput(_Model):
     job_members: dict[str, int] = Field(default_factory=dict, description=(
         "Kubernetes: each requeued workload's live pods before its evictions; it is back when it runs as many again"))
     checkpoint: CheckpointRecord | None = Field(default=None, description="None: no checkpoint policy applied")
+    node_gone: bool = Field(default=False, description=(
+        "Kubernetes: the API server no longer had the node (its instance ended): nothing was cordoned, and its "
+        "pods were deleted as the pod garbage collector would"))
 
     @model_validator(mode="before")
     @classmethod

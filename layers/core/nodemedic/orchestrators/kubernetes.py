@@ -57,7 +57,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nodemedic.contracts.problems import read_json
 from nodemedic.domain.scontrol import burn_in_reason
-from nodemedic.errors import CommandFailedError, DrainFailedError, NodeMedicError, PolicyError, ResumeFailedError
+from nodemedic.errors import (
+    CommandFailedError,
+    DrainFailedError,
+    NodeGoneError,
+    NodeMedicError,
+    PolicyError,
+    ResumeFailedError,
+)
 from nodemedic.orchestrators import eks_auth
 from nodemedic.orchestrators.base import EvacuationResult, JobState, NodeStatus, RunningJob
 
@@ -411,6 +418,9 @@ class KubernetesOrchestrator:
         try:
             return _Node(self._core.read_node(node), self._prefix)
         except ApiException as exc:
+            if exc.status == 404:
+                raise NodeGoneError(f"the API server has no node {node}: it was deleted (the cloud controller "
+                                    "deletes the node of an instance that ended)") from exc
             raise CommandFailedError(f"the API server did not describe node {node}: {exc.status} {exc.reason}") from exc
 
     def _pods_on(self, node: str) -> list[Any]:
@@ -482,8 +492,16 @@ class KubernetesOrchestrator:
 
     def busy(self, node: str) -> str | None:
         """Why no destructive step may touch ``node`` now: a training pod runs there, or it is no
-        longer cordoned (someone returned it to service). Read right before the step."""
-        current = self._read(node)
+        longer cordoned (someone returned it to service). Read right before the step. A node the
+        API server no longer has is busy while a training pod is still bound to it (until the pod
+        garbage collector deletes it); else :class:`NodeGoneError`."""
+        try:
+            current = self._read(node)
+        except NodeGoneError:
+            jobs = self.jobs_on(node)
+            if jobs:
+                return f"{node} is gone, but pods of job(s) {', '.join(jobs)} are still bound to it"
+            raise
         if current.hyperpod_hold:
             return f"HyperPod is checking or recovering {node} itself ({current.hyperpod_hold})"
         jobs = self.jobs_on(node)
@@ -498,7 +516,8 @@ class KubernetesOrchestrator:
                failure: type[NodeMedicError] = CommandFailedError) -> _Node | None:
         """Read, decide, patch on that read's resourceVersion; again while the node changes under us.
         Returns the node as read for the patch that applied, None when ``decide`` changed nothing;
-        raises ``failure`` when the API server cannot be read or refuses the change."""
+        raises ``failure`` when the API server cannot be read or refuses the change, and
+        :class:`NodeGoneError` when it has no such node."""
         try:
             for _ in range(CONFLICT_RETRIES):
                 current = self._read(node)
@@ -509,6 +528,8 @@ class KubernetesOrchestrator:
                     self._core.patch_node(node, ops)
                     return current
                 except ApiException as exc:
+                    if exc.status == 404:
+                        raise NodeGoneError(f"{what} {node}: the API server has no such node any more") from exc
                     # a failed "test" of the resourceVersion is a 422 like any invalid patch: it is a
                     # conflict when the node changed since the read; decide again on what is there now
                     if exc.status == 409 or (exc.status == 422 and self._read(node).version != current.version):
@@ -526,6 +547,8 @@ class KubernetesOrchestrator:
         try:
             self._core.patch_node_status(node, body)
         except ApiException as exc:
+            if exc.status == 404:
+                raise NodeGoneError(f"condition on {node}: the API server has no such node any more") from exc
             raise CommandFailedError(f"condition on {node}: {exc.status} {exc.reason}") from exc
 
     def drain(self, node: str, reason: str, takeover: str = "-") -> bool:
@@ -662,7 +685,10 @@ class KubernetesOrchestrator:
         are gone. Only while the node is held out of scheduling (cordoned): one someone uncordoned
         since the drain keeps its pods (``not_drained``), read right before the evictions."""
         elapsed = 0.0 if started_at is None else self._clock().timestamp() - started_at
-        current = self._read(node)
+        try:
+            current = self._read(node)
+        except NodeGoneError:
+            return self._collect_orphans(node)
         if not current.held:  # uncordoned since the drain (during a checkpoint wait): its pods stay
             return EvacuationResult(requeued=[], not_requeued=[], not_drained="uncordoned, schedulable")
         self._mark_out_of_service(node)  # only if the node is not Ready (decided on the read it patches)
@@ -695,6 +721,19 @@ class KubernetesOrchestrator:
         return EvacuationResult(requeued=sorted(requeued), not_requeued=not_requeued,
                                 job_nodes=self._job_nodes(requeued, node), pending=pending,
                                 job_members={w: n for w in sorted(requeued) if (n := recorded.get(w)) is not None})
+
+    def _collect_orphans(self, node: str) -> EvacuationResult:
+        """The evacuation of a node the API server no longer has: its pods can never run again, and
+        no kubelet will confirm their deletion. They are deleted at once, as the pod garbage
+        collector deletes the pods of a deleted node (budgets do not apply to it either), and
+        their workloads are requeued: their controllers make the pods again elsewhere."""
+        pods = [pod for pod in self._pods_on(node) if _movable(pod) and pod.status.phase not in ("Succeeded", "Failed")]
+        requeued = {workload for pod in filter(_live, pods) if (workload := workload_of(pod))}
+        members = self._members(requeued)  # before the deletions: as many pods run again once it restarted
+        for pod in pods:  # evicted ones too, whose deletion no kubelet will confirm
+            self._delete(pod, 0)
+        return EvacuationResult(requeued=sorted(requeued), not_requeued=[], job_nodes=self._job_nodes(requeued, node),
+                                job_members=members)
 
     def _job_nodes(self, jobs: set[str], node: str) -> dict[str, list[str]]:
         """The nodes each job's running pods are on (and ``node``, which it just left); the
@@ -838,7 +877,10 @@ class KubernetesOrchestrator:
             return current.patch(cordoned=current.cordoned, taints=current.taints, annotations=annotations,
                                  labels=dict(labels))
 
-        self._apply(node, decide, "pause the GPU clients on")
+        try:
+            self._apply(node, decide, "pause the GPU clients on")
+        except NodeGoneError:
+            return None  # no pod runs on a node that is gone, GPU clients neither
         if others:
             return f"another operation paused GPU components on {node} ({', '.join(others)}): waiting for it to end"
         staying = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in self._pods_on(node)
@@ -864,7 +906,10 @@ class KubernetesOrchestrator:
             return current.patch(cordoned=current.cordoned, taints=current.taints, annotations=annotations,
                                  labels=labels)
 
-        return self._apply(node, decide, "resume the GPU clients on") is not None
+        try:
+            return self._apply(node, decide, "resume the GPU clients on") is not None
+        except NodeGoneError:
+            return False  # a replacement registers a node of its own, with its labels as deployed
 
     def stray_autoscaler_holds(self) -> list[str]:
         return [node.name for raw in self._list_nodes() if _stray_holds(node := _Node(raw, self._prefix))]

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from nodemedic.contracts.incident import NON_DISRUPTIVE, IncidentRef
 from nodemedic.contracts.stages import CheckpointRecord, DrainOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy
-from nodemedic.errors import EvictionPendingError, NodeBusyError
+from nodemedic.errors import EvictionPendingError, NodeBusyError, NodeGoneError
 from nodemedic.orchestrators.base import EvacuationResult, Orchestrator
 from nodemedic.safety.gate import HandsOff, refuse_if_held
 from nodemedic.stages.checkpoint import checkpoint_jobs, hard_fault_reason
@@ -93,7 +93,9 @@ def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger,
 def _drain_node(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger, prefix: str,
                 clock: Callable[[], datetime], progress: dict[str, object]) -> bool:
     """Drain the node (once: a retried invocation reads what the first one did). True when the
-    drain is the pipeline's own."""
+    drain is the pipeline's own, or when the node is gone (Kubernetes: its instance ended and the
+    cloud controller deleted it): no work lands there, and a replacement is NodeMedic's to return.
+    No hold is kept on a name that a later instance may register under."""
     if isinstance(done := progress.get("drained_by_pipeline"), bool):
         return done
     reason = drain_reason(prefix, incident)
@@ -102,7 +104,12 @@ def _drain_node(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledge
     hold = ledger.hold_of(incident.cluster, incident.slurm_node)
     other_open = hold is not None and hold.incident_id != incident.incident_id \
         and ledger.statuses([hold.incident_id]).get(hold.incident_id) == "open"
-    ours = orchestrator.drain(incident.slurm_node, reason, takeover="-" if other_open else f"{prefix}:")
+    try:
+        ours = orchestrator.drain(incident.slurm_node, reason, takeover="-" if other_open else f"{prefix}:")
+    except NodeGoneError:
+        progress["node_gone"] = True
+        ledger.record_progress(incident, "drain", {"drained_by_pipeline": True, "node_gone": True})
+        return True
     if ours:
         ledger.hold_drain(incident, reason, clock())
     ledger.record_progress(incident, "drain", {"drained_by_pipeline": ours})
@@ -121,6 +128,8 @@ def _before_requeue(incident: IncidentRef, orchestrator: Orchestrator, ledger: L
     disruptive = incident.action not in NON_DISRUPTIVE
     if incident.action == "burn_in":
         return None, False
+    if progress.get("node_gone") is True:  # no job checkpoints on a node that is gone
+        return CheckpointRecord(policy=f"requeued at once: {incident.slurm_node} is gone"), True
     current = ledger.get(incident.incident_id)  # read once a call
     hard = hard_fault_reason(current.folded_faults, policy)
     if not disruptive and hard:
@@ -170,6 +179,7 @@ def drain(
         job_sizes=evacuated.job_sizes,
         job_members=evacuated.job_members,
         checkpoint=checkpoint,
+        node_gone=progress.get("node_gone") is True,
     )
     ledger.complete_stage(incident, "drain", clock(), out.model_dump(mode="json"))
     return out

@@ -18,7 +18,7 @@ from datetime import datetime
 
 from nodemedic.contracts.incident import SPARE_CLAIM, STAGES, Incident, IncidentRef
 from nodemedic.contracts.stages import EndOutput
-from nodemedic.errors import IncidentStateError, RetryableError
+from nodemedic.errors import IncidentStateError, NodeGoneError, RetryableError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.safety.gate import decided_again
 from nodemedic.stages.drain import drain_reason
@@ -106,6 +106,8 @@ def fail(incident: IncidentRef, error: dict[str, str | None] | None, *, orchestr
                 drained = f"{node} stays drained; NodeMedic holds the drain (it is drained again if lost)"
             else:
                 hold, drained = None, f"{node} stays drained by someone else's drain, which is left alone"
+        except NodeGoneError:  # no hold on a name a later instance may register under
+            hold, drained = None, f"{node} is gone (the cluster deleted its node): nothing is left to keep drained"
         except Exception as exc:  # noqa: BLE001 - the scheduler may be what failed: hold it all the same
             drained = (f"{node} could not be drained now ({exc}); NodeMedic holds it: the reconciler drains "
                        f"it as soon as the scheduler answers")

@@ -34,6 +34,7 @@ from nodemedic.errors import (
     InstanceNotManagedError,
     NodeBusyError,
     NodeDrainingError,
+    NodeGoneError,
     ReplacementFailedError,
     ReplacementPendingError,
 )
@@ -98,11 +99,16 @@ def repair(
         rungs.append(RungRecord(rung=ladder[len(rungs)], instance_id=instance, started_at=clock()))
         ledger.record_progress(incident, "repair", {**rungs_result(rungs), "destination": destination})
     current = rungs[-1]
-    current.instance_id = _climb(incident, current, provider=provider, orchestrator=orchestrator,
-                                 runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
-                                 prefix=prefix, checkpoints=checkpoints or CheckpointPolicy(), progress=record.result,
-                                 save=lambda: ledger.record_progress(incident, "repair", rungs_result(rungs)),
-                                 clock=clock, hands_off=hands_off)
+    try:
+        current.instance_id = _climb(incident, current, provider=provider, orchestrator=orchestrator,
+                                     runner=runner, ledger=ledger, documents=documents, timeout_s=timeout_s,
+                                     prefix=prefix, checkpoints=checkpoints or CheckpointPolicy(),
+                                     progress=record.result,
+                                     save=lambda: ledger.record_progress(incident, "repair", rungs_result(rungs)),
+                                     clock=clock, hands_off=hands_off)
+    except NodeGoneError as exc:  # the state machine retires the incident, saying this
+        ledger.record_progress(incident, "repair", {"gone": str(exc)})
+        raise
     current.done_at = clock()
     ledger.record_progress(incident, "repair", rungs_result(rungs))
     return _output(incident, len(rungs), current, check_timeout_s)
@@ -150,12 +156,22 @@ def _output(incident: IncidentRef, attempt: int, rung: RungRecord, check_timeout
                         last=attempt >= len(incident.rungs), check_timeout_s=check_timeout_s)
 
 
-def _guard(incident: IncidentRef, orchestrator: Orchestrator, hands_off: HandsOff, instance: str) -> None:
+def _guard(incident: IncidentRef, orchestrator: Orchestrator, hands_off: HandsOff, instance: str,
+           runner: RunCommand) -> None:
     """No step that changes a node while automation is paused or the node is excluded, and no
     destructive step on a node that runs a job, or that someone returned to service: checked
-    right before each step, whatever the stages before it recorded."""
+    right before each step, whatever the stages before it recorded. A node the cluster deleted
+    (Kubernetes) runs nothing: with its instance ended too, nothing is left to repair
+    (:class:`NodeGoneError`: the incident is retired); with its instance running, the ladder goes
+    on (a reboot registers the node again)."""
     refuse_if_held(hands_off, incident.slurm_node, instance)
-    why = orchestrator.busy(incident.slurm_node)
+    try:
+        why = orchestrator.busy(incident.slurm_node)
+    except NodeGoneError as exc:
+        if runner.gone(instance):
+            raise NodeGoneError(f"{exc}; EC2 ended {instance} outside NodeMedic: nothing is left to repair, and "
+                                "the instances the group launches in its place join through their own burn-in") from exc
+        why = None
     if why:
         raise NodeBusyError(f"not touching {incident.slurm_node} ({instance}): {why}")
 
@@ -238,14 +254,14 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
     if rung.rung == "check":  # the node as it is: only its check follows, which disturbs any job
         if incident.action == "degrade":
             _after_jobs(incident, rung, orchestrator, ledger, checkpoints, save, clock, progress)
-        _guard(incident, orchestrator, hands_off, instance)
+        _guard(incident, orchestrator, hands_off, instance, runner)
         return instance
     if rung.rung == "gpu_reset":
         if rung.reset is None:
             # the command is recorded once sent: a retry whose wait ran out waits for that reset
             # instead of starting a second one on GPUs the first may still be resetting
             if not rung.reset_command:
-                _guard(incident, orchestrator, hands_off, instance)
+                _guard(incident, orchestrator, hands_off, instance, runner)
                 waiting = orchestrator.pause_gpu_clients(incident.slurm_node, incident.incident_id)
                 if waiting:
                     if rung.clients_wait_since is None:
@@ -277,7 +293,7 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
         return instance
     if rung.rung == "reboot":
         if not rung.rebooted:
-            _guard(incident, orchestrator, hands_off, instance)
+            _guard(incident, orchestrator, hands_off, instance, runner)
             try:
                 provider.reboot([instance])
             except InstanceGoneError as exc:
@@ -286,7 +302,7 @@ def _climb(incident: IncidentRef, rung: RungRecord, *, provider: Provider, orche
             save()
         return instance
     if not rung.progress.get("requested_at"):  # before the instance is terminated or stopped
-        _guard(incident, orchestrator, hands_off, instance)
+        _guard(incident, orchestrator, hands_off, instance, runner)
     try:
         step = provider.replace(instance, incident.slurm_node, dict(rung.progress),
                                 claim=lambda candidate: ledger.claim(REPLACEMENT_CLAIM, candidate, incident.incident_id))

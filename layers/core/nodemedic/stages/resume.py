@@ -196,11 +196,20 @@ def lambda_error_message(cause: str) -> str:
 
 def retire(incident: IncidentRef, *, ledger: Ledger, clock: Callable[[], datetime]) -> EndOutput:
     """The node's capacity ends (its Capacity Block): it stays drained, and its lock held, so what
-    its agent or the silence sweeper says while AWS takes it back folds into this incident."""
+    its agent or the silence sweeper says while AWS takes it back folds into this incident. Or
+    the node is gone, its instance ended outside NodeMedic (the repair said so): its lock is
+    released, as nothing of it is left to send anything."""
     current = ledger.get(incident.incident_id)
     spare = current.stages.get("spare")
     moved = spare.result.get("spare") if spare else None
     rungs = [r.rung for r in current.repair_rungs]
+    repair = current.stages.get("repair")
+    if repair is not None and (gone := repair.result.get("gone")):
+        message = (f"{incident.slurm_node} ({incident.instance_id}) retired: {gone}"
+                   + (f"; its jobs moved to {moved}" if moved else "") + ".")
+        if current.status == "open":
+            ledger.end(incident, "retired", clock(), message, release_node=True)
+        return EndOutput(status="retired", message=message)
     note = current.stages.get("capacity_end")
     code = note.result.get("fault_code") if note else incident.fault_code
     message = (f"{incident.slurm_node} ({incident.instance_id}) retired: its capacity ends "
