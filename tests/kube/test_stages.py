@@ -15,6 +15,7 @@ from nodemedic.errors import (
     CheckpointPendingError,
     EvictionPendingError,
     GpuClientsPendingError,
+    NodeGoneError,
     ReplacementPendingError,
 )
 from nodemedic.orchestrators.kubernetes import (
@@ -35,7 +36,7 @@ from nodemedic.providers.run_command import CommandResult, Documents, RunCommand
 from nodemedic.reconciler import reconcile
 from nodemedic.stages.drain import drain
 from nodemedic.stages.repair import GPU_CLIENTS_WAIT_S, repair
-from nodemedic.stages.resume import await_jobs, resume
+from nodemedic.stages.resume import await_jobs, resume, retire
 from nodemedic.stages.spares import swap_in
 from nodemedic.store.ledger import Ledger
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
@@ -399,3 +400,37 @@ def test_a_degraded_nodes_pods_run_on_until_a_lost_gpu_then_leave_within_their_b
     assert check_rung().rung == "check" and "llm-worker-0" not in cluster.live_pods(node)
     [rung] = ledger.get(incident.incident_id).repair_rungs
     assert rung.requeued == [f"{cluster.namespace}/PyTorchJob/llm"] and "XID 79" in rung.requeued_because
+
+
+def test_a_node_deleted_before_its_return_retires_the_incident_and_one_deleted_after_it_closes_it(
+        cluster: Cluster, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster deletes a repaired node (its instance ended outside NodeMedic) before Resume
+    returns it: nothing is left to return, and the incident is retired with its lock released
+    instead of failing on the API server's 404. Deleted right after its return (while Resume waits
+    for the jobs): the return was made, and the incident closes on a node that reads GONE."""
+    orch = KubernetesOrchestrator(cluster.api)
+    before, after = cluster.node("gpu-1"), cluster.node("gpu-2")
+    first, second = opened(ledger, before), opened(ledger, after)
+    for incident in (first, second):
+        drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+
+    cluster.core.delete_node(before)
+    with pytest.raises(NodeGoneError, match=f"no node {before}"):
+        resume(first, "service", orchestrator=orch, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0, clock=clock)
+    ended = retire(first, ledger=ledger, clock=clock)
+    assert ended.status == "retired" and "it was gone before it could be returned" in ended.message
+    assert ledger.get(first.incident_id).status == "retired"
+    assert ledger.node_lock(first.cluster, first.instance_id) is None
+
+    returned = orch.resume
+
+    def returned_then_deleted(node: str, owner: str = "*") -> bool:
+        done = returned(node, owner)
+        cluster.core.delete_node(node)
+        return done
+
+    monkeypatch.setattr(orch, "resume", returned_then_deleted)
+    out = resume(second, "service", orchestrator=orch, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0,
+                 clock=clock)
+    assert (out.resumed, out.node_state) == (True, "GONE")
+    assert ledger.get(second.incident_id).status == "closed"

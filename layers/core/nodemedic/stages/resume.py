@@ -12,11 +12,12 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import NoReturn
 
 from nodemedic.contracts.incident import SPARE_CLAIM, Incident, IncidentRef, StageRecord
 from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, ResumeOutput
-from nodemedic.errors import JobsPendingError, ReturnLostError
-from nodemedic.orchestrators.base import JobState, Orchestrator
+from nodemedic.errors import JobsPendingError, NodeGoneError, ReturnLostError
+from nodemedic.orchestrators.base import JobState, NodeStatus, Orchestrator
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.repair import capacity_ends, serving
 from nodemedic.store.ledger import Ledger
@@ -101,14 +102,14 @@ def resume(
     # an operator's drain was there first: on Slurm it stays on the node (and is never lifted); on
     # Kubernetes a replacement registers as a new node that NodeMedic cordoned, and it stays out too
     operators = drained is not None and drained.result.get("drained_by_pipeline") is False
-    status = orchestrator.node_status(incident.slurm_node)
+    status = _status(orchestrator, incident, ledger, returned=bool(record.result.get("resumed")))
     owner = owner_tag(prefix, incident)
     if "resumed" in record.result:  # retried while waiting for the jobs: the node is back already
         resumed = bool(record.result["resumed"])
         destination = record.result.get("destination", destination)  # type: ignore[assignment]
         if resumed and status.drained_by(owner):  # unless the scheduler lost its return: returned again
             return_node(orchestrator, incident.slurm_node, destination, owner)
-            status = orchestrator.node_status(incident.slurm_node)
+            status = _status(orchestrator, incident, ledger, returned=True)
     elif (returning := record.result.get("returning")) in ("service", "pool") and not status.drained:
         # retried after the command that returns it took effect and its answer was lost (a slow
         # controller outlasted the wait, SSM throttled): the node is back, not left to an operator
@@ -130,15 +131,18 @@ def resume(
         # the read above only chooses; the drain is lifted inside the scheduler command that
         # checks it is still ours (an operator may have drained it again meanwhile)
         if resumed:
-            resumed = return_node(orchestrator, incident.slurm_node, destination, owner)
+            try:
+                resumed = return_node(orchestrator, incident.slurm_node, destination, owner)
+            except NodeGoneError as exc:
+                _gone(incident, ledger, exc)
             if destination == "pool":
                 ledger.release(SPARE_CLAIM, incident.slurm_node)
         if resumed:
-            status = orchestrator.node_status(incident.slurm_node)
+            status = _status(orchestrator, incident, ledger, returned=True)
         ledger.record_progress(incident, "resume", {"resumed": resumed, "destination": destination})
     jobs = await_jobs(incident, orchestrator=orchestrator, ledger=ledger, wait_s=job_wait_s, clock=clock)
     if resumed:  # read again before closing: the scheduler may have lost the return meanwhile
-        status = orchestrator.node_status(incident.slurm_node)
+        status = _status(orchestrator, incident, ledger, returned=True)
         if status.drained_by(owner):
             return_node(orchestrator, incident.slurm_node, destination, owner)
             raise ReturnLostError(f"{incident.slurm_node} was returned, then read drained again by incident "
@@ -153,6 +157,24 @@ def resume(
     ledger.close(incident, done, f"node back in the spare pool ({status.state})" if destination == "pool" and resumed
                  else "" if resumed else _left_drained(current.slurm_node, incident.slurm_node))
     return out
+
+
+def _status(orchestrator: Orchestrator, incident: IncidentRef, ledger: Ledger, *, returned: bool) -> NodeStatus:
+    """The node as the scheduler has it now. One the cluster deleted (Kubernetes: its instance was
+    ended outside NodeMedic) once it was returned reads ``GONE``: the incident closes, its return
+    made. Gone before its return, nothing is left to return: :class:`NodeGoneError`, recorded,
+    and the state machine retires the incident."""
+    try:
+        return orchestrator.node_status(incident.slurm_node)
+    except NodeGoneError as exc:
+        if returned:
+            return NodeStatus(incident.slurm_node, "GONE", "")
+        _gone(incident, ledger, exc)
+
+
+def _gone(incident: IncidentRef, ledger: Ledger, exc: NodeGoneError) -> NoReturn:
+    ledger.record_progress(incident, "resume", {"gone": f"{exc}; it was gone before it could be returned"})
+    raise exc
 
 
 def return_node(orchestrator: Orchestrator, node: str, destination: Destination, owner: str) -> bool:
@@ -203,8 +225,9 @@ def retire(incident: IncidentRef, *, ledger: Ledger, clock: Callable[[], datetim
     spare = current.stages.get("spare")
     moved = spare.result.get("spare") if spare else None
     rungs = [r.rung for r in current.repair_rungs]
-    repair = current.stages.get("repair")
-    if repair is not None and (gone := repair.result.get("gone")):
+    gone = next((str(s.result["gone"]) for s in (current.stages.get("repair"), current.stages.get("resume"))
+                 if s is not None and s.result.get("gone")), "")
+    if gone:
         message = (f"{incident.slurm_node} ({incident.instance_id}) retired: {gone}"
                    + (f"; its jobs moved to {moved}" if moved else "") + ".")
         if current.status == "open":
