@@ -92,7 +92,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if target:
         Path(target).write_text(
             "# Chaos scenarios\n\nWritten by `make chaos` (tests/chaos/test_chaos.py): each fault injected right "
-            "before one stage of a real incident, on the local stack with real Slurm; then the reconciler runs "
+            "before one stage of a real incident, on the local stack with real Slurm (and, last, an instance "
+            "ended before each stage on Kubernetes, a real kube-apiserver); then the reconciler runs "
             "once and every invariant is checked.\n\n" + "\n".join(lines) + "\n\n"
             "## Soaks\n\n(tests/chaos/test_soak.py) Many faults at once on 5 nodes and a spare, in an order a seed "
             "fixes: faults on any node (a spare, a replacement, a node in an incident), events delivered again, "

@@ -13,7 +13,10 @@ stack with real Slurm; then the reconciler runs once. Whatever the fault and the
   spare, reset, reboot or replace (the incident ends escalated, the node as it was), unless only
   its return was left.
 
-``make test`` runs the scenarios marked ``chaos_smoke``; ``make chaos`` runs them all.
+On Kubernetes (a real kube-apiserver), the node's instance ended by someone else right before
+each stage: the cloud controller deletes the node, and the incident is retired, not failed.
+
+``make test`` runs the scenarios not marked ``chaos_full``; ``make chaos`` runs them all.
 """
 
 from __future__ import annotations
@@ -151,3 +154,71 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
             "invariants": "all hold" if not broken else "BROKEN: " + "; ".join(broken),
         })
         assert not broken, (broken, report)
+
+
+@pytest.mark.chaos_full
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_a_kubernetes_node_whose_instance_ends_at_each_stage_is_retired_not_failed(
+        stage: str, record_property: Any) -> None:
+    """On Kubernetes (a real kube-apiserver), the sick node's instance ended by someone else right
+    before each stage: the cloud controller deletes its node, and the incident no longer fails on
+    the API server's 404 and pages. It is retired (nothing left to repair; the group's own
+    instance joins through its burn-in), its lock and claims released, the job moved on."""
+    from nodemedic_sandbox import kube_apiserver
+    from nodemedic_sandbox.kube_cluster import KubeScheduler
+
+    from tests.conftest import require
+    from tests.e2e.support import wait_for
+
+    require("the real kube-apiserver", kube_apiserver.unavailable_reason())
+    with LocalMode(nodes=3, spares=1, scheduler="kubernetes", retry_time_scale=0.01, extra_parameters=OPEN) as local:
+        kube = local.scheduler
+        assert isinstance(kube, KubeScheduler)
+        job = kube.submit(3, name="llm")  # one worker on each of gpu-1..3; gpu-4 is the spare
+        wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to run")
+        sick = "gpu-2"
+        old = kube.instance_of(sick)
+
+        def end_it(_: dict[str, Any]) -> None:  # the group's health check (or an operator) ends the instance
+            local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+                InstanceId=old, ShouldDecrementDesiredCapacity=False)
+            wait_for(lambda: sick not in kube.node_names(), "the cloud controller to delete the node")
+
+        function, when = STAGES[stage]
+        injected = local.aws.before_invoke(function, end_it, when=when)
+        local.put_event(local.health_event(sick, "XID 48"))  # a GPU reset first: its check passes
+        [execution] = local.wait_for_executions(1, timeout=240)
+        local.reconcile()
+        again = local.reconcile()
+        incident = local.incident(execution["name"])
+        books = local.ledger.bookkeeping(local.cluster.name)
+        statuses = local.ledger.statuses(sorted({x.incident_id for x in [*books.locks, *books.claims]}))
+        job_state = kube.job(job)["JobState"]
+        pages = [m.get("Subject", "") for m in local.escalations()]
+        broken = [what for ok, what in (
+            (bool(injected), f"the fault was never injected ({stage} did not run)"),
+            (execution["status"] == "SUCCEEDED", f"the execution succeeded ({execution['status']})"),
+            (incident.status == "retired" and f"has no node {sick}: it was deleted" in incident.outcome
+             and ("it was gone before it could be returned" if stage == "resume"
+                  else f"EC2 ended {old} outside NodeMedic") in incident.outcome,
+             f"the incident was retired ({incident.status}: {incident.outcome[:160]})"),
+            (not books.open_incidents, "no incident left open"),
+            (all(statuses.get(x.incident_id) in KEEPS_LOCK for x in books.locks), "no lock outlives its incident"),
+            (local.ledger.node_lock(incident.cluster, old) is None, "the incident's lock is released"),
+            (all(statuses.get(x.incident_id) == "open" for x in books.claims), "no claim outlives its incident"),
+            (not any(again[k] for k in ("incidents_failed", "locks_released", "claims_released", "drains_reasserted")),
+             "a second reconciler run finds nothing"),
+            (job_state in ("RUNNING", "PENDING"), f"the job lives ({job_state})"),
+            (pages == [], f"nobody is paged ({pages})"),
+            (kube.errors == [], f"the cluster's controllers ran clean ({kube.errors[:2]})"),
+        ) if not ok]
+        record_property("chaos", {
+            "scenario": f"instance-terminated @ {stage} (Kubernetes)",
+            "rank": len(FAULTS) * len(STAGES) + list(STAGES).index(stage),
+            "incident": incident.status + (f" ({incident.failure['stage']}: {incident.failure['error']})"
+                                           if incident.failure else ""),
+            "node": "deleted" if sick not in kube.node_names() else kube.node(sick)["State"],
+            "job": job_state,
+            "invariants": "all hold" if not broken else "BROKEN: " + "; ".join(broken),
+        })
+        assert not broken, broken
