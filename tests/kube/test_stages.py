@@ -434,3 +434,35 @@ def test_a_node_deleted_before_its_return_retires_the_incident_and_one_deleted_a
                  clock=clock)
     assert (out.resumed, out.node_state) == (True, "GONE")
     assert ledger.get(second.incident_id).status == "closed"
+
+
+def test_a_drain_of_a_deleted_node_moves_its_pods_and_a_retry_after_a_lost_answer_still_knows_its_jobs(
+        cluster: Cluster, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node was deleted before the drain (its instance ended): nothing to cordon, no hold kept;
+    its training pod, which no kubelet will ever stop, is deleted at once whatever the budget says,
+    and its job is requeued. A drain whose answer was lost after those deletions (the function
+    timed out) is retried: the pods are gone, yet the job is still reported, so it takes a spare."""
+    node, peer = cluster.node("gpu-1"), cluster.node("gpu-2")
+    cluster.pod("llm-worker-0", node, owner=("PyTorchJob", "llm"))
+    cluster.pod("llm-worker-1", peer, owner=("PyTorchJob", "llm"))
+    cluster.pdb("llm", allowed=0)  # a budget does not hold the pod of a deleted node
+    orch = KubernetesOrchestrator(cluster.api)
+    job = f"{cluster.namespace}/PyTorchJob/llm"
+    incident = opened(ledger, node)
+    cluster.core.delete_node(node)
+
+    moved = orch.evacuate
+
+    def answer_lost(name: str, started_at: float | None = None) -> Any:
+        moved(name, started_at)
+        raise TimeoutError("the function timed out after the deletions")
+
+    monkeypatch.setattr(orch, "evacuate", answer_lost)
+    with pytest.raises(TimeoutError):
+        drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert "llm-worker-0" not in cluster.live_pods(node)
+    monkeypatch.setattr(orch, "evacuate", moved)
+    out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)  # the state machine's retry
+    assert out.node_gone and out.drained_by_pipeline and out.requeued_jobs == [job]
+    assert ledger.hold_of(incident.cluster, node) is None
+    assert "llm-worker-1" in cluster.live_pods(peer)

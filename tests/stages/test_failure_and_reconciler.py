@@ -377,6 +377,31 @@ def test_a_burn_in_hold_nobody_checks_gets_its_burn_in_started_on_the_second_run
     assert _reconcile(slurm, ledger, started=started).pages == []  # a new hold: seen first, started next
 
 
+def test_a_burn_in_hold_naming_an_instance_that_left_is_the_burn_in_of_the_instance_behind_the_node_now(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """A soak: gpu-4's boot held it for the burn-in of its instance, which someone then ended. The
+    reconciler started that burn-in, which Detect refused (the instance left the cluster), and
+    paged; the later instance that joined under the name found the node drained already and left
+    it so: the node stayed out for good. Now the hold is the burn-in of the instance behind the
+    node now, and waits while none is, quietly."""
+    slurm.drain("gpu-4", f"{PREFIX}:burn-in i-0000000000000000a joined")  # the ended instance's hold
+    members = [Member(f"i-{n:017x}", f"gpu-{n}", "running") for n in range(1, 4)]
+    started: list[NodeHealthEvent] = []
+
+    def run() -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
+                         agents=AgentWatch(lambda: members, dict))
+
+    waiting = [run() for _ in range(3)]  # no instance behind gpu-4 yet (the group's new one boots)
+    assert started == [] and all(not r.burn_ins_started and not r.burn_ins_unchecked and not r.pages for r in waiting)
+    members.append(Member("i-0000000000000000b", "gpu-4", "running"))  # it joined under the name
+    assert [run().burn_ins_started for _ in range(2)] == [[], ["gpu-4"]]  # seen first, started next
+    [event] = started
+    assert (event.node.instance_id, event.node.slurm_node) == ("i-0000000000000000b", "gpu-4")
+    assert slurm.node_status("gpu-4").drained  # still out until its check passes
+
+
 def test_a_held_replacement_an_open_incident_claimed_is_that_incidents_and_a_failed_start_is_said(
         slurm: MemorySlurm, ledger: Ledger) -> None:
     """A replacement registers held (Kubernetes: the burn-in startup taint) under its own name;

@@ -156,17 +156,18 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     except Exception as exc:  # noqa: BLE001 - the scheduler is down: the next run tries again
         report.errors.append(f"cannot read the scheduler's nodes: {exc}")
         return report
-    _holds(books, ledger, orchestrator, nodes, report)
-    _lost_returns(books, ledger, orchestrator, nodes, prefix, report)
-    _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, publish, report)
-    _paused_gpu_clients(books, ledger, orchestrator, report)
-    _stray_autoscaler_holds(books, orchestrator, report)
+    members: list[Member] | None = None
     if agents is not None:
         try:
             members = agents.members()
         except Exception as exc:  # noqa: BLE001 - the next run tries again
             report.errors.append(f"cannot list the cluster's instances: {exc}")
-            return report
+    _holds(books, ledger, orchestrator, nodes, report)
+    _lost_returns(books, ledger, orchestrator, nodes, prefix, report)
+    _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, publish, report, members)
+    _paused_gpu_clients(books, ledger, orchestrator, report)
+    _stray_autoscaler_holds(books, orchestrator, report)
+    if agents is not None and members is not None:
         _back_from_interruption(books, cluster, ledger, members, nodes, now, publish, report)
         _unwatched_nodes(cluster, ledger, agents, members, nodes, now, report)
     return report
@@ -459,12 +460,20 @@ def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator
 
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
                         now: datetime, publish: Callable[[NodeHealthEvent], None],
-                        report: ReconcileReport) -> None:
+                        report: ReconcileReport, members: list[Member] | None = None) -> None:
+    """Start the burn-in nobody started of each node held for one; page the one that did not take.
+    With the cluster's ``members``: a hold that names an instance no longer in the cluster (ended
+    since its boot held the node; on Slurm a later instance joins under the same name, and its own
+    boot leaves the node as it finds it, drained) is the burn-in of the instance behind the node
+    now, and waits while none is."""
     busy = _in_hand(books)
     claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}  # a replacement an open incident adopts
     awaited = _replacement_awaited(books)
+    behind = None if members is None else {m.instance_id: m.slurm_node for m in members}
     for node in nodes.values():
         instance = burn_in_instance(prefix, node.reason) if node.drained else None
+        if instance is not None and behind is not None and instance not in behind:
+            instance = next((i for i, n in behind.items() if n == node.name), None)
         if instance is None or node.name in busy or instance in claimed or awaited:
             continue
         key = f"burn-in-unchecked/{cluster}/{node.name}/{instance}"

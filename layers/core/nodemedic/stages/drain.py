@@ -71,10 +71,17 @@ def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger,
     """Evacuate, adding up what earlier invocations moved; while pods are still leaving (a
     Kubernetes PodDisruptionBudget, a namespace that waits for completion) record the progress
     and raise :class:`EvictionPendingError`: the state machine calls again."""
-    this = orchestrator.evacuate(incident.slurm_node, started_at)
-    refuse_if_returned(incident, this)
     saved = progress.get("evacuated")
     before = _Evacuated.model_validate(saved) if isinstance(saved, dict) else _Evacuated()
+    if progress.get("node_gone") is True:
+        # its pods are deleted at once, and no node is left to record them on: the jobs bound there
+        # are recorded first, so a retry after a lost answer still reports them (and they get a spare)
+        bound = [job for job in orchestrator.jobs_on(incident.slurm_node) if job not in before.requeued]
+        if bound:
+            before = before.model_copy(update={"requeued": before.requeued + bound})
+            ledger.record_progress(incident, "drain", {"evacuated": before.model_dump()})
+    this = orchestrator.evacuate(incident.slurm_node, started_at)
+    refuse_if_returned(incident, this)
     total = _Evacuated(
         requeued=list(dict.fromkeys(before.requeued + this.requeued)),
         not_requeued=list(dict.fromkeys(before.not_requeued + this.not_requeued)),
