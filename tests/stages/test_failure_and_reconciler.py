@@ -383,7 +383,7 @@ def test_a_burn_in_hold_naming_an_instance_that_left_is_the_burn_in_of_the_insta
     reconciler started that burn-in, which Detect refused (the instance left the cluster), and
     paged; the later instance that joined under the name found the node drained already and left
     it so: the node stayed out for good. Now the hold is the burn-in of the instance behind the
-    node now, and waits while none is, quietly."""
+    node now; while none is, nothing can be checked, and that is said once."""
     slurm.drain("gpu-4", f"{PREFIX}:burn-in i-0000000000000000a joined")  # the ended instance's hold
     members = [Member(f"i-{n:017x}", f"gpu-{n}", "running") for n in range(1, 4)]
     started: list[NodeHealthEvent] = []
@@ -393,8 +393,12 @@ def test_a_burn_in_hold_naming_an_instance_that_left_is_the_burn_in_of_the_insta
                          prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
                          agents=AgentWatch(lambda: members, dict))
 
-    waiting = [run() for _ in range(3)]  # no instance behind gpu-4 yet (the group's new one boots)
-    assert started == [] and all(not r.burn_ins_started and not r.burn_ins_unchecked and not r.pages for r in waiting)
+    waiting = [run() for _ in range(3)]  # no instance behind gpu-4: nothing to check; said once, not at first sight
+    assert started == [] and not any(r.burn_ins_started for r in waiting)
+    assert [r.burn_ins_unchecked for r in waiting] == [[], ["gpu-4"], ["gpu-4"]]
+    assert [len(r.pages) for r in waiting] == [0, 1, 0]
+    assert "held out of service for the burn-in of i-0000000000000000a, which is no longer in the cluster" \
+        in waiting[1].pages[0]
     members.append(Member("i-0000000000000000b", "gpu-4", "running"))  # it joined under the name
     assert [run().burn_ins_started for _ in range(2)] == [[], ["gpu-4"]]  # seen first, started next
     [event] = started

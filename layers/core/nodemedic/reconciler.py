@@ -458,6 +458,21 @@ def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator
                 f"(a controller restart from state saved before it).")
 
 
+def _orphaned_hold(cluster: str, ledger: Ledger, node: NodeStatus, named: str, now: datetime,
+                   report: ReconcileReport) -> None:
+    """``node`` is held for the burn-in of ``named``, which left the cluster, and no instance serves
+    the node now: nothing to check. Said once, from the second run that finds it so."""
+    key = f"burn-in-orphaned/{cluster}/{node.name}/{named}"
+    if ledger.first_announcement(f"{key}/seen", now):
+        return
+    report.burn_ins_unchecked.append(node.name)
+    if ledger.first_announcement(key, now):
+        report.pages.append(
+            f"NodeMedic: {node.name} is held out of service for the burn-in of {named}, which is no longer in the "
+            f"cluster (ended outside NodeMedic), and no instance of the cluster serves {node.name} now, so nothing "
+            f"can be checked. It stays drained; its burn-in starts once an instance joins under that name.")
+
+
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
                         now: datetime, publish: Callable[[NodeHealthEvent], None],
                         report: ReconcileReport, members: list[Member] | None = None) -> None:
@@ -465,16 +480,23 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
     With the cluster's ``members``: a hold that names an instance no longer in the cluster (ended
     since its boot held the node; on Slurm a later instance joins under the same name, and its own
     boot leaves the node as it finds it, drained) is the burn-in of the instance behind the node
-    now, and waits while none is."""
+    now. While none is, nothing can be checked: it is paged once, from its second sighting (the
+    instance that joins may not be listed yet at the first), and stays drained."""
     busy = _in_hand(books)
     claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}  # a replacement an open incident adopts
     awaited = _replacement_awaited(books)
     behind = None if members is None else {m.instance_id: m.slurm_node for m in members}
     for node in nodes.values():
-        instance = burn_in_instance(prefix, node.reason) if node.drained else None
-        if instance is not None and behind is not None and instance not in behind:
+        named = burn_in_instance(prefix, node.reason) if node.drained else None
+        if named is None or node.name in busy or awaited:
+            continue
+        instance: str | None = named
+        if behind is not None and named not in behind:
             instance = next((i for i, n in behind.items() if n == node.name), None)
-        if instance is None or node.name in busy or instance in claimed or awaited:
+        if instance is None:
+            _orphaned_hold(cluster, ledger, node, named, now, report)
+            continue
+        if instance in claimed:
             continue
         key = f"burn-in-unchecked/{cluster}/{node.name}/{instance}"
         if ledger.first_announcement(f"{key}/seen", now):  # the agent's NODE_JOINED may be on its way
