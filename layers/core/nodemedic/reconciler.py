@@ -465,12 +465,17 @@ def _orphaned_hold(cluster: str, ledger: Ledger, node: NodeStatus, named: str, n
     key = f"burn-in-orphaned/{cluster}/{node.name}/{named}"
     if ledger.first_announcement(f"{key}/seen", now):
         return
-    report.burn_ins_unchecked.append(node.name)
+    _unchecked(ledger, key, node.name, now, report,
+               f"NodeMedic: {node.name} is held out of service for the burn-in of {named}, which is no longer in the "
+               f"cluster (ended outside NodeMedic), and no instance of the cluster serves {node.name} now, so nothing "
+               f"can be checked. It stays drained; its burn-in starts once an instance joins under that name.")
+
+
+def _unchecked(ledger: Ledger, key: str, node: str, now: datetime, report: ReconcileReport, page: str) -> None:
+    """``node`` is held for a burn-in nobody runs: counted each run, ``page`` said once (``key``)."""
+    report.burn_ins_unchecked.append(node)
     if ledger.first_announcement(key, now):
-        report.pages.append(
-            f"NodeMedic: {node.name} is held out of service for the burn-in of {named}, which is no longer in the "
-            f"cluster (ended outside NodeMedic), and no instance of the cluster serves {node.name} now, so nothing "
-            f"can be checked. It stays drained; its burn-in starts once an instance joins under that name.")
+        report.pages.append(page)
 
 
 def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes: dict[str, NodeStatus], prefix: str,
@@ -509,15 +514,13 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
             else:
                 report.burn_ins_started.append(node.name)
             continue
-        report.burn_ins_unchecked.append(node.name)
-        if ledger.first_announcement(key, now):
-            report.pages.append(
-                f"NodeMedic: {node.name} ({instance}) is held out of service for its burn-in ({node.reason}) "
-                f"but no incident is checking it: the burn-in the reconciler started for it did not run (see "
-                f"the Detect function's log for its NODE_JOINED event). It stays drained until someone acts: "
-                f"`nodemedic remediate {node.name} --action reboot` drains it under an incident, reboots it and "
-                f"checks it before returning it; `nodemedic remediate {node.name} --action resume` returns it "
-                f"unchecked.")
+        _unchecked(ledger, key, node.name, now, report,
+                   f"NodeMedic: {node.name} ({instance}) is held out of service for its burn-in ({node.reason}) "
+                   f"but no incident is checking it: the burn-in the reconciler started for it did not run (see "
+                   f"the Detect function's log for its NODE_JOINED event). It stays drained until someone acts: "
+                   f"`nodemedic remediate {node.name} --action reboot` drains it under an incident, reboots it and "
+                   f"checks it before returning it; `nodemedic remediate {node.name} --action resume` returns it "
+                   f"unchecked.")
 
 
 def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
