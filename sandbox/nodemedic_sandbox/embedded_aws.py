@@ -82,7 +82,6 @@ from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguagePa
 from moto.stepfunctions.parser.backend.execution import Execution
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 from moto.stepfunctions.parser.models import StepFunctionsParserBackend
-from moto.stepfunctions.parser.utils import TMP_THREADS
 from moto.utilities.arns import parse_arn
 from nodemedic_agent.documents import parameter_problems, render_document
 
@@ -1184,11 +1183,12 @@ class EmbeddedAWS:
                                            cause="the embedded AWS stopped")
         deadline = time.monotonic() + timeout_s
         # a waitForTaskToken thread only waits for its token (to the task's timeout) and calls nothing
-        for thread in [t for t in TMP_THREADS if t.is_alive() and not t.name.startswith("WaitForTaskToken_")]:
+        threads = stepfunctions_utils.TMP_THREADS
+        for thread in [t for t in threads if t.is_alive() and not t.name.startswith("WaitForTaskToken_")]:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 _ORPHANED.add(thread)
-        TMP_THREADS[:] = [t for t in TMP_THREADS if t.is_alive()]
+        threads[:] = [t for t in threads if t.is_alive()]
 
     def stop(self) -> None:
         self.end_executions()

@@ -244,9 +244,11 @@ class KubeScheduler:
                 for controller in self.controllers:
                     controller()
                 self._kubelets()
-                self._see_spares(self.core.list_node().items)
-                self._confirm_deletions()
-                self._collect_orphans()
+                nodes = self.core.list_node().items
+                self._see_spares(nodes)
+                pods = self.core.list_namespaced_pod(NAMESPACE).items  # one read of each a tick
+                self._confirm_deletions(pods)
+                self._collect_orphans(nodes, pods)
                 self._reconcile_jobs()
             except Exception as exc:  # noqa: BLE001 - a stopping API server, a race: try again next tick
                 if not self._stop.is_set():
@@ -281,20 +283,19 @@ class KubeScheduler:
         no pod waits counts too)."""
         self._spares_seen |= {str(n.metadata.name) for n in nodes if any(t.key == SPARE_TAINT for t in n.spec.taints or [])}
 
-    def _confirm_deletions(self) -> None:
+    def _confirm_deletions(self, pods: list[Any]) -> None:
         """The kubelet confirms an evicted pod's deletion (its containers have stopped)."""
-        for pod in self.core.list_namespaced_pod(NAMESPACE).items:
+        for pod in pods:
             if pod.metadata.deletion_timestamp is not None:
                 with contextlib.suppress(ApiException):
                     self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
 
-    def _collect_orphans(self) -> None:
+    def _collect_orphans(self, nodes: list[Any], pods: list[Any]) -> None:
         """The pod garbage collector: a pod bound to a node the API server no longer has is
         deleted at once (grace 0) once it has been so for ``ORPHAN_QUARANTINE_S``."""
-        nodes = {str(n.metadata.name) for n in self.core.list_node().items}
+        names = {str(n.metadata.name) for n in nodes}
         now = time.monotonic()
-        orphans = {str(p.metadata.name) for p in self.core.list_namespaced_pod(NAMESPACE).items
-                   if p.spec.node_name and p.spec.node_name not in nodes}
+        orphans = {str(p.metadata.name) for p in pods if p.spec.node_name and p.spec.node_name not in names}
         self._orphans = {pod: self._orphans.get(pod, now) for pod in orphans}
         for pod, since in list(self._orphans.items()):
             if now - since >= ORPHAN_QUARANTINE_S:
