@@ -44,6 +44,8 @@ from botocore.compat import HTTPHeaders
 from botocore.exceptions import ClientError
 from botocore.retries.standard import ExponentialBackoff
 from moto import mock_aws
+from moto.autoscaling.exceptions import ValidationError as AutoScalingValidationError
+from moto.autoscaling.models import AutoScalingBackend
 from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.cloudformation.models import Stack as CloudFormationStack
 from moto.cloudwatch.models import CloudWatchBackend
@@ -114,6 +116,7 @@ HOOKED = {
     "task timeout": (TimeoutSeconds, "_eval_seconds"),
     "ec2 reboot": (InstanceBackend, "reboot_instances"),
     "ec2 start": (InstanceBackend, "start_instances"),
+    "autoscaling terminate": (AutoScalingBackend, "terminate_instance"),
     "asl parse per execution": (ExecutionWorker, "_get_evaluation_entrypoint"),
     "states.all matching": (ErrorEqualsDecl, "_eval_body"),
     "eventbridge request size": (EventsBackend, "put_events"),
@@ -1040,6 +1043,20 @@ class EmbeddedAWS:
             embedded._rebooted([instance.id for instance, _ in started])  # a start boots it
             return started
 
+        original_terminate = AutoScalingBackend.terminate_instance
+
+        def terminate_instance(backend: AutoScalingBackend, instance_id: str, should_decrement: bool) -> Any:
+            # an instance no group manages (terminated and gone from its group, or detached) is
+            # refused with ValidationError "Instance Id not found - No managed instance found for
+            # instance ID ..." (what TerminateInstanceInAutoScalingGroup answers on AWS, e.g.
+            # github.com/yaybu/touchdown/issues/51, keikoproj/upgrade-manager#25); moto 5.2.5 raises
+            # StopIteration out of the request
+            if not any(s.instance.id == instance_id for g in backend.autoscaling_groups.values()
+                       for s in g.instance_states):
+                raise AutoScalingValidationError(
+                    f"Instance Id not found - No managed instance found for instance ID {instance_id}")
+            return original_terminate(backend, instance_id, should_decrement)
+
         original_status = InstanceBackend.describe_instance_status
 
         def describe_instance_status(backend: InstanceBackend, instance_ids: list[str], include_all_instances: bool,
@@ -1093,6 +1110,7 @@ class EmbeddedAWS:
             (TimeoutSeconds, "_eval_seconds", task_timeout),
             (InstanceBackend, "reboot_instances", reboot_instances),
             (InstanceBackend, "start_instances", start_instances),
+            (AutoScalingBackend, "terminate_instance", terminate_instance),
             (InstanceBackend, "describe_instance_status", describe_instance_status),
             (ExecutionWorker, "_get_evaluation_entrypoint", _parsed_program),
             (StepFunctionsParserBackend, "_validate_definition", staticmethod(_validated)),

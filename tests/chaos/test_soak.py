@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import urllib3
+from botocore.exceptions import ClientError
 from kubernetes.client.rest import ApiException
 from nodemedic import operations
 from nodemedic.orchestrators.kubernetes import DRAIN_TAINT, REASON
@@ -37,6 +38,8 @@ from nodemedic_sandbox.local import TERMINAL, LocalMode
 from tests.chaos.test_chaos import _scontrol
 from tests.conftest import require
 from tests.e2e.support import OPEN, control, stack
+from tests.e2e.test_planned_events import _retirement
+from tests.e2e.test_spot_interruption import _warning
 
 # NODEMEDIC_SOAK_SEEDS=100:140 NODEMEDIC_SOAK_ACTIONS=30 make chaos: other seeds, longer soaks
 FIRST, _, LAST = os.environ.get("NODEMEDIC_SOAK_SEEDS", "0:12").partition(":")
@@ -46,7 +49,7 @@ KUBE_SMOKE = {1}  # and this one on Kubernetes
 ACTIONS_PER_SOAK = int(os.environ.get("NODEMEDIC_SOAK_ACTIONS", "14"))
 CODES = ("XID 79", "XID 48", "ECC_DBE", "XID 79", "NVSWITCH_FATAL", "THERMAL_VIOLATION")
 ACTIONS = ("fault", "fault", "fault", "replay", "skewed", "late", "operator-drain", "operator-resume", "pause",
-           "controller-restart", "controller-crash", "terminate", "throttle", "submit")
+           "controller-restart", "controller-crash", "terminate", "throttle", "submit", "retirement", "spot", "aws-replay")
 KUBE_ACTIONS = (*ACTIONS, "budget")
 
 
@@ -54,9 +57,11 @@ KUBE_ACTIONS = (*ACTIONS, "budget")
 class World:
     """What the soak did, to judge the end by."""
     sent: list[dict[str, Any]] = field(default_factory=list)
+    aws_sent: list[dict[str, Any]] = field(default_factory=list)  # AWS Health and EC2 notices
     operator_drained: set[str] = field(default_factory=set)  # drained by the operator, not returned since
     jobs: list[str] = field(default_factory=list)
     terminated: set[str] = field(default_factory=set)  # nodes whose instance someone else ended
+    spot: list[tuple[float, str, str]] = field(default_factory=list)  # (warned at, node, instance) EC2 ends next
     crashed: bool = False  # slurmctld crashed: a job submitted in its last seconds may be lost
     log: list[str] = field(default_factory=list)
 
@@ -107,8 +112,25 @@ def _cordon(kube: KubeScheduler, node: str) -> bool:
     return _kube_ok(cordon) is True
 
 
+def _ec2_interrupts(local: LocalMode, world: World, after: float) -> None:
+    """EC2 acts on its Spot warnings (two minutes on AWS; ``after`` seconds here): it ends each
+    warned instance and the group launches another in its place."""
+    due = [w for w in world.spot if time.monotonic() - w[0] >= after]
+    for warning in due:
+        _, node, instance = warning
+        world.spot.remove(warning)
+        try:
+            local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+                InstanceId=instance, ShouldDecrementDesiredCapacity=False)
+        except ClientError:  # ended already (replaced by NodeMedic, or terminated by someone)
+            continue
+        world.terminated.add(node)
+        world.log.append(f"EC2 interrupts {node} ({instance})")
+
+
 def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> None:
     kube = _kube(local)
+    _ec2_interrupts(local, world, after=20)
     # on Kubernetes a replacement joins under a name of its own: any node there now
     node = rng.choice(local.node_names if kube is None else sorted(kube.node_names()))
     if action in ("fault", "skewed", "late"):
@@ -181,6 +203,22 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
         times = rng.randint(5, 60)
         local.aws.throttle(service, times=times)
         world.log.append(f"throttle {service} x{times}")
+    elif action in ("retirement", "spot"):  # AWS announces it: a scheduled retirement, a Spot interruption
+        try:
+            instance = local.cluster.instance_of(node)
+        except LookupError:
+            return
+        if action == "retirement":
+            event = _retirement([instance], starts_in=timedelta(hours=rng.choice([1, 48])))
+        else:
+            event = _warning(instance, "terminate")
+            world.spot.append((time.monotonic(), node, instance))
+        world.aws_sent.append(event)
+        local.emit_as_aws(event)
+        world.log.append(f"{action} notice for {node} ({instance})")
+    elif action == "aws-replay" and world.aws_sent:  # AWS delivers at least once
+        local.emit_as_aws(rng.choice(world.aws_sent))
+        world.log.append("an AWS notice again")
     elif action == "relay-restart" and local.relay is not None:  # the controller's relay restarts
         local.stop_relay(local.relay)
         time.sleep(rng.uniform(0.5, 3))
@@ -299,6 +337,7 @@ def test_invariants_hold_after_a_soak(scheduler: str, seed: int, record_property
             world.log.append(datetime.now(UTC).strftime("%H:%M:%S.%f"))
             _act(local, rng, world, rng.choice(actions))
             time.sleep(rng.uniform(0, 2.5))
+        _ec2_interrupts(local, world, after=0)
         local.aws.throttles.clear()  # the world calms down: the reconciler's runs are not throttled
         runs: list[dict[str, Any]] = []
         while len(runs) < 2 or any(runs[-1][k] for k in STARTS):  # what a run started runs to its end first

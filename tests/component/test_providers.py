@@ -121,6 +121,33 @@ def test_autoscaling_busy_with_another_activity_is_a_wait_not_a_failure(aws: Emb
     assert step.instance_id not in (None, ids[1])
 
 
+class _EndedFirst:
+    """An Auto Scaling client under which someone else (EC2 for a Spot interruption, an operator)
+    ends the instance after NodeMedic read the group and before its termination arrives."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def terminate_instance_in_auto_scaling_group(self, **kwargs: Any) -> dict[str, Any]:
+        self._client.terminate_instance_in_auto_scaling_group(**kwargs)  # theirs
+        return self._client.terminate_instance_in_auto_scaling_group(**kwargs)  # NodeMedic's
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_an_instance_ended_by_someone_else_as_nodemedic_terminates_it_is_replaced_not_failed(aws: EmbeddedAWS) -> None:
+    ids = _group(aws)
+    asg = aws.client("autoscaling")
+    with pytest.raises(ClientError, match="ValidationError.*No managed instance found for instance ID"):
+        _EndedFirst(asg).terminate_instance_in_auto_scaling_group(InstanceId=ids[2], ShouldDecrementDesiredCapacity=False)
+    provider = AutoScalingProvider(_EndedFirst(asg), aws.client("ec2"), "g")
+    step = provider.replace(ids[1], "gpu-2", {}, claim=_claim_all)
+    assert step.progress["requested_at"]
+    step = provider.replace(ids[1], "gpu-2", step.progress, claim=_claim_all)
+    assert step.instance_id not in (None, ids[1]) and provider.member_by_node("gpu-2").instance_id == step.instance_id
+
+
 def _tagged(aws: EmbeddedAWS, count: int = 2) -> list[str]:
     ec2 = aws.client("ec2")
     ids = [i["InstanceId"] for i in ec2.run_instances(ImageId=IMAGE, MinCount=count, MaxCount=count)["Instances"]]

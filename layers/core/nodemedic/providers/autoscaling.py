@@ -26,6 +26,10 @@ _GONE = {"shutting-down", "terminated"}
 # pending update to an Amazon EC2 Auto Scaling resource" / "The operation can't be performed because
 # there are scaling activities in progress" (Amazon EC2 Auto Scaling API reference, its Errors)
 _BUSY = {"ResourceContention", "ResourceContentionFault", "ScalingActivityInProgress", "ScalingActivityInProgressFault"}
+# what it answers for an instance the group no longer manages (ended or detached by someone else
+# since NodeMedic read the group): ValidationError "Instance Id not found - No managed instance
+# found for instance ID i-..."
+_UNMANAGED = "No managed instance found"
 
 
 class AutoScalingProvider:
@@ -103,6 +107,8 @@ class AutoScalingProvider:
             self._asg.terminate_instance_in_auto_scaling_group(
                 InstanceId=instance_id, ShouldDecrementDesiredCapacity=False)
         except ClientError as exc:
+            if _UNMANAGED in exc.response.get("Error", {}).get("Message", ""):
+                return  # it left the group since: the group launches another in its place either way
             if exc.response.get("Error", {}).get("Code") in _BUSY:  # another replacement's launch, a refresh
                 raise ProviderBusyError(f"Auto Scaling group {self._group} is busy; {instance_id} is terminated once "
                                         f"it is not: {exc}") from exc
