@@ -98,7 +98,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "## Soaks\n\n(tests/chaos/test_soak.py) Many faults at once on 5 nodes and a spare, in an order a seed "
             "fixes: faults on any node (a spare, a replacement, a node in an incident), events delivered again, "
             "clocks 10 min slow or 2 min fast, an operator draining, returning and pausing, slurmctld restarted "
-            "or crashed, instances terminated by someone else, AWS throttling; on Kubernetes (a real "
+            "or crashed, instances terminated by someone else, AWS throttling, AWS's scheduled retirements and Spot "
+            "interruption warnings (EC2 ending the instance 20 s later), each delivered again at times; on Kubernetes (a real "
             "kube-apiserver) the operator cordons and uncordons, the API server is restarted or killed, and a "
             "PodDisruptionBudget blocks a job's evictions for a while. Once every execution ended, the "
             "reconciler runs until a run starts nothing and the same invariants are checked.\n\n" + "\n".join(soaks) + "\n")

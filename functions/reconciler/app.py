@@ -91,7 +91,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
     report = reconcile(cluster=s.cluster_name, ledger=wiring.ledger(), orchestrator=wiring.orchestrator(),
                        execution_status=execution_status, prefix=s.drain_reason_prefix, now=utc_now(),
-                       publish=publish, agents=AgentWatch(lambda: wiring.provider().members(), heard_agents))
+                       publish=publish, agents=AgentWatch(lambda: wiring.provider().members(), heard_agents,
+                                                          joins_launched=s.provider == "autoscaling"
+                                                          and s.orchestrator == "slurm"))
     for kind, count in report.counts().items():
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):
@@ -105,6 +107,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.error("reconciler could not repair everything", errors=report.errors)
     if report.burn_ins_started:
         logger.info("burn-ins started", nodes=report.burn_ins_started)
+    if report.replacements_started:
+        logger.info("replacements of instances EC2 ended started", nodes=report.replacements_started)
     if any(report.counts().values()) or report.holds_dropped or report.burn_ins_unchecked or report.unwatched_nodes:
         logger.warning("reconciler repaired", **report.model_dump(exclude={"pages", "errors"}))
     return report.model_dump()

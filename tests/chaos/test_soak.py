@@ -5,7 +5,9 @@ Where test_chaos.py injects one fault before one stage, a soak run lets several 
 together while the world misbehaves around them: faults on nodes already in an incident, on spares
 and on replacements; events delivered again; clocks fast and slow; events sent late; an operator
 draining, returning and pausing; the Slurm controller restarting or crashing (and, one soak in
-three, the relay that reaches it); instances terminated by someone else; AWS throttling. On
+three, the relay that reaches it); instances terminated by someone else; AWS throttling; AWS
+announcing a scheduled retirement or a Spot interruption (EC2 ending the instance 20 s later),
+and delivering the notice again. On
 Kubernetes the operator cordons and uncordons (kubectl), the control plane is the API server
 (restarted or killed; etcd keeps what it stored), a PodDisruptionBudget blocks a job's evictions
 for a while, and EKS's DescribeCluster is throttled too. When it is all over and the reconciler
@@ -288,7 +290,7 @@ def _kube_nodes_hold(kube: KubeScheduler, world: World, incidents: dict[str, Any
 
 # what a reconciler run may start (a burn-in for a node held for one, a fault offered again after
 # its cooldown): an incident of its own, run to its end before the next run
-STARTS = ("burn_ins_started", "rechecks_offered")
+STARTS = ("burn_ins_started", "rechecks_offered", "replacements_started")
 
 
 def _quiet(local: LocalMode, timeout: float) -> list[dict[str, Any]]:
@@ -367,14 +369,17 @@ def test_invariants_hold_after_a_soak(scheduler: str, seed: int, record_property
               f"the last reconciler run finds nothing ({again})")
         for job in world.jobs:
             try:
-                state = local.scheduler.job(job)["JobState"]
+                record = local.scheduler.job(job)
             except RuntimeError as exc:
                 if world.crashed and "Invalid job id" in str(exc):
                     continue
                 raise
+            state = record["JobState"]
             # NODE_FAIL: an instance someone else terminated under it, not NodeMedic's doing
             check(state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETED")
-                  or (state == "NODE_FAIL" and bool(world.terminated)), f"job {job} lives ({state})")
+                  or (state == "NODE_FAIL" and bool(world.terminated)),
+                  f"job {job} lives ({state}: " + ", ".join(f"{k} {record.get(k)}" for k in (
+                      "Reason", "ExitCode", "NodeList", "BatchHost", "Restarts", "StartTime", "EndTime")) + ")")
         kube = _kube(local)
         if kube is None:
             _slurm_nodes_hold(local, world, incidents, check)

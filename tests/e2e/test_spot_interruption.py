@@ -43,6 +43,34 @@ def test_a_spot_interruption_checkpoints_the_job_moves_it_to_a_spare_and_retires
         assert len(local.incidents()) == 1
 
 
+def test_a_node_whose_spot_instance_ec2_terminates_gets_the_instance_its_group_launched_checked() -> None:
+    """Slurm on an Auto Scaling group: the group launches an instance in place of the one EC2
+    took, but cannot tell it which node to be. The reconciler's next run has the node replaced by
+    an incident of its own (INSTANCE_LOST): the group's new instance is claimed, named after the
+    node, joined and checked, and the node returns to service. Once: another run starts nothing."""
+    with stack(nodes=3) as local:
+        instance = local.cluster.instance_of("gpu-2")
+        local.emit_as_aws(_warning(instance, "terminate"))
+        retired = _incident_ended(local, "gpu-2", timeout=120)
+        assert retired.status == "retired"
+        assert local.reconcile()["replacements_started"] == []  # the instance still runs: nothing lost yet
+        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(  # EC2 acts on its warning
+            InstanceId=instance, ShouldDecrementDesiredCapacity=False)
+        assert local.reconcile()["replacements_started"] == ["gpu-2"]
+        executions = local.wait_for_executions(2, timeout=240)
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        [lost] = [i for i in local.incidents() if i.incident_id != retired.incident_id]
+        assert (lost.slurm_node, lost.fault_code, lost.status, lost.instance_id) == ("gpu-2", "INSTANCE_LOST", "closed",
+                                                                                    instance), lost.outcome
+        [rung] = lost.stages["repair"].result["rungs"]
+        assert rung["rung"] == "replace"
+        new = local.cluster.instance_of("gpu-2")
+        assert new != instance and rung["progress"]["new_instance_id"] == new
+        wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
+        assert local.reconcile()["replacements_started"] == []
+        assert len(local.incidents()) == 2
+
+
 def _ec2_event(sample: str, instance: str, **detail: str) -> dict:
     """The sample from events/aws-ec2/, about ``instance``."""
     event = json.loads((EVENTS / "aws-ec2" / sample).read_text())

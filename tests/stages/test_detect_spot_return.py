@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from nodemedic.contracts.incident import Incident, StageRecord
 from nodemedic.contracts.stages import DetectInput
+from nodemedic.errors import InvalidEventError
 from nodemedic.providers.base import Member
 from nodemedic.stages.detect import detect
 from nodemedic.store.control import ControlStore
@@ -104,3 +105,50 @@ def test_the_agents_reading_of_the_notice_retires_the_node_and_eventbridges_warn
                                       evidence={"instance_action": "stop", "deadline": deadline.isoformat()})
     again = _detect(ledger, from_eventbridge)
     assert again.decision == "deduplicated" and out.incident.incident_id in again.reason
+
+
+def _lost(source: str = "nodemedic.reconciler", node: str = "gpu-1") -> dict[str, Any]:
+    now = datetime.now(UTC)
+    event = _joined(now)
+    event["source"] = source
+    event["detail"].update(check="spot_interruption", fault_code="INSTANCE_LOST", severity="critical",
+                           event_id=f"lost-{uuid.uuid4().hex[:8]}")
+    event["detail"]["node"]["slurm_node"] = node
+    return event
+
+
+def _detect_with(ledger: Ledger, event: dict[str, Any], *members: Member) -> Any:
+    return detect(DetectInput(event=event, incident_id=f"inc-{uuid.uuid4().hex[:8]}"), cluster="c1",
+                  overrides_json="", provider=MemoryProvider(*members), ledger=ledger,
+                  control=ControlStore(ledger._db, ledger._table, "c1"), now=datetime.now(UTC))
+
+
+@pytest.mark.parametrize("gone", [None, Member(INSTANCE, "gpu-1", "terminated")], ids=["left-the-group", "terminated"])
+def test_the_reconcilers_instance_lost_replaces_a_node_whose_spot_instance_ec2_ended(
+        ledger: Ledger, gone: Member | None) -> None:
+    retired = _retire(ledger, action="terminate", deadline=datetime.now(UTC) - timedelta(minutes=5))
+    out = _detect_with(ledger, _lost(), *([gone] if gone else []))
+    assert out.decision == "remediate" and out.incident is not None
+    assert (out.incident.action, out.incident.slurm_node, out.incident.instance_id) == ("replace", "gpu-1", INSTANCE)
+    assert ledger.node_lock("c1", INSTANCE) == (out.incident.incident_id, "gpu-1")
+    assert ledger.get(retired.incident_id).status == "retired"
+
+
+@pytest.mark.parametrize(("source", "members", "said"), [
+    ("nodemedic.agent", (), "is the reconciler's"),  # a node cannot have a node replaced
+    ("nodemedic.reconciler", (Member(INSTANCE, "gpu-1", "running"),), "still runs"),
+    ("nodemedic.reconciler", (Member("i-0000000000000000b", "gpu-1", "running"),), "backs gpu-1 already"),
+], ids=["not-the-reconciler", "instance-runs", "node-backed"])
+def test_an_instance_lost_that_is_not_so_is_refused_and_changes_nothing(
+        ledger: Ledger, source: str, members: tuple[Member, ...], said: str) -> None:
+    retired = _retire(ledger, action="terminate", deadline=datetime.now(UTC) - timedelta(minutes=5))
+    with pytest.raises(InvalidEventError, match=said):
+        _detect_with(ledger, _lost(source), *members)
+    assert ledger.node_lock("c1", INSTANCE) == (retired.incident_id, "gpu-1")
+
+
+def test_an_instance_lost_of_a_node_retired_for_a_spot_stop_folds_into_the_retirement(ledger: Ledger) -> None:
+    """EC2 stops (not terminates) the instance: it comes back as itself, through its burn-in."""
+    retired = _retire(ledger, action="stop", deadline=datetime.now(UTC) - timedelta(minutes=5))
+    out = _detect_with(ledger, _lost())
+    assert (out.decision, out.existing_incident_id) == ("deduplicated", retired.incident_id)

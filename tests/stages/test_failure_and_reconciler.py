@@ -592,21 +592,26 @@ def test_many_unwatched_nodes_with_long_names_fit_the_record_and_the_rest_are_co
     assert f"{len(names) - tracked} more cannot be watched either" in page
 
 
+def _retired_for_spot(slurm: MemorySlurm, ledger: Ledger, action: str, deadline: datetime) -> None:
+    """gpu-1 (i-...1) retired for a Spot interruption (``action``) that EC2 acts on at ``deadline``."""
+    incident = Incident(incident_id="inc-spot", cluster="c1", instance_id="i-00000000000000001", slurm_node="gpu-1",
+                        fault_code="PLANNED_SPOT_INTERRUPTION", fault_class="planned", action="retire",
+                        source="nodemedic.planned", observed_at=deadline, status="open", detected_at=deadline,
+                        reason="planned", stages={"detect": StageRecord(started_at=deadline, completed_at=deadline,
+                                                                        result={"evidence": {
+                                                                            "instance_action": action,
+                                                                            "deadline": deadline.isoformat()}})})
+    assert ledger.open_incident(incident) is None
+    ledger.end(incident, "retired", deadline, "retired", release_node=False)
+    slurm.drain("gpu-1", drain_reason(PREFIX, incident))
+
+
 def test_a_spot_node_ec2_started_again_gets_its_burn_in_from_the_reconciler_once(
         slurm: MemorySlurm, ledger: Ledger) -> None:
     """The retirement of gpu-1 for a Spot stop holds it; EC2's "running" never came. A start
     before the stop is not a return; a publish that fails is tried again by the next run."""
     stopped_at = datetime.now(UTC) - timedelta(minutes=5)
-    incident = Incident(incident_id="inc-spot", cluster="c1", instance_id="i-00000000000000001", slurm_node="gpu-1",
-                        fault_code="PLANNED_SPOT_INTERRUPTION", fault_class="planned", action="retire",
-                        source="nodemedic.planned", observed_at=stopped_at, status="open", detected_at=stopped_at,
-                        reason="planned", stages={"detect": StageRecord(started_at=stopped_at, completed_at=stopped_at,
-                                                                        result={"evidence": {
-                                                                            "instance_action": "stop",
-                                                                            "deadline": stopped_at.isoformat()}})})
-    assert ledger.open_incident(incident) is None
-    ledger.end(incident, "retired", stopped_at, "retired", release_node=False)
-    slurm.drain("gpu-1", drain_reason(PREFIX, incident))
+    _retired_for_spot(slurm, ledger, "stop", stopped_at)
     started: list[NodeHealthEvent] = []
     launched = [stopped_at - timedelta(minutes=1)]
 
@@ -628,3 +633,37 @@ def test_a_spot_node_ec2_started_again_gets_its_burn_in_from_the_reconciler_once
     assert (joined.fault_code, joined.node.instance_id, joined.node.slurm_node) == ("NODE_JOINED",
                                                                                    "i-00000000000000001", "gpu-1")
     assert run().burn_ins_started == [] and len(started) == 1  # once per start
+
+
+@pytest.mark.parametrize("action", ["terminate", "stop"])
+def test_a_slurm_node_whose_spot_instance_ec2_ended_is_replaced_through_the_reconciler_once(
+        slurm: MemorySlurm, ledger: Ledger, action: str) -> None:
+    """The retirement of gpu-1 for a Spot termination holds it; EC2 has ended the instance and
+    the group launched another that backs no node. The reconciler starts the replacement, once,
+    only where the provider joins the group's instances (Auto Scaling on Slurm), and only for a
+    termination (a stopped instance comes back as itself). A publish that fails is tried again."""
+    _retired_for_spot(slurm, ledger, action, datetime.now(UTC) - timedelta(minutes=5))
+    started: list[NodeHealthEvent] = []
+    members = [Member("i-00000000000000001", "gpu-1", "running"), Member("i-00000000000000002", "gpu-2", "running")]
+
+    def run(publish: Callable[[NodeHealthEvent], None] = started.append, joins: bool = True) -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=datetime.now(UTC), publish=publish,
+                         agents=AgentWatch(lambda: members, dict, joins_launched=joins))
+
+    assert run().replacements_started == []  # EC2 has not acted yet
+    members[0] = Member("i-00000000000000009", None, "running")  # EC2 ended it; the group launched another
+
+    def refused(_: NodeHealthEvent) -> None:
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "PutEvents")
+
+    assert run(joins=False).replacements_started == []  # HyperPod, EC2, Kubernetes: never
+    if action == "stop":
+        assert run().replacements_started == [] and started == []
+        return
+    assert "cannot start the replacement of gpu-1" in run(refused).errors[0]
+    assert run().replacements_started == ["gpu-1"]
+    [lost] = started
+    assert (lost.fault_code, lost.node.instance_id, lost.node.slurm_node, lost.evidence["retired_by"]) == (
+        "INSTANCE_LOST", "i-00000000000000001", "gpu-1", "inc-spot")
+    assert run().replacements_started == [] and len(started) == 1  # once per instance lost

@@ -253,6 +253,26 @@ def test_a_burn_in_is_not_counted_but_asks_before_its_repairs_in_approval_mode()
     assert (d.verdict, d.would) == ("dry_run", "proceed")
 
 
+def test_a_node_whose_spot_instance_ec2_ended_is_joined_anew_without_filling_the_breaker() -> None:
+    """A Spot reclaim of many nodes: each one's INSTANCE_LOST neither trips nor fills the breaker,
+    so the faults after it are judged on the remediations only; a pause still holds it."""
+    policy = {"breaker": {"max_percent": 20}}  # the limit: 3 of 16
+    state, active = ControlState(), set()
+    for n in range(1, 7):
+        lost = incident(f"gpu-{n}", code="INSTANCE_LOST", iid=f"inc-l{n}", fault_class="instance_lost",
+                        source="nodemedic.reconciler")
+        d = decide(facts(lost, policy=policy, state=state, active=active, member_state="terminated"))
+        assert (d.verdict, d.trips_breaker, d.approve_repairs) == ("proceed", False, False), d.reason
+        state.admissions[lost.incident_id] = admission_of(lost, Member(lost.instance_id, lost.slurm_node, "terminated"),
+                                                          NOW)
+        active.add(lost.incident_id)
+    assert decide(facts(incident("gpu-9", iid="inc-9"), policy=policy, state=state, active=active)).verdict == "proceed"
+    d = decide(facts(lost, policy={"mode": "approval"}, member_state="terminated"))
+    assert d.approve_repairs and "approval required before the replace rung" in d.reason
+    state.paused = Switch(by="alice", reason="Spot storm: by hand", at=NOW)
+    assert decide(facts(lost, policy=policy, state=state, member_state="terminated")).verdict == "hold"
+
+
 def test_dry_run_keeps_the_reasoning_and_acts_on_nothing() -> None:
     d = decide(facts(policy={"mode": "dry_run"}))
     assert (d.verdict, d.would, d.notify, d.trips_breaker) == ("dry_run", "proceed", "", False)

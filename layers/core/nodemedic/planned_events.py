@@ -324,6 +324,13 @@ def interrupted_at(incident: Incident, instance_id: str) -> datetime | None:
     return incident.deadline if incident.evidence("instance_action") in RETURNS_AFTER else None
 
 
+def ended_by_interruption(incident: Incident, instance_id: str) -> bool:
+    """Whether ``incident`` retired the node of ``instance_id`` for a Spot interruption that
+    terminates it: once EC2 has, the node has no instance until one is joined in its place."""
+    return (incident.status == "retired" and incident.fault_code == SPOT_INTERRUPTION
+            and incident.instance_id == instance_id and incident.evidence("instance_action") == "terminate")
+
+
 def back_from_interruption(incident: Incident, instance_id: str, at: datetime) -> bool:
     """Whether ``instance_id`` running at ``at`` is back from the Spot stop or hibernation that
     ``incident`` retired its node for."""

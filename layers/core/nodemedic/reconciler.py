@@ -59,12 +59,20 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent, NodeIdentity
-from nodemedic.contracts.incident import REPLACEMENT_CLAIM, Bookkeeping, Recheck, UnwatchedNode, UnwatchedNodes
+from nodemedic.contracts.events import INSTANCE_LOST, RECONCILER_SOURCE, NodeHealthEvent, NodeIdentity
+from nodemedic.contracts.incident import (
+    REPLACEMENT_CLAIM,
+    Bookkeeping,
+    Incident,
+    NodeLock,
+    Recheck,
+    UnwatchedNode,
+    UnwatchedNodes,
+)
 from nodemedic.domain.scontrol import burn_in_instance
 from nodemedic.errors import IncidentStateError
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
-from nodemedic.planned_events import back_from_interruption
+from nodemedic.planned_events import back_from_interruption, ended_by_interruption
 from nodemedic.providers.base import Member
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.failure import fail
@@ -89,6 +97,9 @@ class AgentWatch:
 
     members: Callable[[], list[Member]]
     heard: Callable[[], Mapping[str, str | None]]
+    # the provider's replace claims an instance its group launched and names it after the node
+    # (autoscaling): a Slurm node whose instance EC2 ended can be given the one launched in its place
+    joins_launched: bool = False
 
 
 def execution_arn(state_machine_arn: str, name: str) -> str:
@@ -108,6 +119,8 @@ class ReconcileReport(BaseModel):
     holds_dropped: list[str] = Field(default_factory=list)
     burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
+    replacements_started: list[str] = Field(default_factory=list, description="retired for a Spot interruption whose "
+                                            "instance EC2 then ended: the group's new instance joined in its place")
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
     autoscaler_holds_released: list[str] = Field(default_factory=list,
                                                  description="nodes in service still kept from the autoscalers")
@@ -169,6 +182,8 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     _stray_autoscaler_holds(books, orchestrator, report)
     if agents is not None and members is not None:
         _back_from_interruption(books, cluster, ledger, members, nodes, now, publish, report)
+        if agents.joins_launched:
+            _ended_by_interruption(books, cluster, ledger, members, nodes, now, publish, report)
         _unwatched_nodes(cluster, ledger, agents, members, nodes, now, report)
     return report
 
@@ -225,6 +240,31 @@ def _rechecks(books: Bookkeeping, ledger: Ledger, now: datetime, publish: Callab
                                  f"{recheck.slurm_node}: {exc}")
 
 
+def _retirements(locks: list[NodeLock], ledger: Ledger, report: ReconcileReport) -> list[tuple[NodeLock, Incident]]:
+    """Those of ``locks`` a retired incident holds, each with that incident."""
+    try:
+        statuses = ledger.statuses(sorted({lock.incident_id for lock in locks})) if locks else {}
+    except Exception as exc:  # noqa: BLE001 - the next run tries again
+        report.errors.append(f"cannot read the incidents holding {len(locks)} node(s): {exc}")
+        return []
+    found: list[tuple[NodeLock, Incident]] = []
+    for lock in (lock for lock in locks if statuses.get(lock.incident_id) == "retired"):
+        try:
+            found.append((lock, ledger.get(lock.incident_id)))
+        except Exception as exc:  # noqa: BLE001 - one item's error never stops the others
+            report.errors.append(f"cannot read incident {lock.incident_id}, which holds {lock.slurm_node}: {exc}")
+    return found
+
+
+def _first(ledger: Ledger, key: str, now: datetime, report: ReconcileReport) -> bool:
+    """Whether this run is the first to announce ``key`` (a DynamoDB error: not now, said)."""
+    try:
+        return ledger.first_announcement(key, now)
+    except Exception as exc:  # noqa: BLE001 - the next run tries again
+        report.errors.append(f"cannot record {key}: {exc}")
+        return False
+
+
 def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
                             nodes: dict[str, NodeStatus], now: datetime,
                             publish: Callable[[NodeHealthEvent], None], report: ReconcileReport) -> None:
@@ -233,22 +273,11 @@ def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, me
     delivered, or came while the retirement was still open. Its burn-in is started (Detect
     releases the retirement's lock for it), once per start of the instance."""
     running = {m.instance_id: m for m in members if m.state == "running" and m.slurm_node and m.launched_at}
-    locks = [lock for lock in books.locks if lock.instance_id in running]
-    try:
-        statuses = ledger.statuses(sorted({lock.incident_id for lock in locks})) if locks else {}
-    except Exception as exc:  # noqa: BLE001 - the next run tries again
-        report.errors.append(f"cannot read the incidents holding running instances: {exc}")
-        return
-    for lock in (lock for lock in locks if statuses.get(lock.incident_id) == "retired"):
+    for lock, retired in _retirements([lock for lock in books.locks if lock.instance_id in running], ledger, report):
         member = running[lock.instance_id]
         node, started = str(member.slurm_node), member.launched_at or now
         key = f"back-from-interruption/{cluster}/{lock.instance_id}/{started:%Y%m%dT%H%M%SZ}"
-        try:
-            if not back_from_interruption(ledger.get(lock.incident_id), lock.instance_id, started) \
-                    or not ledger.first_announcement(key, now):
-                continue
-        except Exception as exc:  # noqa: BLE001 - one item's error never stops the others
-            report.errors.append(f"cannot tell whether {node} is back from its Spot interruption: {exc}")
+        if not back_from_interruption(retired, lock.instance_id, started) or not _first(ledger, key, now, report):
             continue
         status = nodes.get(node)
         try:
@@ -260,6 +289,44 @@ def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, me
             report.errors.append(f"cannot start the burn-in of {node}, back from its Spot interruption: {exc}")
         else:
             report.burn_ins_started.append(node)
+
+
+def lost_event(cluster: str, node: str, instance_id: str, retired_by: str, now: datetime) -> NodeHealthEvent:
+    """The ``INSTANCE_LOST`` event that has ``node``, whose instance EC2 ended, replaced: the same
+    id for the same instance, so a second delivery is deduplicated."""
+    return NodeHealthEvent(
+        schema_version="1", event_id="lost-" + hashlib.sha256(f"{cluster}/{instance_id}".encode()).hexdigest()[:40],
+        cluster=cluster, node=NodeIdentity(instance_id=instance_id, hostname=node, slurm_node=node),
+        check="spot_interruption", fault_code=INSTANCE_LOST, severity="critical", observed_at=now, sent_at=now,
+        evidence={"retired_by": retired_by,
+                  "started_by": f"reconciler: EC2 ended {instance_id} for the Spot interruption incident "
+                                f"{retired_by} retired {node} for"})
+
+
+def _ended_by_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
+                           nodes: dict[str, NodeStatus], now: datetime,
+                           publish: Callable[[NodeHealthEvent], None], report: ReconcileReport) -> None:
+    """A Slurm node retired for a Spot interruption that terminates its instance, which EC2 has
+    ended since: no instance backs the node, and the one its Auto Scaling group launched in its
+    place backs no node (the group cannot tell it which). An ``INSTANCE_LOST`` incident replaces
+    it (Detect releases the retirement's lock for it): the replace rung claims the group's new
+    instance, names it after the node, joins it and checks it. Once per lost instance: an incident
+    that fails is paged as any other, never started again."""
+    live = {m.instance_id for m in members}
+    backed = {m.slurm_node for m in members if m.slurm_node}
+    lost = [lock for lock in books.locks
+            if lock.instance_id not in live and lock.slurm_node in nodes and lock.slurm_node not in backed]
+    for lock, retired in _retirements(lost, ledger, report):
+        node, key = str(lock.slurm_node), f"lost/{cluster}/{lock.instance_id}"
+        if not ended_by_interruption(retired, lock.instance_id) or not _first(ledger, key, now, report):
+            continue
+        try:
+            publish(lost_event(cluster, node, lock.instance_id, lock.incident_id, now))
+        except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
+            ledger.forget_announcement(key)
+            report.errors.append(f"cannot start the replacement of {node}, whose instance EC2 ended: {exc}")
+        else:
+            report.replacements_started.append(node)
 
 
 def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, members: list[Member],

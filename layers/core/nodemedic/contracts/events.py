@@ -30,6 +30,8 @@ AGENT_SOURCE = "nodemedic.agent"
 SWEEPER_SOURCE = "nodemedic.sweeper"
 # the burn-in of a node held for one that nobody checks; a fault the cooldown held, offered again
 RECONCILER_SOURCE = "nodemedic.reconciler"
+# the reconciler's: a Slurm node retired for a Spot termination has lost its instance (joined anew)
+INSTANCE_LOST = "INSTANCE_LOST"
 # an AWS Health scheduled change or a Capacity Block's end, one event per affected node
 PLANNED_SOURCE = "nodemedic.planned"
 HEALTH_DETAIL_TYPE = "Node Health Event"

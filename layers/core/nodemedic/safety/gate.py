@@ -20,8 +20,10 @@ Rules, in order; the first that decides wins, and every rule evaluated is record
 9. corroboration   -> verify     (an ambiguous fault without an independent second signal)
 10. otherwise      -> proceed    (or approval first, in approval mode)
 
-A burn-in (a node that joined) and a retirement (capacity AWS ends) skip rules 4-9; a burn-in in
-approval mode asks before the first rung that changes the node, once its check failed.
+A burn-in (a node that joined), a retirement (capacity AWS ends) and a lost instance (the
+reconciler's INSTANCE_LOST: a node whose Spot instance EC2 ended, joined anew) skip rules 4-9; a
+burn-in in approval mode asks before the first rung that changes the node, once its check failed,
+and a lost instance before its replace rung.
 
 In dry-run mode the same rules run, nothing is admitted, and the verdict is ``dry_run`` with
 what automation would have done.
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from nodemedic.contracts.events import PLANNED_SOURCE, SOFTWARE_KEYS, SOFTWARE_VERSION_MAX
+from nodemedic.contracts.events import INSTANCE_LOST, PLANNED_SOURCE, SOFTWARE_KEYS, SOFTWARE_VERSION_MAX
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.errors import HandsOffError
 from nodemedic.providers.base import Member
@@ -100,7 +102,7 @@ def admission_of(incident: IncidentRef, member: Member, now: datetime,
                  software: Mapping[str, str] | None = None) -> Admission:
     return Admission(slurm_node=incident.slurm_node, instance_id=incident.instance_id, at=now,
                      fault_code=incident.fault_code, attributes={**member.topology, **(software or {})},
-                     burn_in=incident.action == "burn_in", retire=incident.action == "retire")
+                     burn_in=uncounted(incident) in (BURN_IN, INSTANCE_LOST_JOIN), retire=uncounted(incident) is RETIRE)
 
 
 def correlation(admissions: list[Admission], cluster: list[Member] | None = None) -> list[str]:
@@ -145,6 +147,57 @@ def refuse_if_held(hands_off: HandsOff, node: str, instance: str) -> None:
         raise HandsOffError(f"not touching {node} ({instance}): {held}")
 
 
+@dataclass(frozen=True)
+class Uncounted:
+    """A kind of incident that passes rules 4-9 without being counted by them, and why."""
+
+    name: str
+    passes: tuple[tuple[str, str], ...]  # (rule, why it passes)
+    reason: str
+    asks: str | None = None  # what approval mode asks first; None: nothing
+
+
+# a joined node is not in service yet: checking it takes no capacity from anyone, so it neither
+# counts toward nor waits for the breaker's limit or the concurrency cap; and it is no
+# remediation of the slot (no cooldown, no lemon count): held, it would stay out. Checking it as
+# it is changes nothing; if it fails, the ladder's rungs do (reset, reboot, replace)
+BURN_IN = Uncounted("burn-in", (
+    ("provider", "its provider may still be checking it; the full deep health check decides"),
+    ("cooldown", "not a remediation"), ("lemon", "not a remediation"),
+    ("breaker_limit", "a node not yet in service: not counted"), ("concurrency", "not counted"),
+    ("corroboration", "the full deep health check decides")),
+    "the node joined; the full check before it takes work", "approval required before a rung changes it")
+# EC2 ended the instance of a node retired for its Spot interruption: the node serves and runs
+# nothing, and joining the group's new instance in its place takes no capacity from anyone (a
+# Spot reclaim of many nodes, counted, would trip the breaker and hold every fault after it)
+INSTANCE_LOST_JOIN = Uncounted("instance lost", (
+    ("provider", "the instance is gone"), ("cooldown", "nothing on the node is repaired"),
+    ("lemon", "EC2 ended it for its Spot interruption, no fault of the node"),
+    ("breaker_limit", "a node not in service: not counted"), ("concurrency", "not counted"),
+    ("corroboration", "Detect checked that the instance is gone and nothing backs the node")),
+    "join the instance its group launched in its place, checked before it takes work",
+    "approval required before the replace rung")
+# AWS takes the capacity back at a known time whatever NodeMedic does: draining the node first
+# (its job checkpointed and moved) removes nothing AWS is not removing, so a whole Capacity Block
+# ending neither trips nor waits for the breaker's limit or the cap; and nothing is repaired, so
+# neither cooldown nor lemon applies. A pause or an open breaker (rules 1-3) still holds it: then
+# the job meets the end unprepared, as without NodeMedic
+RETIRE = Uncounted("retire", (
+    ("provider", "the capacity ends whatever its provider is doing"), ("cooldown", "nothing is repaired"),
+    ("lemon", "nothing is repaired"), ("breaker_limit", "capacity AWS takes back; not counted"),
+    ("concurrency", "not counted"), ("corroboration", "EC2 announced the end of the capacity")),
+    "the node's capacity ends; drain it before AWS takes it back")
+
+
+def uncounted(incident: IncidentRef) -> Uncounted | None:
+    """Which kind of uncounted incident ``incident`` is, if any."""
+    if incident.action == "burn_in":
+        return BURN_IN
+    if incident.fault_code == INSTANCE_LOST:
+        return INSTANCE_LOST_JOIN
+    return RETIRE if incident.action == "retire" else None
+
+
 def decide(f: Facts) -> Decision:
     rules: list[dict[str, str]] = []
     p, node = f.policy, f.incident.slurm_node
@@ -169,37 +222,12 @@ def decide(f: Facts) -> Decision:
                                                f"({b.tripped.reason}); recorded, no action"))
     ok("breaker", "closed")
 
-    if f.incident.action == "burn_in":
-        # a joined node is not in service yet: checking it takes no capacity from anyone, so it
-        # neither counts toward nor waits for the breaker's limit or the concurrency cap; and it
-        # is no remediation of the slot (no cooldown, no lemon count): held, it would stay out
-        ok("provider", "burn-in: its provider may still be checking it; the full deep health check decides")
-        ok("cooldown", "burn-in: not a remediation")
-        ok("lemon", "burn-in: not a remediation")
-        ok("breaker_limit", "burn-in of a node not yet in service: not counted")
-        ok("concurrency", "burn-in: not counted")
-        ok("corroboration", "burn-in: the full deep health check decides")
-        # checking the node as it is changes nothing; if it fails, the ladder's rungs do (reset,
-        # reboot, replace): in approval mode an operator approves those, as for any fault
-        approval = p.mode == "approval"
-        reason = "burn-in: the node joined; the full check before it takes work"
-        return _dry(f, Decision("proceed", reason + ("; approval required before a rung changes it" if approval else ""),
+    if (kind := uncounted(f.incident)) is not None:
+        rules.extend({"rule": rule, "result": "pass", "detail": f"{kind.name}: {detail}"} for rule, detail in kind.passes)
+        # in approval mode an operator approves the rungs that change the node, as for any fault
+        approval = kind.asks is not None and p.mode == "approval"
+        return _dry(f, Decision("proceed", f"{kind.name}: {kind.reason}" + (f"; {kind.asks}" if approval else ""),
                                 rules, approve_repairs=approval))
-
-    if f.incident.action == "retire":
-        # AWS takes the capacity back at a known time whatever NodeMedic does: draining the node
-        # first (its job checkpointed and moved) removes nothing AWS is not removing, so a whole
-        # Capacity Block ending neither trips nor waits for the breaker's limit or the cap; and
-        # nothing is repaired, so neither cooldown nor lemon applies. A pause or an open breaker
-        # (above) still holds it: then the job meets the end unprepared, as without NodeMedic.
-        ok("provider", "retire: the capacity ends whatever its provider is doing")
-        ok("cooldown", "retire: nothing is repaired")
-        ok("lemon", "retire: nothing is repaired")
-        ok("breaker_limit", "retire: capacity AWS takes back; not counted")
-        ok("concurrency", "retire: not counted")
-        ok("corroboration", "retire: EC2 announced the end of the capacity")
-        return _dry(f, Decision("proceed", "retire: the node's capacity ends; drain it before AWS takes it back",
-                                rules))
 
     if f.member.state == "pending":
         # HyperPod patching the node (SystemUpdating) or running its deep health check, EC2 starting

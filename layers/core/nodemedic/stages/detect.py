@@ -11,6 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from nodemedic.contracts.events import (
     INSTANCE_ID,
+    INSTANCE_LOST,
     RECONCILER_SOURCE,
     AlarmEnvelope,
     HealthEventEnvelope,
@@ -36,7 +37,7 @@ from nodemedic.domain.classification import alarm_fault_code, classify, hyperpod
 from nodemedic.domain.freshness import fault_origin, staleness
 from nodemedic.errors import IncidentStateError, InvalidEventError, UnknownNodeError, UnknownNodeQuietError
 from nodemedic.operations import request_would_fold
-from nodemedic.planned_events import back_from_interruption
+from nodemedic.planned_events import back_from_interruption, ended_by_interruption
 from nodemedic.providers.base import Member, Provider
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -196,6 +197,35 @@ def _end_retirement(fault: Fault, at: datetime, cluster: str, provider: Provider
                                      slurm_node=retired.slurm_node), cluster)
 
 
+def _gone(member: Member | None) -> bool:
+    return member is None or member.state in ("shutting-down", "terminated")
+
+
+def _end_interrupted(fault: Fault, cluster: str, ledger: Ledger) -> None:
+    """A node NodeMedic retired for a Spot interruption that terminates its instance has lost it:
+    EC2 ended it (:func:`_lost_member` checked). The retirement's lock on that instance is
+    released, so the reconciler's ``INSTANCE_LOST`` opens the incident that replaces it instead of
+    folding into the retirement. A lock that changed meanwhile is left as it is."""
+    instance = fault.instance_id
+    retired = ledger.lock_holder(cluster, instance) if instance else None
+    if instance is not None and retired is not None and ended_by_interruption(retired, instance):
+        ledger.release_lock(NodeLock(instance_id=instance, incident_id=retired.incident_id,
+                                     slurm_node=retired.slurm_node), cluster)
+
+
+def _lost_member(fault: Fault, provider: Provider) -> Member:
+    """The node of an ``INSTANCE_LOST`` event and the instance it lost, checked, not believed: the
+    instance is gone and no other backs the node. Only the reconciler sends it."""
+    instance, node = fault.instance_id, fault.slurm_node
+    if fault.source != RECONCILER_SOURCE or not instance or not node:
+        raise InvalidEventError(f"{INSTANCE_LOST} is the reconciler's, naming a node and the instance it lost")
+    if not _gone(known := provider.member(instance)):
+        raise InvalidEventError(f"{instance} still runs ({known.state if known else ''}): {node} lost nothing")
+    if (other := provider.member_by_node(node)) is not None and not _gone(other):
+        raise InvalidEventError(f"{other.instance_id} backs {node} already: nothing to replace")
+    return Member(instance, node, "terminated")
+
+
 def _fold_into_active(fault: Fault, incident_id: str, cluster: str, ledger: Ledger,
                       control: ControlStore, now: datetime, action: Action, reason: str) -> DetectOutput | None:
     """Fast path under a storm: an event for an instance that already has an active incident (and
@@ -345,6 +375,9 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
         return DetectOutput(decision="monitor", reason=reason, fault_class=fault_class)
     if action == "burn_in":
         _end_retirement(fault, origin.at, cluster, provider, ledger)
+    lost = _lost_member(fault, provider) if fault.fault_code == INSTANCE_LOST else None  # checked before anything changes
+    if lost:
+        _end_interrupted(fault, cluster, ledger)
     # an operator's request is never folded: it is refused, or released the node (_make_way_for)
     folded = None if fault.requested_action else _fold_into_active(fault, request.incident_id, cluster, ledger,
                                                                    control, now, action, reason)
@@ -360,7 +393,7 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
     if handled_by and handled_by != request.incident_id:  # its node may be another instance by now
         return DetectOutput(decision="deduplicated", existing_incident_id=handled_by,
                             reason=f"event {fault.event_key} was handled already, by incident {handled_by}")
-    member = _resolve_or_page(fault, provider, cluster, control, now, limits)
+    member = lost or _resolve_or_page(fault, provider, cluster, control, now, limits)
     why_stale = staleness(received, now, limits.max_event_age, origin.at,
                           ledger.repaired_at(cluster, member.slurm_node or ""))
     if why_stale:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from nodemedic.contracts.events import INSTANCE_LOST
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import GateOutput
 from nodemedic.errors import PolicyError, ThrottledError, UnknownNodeError
@@ -55,6 +56,8 @@ def gate(
         d = decide(Facts(incident, bare, policy, state, set(), 0, {}, {}, now))
         return _hold(incident, ledger, clock, d)
     member = provider.member(incident.instance_id)
+    if member is None and incident.fault_code == INSTANCE_LOST:  # Detect checked that it is gone and the node bare
+        member = Member(incident.instance_id, incident.slurm_node, "terminated")
     if member is None:
         raise UnknownNodeError(f"{incident.instance_id} left cluster {incident.cluster}; nothing was drained")
     active = ledger.still_open([*state.admissions, *state.waiting])
