@@ -69,6 +69,10 @@ def test_a_node_whose_spot_instance_ec2_terminates_gets_the_instance_its_group_l
         wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
         assert local.reconcile()["replacements_started"] == []
         assert len(local.incidents()) == 2
+        # no failure: recorded under its own class, not in the cluster's MTTR (nor its alarm)
+        wait_for(lambda: local.metric_values("TimeToRecover", Cluster="local", FaultClass="instance_lost"),
+                 "the rejoin's TimeToRecover")
+        assert local.metric_values("TimeToRecover", Cluster="local") == []
 
 
 def _ec2_event(sample: str, instance: str, **detail: str) -> dict:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from aws_lambda_powertools import Metrics, single_metric
 from aws_lambda_powertools.metrics import MetricUnit
 
+from nodemedic.contracts.events import INSTANCE_LOST
 from nodemedic.contracts.incident import IncidentRef
 
 NAMESPACE = "NodeMedic"
@@ -25,7 +26,9 @@ def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[st
     """Emit ``TimeTo*`` metrics (seconds from the fault) with dimensions Cluster and FaultClass,
     and each once more with Cluster alone (what the dashboard's stage view and the MTTR alarm read:
     an alarm cannot aggregate across dimension values). A burn-in (a node that joined) is
-    recorded under FaultClass ``burn_in`` only: it is no failure, so not in the cluster's MTTR.
+    recorded under FaultClass ``burn_in`` only, and a lost instance's rejoin (``INSTANCE_LOST``:
+    EC2 ended a Spot node's instance) under ``instance_lost`` only: neither is a failure, so
+    neither is in the cluster's MTTR.
 
     Node and incident ids are metadata, never dimensions (keeps cardinality low).
     """
@@ -33,8 +36,8 @@ def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[st
     metrics.add_dimension(name="FaultClass", value=incident.fault_class)
     for name, seconds in durations.items():
         metrics.add_metric(name=name, unit=MetricUnit.Seconds, value=max(0.0, seconds))
-        if incident.action == "burn_in":  # a joined node's check is no failure: not in MTTR or its alarm
-            continue
+        if incident.action == "burn_in" or incident.fault_code == INSTANCE_LOST:
+            continue  # a joined node's check, a Spot node's rejoin: no failure, not in MTTR or its alarm
         with single_metric(name=name, unit=MetricUnit.Seconds, value=max(0.0, seconds), namespace=NAMESPACE,
                            default_dimensions={"Cluster": incident.cluster}):
             pass
