@@ -75,6 +75,31 @@ def test_a_node_whose_spot_instance_ec2_terminates_gets_the_instance_its_group_l
         assert local.metric_values("TimeToRecover", Cluster="local") == []
 
 
+def test_a_spot_node_ec2_ends_before_its_gate_still_has_its_job_moved_and_gets_the_groups_new_instance() -> None:
+    """EC2 acts on its warning before the retirement's gate ran (the gate waiting out throttling
+    in a reclaim of many nodes): the incident no longer fails and pages "left the cluster"; its
+    drain moves the job to the spare, it ends retired, and the node gets the group's new instance."""
+    with stack(nodes=3, spares=1, CheckpointPolicy=POLICY) as local:  # gpu-4 is the spare
+        job, nodes = _submit(local, nodes=3)
+        instance = local.cluster.instance_of("gpu-2")
+
+        def ec2_acts(_: dict) -> None:
+            local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+                InstanceId=instance, ShouldDecrementDesiredCapacity=False)
+
+        acted = local.aws.before_invoke("GateFunction", ec2_acts)
+        local.emit_as_aws(_warning(instance, "terminate"))
+        retired = _incident_ended(local, "gpu-2", timeout=120)
+        assert acted and retired.status == "retired", retired.outcome
+        assert retired.stages["spare"].result.get("spare") == "gpu-4"
+        wait_for(lambda: set(local.scheduler.hostnames(local.scheduler.job(job)["NodeList"])) == {"gpu-1", "gpu-3", "gpu-4"}
+                 and local.scheduler.job(job)["JobState"] == "RUNNING", "the job to run on the spare")
+        assert local.reconcile()["replacements_started"] == ["gpu-2"]
+        local.wait_for_executions(2, timeout=240)
+        assert local.cluster.instance_of("gpu-2") != instance
+        assert [i.status for i in local.incidents() if i.incident_id != retired.incident_id] == ["closed"]
+
+
 def _ec2_event(sample: str, instance: str, **detail: str) -> dict:
     """The sample from events/aws-ec2/, about ``instance``."""
     event = json.loads((EVENTS / "aws-ec2" / sample).read_text())

@@ -242,6 +242,39 @@ def test_a_spot_interruption_retires_the_node_moves_the_job_to_the_spare_and_rep
     assert kube.errors == []
 
 
+def test_a_spot_node_ec2_ends_before_its_gate_is_retired_with_its_job_moved_not_failed(local: LocalMode) -> None:
+    """EC2 acts on its warning before the retirement's gate ran (the gate waiting out throttling):
+    the cloud controller deletes the node. The incident no longer fails and pages "left the
+    cluster": its drain deletes the pods still bound to the gone node and the job moves to the spare."""
+    import copy
+    import json
+
+    from tests.conftest import EVENTS
+
+    kube = _kube(local)
+    job = kube.submit(3, name="llm")  # one worker on each of gpu-1..3; gpu-4 is the spare
+    assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to run")
+    instance = kube.instance_of("gpu-1")
+
+    def ec2_acts(_: dict) -> None:
+        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+            InstanceId=instance, ShouldDecrementDesiredCapacity=False)
+        wait_for(lambda: "gpu-1" not in kube.node_names(), "the cloud controller to delete the node")
+
+    acted = local.aws.before_invoke("GateFunction", ec2_acts)
+    warning = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "spot-interruption-warning.json").read_text()))
+    warning["detail"]["instance-id"] = instance
+    local.emit_as_aws(warning)
+    [execution] = local.wait_for_executions(1, timeout=120)
+    incident = local.incident(execution["name"])
+    assert acted and execution["status"] == "SUCCEEDED"
+    assert (incident.status, incident.stages["drain"].result.get("node_gone")) == ("retired", True), incident.outcome
+    assert incident.stages["spare"].result["spare"] == "gpu-4"
+    assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING" and kube.job(job)["NodeList"] == "gpu-2,gpu-3,gpu-4",
+                    "the job to run on the spare")
+    assert kube.errors == []
+
+
 def test_a_capacity_block_ending_retires_its_nodes_and_the_job_moves_outside_the_block(local: LocalMode) -> None:
     """EC2's Capacity Block expiry warning on Kubernetes: the block's worker is retired and its pod
     moves to the spare outside the block; nothing launched or terminated; the on-call told once."""

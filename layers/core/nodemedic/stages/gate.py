@@ -56,7 +56,11 @@ def gate(
         d = decide(Facts(incident, bare, policy, state, set(), 0, {}, {}, now))
         return _hold(incident, ledger, clock, d)
     member = provider.member(incident.instance_id)
-    if member is None and incident.fault_code == INSTANCE_LOST:  # Detect checked that it is gone and the node bare
+    if member is None and (incident.fault_code == INSTANCE_LOST or incident.action == "retire"):
+        # a lost instance: Detect checked that it is gone and the node bare. A retire whose
+        # capacity AWS took before its gate ran (EC2 acted on its Spot warning while the gate
+        # waited out throttling, as a reclaim of many nodes brings): its drain still moves the
+        # node's jobs to a spare and keeps the node out, rather than failing and paging
         member = Member(incident.instance_id, incident.slurm_node, "terminated")
     if member is None:
         raise UnknownNodeError(f"{incident.instance_id} left cluster {incident.cluster}; nothing was drained")
