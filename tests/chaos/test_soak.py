@@ -114,20 +114,27 @@ def _cordon(kube: KubeScheduler, node: str) -> bool:
     return _kube_ok(cordon) is True
 
 
+def _end_instance(local: LocalMode, world: World, node: str, instance: str) -> bool:
+    """Someone else (EC2, the group's health check, an operator) ends ``instance``, and the group
+    launches another in its place. False where it was ended already (replaced by NodeMedic, or
+    terminated by someone)."""
+    try:
+        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+            InstanceId=instance, ShouldDecrementDesiredCapacity=False)
+    except ClientError:
+        return False
+    world.terminated.add(node)
+    return True
+
+
 def _ec2_interrupts(local: LocalMode, world: World, after: float) -> None:
-    """EC2 acts on its Spot warnings (two minutes on AWS; ``after`` seconds here): it ends each
-    warned instance and the group launches another in its place."""
+    """EC2 acts on its Spot warnings (two minutes on AWS; ``after`` seconds here)."""
     due = [w for w in world.spot if time.monotonic() - w[0] >= after]
     for warning in due:
         _, node, instance = warning
         world.spot.remove(warning)
-        try:
-            local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
-                InstanceId=instance, ShouldDecrementDesiredCapacity=False)
-        except ClientError:  # ended already (replaced by NodeMedic, or terminated by someone)
-            continue
-        world.terminated.add(node)
-        world.log.append(f"EC2 interrupts {node} ({instance})")
+        if _end_instance(local, world, node, instance):
+            world.log.append(f"EC2 interrupts {node} ({instance})")
 
 
 def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> None:
@@ -196,10 +203,8 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
             instance = local.cluster.instance_of(node)
         except LookupError:
             return
-        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
-            InstanceId=instance, ShouldDecrementDesiredCapacity=False)
-        world.terminated.add(node)
-        world.log.append(f"terminate {node} ({instance})")
+        if _end_instance(local, world, node, instance):
+            world.log.append(f"terminate {node} ({instance})")
     elif action == "throttle":  # the next attempts of every stage's calls to one service
         service = rng.choice(("dynamodb", "ssm", "ec2", "autoscaling", *(("eks",) if kube else ())))
         times = rng.randint(5, 60)

@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError
 from nodemedic.errors import CapacityError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.base import (
     CAPACITY_ERRORS,
+    ENDED,
     SLURM_NODE_TAG,
     Member,
     ReplaceStep,
@@ -21,7 +22,6 @@ from nodemedic.providers.base import (
     reboot_ec2,
 )
 
-_GONE = {"shutting-down", "terminated"}
 # what TerminateInstanceInAutoScalingGroup answers while the group is busy: "You already have a
 # pending update to an Amazon EC2 Auto Scaling resource" / "The operation can't be performed because
 # there are scaling activities in progress" (Amazon EC2 Auto Scaling API reference, its Errors)
@@ -76,7 +76,7 @@ class AutoScalingProvider:
     def members(self) -> list[Member]:
         ids = [i["InstanceId"] for i in self._group_instances()]
         found = [i for chunk in batches(ids, 100) for i in ec2_instances(self._ec2, [{"Name": "instance-id", "Values": chunk}])]
-        return [ec2_member(i) for i in found if i["State"]["Name"] not in _GONE]
+        return [ec2_member(i) for i in found if i["State"]["Name"] not in ENDED]
 
     def reboot(self, instance_ids: list[str]) -> None:
         reboot_ec2(self._ec2, instance_ids)
@@ -99,7 +99,7 @@ class AutoScalingProvider:
 
     def _terminate(self, instance_id: str) -> None:
         found = self._describe([instance_id])
-        if not found or found[0]["State"]["Name"] in _GONE:
+        if not found or found[0]["State"]["Name"] in ENDED:
             return
         if instance_id not in {i["InstanceId"] for i in self._group_instances()}:
             return

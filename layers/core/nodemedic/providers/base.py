@@ -13,6 +13,7 @@ from nodemedic.errors import ReplacementFailedError
 
 SLURM_NODE_TAG = "nodemedic:slurm-node"
 TOPOLOGY_TAGS = {"nodemedic:rack": "rack", "nodemedic:switch": "switch"}
+ENDED = frozenset({"shutting-down", "terminated"})  # EC2's states of an instance that is ending or ended
 
 # Error codes AWS uses when it has no capacity for an instance right now.
 CAPACITY_ERRORS = frozenset({"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",

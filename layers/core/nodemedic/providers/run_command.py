@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CommandFailedError, CommandPendingError, InstanceGoneError, InstanceNotManagedError
-from nodemedic.providers.base import ec2_instances
+from nodemedic.providers.base import ENDED, ec2_instances
 
 REGISTRATION_POLL_S = 0.2  # how soon an invocation SSM has not registered yet is asked for again
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
@@ -182,7 +182,7 @@ class RunCommand(Commands):
         if self._ec2 is None:
             return None
         states = [i["State"]["Name"] for i in ec2_instances(self._ec2, [{"Name": "instance-id", "Values": [instance_id]}])]
-        return states[0] if states and states[0] in ("shutting-down", "terminated") else None
+        return states[0] if states and states[0] in ENDED else None
 
     def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
         """The ids of the commands sent to ``instance_id`` with ``document`` and these

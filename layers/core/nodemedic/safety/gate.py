@@ -100,9 +100,10 @@ def lineage_keys(incident: IncidentRef, host_id: str = "") -> list[str]:
 
 def admission_of(incident: IncidentRef, member: Member, now: datetime,
                  software: Mapping[str, str] | None = None) -> Admission:
+    kind = uncounted(incident)
     return Admission(slurm_node=incident.slurm_node, instance_id=incident.instance_id, at=now,
                      fault_code=incident.fault_code, attributes={**member.topology, **(software or {})},
-                     burn_in=uncounted(incident) in (BURN_IN, INSTANCE_LOST_JOIN), retire=uncounted(incident) is RETIRE)
+                     burn_in=kind in (BURN_IN, INSTANCE_LOST_JOIN), retire=kind is RETIRE)
 
 
 def correlation(admissions: list[Admission], cluster: list[Member] | None = None) -> list[str]:

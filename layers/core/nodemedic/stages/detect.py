@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -38,7 +39,7 @@ from nodemedic.domain.freshness import fault_origin, staleness
 from nodemedic.errors import IncidentStateError, InvalidEventError, UnknownNodeError, UnknownNodeQuietError
 from nodemedic.operations import request_would_fold
 from nodemedic.planned_events import back_from_interruption, ended_by_interruption
-from nodemedic.providers.base import Member, Provider
+from nodemedic.providers.base import ENDED, Member, Provider
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
 
@@ -181,36 +182,33 @@ def _note_folded(existing_id: str, fault: FoldedFault, received: datetime, now: 
     ledger.note_folded(existing_id, fault)
 
 
+def _release_retirement(fault: Fault, cluster: str, ledger: Ledger, over: Callable[[Incident, str], bool]) -> None:
+    """Release the lock a retirement holds on the fault's instance once ``over(retired, instance)``,
+    so the event opens an incident of its own instead of folding into the retired incident. A
+    lock that changed meanwhile is left as it is."""
+    instance = fault.instance_id
+    retired = ledger.lock_holder(cluster, instance) if instance else None
+    if instance is not None and retired is not None and over(retired, instance):
+        ledger.release_lock(NodeLock(instance_id=instance, incident_id=retired.incident_id,
+                                     slurm_node=retired.slurm_node), cluster)
+
+
 def _end_retirement(fault: Fault, at: datetime, cluster: str, provider: Provider, ledger: Ledger) -> None:
     """A node NodeMedic retired for a Spot stop or hibernation joins again: EC2 started its instance
     after the interruption. The retirement's lock is released, so this join opens the burn-in
-    that checks the node and returns it, instead of folding into the retired incident. Only for
-    that instance, running now, after the moment EC2 stopped it; a lock that changed meanwhile
-    is left as it is."""
-    instance = fault.instance_id
-    retired = ledger.lock_holder(cluster, instance) if instance else None
-    if instance is None or retired is None or not back_from_interruption(retired, instance, at):
-        return
-    member = provider.member(instance)
-    if member is not None and member.state == "running":
-        ledger.release_lock(NodeLock(instance_id=instance, incident_id=retired.incident_id,
-                                     slurm_node=retired.slurm_node), cluster)
+    that checks the node and returns it. Only for that instance, running now, after the moment
+    EC2 stopped it."""
+    def back(retired: Incident, instance: str) -> bool:
+        if not back_from_interruption(retired, instance, at):
+            return False
+        member = provider.member(instance)
+        return member is not None and member.state == "running"
+
+    _release_retirement(fault, cluster, ledger, back)
 
 
 def _gone(member: Member | None) -> bool:
-    return member is None or member.state in ("shutting-down", "terminated")
-
-
-def _end_interrupted(fault: Fault, cluster: str, ledger: Ledger) -> None:
-    """A node NodeMedic retired for a Spot interruption that terminates its instance has lost it:
-    EC2 ended it (:func:`_lost_member` checked). The retirement's lock on that instance is
-    released, so the reconciler's ``INSTANCE_LOST`` opens the incident that replaces it instead of
-    folding into the retirement. A lock that changed meanwhile is left as it is."""
-    instance = fault.instance_id
-    retired = ledger.lock_holder(cluster, instance) if instance else None
-    if instance is not None and retired is not None and ended_by_interruption(retired, instance):
-        ledger.release_lock(NodeLock(instance_id=instance, incident_id=retired.incident_id,
-                                     slurm_node=retired.slurm_node), cluster)
+    return member is None or member.state in ENDED
 
 
 def _lost_member(fault: Fault, provider: Provider) -> Member:
@@ -376,8 +374,8 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
     if action == "burn_in":
         _end_retirement(fault, origin.at, cluster, provider, ledger)
     lost = _lost_member(fault, provider) if fault.fault_code == INSTANCE_LOST else None  # checked before anything changes
-    if lost:
-        _end_interrupted(fault, cluster, ledger)
+    if lost:  # EC2 ended the instance of a node retired for a Spot termination: the replacement opens its own incident
+        _release_retirement(fault, cluster, ledger, ended_by_interruption)
     # an operator's request is never folded: it is refused, or released the node (_make_way_for)
     folded = None if fault.requested_action else _fold_into_active(fault, request.incident_id, cluster, ledger,
                                                                    control, now, action, reason)

@@ -13,12 +13,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from nodemedic.contracts.events import INSTANCE_LOST
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import GateOutput
 from nodemedic.errors import PolicyError, ThrottledError, UnknownNodeError
 from nodemedic.providers.base import Member, Provider
-from nodemedic.safety.gate import Decision, Facts, admission_of, decide, lineage_keys, software_of
+from nodemedic.safety.gate import (
+    INSTANCE_LOST_JOIN,
+    RETIRE,
+    Decision,
+    Facts,
+    admission_of,
+    decide,
+    lineage_keys,
+    software_of,
+    uncounted,
+)
 from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import Admission, ControlState, ControlStore, Switch
 from nodemedic.store.ledger import Ledger
@@ -56,7 +65,7 @@ def gate(
         d = decide(Facts(incident, bare, policy, state, set(), 0, {}, {}, now))
         return _hold(incident, ledger, clock, d)
     member = provider.member(incident.instance_id)
-    if member is None and (incident.fault_code == INSTANCE_LOST or incident.action == "retire"):
+    if member is None and uncounted(incident) in (INSTANCE_LOST_JOIN, RETIRE):
         # a lost instance: Detect checked that it is gone and the node bare. A retire whose
         # capacity AWS took before its gate ran (EC2 acted on its Spot warning while the gate
         # waited out throttling, as a reclaim of many nodes brings): its drain still moves the
