@@ -3,6 +3,7 @@ and claims, and lost drains, starts the burn-in of a held node nobody checks, fi
 service it cannot watch (see nodemedic.reconciler), counts each kind and pages what it
 did."""
 
+from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools import Logger, single_metric
@@ -13,8 +14,10 @@ from nodemedic.bus import publish_health_events
 from nodemedic.contracts.events import RECONCILER_SOURCE, NodeHealthEvent
 from nodemedic.domain.silence import named_node
 from nodemedic.observability import NAMESPACE, utc_now
+from nodemedic.providers.autoscaling import AutoScalingProvider
+from nodemedic.providers.base import Member
 from nodemedic.reconciler import AgentWatch, execution_arn, reconcile
-from nodemedic.settings import settings
+from nodemedic.settings import Settings, settings
 from nodemedic.store.roster import RosterStore
 
 logger = Logger(service="reconciler")
@@ -86,14 +89,25 @@ def send_pages(cluster: str, topic_arn: str, pages: list[str]) -> None:
     ledger.sent_pages(cluster, len(earlier))
 
 
+def ended_instances(s: Settings) -> Callable[[], list[Member]] | None:
+    """Where the provider's replace joins an instance its group launched to a node (Auto Scaling on
+    Slurm): how to list the instances EC2 ended that backed a node; else None."""
+    if s.provider != "autoscaling" or s.orchestrator != "slurm":
+        return None
+
+    def ended() -> list[Member]:
+        provider = wiring.provider()
+        return provider.ended() if isinstance(provider, AutoScalingProvider) else []
+    return ended
+
+
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     s = settings()
     report = reconcile(cluster=s.cluster_name, ledger=wiring.ledger(), orchestrator=wiring.orchestrator(),
                        execution_status=execution_status, prefix=s.drain_reason_prefix, now=utc_now(),
                        publish=publish, agents=AgentWatch(lambda: wiring.provider().members(), heard_agents,
-                                                          joins_launched=s.provider == "autoscaling"
-                                                          and s.orchestrator == "slurm"))
+                                                          ended=ended_instances(s)))
     for kind, count in report.counts().items():
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):

@@ -1055,7 +1055,16 @@ class EmbeddedAWS:
                        for s in g.instance_states):
                 raise AutoScalingValidationError(
                     f"Instance Id not found - No managed instance found for instance ID {instance_id}")
-            return original_terminate(backend, instance_id, should_decrement)
+            group = next(g.name for g in backend.autoscaling_groups.values()
+                         for s in g.instance_states if s.instance.id == instance_id)
+            activity = original_terminate(backend, instance_id, should_decrement)
+            # a terminated instance keeps its tags while EC2 still lists it (about an hour), the
+            # group's aws:autoscaling:groupName too: the group terminated it, it never detached it
+            # (EC2 Auto Scaling User Guide, "Tag Auto Scaling groups and instances": the group adds
+            # that tag to each instance it launches; only DetachInstances takes an instance out of
+            # the group as it runs). moto 5.2.5 terminates by detaching first, which deletes the tag
+            backend.ec2_backend.create_tags([instance_id], {"aws:autoscaling:groupName": group})
+            return activity
 
         original_status = InstanceBackend.describe_instance_status
 

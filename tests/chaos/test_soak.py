@@ -32,6 +32,7 @@ from botocore.exceptions import ClientError
 from kubernetes.client.rest import ApiException
 from nodemedic import operations
 from nodemedic.orchestrators.kubernetes import DRAIN_TAINT, REASON
+from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.reconciler import KEEPS_LOCK
 from nodemedic_sandbox import kube_apiserver
 from nodemedic_sandbox.kube_cluster import KubeScheduler
@@ -255,7 +256,16 @@ def _owner_kept(reason: str, incidents: dict[str, Any]) -> tuple[bool, str]:
     return owner.status != "closed" or left_out, owner.status + (" (left it out)" if left_out else "")
 
 
-def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any], check: Any) -> None:
+def _unnamed(local: LocalMode) -> list[str]:
+    """The group's instances that back no node (launched in place of one someone ended)."""
+    ids = [i["InstanceId"] for i in local.cluster.group_instances()]
+    found = local.aws.client("ec2").describe_instances(InstanceIds=ids)["Reservations"] if ids else []
+    return [i["InstanceId"] for r in found for i in r["Instances"] if i["State"]["Name"] in ("pending", "running")
+            and not any(t["Key"] == SLURM_NODE_TAG for t in i.get("Tags", []))]
+
+
+def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any], held: set[str], check: Any) -> None:
+    unnamed = _unnamed(local)
     for node in local.node_names:
         try:
             local.cluster.instance_of(node)
@@ -263,6 +273,10 @@ def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any],
         except LookupError as exc:  # none: a replacement still booting is waited for by its incident
             check("0 running" in str(exc), f"one instance backs {node} ({exc}): none orphaned")
             backed = False
+        # a node whose instance someone ended is given the one its group launched in its place,
+        # unless an incident holds it (failed, escalated: the on-call was told) or an operator drained it
+        check(backed or node in held or node in world.operator_drained or not unnamed,
+              f"{node} has no instance and nothing holds it, while the group's {unnamed} back no node")
         state = local.scheduler.node(node)
         reason = state.get("Reason", "")
         if node in world.operator_drained:
@@ -387,7 +401,7 @@ def test_invariants_hold_after_a_soak(scheduler: str, seed: int, record_property
                       "Reason", "ExitCode", "NodeList", "BatchHost", "Restarts", "StartTime", "EndTime")) + ")")
         kube = _kube(local)
         if kube is None:
-            _slurm_nodes_hold(local, world, incidents, check)
+            _slurm_nodes_hold(local, world, incidents, {lock.slurm_node for lock in books.locks}, check)
         else:
             _kube_nodes_hold(kube, world, incidents, check)
         by_status = Counter(i.status for i in incidents.values())

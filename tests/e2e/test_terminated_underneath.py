@@ -8,6 +8,7 @@ group had launched the instance that the replace rung would have taken. Now each
 once ("terminated"), and the replace rung takes the group's new instance. On the local stack (real Slurm, the deployed
 template and its strict IAM: the deep check's role reads EC2's state)."""
 
+import pytest
 from nodemedic import operations
 
 from tests.e2e.support import OPEN, OPERATOR, stack, wait_for
@@ -73,3 +74,37 @@ def test_a_replacement_someone_else_ends_before_it_joins_is_replaced_by_the_grou
         assert rung["progress"]["lost_replacements"] == [lost]
         assert not local.ledger.bookkeeping(local.cluster.name).claims  # the lost one's claim too
         wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
+
+
+def test_a_node_whose_instance_the_group_replaced_outside_any_incident_gets_the_new_instance_and_returns() -> None:
+    """No incident held gpu-2 when its group's health check ended its instance and launched another,
+    which cannot know which node to be. Before, gpu-2 stayed down with no instance and the new
+    instance ran unnamed, for good. Now the reconciler's next run has it replaced (INSTANCE_LOST):
+    the new instance is claimed, named gpu-2, checked, and gpu-2 returns to service; its job, which
+    Slurm saw its node fail under, runs again. A node the group scaled in (it launched none in its
+    place) is left alone."""
+    with stack(nodes=3) as local:
+        autoscaling = local.aws.client("autoscaling")
+        job = local.scheduler.submit(1, name="train", on="gpu-2")
+        wait_for(lambda: local.scheduler.job(job)["JobState"] == "RUNNING", "the job to run on gpu-2")
+        old, scaled_in = local.cluster.instance_of("gpu-2"), local.cluster.instance_of("gpu-3")
+        autoscaling.terminate_instance_in_auto_scaling_group(InstanceId=scaled_in, ShouldDecrementDesiredCapacity=True)
+        assert local.reconcile()["replacements_started"] == []  # the group launched nothing in its place
+        autoscaling.terminate_instance_in_auto_scaling_group(InstanceId=old, ShouldDecrementDesiredCapacity=False)
+        assert local.reconcile()["replacements_started"] == ["gpu-2"]  # one launched: one node given it
+
+        [execution] = local.wait_for_executions(1, timeout=240)
+        [lost] = local.incidents()
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        assert (lost.slurm_node, lost.fault_code, lost.status, lost.instance_id) == ("gpu-2", "INSTANCE_LOST", "closed",
+                                                                                    old), lost.outcome
+        [rung] = lost.stages["repair"].result["rungs"]
+        new = local.cluster.instance_of("gpu-2")
+        assert new != old and rung["progress"]["new_instance_id"] == new and rung["check"]["healthy"] is True
+        wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
+        assert local.reconcile()["replacements_started"] == [] and len(local.incidents()) == 1  # once
+        assert lost.stages["drain"].result["requeued_jobs"] == [job]
+        wait_for(lambda: local.scheduler.job(job)["JobState"] == "RUNNING" and local.scheduler.job(job)["Restarts"] == "1",
+                 "the job to run again on gpu-2, on its new instance")
+        with pytest.raises(LookupError):  # gpu-3 keeps no instance: nobody wants it back
+            local.cluster.instance_of("gpu-3")

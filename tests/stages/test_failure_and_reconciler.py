@@ -649,7 +649,7 @@ def test_a_slurm_node_whose_spot_instance_ec2_ended_is_replaced_through_the_reco
     def run(publish: Callable[[NodeHealthEvent], None] = started.append, joins: bool = True) -> ReconcileReport:
         return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
                          prefix=PREFIX, now=datetime.now(UTC), publish=publish,
-                         agents=AgentWatch(lambda: members, dict, joins_launched=joins))
+                         agents=AgentWatch(lambda: members, dict, ended=(lambda: []) if joins else None))
 
     assert run().replacements_started == []  # EC2 has not acted yet
     members[0] = Member("i-00000000000000009", None, "running")  # EC2 ended it; the group launched another
@@ -667,3 +667,52 @@ def test_a_slurm_node_whose_spot_instance_ec2_ended_is_replaced_through_the_reco
     assert (lost.fault_code, lost.node.instance_id, lost.node.slurm_node, lost.evidence["retired_by"]) == (
         "INSTANCE_LOST", "i-00000000000000001", "gpu-1", "inc-spot")
     assert run().replacements_started == [] and len(started) == 1  # once per instance lost
+
+
+def test_a_slurm_node_whose_instance_ended_outside_any_incident_gets_the_groups_new_instance_once(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """The group's health check ended gpu-1's and gpu-3's instances while no incident held them (EC2
+    still lists them, terminated). The reconciler starts an INSTANCE_LOST incident for as many of
+    them as the group launched instances that back no node (a group scaled in launched none), once
+    per lost instance; never for a node an operator drained, one an incident holds, or one an
+    instance backs again."""
+    members = [Member("i-00000000000000002", "gpu-2", "running"), Member("i-00000000000000004", "gpu-4", "running")]
+    ended = [Member("i-00000000000000001", "gpu-1", "terminated"), Member("i-00000000000000003", "gpu-3", "terminated"),
+             Member("i-00000000000000005", "gpu-2", "terminated"),  # replaced by NodeMedic: gpu-2 is backed again
+             Member("i-00000000000000006", "gpu-9", "terminated")]  # not a node of the cluster (removed from it)
+    started: list[NodeHealthEvent] = []
+
+    def run(listing: Callable[[], list[Member]] = lambda: ended) -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
+                         agents=AgentWatch(lambda: members, dict, ended=listing))
+
+    assert run().replacements_started == [] and started == []  # scaled in: the group launched nothing
+    members.append(Member("i-00000000000000011", None, "pending"))  # the group launches one in place of one
+
+    def refused() -> list[Member]:
+        raise ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}},
+                          "DescribeInstances")
+
+    assert "cannot list the instances EC2 ended" in run(refused).errors[0]
+    assert run().replacements_started == ["gpu-1"]  # one launched: one node
+    [lost] = started
+    assert (lost.fault_code, lost.check, lost.node.instance_id, lost.node.slurm_node) == (
+        "INSTANCE_LOST", "ec2_status", "i-00000000000000001", "gpu-1")
+    assert "retired_by" not in lost.evidence and "outside any incident" in str(lost.evidence["started_by"])
+    members.append(Member("i-00000000000000012", None, "running"))
+    assert run().replacements_started == ["gpu-3"]  # gpu-1's is started once; the second launch: gpu-3
+    assert run().replacements_started == [] and len(started) == 2
+
+
+def test_a_node_an_operator_drained_or_an_incident_holds_is_not_replaced_when_its_instance_ends(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    members = [Member("i-00000000000000011", None, "running"), Member("i-00000000000000012", None, "running")]
+    ended = [Member("i-00000000000000001", "gpu-1", "terminated"), Member("i-00000000000000003", "gpu-3", "terminated")]
+    slurm.drain("gpu-1", "operator: RMA, decommissioning")
+    held = opened(ledger, "gpu-3", instance="i-00000000000000003")
+    started: list[NodeHealthEvent] = []
+    report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                       prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
+                       agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
+    assert report.replacements_started == [] and started == [], held

@@ -28,6 +28,9 @@ index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
 - a node retired for a Spot stop or hibernation whose instance EC2 has started again (its
   ``LaunchTime`` after the interruption) but that the retirement still holds (EC2's "running" was
   lost, or came while the retirement was still open) gets its burn-in started, once per start;
+- a Slurm node whose instance EC2 has ended (Auto Scaling: after its retirement for a Spot
+  termination, or while no incident held it) and that no instance backs gets an ``INSTANCE_LOST``
+  incident, once per instance, which names the instance its group launched in its place after it;
 - a node in service that NodeMedic cannot watch for ``UNWATCHED_AFTER`` is paged once, with every
   other such node in one page: its agent sent no heartbeat (never installed, it cannot start, it
   was stopped), so nothing there is detected, not even its silence, since the silence sweeper
@@ -97,9 +100,11 @@ class AgentWatch:
 
     members: Callable[[], list[Member]]
     heard: Callable[[], Mapping[str, str | None]]
-    # the provider's replace claims an instance its group launched and names it after the node
-    # (autoscaling): a Slurm node whose instance EC2 ended can be given the one launched in its place
-    joins_launched: bool = False
+    # where the provider's replace claims an instance its group launched and names it after the
+    # node (Auto Scaling on Slurm): the instances EC2 ended that backed a node, as long as EC2 lists
+    # them; a Slurm node whose instance EC2 ended can be given the one launched in its place.
+    # None: the provider joins no launched instance (HyperPod, EC2, Kubernetes)
+    ended: Callable[[], list[Member]] | None = None
 
 
 def execution_arn(state_machine_arn: str, name: str) -> str:
@@ -119,8 +124,9 @@ class ReconcileReport(BaseModel):
     holds_dropped: list[str] = Field(default_factory=list)
     burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
-    replacements_started: list[str] = Field(default_factory=list, description="retired for a Spot interruption whose "
-                                            "instance EC2 then ended: the group's new instance joined in its place")
+    replacements_started: list[str] = Field(default_factory=list, description="nodes whose instance EC2 ended (after "
+                                            "a Spot interruption's retirement, or outside any incident): the group's "
+                                            "new instance joined in their place")
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
     autoscaler_holds_released: list[str] = Field(default_factory=list,
                                                  description="nodes in service still kept from the autoscalers")
@@ -182,8 +188,9 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     _stray_autoscaler_holds(books, orchestrator, report)
     if agents is not None and members is not None:
         _back_from_interruption(books, cluster, ledger, members, nodes, now, publish, report)
-        if agents.joins_launched:
+        if agents.ended is not None:
             _ended_by_interruption(books, cluster, ledger, members, nodes, now, publish, report)
+            _ended_outside_incidents(books, cluster, ledger, members, agents.ended, nodes, prefix, now, publish, report)
         _unwatched_nodes(cluster, ledger, agents, members, nodes, now, report)
     return report
 
@@ -291,16 +298,38 @@ def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, me
             report.burn_ins_started.append(node)
 
 
-def lost_event(cluster: str, node: str, instance_id: str, retired_by: str, now: datetime) -> NodeHealthEvent:
+def lost_event(cluster: str, node: str, instance_id: str, now: datetime, retired_by: str | None = None) -> NodeHealthEvent:
     """The ``INSTANCE_LOST`` event that has ``node``, whose instance EC2 ended, replaced: the same
-    id for the same instance, so a second delivery is deduplicated."""
+    id for the same instance, so a second delivery is deduplicated. ``retired_by``: the Spot
+    interruption incident that retired the node for it; None: it ended outside any incident."""
+    why = (f"for the Spot interruption incident {retired_by} retired {node} for" if retired_by
+           else f"outside any incident (its group's health check, an operator, a Spot interruption NodeMedic was not "
+                f"told of), and no instance backs {node} since")
     return NodeHealthEvent(
         schema_version="1", event_id="lost-" + hashlib.sha256(f"{cluster}/{instance_id}".encode()).hexdigest()[:40],
         cluster=cluster, node=NodeIdentity(instance_id=instance_id, hostname=node, slurm_node=node),
-        check="spot_interruption", fault_code=INSTANCE_LOST, severity="critical", observed_at=now, sent_at=now,
-        evidence={"retired_by": retired_by,
-                  "started_by": f"reconciler: EC2 ended {instance_id} for the Spot interruption incident "
-                                f"{retired_by} retired {node} for"})
+        check="spot_interruption" if retired_by else "ec2_status", fault_code=INSTANCE_LOST, severity="critical",
+        observed_at=now, sent_at=now,
+        evidence={**({"retired_by": retired_by} if retired_by else {}),
+                  "started_by": f"reconciler: EC2 ended {instance_id} {why}"})
+
+
+def _start_replacement(cluster: str, node: str, instance_id: str, ledger: Ledger, now: datetime,
+                       publish: Callable[[NodeHealthEvent], None], report: ReconcileReport,
+                       retired_by: str | None = None) -> None:
+    """Publish the ``INSTANCE_LOST`` event of ``node``, once per lost instance: one that fails is
+    taken back, and the next run tries again; an incident that fails is paged as any other, never
+    started again."""
+    key = f"lost/{cluster}/{instance_id}"
+    if not _first(ledger, key, now, report):
+        return
+    try:
+        publish(lost_event(cluster, node, instance_id, now, retired_by))
+    except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
+        ledger.forget_announcement(key)
+        report.errors.append(f"cannot start the replacement of {node}, whose instance EC2 ended: {exc}")
+    else:
+        report.replacements_started.append(node)
 
 
 def _ended_by_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
@@ -317,16 +346,40 @@ def _ended_by_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, mem
     lost = [lock for lock in books.locks
             if lock.instance_id not in live and lock.slurm_node in nodes and lock.slurm_node not in backed]
     for lock, retired in _retirements(lost, ledger, report):
-        node, key = str(lock.slurm_node), f"lost/{cluster}/{lock.instance_id}"
-        if not ended_by_interruption(retired, lock.instance_id) or not _first(ledger, key, now, report):
+        if ended_by_interruption(retired, lock.instance_id):
+            _start_replacement(cluster, str(lock.slurm_node), lock.instance_id, ledger, now, publish, report,
+                               retired_by=lock.incident_id)
+
+
+def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
+                             ended: Callable[[], list[Member]], nodes: dict[str, NodeStatus], prefix: str,
+                             now: datetime, publish: Callable[[NodeHealthEvent], None],
+                             report: ReconcileReport) -> None:
+    """A Slurm node whose instance EC2 ended while no incident held it (the group's health check
+    replaced it, an operator terminated it, a Spot interruption whose warning never reached
+    NodeMedic): no instance backs the node, and the group launched one in its place that backs
+    none and cannot know which node to be. An ``INSTANCE_LOST`` incident replaces it, as after a
+    Spot retirement. Only as many as the group has such instances: a group scaled in launched none,
+    and the node it gave up is left alone (so is one an operator drained: they have it in hand)."""
+    backed = {m.slurm_node for m in members if m.slurm_node}
+    held = {lock.slurm_node for lock in books.locks}
+    launched = sum(1 for m in members if not m.slurm_node)
+    if not launched:
+        return
+    try:
+        gone = ended()
+    except Exception as exc:  # noqa: BLE001 - the next run tries again
+        report.errors.append(f"cannot list the instances EC2 ended: {exc}")
+        return
+    latest: dict[str, Member] = {}
+    for m in gone:
+        node = nodes.get(m.slurm_node or "")
+        if node is None or node.name in backed or node.name in held or (node.drained and not node.reason.startswith(prefix)):
             continue
-        try:
-            publish(lost_event(cluster, node, lock.instance_id, lock.incident_id, now))
-        except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
-            ledger.forget_announcement(key)
-            report.errors.append(f"cannot start the replacement of {node}, whose instance EC2 ended: {exc}")
-        else:
-            report.replacements_started.append(node)
+        if node.name not in latest or (m.launched_at or now) > (latest[node.name].launched_at or now):
+            latest[node.name] = m
+    for node_name, m in sorted(latest.items())[:launched]:
+        _start_replacement(cluster, node_name, m.instance_id, ledger, now, publish, report)
 
 
 def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, members: list[Member],

@@ -78,6 +78,14 @@ class AutoScalingProvider:
         found = [i for chunk in batches(ids, 100) for i in ec2_instances(self._ec2, [{"Name": "instance-id", "Values": chunk}])]
         return [ec2_member(i) for i in found if i["State"]["Name"] not in ENDED]
 
+    def ended(self) -> list[Member]:
+        """The group's instances that backed a Slurm node and that EC2 has ended since (it lists a
+        terminated instance, its tags kept, for about an hour), in one listing."""
+        return [ec2_member(i) for i in ec2_instances(self._ec2, [
+            {"Name": "tag:aws:autoscaling:groupName", "Values": [self._group]},
+            {"Name": "tag-key", "Values": [SLURM_NODE_TAG]},
+            {"Name": "instance-state-name", "Values": sorted(ENDED)}])]
+
     def reboot(self, instance_ids: list[str]) -> None:
         reboot_ec2(self._ec2, instance_ids)
 

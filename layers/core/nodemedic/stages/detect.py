@@ -374,7 +374,7 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
     if action == "burn_in":
         _end_retirement(fault, origin.at, cluster, provider, ledger)
     lost = _lost_member(fault, provider) if fault.fault_code == INSTANCE_LOST else None  # checked before anything changes
-    if lost:  # EC2 ended the instance of a node retired for a Spot termination: the replacement opens its own incident
+    if lost:  # EC2 ended the node's instance (after its Spot retirement, or outside any incident): its own incident
         _release_retirement(fault, cluster, ledger, ended_by_interruption)
     # an operator's request is never folded: it is refused, or released the node (_make_way_for)
     folded = None if fault.requested_action else _fold_into_active(fault, request.incident_id, cluster, ledger,
