@@ -273,12 +273,14 @@ def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any],
         except LookupError as exc:  # none: a replacement still booting is waited for by its incident
             check("0 running" in str(exc), f"one instance backs {node} ({exc}): none orphaned")
             backed = False
-        # a node whose instance someone ended is given the one its group launched in its place,
-        # unless an incident holds it (failed, escalated: the on-call was told) or an operator drained it
-        check(backed or node in held or node in world.operator_drained or not unnamed,
-              f"{node} has no instance and nothing holds it, while the group's {unnamed} back no node")
         state = local.scheduler.node(node)
         reason = state.get("Reason", "")
+        # a node whose instance someone ended is given the one its group launched in its place,
+        # unless an incident holds it (failed, escalated: the on-call was told) or an operator's
+        # drain does (one a controller crash may have lost is not in world.operator_drained)
+        operators = "DRAIN" in state["State"] and not reason.startswith("nodemedic:")
+        check(backed or node in held or operators or not unnamed,
+              f"{node} has no instance and nothing holds it, while the group's {unnamed} back no node")
         if node in world.operator_drained:
             check("DRAIN" in state["State"] and reason.startswith("operator:soak"),
                   f"the operator's drain of {node} was never lifted ({state['State']} {reason})")

@@ -27,7 +27,7 @@ def record_durations(metrics: Metrics, incident: IncidentRef, durations: dict[st
     and each once more with Cluster alone (what the dashboard's stage view and the MTTR alarm read:
     an alarm cannot aggregate across dimension values). A burn-in (a node that joined) is
     recorded under FaultClass ``burn_in`` only, and a lost instance's rejoin (``INSTANCE_LOST``:
-    EC2 ended a Spot node's instance) under ``instance_lost`` only: neither is a failure, so
+    EC2 ended a Slurm node's instance) under ``instance_lost`` only: neither is a failure, so
     neither is in the cluster's MTTR.
 
     Node and incident ids are metadata, never dimensions (keeps cardinality low).

@@ -30,7 +30,8 @@ AGENT_SOURCE = "nodemedic.agent"
 SWEEPER_SOURCE = "nodemedic.sweeper"
 # the burn-in of a node held for one that nobody checks; a fault the cooldown held, offered again
 RECONCILER_SOURCE = "nodemedic.reconciler"
-# the reconciler's: a Slurm node retired for a Spot termination has lost its instance (joined anew)
+# the reconciler's: a Slurm node has lost its instance to EC2 (a Spot termination, its group's health
+# check, an operator) and no instance backs it (joined anew)
 INSTANCE_LOST = "INSTANCE_LOST"
 # an AWS Health scheduled change or a Capacity Block's end, one event per affected node
 PLANNED_SOURCE = "nodemedic.planned"

@@ -168,12 +168,13 @@ BURN_IN = Uncounted("burn-in", (
     ("breaker_limit", "a node not yet in service: not counted"), ("concurrency", "not counted"),
     ("corroboration", "the full deep health check decides")),
     "the node joined; the full check before it takes work", "approval required before a rung changes it")
-# EC2 ended the instance of a node retired for its Spot interruption: the node serves and runs
-# nothing, and joining the group's new instance in its place takes no capacity from anyone (a
-# Spot reclaim of many nodes, counted, would trip the breaker and hold every fault after it)
+# EC2 ended the instance of a Slurm node (retired for its Spot interruption, or outside any
+# incident: its group's health check, an operator): the node serves and runs nothing, and joining
+# the group's new instance in its place takes no capacity from anyone (a Spot reclaim of many
+# nodes, counted, would trip the breaker and hold every fault after it)
 INSTANCE_LOST_JOIN = Uncounted("instance lost", (
     ("provider", "the instance is gone"), ("cooldown", "nothing on the node is repaired"),
-    ("lemon", "EC2 ended it for its Spot interruption, no fault of the node"),
+    ("lemon", "EC2 ended the instance; the node is joined to another"),
     ("breaker_limit", "a node not in service: not counted"), ("concurrency", "not counted"),
     ("corroboration", "Detect checked that the instance is gone and nothing backs the node")),
     "join the instance its group launched in its place, checked before it takes work",
