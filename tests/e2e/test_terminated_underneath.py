@@ -11,7 +11,7 @@ template and its strict IAM: the deep check's role reads EC2's state)."""
 import pytest
 from nodemedic import operations
 
-from tests.e2e.support import OPEN, OPERATOR, stack, wait_for
+from tests.e2e.support import OPEN, OPERATOR, control, stack, wait_for
 from tests.e2e.test_safety import _wait_for_approval_requests
 
 
@@ -108,3 +108,29 @@ def test_a_node_whose_instance_the_group_replaced_outside_any_incident_gets_the_
                  "the job to run again on gpu-2, on its new instance")
         with pytest.raises(LookupError):  # gpu-3 keeps no instance: nobody wants it back
             local.cluster.instance_of("gpu-3")
+
+
+def test_a_lost_node_held_while_automation_was_paused_is_rejoined_once_it_resumes() -> None:
+    """The group replaced gpu-2's instance while an operator had paused automation: its
+    INSTANCE_LOST incident is held, nothing done. Before, nothing offered it again once automation
+    resumed (the reconciler starts it once per lost instance): gpu-2 stayed without an instance for
+    good. Now the reconciler's next run after the resume starts it again, and gpu-2 returns."""
+    with stack(nodes=3) as local:
+        old = local.cluster.instance_of("gpu-2")
+        operations.pause(control(local), by=OPERATOR, reason="an AZ is in trouble")
+        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+            InstanceId=old, ShouldDecrementDesiredCapacity=False)
+        assert local.reconcile()["replacements_started"] == ["gpu-2"]
+        [held] = local.wait_for_executions(1, timeout=120)
+        [incident] = local.incidents()
+        assert incident.status == "held", incident.outcome
+        assert local.reconcile()["replacements_started"] == []  # still paused: the hold keeps the node
+        operations.resume_automation(control(local), local.ledger, by=OPERATOR, reason="the AZ recovered")
+        assert local.reconcile()["replacements_started"] == ["gpu-2"]
+        executions = local.wait_for_executions(2, timeout=240)
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        rejoined = next(i for i in local.incidents() if i.incident_id != incident.incident_id)
+        assert (rejoined.fault_code, rejoined.status) == ("INSTANCE_LOST", "closed"), rejoined.outcome
+        assert local.cluster.instance_of("gpu-2") != old
+        wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
+        assert local.reconcile()["replacements_started"] == [] and len(local.incidents()) == 2

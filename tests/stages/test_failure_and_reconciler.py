@@ -716,3 +716,32 @@ def test_a_node_an_operator_drained_or_an_incident_holds_is_not_replaced_when_it
                        prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
                        agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
     assert report.replacements_started == [] and started == [], held
+
+
+@pytest.mark.parametrize(("rule", "again"), [("paused", True), ("breaker", True), ("excluded", False), ("lemon", False)])
+def test_a_lost_node_whose_incident_a_storm_held_is_offered_again_and_no_other_hold_is(
+        slurm: MemorySlurm, ledger: Ledger, rule: str, again: bool) -> None:
+    """gpu-1's INSTANCE_LOST incident was held and its hold released since. Held by a storm
+    (automation paused, the breaker open: released when an operator lifted it), it is offered again
+    under an id of its own, once per hold; held for the node itself (an exclusion: the operator's
+    word on this node), never."""
+    members = [Member("i-00000000000000011", None, "running")]
+    ended = [Member("i-00000000000000001", "gpu-1", "terminated")]
+    started: list[NodeHealthEvent] = []
+
+    def run() -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "SUCCEEDED",
+                         prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
+                         agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
+
+    assert run().replacements_started == ["gpu-1"]
+    held = opened(ledger, "gpu-1", instance="i-00000000000000001")
+    ledger.acknowledge_event(f"nodemedic.reconciler/{started[0].event_id}", "remediate", held.incident_id,
+                             datetime.now(UTC))
+    ledger.start_stage(held, "gate", datetime.now(UTC))
+    ledger.complete_stage(held, "gate", datetime.now(UTC), {"verdict": "hold", "rules": [{"rule": rule, "result": "hold"}]})
+    ledger.end(held, "held", datetime.now(UTC), f"held: {rule}", release_node=True)
+    assert run().replacements_started == (["gpu-1"] if again else [])
+    if again:
+        assert started[1].event_id != started[0].event_id and held.incident_id in str(started[1].evidence["started_by"])
+    assert run().replacements_started == [] and len(started) == (2 if again else 1)

@@ -79,6 +79,7 @@ from nodemedic.planned_events import back_from_interruption, ended_by_interrupti
 from nodemedic.providers.base import Member
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.failure import fail
+from nodemedic.stages.gate import STORM_RULES
 from nodemedic.stages.resume import return_node
 from nodemedic.store.ledger import Ledger
 
@@ -298,33 +299,67 @@ def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, me
             report.burn_ins_started.append(node)
 
 
-def lost_event(cluster: str, node: str, instance_id: str, now: datetime, retired_by: str | None = None) -> NodeHealthEvent:
+def lost_event(cluster: str, node: str, instance_id: str, now: datetime, retired_by: str | None = None,
+               after_hold: str | None = None) -> NodeHealthEvent:
     """The ``INSTANCE_LOST`` event that has ``node``, whose instance EC2 ended, replaced: the same
     id for the same instance, so a second delivery is deduplicated. ``retired_by``: the Spot
-    interruption incident that retired the node for it; None: it ended outside any incident."""
+    interruption incident that retired the node for it; None: it ended outside any incident.
+    ``after_hold``: the incident a storm held it in (automation paused, the breaker open) before:
+    offered again, under an id of its own."""
     why = (f"for the Spot interruption incident {retired_by} retired {node} for" if retired_by
            else f"outside any incident (its group's health check, an operator, a Spot interruption NodeMedic was not "
                 f"told of), and no instance backs {node} since")
+    again = f"; offered again, incident {after_hold} was held" if after_hold else ""
+    name = f"{cluster}/{instance_id}" + (f"/{after_hold}" if after_hold else "")
     return NodeHealthEvent(
-        schema_version="1", event_id="lost-" + hashlib.sha256(f"{cluster}/{instance_id}".encode()).hexdigest()[:40],
+        schema_version="1", event_id="lost-" + hashlib.sha256(name.encode()).hexdigest()[:40],
         cluster=cluster, node=NodeIdentity(instance_id=instance_id, hostname=node, slurm_node=node),
         check="spot_interruption" if retired_by else "ec2_status", fault_code=INSTANCE_LOST, severity="critical",
         observed_at=now, sent_at=now,
         evidence={**({"retired_by": retired_by} if retired_by else {}),
-                  "started_by": f"reconciler: EC2 ended {instance_id} {why}"})
+                  "started_by": f"reconciler: EC2 ended {instance_id} {why}{again}"})
+
+
+OFFERS_AFTER_HOLDS = 5  # a lost node held by one storm after another is offered again this often at most
+
+
+def _held_by_a_storm(ledger: Ledger, event: NodeHealthEvent) -> str | None:
+    """The incident that took ``event``, if a storm held it (automation paused, the breaker open):
+    its hold kept the node until an operator resumed automation or reset the breaker, and nothing
+    else offers it again. None for any other end (a failure was paged; a refusal said why)."""
+    taker = ledger.event_handled_by(f"{RECONCILER_SOURCE}/{event.event_id}")
+    if taker is None:
+        return None
+    incident = ledger.get(taker)
+    gate = incident.stages.get("gate")
+    rules = gate.result.get("rules") if gate else None
+    last = rules[-1] if isinstance(rules, list) and rules else None
+    return taker if incident.status == "held" and isinstance(last, dict) and last.get("rule") in STORM_RULES else None
 
 
 def _start_replacement(cluster: str, node: str, instance_id: str, ledger: Ledger, now: datetime,
                        publish: Callable[[NodeHealthEvent], None], report: ReconcileReport,
                        retired_by: str | None = None) -> None:
-    """Publish the ``INSTANCE_LOST`` event of ``node``, once per lost instance: one that fails is
-    taken back, and the next run tries again; an incident that fails is paged as any other, never
-    started again."""
-    key = f"lost/{cluster}/{instance_id}"
-    if not _first(ledger, key, now, report):
+    """Publish the ``INSTANCE_LOST`` event of ``node``, once per lost instance, and once more after
+    each storm that held it: one that fails is taken back, and the next run tries again; an
+    incident that fails is paged as any other, never started again."""
+    after: str | None = None
+    for _ in range(OFFERS_AFTER_HOLDS + 1):
+        event = lost_event(cluster, node, instance_id, now, retired_by, after_hold=after)
+        key = f"lost/{cluster}/{instance_id}" + (f"/{after}" if after else "")
+        if _first(ledger, key, now, report):
+            break
+        try:
+            after = _held_by_a_storm(ledger, event)
+        except Exception as exc:  # noqa: BLE001 - the next run tries again
+            report.errors.append(f"cannot read what became of the replacement of {node}: {exc}")
+            return
+        if after is None:
+            return
+    else:
         return
     try:
-        publish(lost_event(cluster, node, instance_id, now, retired_by))
+        publish(event)
     except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
         ledger.forget_announcement(key)
         report.errors.append(f"cannot start the replacement of {node}, whose instance EC2 ended: {exc}")
