@@ -681,6 +681,7 @@ def test_a_slurm_node_whose_instance_ended_outside_any_incident_gets_the_groups_
              Member("i-00000000000000005", "gpu-2", "terminated"),  # replaced by NodeMedic: gpu-2 is backed again
              Member("i-00000000000000006", "gpu-9", "terminated")]  # not a node of the cluster (removed from it)
     started: list[NodeHealthEvent] = []
+    slurm.drain("gpu-3", f"{PREFIX}:inc-failed XID 79")  # an incident that failed left it drained: the check decides
 
     def run(listing: Callable[[], list[Member]] = lambda: ended) -> ReconcileReport:
         return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",

@@ -395,7 +395,8 @@ def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, m
     NodeMedic): no instance backs the node, and the group launched one in its place that backs
     none and cannot know which node to be. An ``INSTANCE_LOST`` incident replaces it, as after a
     Spot retirement. Only as many as the group has such instances: a group scaled in launched none,
-    and the node it gave up is left alone (so is one an operator drained: they have it in hand)."""
+    and the node it gave up is left alone (so is one an operator drained: they have it in hand; one
+    a failed incident left drained gets it, its check deciding: the failure was paged)."""
     backed = {m.slurm_node for m in members if m.slurm_node}
     held = {lock.slurm_node for lock in books.locks}
     launched = sum(1 for m in members if not m.slurm_node)
