@@ -5,11 +5,14 @@ Fast tier: the real stage code, the ledger in DynamoDB (embedded), Slurm in memo
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from botocore.exceptions import ClientError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from nodemedic.contracts.events import NodeHealthEvent
 from nodemedic.contracts.incident import REPLACEMENT_CLAIM, SPARE_CLAIM, Incident, StageRecord
 from nodemedic.errors import DrainFailedError, ReturnLostError
@@ -746,3 +749,56 @@ def test_a_lost_node_whose_incident_a_storm_held_is_offered_again_and_no_other_h
     if again:
         assert started[1].event_id != started[0].event_id and held.incident_id in str(started[1].evidence["started_by"])
     assert run().replacements_started == [] and len(started) == (2 if again else 1)
+
+
+_NODES = [f"gpu-{i}" for i in range(1, 7)]
+_node_states = st.fixed_dictionaries({n: st.sampled_from(["backed", "lost", "lost+operator", "lost+failed", "lost+held",
+                                                         "absent"]) for n in _NODES})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(states=_node_states, launched=st.integers(0, 4), runs=st.integers(1, 3))
+def test_lost_nodes_are_replaced_only_when_nothing_else_has_them_and_never_beyond_what_the_group_launched(
+        ledger: Ledger, states: dict[str, str], launched: int, runs: int) -> None:
+    """Whatever mix of nodes the reconciler finds (backed, lost with nothing holding them, lost and
+    drained by an operator, left drained by a failed incident, held by an incident, or no longer in
+    the scheduler), it starts a replacement only for a lost node nothing else has, at most as many
+    as the group launched instances that back no node, and each lost instance once over any runs."""
+    cluster = f"c-{uuid.uuid4().hex[:8]}"
+    slurm = MemorySlurm([n for n in _NODES if states[n] != "absent"])
+    members = [Member(f"i-{0x300 + i:017x}", None, "running") for i in range(launched)]
+    ended: list[Member] = []
+    for i, (node, state) in enumerate(states.items()):
+        if state == "backed":
+            members.append(Member(f"i-{0x100 + i:017x}", node, "running"))
+            continue
+        ended.append(Member(f"i-{0x200 + i:017x}", node, "terminated"))
+        if state == "lost+operator":
+            slurm.drain(node, "operator: RMA")
+        elif state == "lost+failed":
+            slurm.drain(node, f"{PREFIX}:inc-failed XID 79")
+        elif state == "lost+held":
+            at = datetime.now(UTC)
+            assert ledger.open_incident(Incident(
+                incident_id=f"inc-{cluster}-{node}", cluster=cluster, instance_id=f"i-{0x200 + i:017x}", slurm_node=node,
+                fault_code="XID 79", fault_class="gpu_lost", action="replace", source="test", observed_at=at,
+                status="open", detected_at=at, reason="test")) is None
+    started: list[NodeHealthEvent] = []
+    for _ in range(runs):
+        reconcile(cluster=cluster, ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                  prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
+                  agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
+    free = sorted(n for n, s in states.items() if s in ("lost", "lost+failed"))
+    assert sorted(str(e.node.slurm_node) for e in started) == free[:launched]
+    assert len({e.node.instance_id for e in started}) == len(started)
+
+
+def test_a_lost_node_no_event_can_name_is_an_error_of_the_run_not_its_end(ledger: Ledger) -> None:
+    slurm = MemorySlurm(["gpu:1", "gpu-2"])  # a name no health event carries (the scheduler's, not NodeMedic's)
+    members = [Member("i-00000000000000011", None, "running"), Member("i-00000000000000012", None, "running")]
+    ended = [Member("i-00000000000000001", "gpu:1", "terminated"), Member("i-00000000000000002", "gpu-2", "terminated")]
+    report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                       prefix=PREFIX, now=datetime.now(UTC), publish=lambda _: None,
+                       agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
+    assert report.replacements_started == ["gpu-2"]
+    assert [e for e in report.errors if e.startswith("cannot start the replacement of gpu:1")]

@@ -345,14 +345,14 @@ def _start_replacement(cluster: str, node: str, instance_id: str, ledger: Ledger
     incident that fails is paged as any other, never started again."""
     after: str | None = None
     for _ in range(OFFERS_AFTER_HOLDS + 1):
-        event = lost_event(cluster, node, instance_id, now, retired_by, after_hold=after)
-        key = f"lost/{cluster}/{instance_id}" + (f"/{after}" if after else "")
-        if _first(ledger, key, now, report):
-            break
         try:
+            event = lost_event(cluster, node, instance_id, now, retired_by, after_hold=after)
+            key = f"lost/{cluster}/{instance_id}" + (f"/{after}" if after else "")
+            if _first(ledger, key, now, report):
+                break
             after = _held_by_a_storm(ledger, event)
-        except Exception as exc:  # noqa: BLE001 - the next run tries again
-            report.errors.append(f"cannot read what became of the replacement of {node}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one node's error never stops the run; the next tries again
+            report.errors.append(f"cannot start the replacement of {node}, whose instance EC2 ended: {exc}")
             return
         if after is None:
             return
