@@ -99,6 +99,8 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
             local.scheduler.start_controller()
         left = [c for c in local.ledger.bookkeeping(local.cluster.name).claims if c.incident_id == execution["name"]]
         report = local.reconcile()
+        if report["replacements_started"]:  # the node's instance ended after its check: it gets the group's new one
+            local.wait_for_executions(1 + len(report["replacements_started"]), timeout=240)
         again = local.reconcile()
         incident = local.incident(execution["name"])
         books = local.ledger.bookkeeping(local.cluster.name)
@@ -130,6 +132,10 @@ def test_invariants_hold_whatever_fails_at_each_stage(fault: str, stage: str, re
                   "the operator's drain was never lifted")
         if fault == "instance-terminated":  # nothing reaches the instance: the ladder goes on to its replace
             check(incident.status == "closed", f"the incident closed ({incident.status}: {incident.outcome})")
+            try:  # ended after its check (before Resume): the reconciler's INSTANCE_LOST gives it the new one
+                local.cluster.instance_of(sick)
+            except LookupError as exc:
+                broken.append(f"an instance backs {sick} at the end ({exc})")
         if fault == "operator-pause" and injected and stage in ("drain", "spare"):
             check(local.cluster.spare_pool() == pool, f"no spare was taken after the pause ({local.cluster.spare_pool()})")
         if fault == "operator-pause" and injected and stage != "resume":
