@@ -1051,12 +1051,11 @@ class EmbeddedAWS:
             # instance ID ..." (what TerminateInstanceInAutoScalingGroup answers on AWS, e.g.
             # github.com/yaybu/touchdown/issues/51, keikoproj/upgrade-manager#25); moto 5.2.5 raises
             # StopIteration out of the request
-            if not any(s.instance.id == instance_id for g in backend.autoscaling_groups.values()
-                       for s in g.instance_states):
+            group = next((g.name for g in backend.autoscaling_groups.values()
+                          for s in g.instance_states if s.instance.id == instance_id), None)
+            if group is None:
                 raise AutoScalingValidationError(
                     f"Instance Id not found - No managed instance found for instance ID {instance_id}")
-            group = next(g.name for g in backend.autoscaling_groups.values()
-                         for s in g.instance_states if s.instance.id == instance_id)
             activity = original_terminate(backend, instance_id, should_decrement)
             # a terminated instance keeps its tags while EC2 still lists it (about an hour), the
             # group's aws:autoscaling:groupName too: the group terminated it, it never detached it

@@ -148,6 +148,24 @@ def test_an_instance_ended_by_someone_else_as_nodemedic_terminates_it_is_replace
     assert step.instance_id not in (None, ids[1]) and provider.member_by_node("gpu-2").instance_id == step.instance_id
 
 
+def test_the_groups_ended_instances_are_listed_with_the_node_each_backed(aws: EmbeddedAWS) -> None:
+    """What the reconciler gives a lost node: the group's instances EC2 ended, each with its node
+    tag (and the group's own tag, kept on an instance the group terminated, as on AWS); neither
+    one it still runs, nor one of another group, nor one that backed no node."""
+    ids = _group(aws)
+    asg, ec2 = aws.client("autoscaling"), aws.client("ec2")
+    provider = AutoScalingProvider(asg, ec2, "g")
+    assert provider.ended() == []
+    asg.terminate_instance_in_auto_scaling_group(InstanceId=ids[1], ShouldDecrementDesiredCapacity=False)
+    [gone] = provider.ended()
+    assert (gone.instance_id, gone.slurm_node, gone.state) == (ids[1], "gpu-2", "terminated")
+    assert gone.tags["aws:autoscaling:groupName"] == "g"
+    unnamed = next(m for m in provider.members() if m.slurm_node is None)  # the one launched in its place
+    asg.terminate_instance_in_auto_scaling_group(InstanceId=unnamed.instance_id, ShouldDecrementDesiredCapacity=False)
+    assert [m.instance_id for m in provider.ended()] == [ids[1]]
+    assert AutoScalingProvider(asg, ec2, "other").ended() == []
+
+
 def _tagged(aws: EmbeddedAWS, count: int = 2) -> list[str]:
     ec2 = aws.client("ec2")
     ids = [i["InstanceId"] for i in ec2.run_instances(ImageId=IMAGE, MinCount=count, MaxCount=count)["Instances"]]
