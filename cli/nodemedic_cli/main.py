@@ -307,7 +307,7 @@ def _reenabled_lines(r: dict[str, Any]) -> None:
 @app.command("resume")
 def resume_automation(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
     """Resume automation after a pause; lists the held incidents it releases (their faults are not
-    looked at again)."""
+    looked at again, but for a node that lost its instance: the reconciler's next run rejoins it)."""
     _run(ctx, as_json, lambda t: operator.reenabled(t, operations.resume_automation(t.control, t.ledger, by or _user(),
                                                                                     reason)), _reenabled_lines)
 
@@ -352,7 +352,8 @@ def breaker_status(ctx: typer.Context, as_json: AsJson = False) -> None:
 @breaker_app.command("reset")
 def breaker_reset(ctx: typer.Context, reason: Reason, by: By = "", as_json: AsJson = False) -> None:
     """Close a tripped breaker; nodes held while it was open take new incidents again. Lists the
-    held incidents it releases (their faults are not looked at again)."""
+    held incidents it releases (their faults are not looked at again, but for a node that lost its
+    instance: the reconciler's next run rejoins it)."""
     _run(ctx, as_json, lambda t: operator.reenabled(t, operations.reset_breaker(t.control, t.ledger, by or _user(),
                                                                                 reason)), _reenabled_lines)
 
