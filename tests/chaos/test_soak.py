@@ -52,7 +52,8 @@ KUBE_SMOKE = {1}  # and this one on Kubernetes
 ACTIONS_PER_SOAK = int(os.environ.get("NODEMEDIC_SOAK_ACTIONS", "14"))
 CODES = ("XID 79", "XID 48", "ECC_DBE", "XID 79", "NVSWITCH_FATAL", "THERMAL_VIOLATION")
 ACTIONS = ("fault", "fault", "fault", "replay", "skewed", "late", "operator-drain", "operator-resume", "pause",
-           "controller-restart", "controller-crash", "terminate", "throttle", "submit", "retirement", "spot", "aws-replay")
+           "controller-restart", "controller-crash", "terminate", "throttle", "submit", "retirement", "spot", "aws-replay",
+           "scale-in")
 KUBE_ACTIONS = (*ACTIONS, "budget")
 
 
@@ -115,13 +116,13 @@ def _cordon(kube: KubeScheduler, node: str) -> bool:
     return _kube_ok(cordon) is True
 
 
-def _end_instance(local: LocalMode, world: World, node: str, instance: str) -> bool:
+def _end_instance(local: LocalMode, world: World, node: str, instance: str, scale_in: bool = False) -> bool:
     """Someone else (EC2, the group's health check, an operator) ends ``instance``, and the group
-    launches another in its place. False where it was ended already (replaced by NodeMedic, or
-    terminated by someone)."""
+    launches another in its place (``scale_in``: it does not, its desired capacity one less).
+    False where it was ended already (replaced by NodeMedic, or terminated by someone)."""
     try:
         local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
-            InstanceId=instance, ShouldDecrementDesiredCapacity=False)
+            InstanceId=instance, ShouldDecrementDesiredCapacity=scale_in)
     except ClientError:
         return False
     world.terminated.add(node)
@@ -199,13 +200,13 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
         else:
             local.scheduler.start_controller()
         world.log.append(action)
-    elif action == "terminate":
+    elif action in ("terminate", "scale-in"):
         try:
             instance = local.cluster.instance_of(node)
         except LookupError:
             return
-        if _end_instance(local, world, node, instance):
-            world.log.append(f"terminate {node} ({instance})")
+        if _end_instance(local, world, node, instance, scale_in=action == "scale-in"):
+            world.log.append(f"{action} {node} ({instance})")
     elif action == "throttle":  # the next attempts of every stage's calls to one service
         service = rng.choice(("dynamodb", "ssm", "ec2", "autoscaling", *(("eks",) if kube else ())))
         times = rng.randint(5, 60)
