@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 from nodemedic.contracts.stages import DetectInput
-from nodemedic.errors import InvalidEventError
+from nodemedic.errors import InvalidEventError, UnknownNodeError
 from nodemedic.providers.base import Member
 from nodemedic.stages.detect import detect
 from nodemedic.store.control import ControlStore
@@ -48,3 +48,17 @@ def test_a_request_for_a_quarantined_node_releases_it_and_opens_its_own_incident
     assert out.decision == "remediate" and out.incident is not None and out.incident.action == "replace"
     assert ledger.active_incident_id("c1", "i-gpu-1") == "runbook-replace"
     assert ledger.get(holder.incident_id).status == "quarantined"
+
+
+def test_a_request_for_a_node_no_instance_backs_says_so_and_what_rejoins_it(ledger: Ledger) -> None:
+    """The group replaced gpu-1's instance (or scaled it in): an operator's replace names a node
+    with no instance. It is refused before anything changes, saying why and what gives the node an
+    instance, not only "not a member"."""
+    event = load_event("runbooks/replace-node.json")
+    event["detail"].update(cluster="c1", slurm_node="gpu-1")
+    event["time"] = datetime.now(UTC).isoformat()
+    with pytest.raises(UnknownNodeError, match="no instance of it backs gpu-1 .*INSTANCE_LOST.*nodemedic:slurm-node=gpu-1"):
+        detect(DetectInput(event=event, incident_id="runbook-replace"), cluster="c1", overrides_json="",
+               provider=MemoryProvider(Member("i-gpu-2", "gpu-2", "running")), ledger=ledger,
+               control=ControlStore(ledger._db, ledger._table, "c1"), now=datetime.now(UTC))
+    assert ledger.active_incident_id("c1", "i-gpu-1") is None

@@ -137,6 +137,12 @@ def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
         else provider.member_by_node(fault.slurm_node or "")
     )
     who = fault.instance_id or fault.slurm_node
+    if member is None and not fault.instance_id:  # an operator's request names the node: it has no instance
+        raise UnknownNodeError(
+            f"{who} is not a member of cluster {cluster}: no instance of it backs {who} (its instance ended, or it "
+            f"never had one); nothing was drained. With Provider=autoscaling on Slurm the reconciler gives it the "
+            f"instance its group launched in its place (INSTANCE_LOST); else tag an instance with "
+            f"nodemedic:slurm-node={who}")
     if member is None:
         raise UnknownNodeError(f"{who} is not a member of cluster {cluster}; nothing was drained")
     if member.slurm_node is None:
