@@ -141,8 +141,8 @@ def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
         raise UnknownNodeError(
             f"{who} is not a member of cluster {cluster}: no instance of it backs {who} (its instance ended, or it "
             f"never had one); nothing was drained. With Provider=autoscaling on Slurm the reconciler gives it the "
-            f"instance its group launched in its place (INSTANCE_LOST); else tag an instance with "
-            f"nodemedic:slurm-node={who}")
+            f"instance its group launched in its place (INSTANCE_LOST); else give it an instance "
+            f"tagged nodemedic:slurm-node={who}, joined as it")
     if member is None:
         raise UnknownNodeError(f"{who} is not a member of cluster {cluster}; nothing was drained")
     if member.slurm_node is None:
