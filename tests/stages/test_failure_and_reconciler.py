@@ -802,3 +802,39 @@ def test_a_lost_node_no_event_can_name_is_an_error_of_the_run_not_its_end(ledger
                        agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
     assert report.replacements_started == ["gpu-2"]
     assert [e for e in report.errors if e.startswith("cannot start the replacement of gpu:1")]
+
+
+@pytest.mark.parametrize("taker", ["lost", "claimed", "awaiting"])
+def test_a_new_instance_an_open_incident_will_take_is_not_given_to_a_lost_node(
+        slurm: MemorySlurm, ledger: Ledger, taker: str) -> None:
+    """One instance the group launched, and gpu-1 lost its own. Whoever will take that instance
+    first keeps it: an INSTANCE_LOST of gpu-2 the last run started (not at its rung yet), a
+    replace rung that claimed it, or one that asked for a replacement and waits. Before, gpu-1's
+    incident was started too and waited out its budget for an instance that never came (found by
+    the soak with scale-ins: ReplacementPendingError)."""
+    members = [Member("i-00000000000000011", None, "running")]
+    ended = [Member("i-00000000000000001", "gpu-1", "terminated")]
+    other = opened(ledger, "gpu-2", instance="i-00000000000000002")
+    if taker == "lost":
+        ledger.end(other, "closed", datetime.now(UTC), "test", release_node=True)
+        at = datetime.now(UTC)
+        assert ledger.open_incident(Incident(
+            incident_id="inc-lost-2", cluster="c1", instance_id="i-00000000000000003", slurm_node="gpu-2",
+            fault_code="INSTANCE_LOST", fault_class="instance_lost", action="replace", source="nodemedic.reconciler",
+            observed_at=at, status="open", detected_at=at, reason="test")) is None
+    elif taker == "claimed":
+        assert ledger.claim(REPLACEMENT_CLAIM, "i-00000000000000011", other.incident_id)
+    else:
+        ledger.start_stage(other, "repair", datetime.now(UTC))
+        ledger.record_progress(other, "repair", {"rungs": [{"rung": "replace", "instance_id": "i-00000000000000002",
+                                                            "progress": {"requested_at": datetime.now(UTC).isoformat()}}]})
+    started: list[NodeHealthEvent] = []
+    report = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                       prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
+                       agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
+    assert report.replacements_started == [] and started == [], report.errors
+    members.append(Member("i-00000000000000012", None, "pending"))  # the group launches one more
+    again = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                      prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
+                      agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
+    assert again.replacements_started == ["gpu-1"]

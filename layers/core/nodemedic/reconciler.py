@@ -394,13 +394,19 @@ def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, m
     replaced it, an operator terminated it, a Spot interruption whose warning never reached
     NodeMedic): no instance backs the node, and the group launched one in its place that backs
     none and cannot know which node to be. An ``INSTANCE_LOST`` incident replaces it, as after a
-    Spot retirement. Only as many as the group has such instances: a group scaled in launched none,
+    Spot retirement. Only as many as the group has such instances that no open incident will take
+    (a replace rung waiting for one, a lost node's incident not there yet): a group scaled in launched none,
     and the node it gave up is left alone (so is one an operator drained: they have it in hand; one
     a failed incident left drained gets it, its check deciding: the failure was paged)."""
     backed = {m.slurm_node for m in members if m.slurm_node}
     held = {lock.slurm_node for lock in books.locks}
-    launched = sum(1 for m in members if not m.slurm_node)
-    if not launched:
+    claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}
+    # the group's new instances nobody has yet, less those open incidents will take: a replace
+    # rung that asked for one, a lost node's incident not there yet (one this reconciler started)
+    takers = sum(1 for i in books.open_incidents
+                 if _awaits_an_instance(i) or (i.fault_code == INSTANCE_LOST and not _found_its_instance(i)))
+    launched = sum(1 for m in members if not m.slurm_node and m.instance_id not in claimed) - takers
+    if launched <= 0:
         return
     try:
         gone = ended()
@@ -568,17 +574,26 @@ def _locks_and_claims(books: Bookkeeping, cluster: str, ledger: Ledger, report: 
                                           f"{statuses.get(claim.incident_id, 'gone')})")
 
 
+def _replace_progress(incident: Incident) -> dict[str, object]:
+    rungs = incident.repair_rungs
+    return rungs[-1].progress if rungs and rungs[-1].rung == "replace" else {}
+
+
+def _found_its_instance(incident: Incident) -> bool:
+    return bool(_replace_progress(incident).get("new_instance_id"))
+
+
+def _awaits_an_instance(incident: Incident) -> bool:
+    """Its replace rung asked for a replacement and has not found its instance yet."""
+    return bool(_replace_progress(incident).get("requested_at")) and not _found_its_instance(incident)
+
+
 def _replacement_awaited(books: Bookkeeping) -> bool:
     """An open incident asked for a replacement and has not found its instance yet: a node held for
     its burn-in now may be that replacement (on Kubernetes it registers under a name of its own),
     which the incident adopts and checks once it finds it. A burn-in of its own started there
     raced the adoption: two incidents deciding on one node."""
-    for incident in books.open_incidents:
-        rungs = incident.repair_rungs
-        progress = rungs[-1].progress if rungs and rungs[-1].rung == "replace" else {}
-        if progress.get("requested_at") and not progress.get("new_instance_id"):
-            return True
-    return False
+    return any(_awaits_an_instance(i) for i in books.open_incidents)
 
 
 def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
