@@ -337,31 +337,40 @@ def _held_by_a_storm(ledger: Ledger, event: NodeHealthEvent) -> str | None:
     return taker if incident.status == "held" and isinstance(last, dict) and last.get("rule") in STORM_RULES else None
 
 
+def _next_offer(cluster: str, node: str, instance_id: str, ledger: Ledger, now: datetime, report: ReconcileReport,
+                retired_by: str | None) -> tuple[NodeHealthEvent, str] | None:
+    """The ``INSTANCE_LOST`` event to publish for ``node`` now, and its announcement's key (made):
+    the lost instance's first, or the one after each storm that held the one before
+    (``OFFERS_AFTER_HOLDS`` at most). None when it was offered and nothing since asks again."""
+    after: str | None = None
+    for _ in range(OFFERS_AFTER_HOLDS + 1):
+        event = lost_event(cluster, node, instance_id, now, retired_by, after_hold=after)
+        key = f"lost/{cluster}/{instance_id}" + (f"/{after}" if after else "")
+        if _first(ledger, key, now, report):
+            return event, key
+        after = _held_by_a_storm(ledger, event)
+        if after is None:
+            return None
+    return None
+
+
 def _start_replacement(cluster: str, node: str, instance_id: str, ledger: Ledger, now: datetime,
                        publish: Callable[[NodeHealthEvent], None], report: ReconcileReport,
                        retired_by: str | None = None) -> None:
     """Publish the ``INSTANCE_LOST`` event of ``node``, once per lost instance, and once more after
     each storm that held it: one that fails is taken back, and the next run tries again; an
-    incident that fails is paged as any other, never started again."""
-    after: str | None = None
-    for _ in range(OFFERS_AFTER_HOLDS + 1):
-        try:
-            event = lost_event(cluster, node, instance_id, now, retired_by, after_hold=after)
-            key = f"lost/{cluster}/{instance_id}" + (f"/{after}" if after else "")
-            if _first(ledger, key, now, report):
-                break
-            after = _held_by_a_storm(ledger, event)
-        except Exception as exc:  # noqa: BLE001 - one node's error never stops the run; the next tries again
-            report.errors.append(f"cannot start the replacement of {node}, whose instance EC2 ended: {exc}")
-            return
-        if after is None:
-            return
-    else:
-        return
+    incident that fails is paged as any other, never started again. One node's error never stops
+    the run."""
+    key = None
     try:
+        offer = _next_offer(cluster, node, instance_id, ledger, now, report, retired_by)
+        if offer is None:
+            return
+        event, key = offer
         publish(event)
-    except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
-        ledger.forget_announcement(key)
+    except Exception as exc:  # noqa: BLE001 - a publish taken back: the next run starts it
+        if key is not None:
+            ledger.forget_announcement(key)
         report.errors.append(f"cannot start the replacement of {node}, whose instance EC2 ended: {exc}")
     else:
         report.replacements_started.append(node)
