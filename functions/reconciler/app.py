@@ -16,6 +16,7 @@ from nodemedic.domain.silence import named_node
 from nodemedic.observability import NAMESPACE, utc_now
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.base import Member
+from nodemedic.providers.ec2 import EC2Provider
 from nodemedic.reconciler import AgentWatch, execution_arn, reconcile
 from nodemedic.settings import Settings, settings
 from nodemedic.store.roster import RosterStore
@@ -90,14 +91,14 @@ def send_pages(cluster: str, topic_arn: str, pages: list[str]) -> None:
 
 
 def ended_instances(s: Settings) -> Callable[[], list[Member]] | None:
-    """Where the provider's replace joins an instance its group launched to a node (Auto Scaling on
-    Slurm): how to list the instances EC2 ended that backed a node; else None."""
-    if s.provider != "autoscaling" or s.orchestrator != "slurm":
+    """Where the provider's instances carry their Slurm node's name (Auto Scaling and EC2 on Slurm):
+    how to list the instances EC2 ended that backed a node; else None."""
+    if s.provider not in ("autoscaling", "ec2") or s.orchestrator != "slurm":
         return None
 
     def ended() -> list[Member]:
         provider = wiring.provider()
-        return provider.ended() if isinstance(provider, AutoScalingProvider) else []
+        return provider.ended() if isinstance(provider, AutoScalingProvider | EC2Provider) else []
     return ended
 
 
@@ -107,7 +108,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     report = reconcile(cluster=s.cluster_name, ledger=wiring.ledger(), orchestrator=wiring.orchestrator(),
                        execution_status=execution_status, prefix=s.drain_reason_prefix, now=utc_now(),
                        publish=publish, agents=AgentWatch(lambda: wiring.provider().members(), heard_agents,
-                                                          ended=ended_instances(s)))
+                                                          ended=ended_instances(s),
+                                                          relaunched=s.provider == "autoscaling"))
     for kind, count in report.counts().items():
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):

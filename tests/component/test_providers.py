@@ -176,6 +176,21 @@ def _tagged(aws: EmbeddedAWS, count: int = 2) -> list[str]:
     return ids
 
 
+def test_the_clusters_ended_ec2_instances_are_listed_with_the_node_each_backed(aws: EmbeddedAWS) -> None:
+    """What the reconciler pages for a node no instance backs on Provider=ec2: the cluster's
+    instances EC2 ended, each with its node tag; neither one it still runs or stopped, nor one of
+    another cluster."""
+    ids = _tagged(aws, 3)
+    ec2 = aws.client("ec2")
+    provider = EC2Provider(ec2, "c1")
+    assert provider.ended() == []
+    ec2.stop_instances(InstanceIds=[ids[2]])  # stopped: it comes back as itself
+    ec2.terminate_instances(InstanceIds=[ids[1]])
+    [gone] = provider.ended()
+    assert (gone.instance_id, gone.slurm_node, gone.state) == (ids[1], "gpu-2", "terminated")
+    assert EC2Provider(ec2, "other").ended() == []
+
+
 def test_ec2_replace_is_a_stop_and_start_of_the_same_instance(aws: EmbeddedAWS) -> None:
     ids = _tagged(aws)
     provider = EC2Provider(aws.client("ec2"), "c1")

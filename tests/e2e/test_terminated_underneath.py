@@ -134,3 +134,22 @@ def test_a_lost_node_held_while_automation_was_paused_is_rejoined_once_it_resume
         assert local.cluster.instance_of("gpu-2") != old
         wait_for(lambda: "DRAIN" not in local.scheduler.node("gpu-2")["State"], "gpu-2 back in service")
         assert local.reconcile()["replacements_started"] == [] and len(local.incidents()) == 2
+
+
+def test_a_node_whose_plain_ec2_instance_ended_outside_any_incident_is_paged_once() -> None:
+    """Provider=ec2: someone terminated gpu-2's instance while no incident held it, and nothing
+    launches one in its place (NodeMedic's replace stops and starts the same instance). Before,
+    gpu-2 stayed down with no instance and nobody was told. Now the reconciler's next run pages
+    it, once, with what to do; no incident is opened and no node is touched (the reconciler's role,
+    under the strict local IAM, lists the ended instances)."""
+    with stack(nodes=3, Provider="ec2") as local:
+        old = local.cluster.instance_of("gpu-2")
+        local.escalations()  # whatever the stack said as it came up
+        local.aws.client("ec2").terminate_instances(InstanceIds=[old])
+        report = local.reconcile()
+        assert (report["nodes_without_instance"], report["replacements_started"]) == (["gpu-2"], [])
+        [page] = [m["Message"] for m in local.escalations() if "has no instance" in m["Message"]]
+        assert f"EC2 ended {old}" in page and "nodemedic:slurm-node=gpu-2" in page
+        assert local.reconcile()["nodes_without_instance"] == [] and local.incidents() == []
+        assert not [m for m in local.escalations() if "has no instance" in m["Message"]]  # told once
+        assert all("DRAIN" not in local.scheduler.node(n)["State"] for n in ("gpu-1", "gpu-3"))

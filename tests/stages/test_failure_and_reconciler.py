@@ -722,6 +722,41 @@ def test_a_node_an_operator_drained_or_an_incident_holds_is_not_replaced_when_it
     assert report.replacements_started == [] and started == [], held
 
 
+def test_a_node_whose_instance_ended_where_nothing_launches_another_is_paged_once_per_instance(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """Provider=ec2: EC2 ended the instances of gpu-1, gpu-2, gpu-3 and gpu-4 while no incident
+    held them, and nothing launches one in their place. No INSTANCE_LOST is started (nothing would
+    come to claim); the on-call is told which node has no instance and what to do, once per lost
+    instance: not for a node an operator drained, an incident keeps, or an instance backs again."""
+    members = [Member("i-00000000000000012", "gpu-2", "running"),  # gpu-2 has an instance again
+               Member("i-00000000000000099", None, "running")]  # not a node (the cluster's, untagged)
+    ended = [Member("i-00000000000000001", "gpu-1", "terminated", launched_at=datetime.now(UTC) - timedelta(days=9)),
+             Member("i-00000000000000002", "gpu-2", "terminated"),
+             Member("i-00000000000000003", "gpu-3", "terminated"), Member("i-00000000000000004", "gpu-4", "shutting-down")]
+    slurm.drain("gpu-3", "operator: RMA, decommissioning")
+    opened(ledger, "gpu-4", instance="i-00000000000000004")
+    started: list[NodeHealthEvent] = []
+
+    def run(listing: Callable[[], list[Member]] = lambda: ended) -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
+                         agents=AgentWatch(lambda: members, dict, ended=listing, relaunched=False))
+
+    def refused() -> list[Member]:
+        raise ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}},
+                          "DescribeInstances")
+
+    assert "cannot list the instances EC2 ended" in run(refused).errors[0]
+    first = run()
+    assert first.nodes_without_instance == ["gpu-1"] and started == [] and first.replacements_started == []
+    [page] = first.pages
+    assert "gpu-1 has no instance" in page and "i-00000000000000001" in page and "nodemedic:slurm-node=gpu-1" in page
+    assert run().pages == []  # told once
+    ended.append(Member("i-00000000000000021", "gpu-1", "terminated", launched_at=datetime.now(UTC)))  # launched
+    # for it by an operator since, ended too
+    assert run().nodes_without_instance == ["gpu-1"] and started == []
+
+
 @pytest.mark.parametrize(("rule", "again"), [("paused", True), ("breaker", True), ("excluded", False), ("lemon", False)])
 def test_a_lost_node_whose_incident_a_storm_held_is_offered_again_and_no_other_hold_is(
         slurm: MemorySlurm, ledger: Ledger, rule: str, again: bool) -> None:

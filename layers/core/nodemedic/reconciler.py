@@ -31,6 +31,7 @@ index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
 - a Slurm node whose instance EC2 has ended (Auto Scaling: after its retirement for a Spot
   termination, or while no incident held it) and that no instance backs gets an ``INSTANCE_LOST``
   incident, once per instance, which names the instance its group launched in its place after it;
+  with plain EC2, where nothing launches one in its place, such a node is paged once per instance;
 - a node in service that NodeMedic cannot watch for ``UNWATCHED_AFTER`` is paged once, with every
   other such node in one page: its agent sent no heartbeat (never installed, it cannot start, it
   was stopped), so nothing there is detected, not even its silence, since the silence sweeper
@@ -57,6 +58,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -101,11 +103,14 @@ class AgentWatch:
 
     members: Callable[[], list[Member]]
     heard: Callable[[], Mapping[str, str | None]]
-    # where the provider's replace claims an instance its group launched and names it after the
-    # node (Auto Scaling on Slurm): the instances EC2 ended that backed a node, as long as EC2 lists
-    # them; a Slurm node whose instance EC2 ended can be given the one launched in its place.
-    # None: the provider joins no launched instance (HyperPod, EC2, Kubernetes)
+    # on Slurm, where the provider's instances carry the node's name (Auto Scaling, EC2): the
+    # instances EC2 ended that backed a node, as long as EC2 lists them. None: not known (HyperPod
+    # replaces its own instances; on Kubernetes a new instance registers as a node of its own)
     ended: Callable[[], list[Member]] | None = None
+    # whether something launches an instance in an ended one's place that the provider's replace
+    # claims and names after the node (an Auto Scaling group); False: nothing does (plain EC2: its
+    # replace stops and starts the same instance), and a node whose instance ended is paged
+    relaunched: bool = True
 
 
 def execution_arn(state_machine_arn: str, name: str) -> str:
@@ -128,6 +133,8 @@ class ReconcileReport(BaseModel):
     replacements_started: list[str] = Field(default_factory=list, description="nodes whose instance EC2 ended (after "
                                             "a Spot interruption's retirement, or outside any incident): the group's "
                                             "new instance joined in their place")
+    nodes_without_instance: list[str] = Field(default_factory=list, description="nodes whose instance EC2 ended where "
+                                              "nothing launches one in its place (Provider=ec2): paged")
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
     autoscaler_holds_released: list[str] = Field(default_factory=list,
                                                  description="nodes in service still kept from the autoscalers")
@@ -189,9 +196,11 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
     _stray_autoscaler_holds(books, orchestrator, report)
     if agents is not None and members is not None:
         _back_from_interruption(books, cluster, ledger, members, nodes, now, publish, report)
-        if agents.ended is not None:
+        if agents.ended is not None and agents.relaunched:
             _ended_by_interruption(books, cluster, ledger, members, nodes, now, publish, report)
             _ended_outside_incidents(books, cluster, ledger, members, agents.ended, nodes, prefix, now, publish, report)
+        elif agents.ended is not None:
+            _ended_for_good(books, cluster, ledger, members, agents.ended, nodes, prefix, now, report)
         _unwatched_nodes(cluster, ledger, agents, members, nodes, now, report)
     return report
 
@@ -407,7 +416,6 @@ def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, m
     (a replace rung waiting for one, a lost node's incident not there yet): a group scaled in launched none,
     and the node it gave up is left alone (so is one an operator drained: they have it in hand; one
     a failed incident left drained gets it, its check deciding: the failure was paged)."""
-    backed = {m.slurm_node for m in members if m.slurm_node}
     held = {lock.slurm_node for lock in books.locks}
     claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}
     # the group's new instances nobody has yet, less those open incidents will take: a replace
@@ -417,11 +425,23 @@ def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, m
     launched = sum(1 for m in members if not m.slurm_node and m.instance_id not in claimed) - takers
     if launched <= 0:
         return
+    latest = _lost_nodes(ended, members, held, nodes, prefix, now, report)
+    for node_name, m in sorted(latest.items())[:launched]:
+        _start_replacement(cluster, node_name, m.instance_id, ledger, now, publish, report)
+
+
+def _lost_nodes(ended: Callable[[], list[Member]], members: list[Member], held: AbstractSet[str | None],
+                nodes: dict[str, NodeStatus], prefix: str, now: datetime, report: ReconcileReport) -> dict[str, Member]:
+    """The Slurm nodes whose instance EC2 ended and that no instance backs now, each with the last
+    instance that backed it; less those ``held`` (an incident has them) and those an operator
+    drained (they have them in hand: one a failed NodeMedic incident left drained is not theirs).
+    Empty, said, when EC2 cannot list them now."""
     try:
         gone = ended()
     except Exception as exc:  # noqa: BLE001 - the next run tries again
         report.errors.append(f"cannot list the instances EC2 ended: {exc}")
-        return
+        return {}
+    backed = {m.slurm_node for m in members if m.slurm_node}
     latest: dict[str, Member] = {}
     for m in gone:
         node = nodes.get(m.slurm_node or "")
@@ -429,8 +449,28 @@ def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, m
             continue
         if node.name not in latest or (m.launched_at or now) > (latest[node.name].launched_at or now):
             latest[node.name] = m
-    for node_name, m in sorted(latest.items())[:launched]:
-        _start_replacement(cluster, node_name, m.instance_id, ledger, now, publish, report)
+    return latest
+
+
+def _ended_for_good(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
+                    ended: Callable[[], list[Member]], nodes: dict[str, NodeStatus], prefix: str,
+                    now: datetime, report: ReconcileReport) -> None:
+    """A Slurm node whose instance EC2 ended while no incident held it, where nothing launches one
+    in its place (plain EC2: NodeMedic's replace stops and starts the same instance, and it launches
+    none): the node stays down with no instance, for good. Paged once per instance, with what to
+    do; a node an operator drained or an incident keeps is left alone (theirs)."""
+    held = _in_hand(books)
+    for node_name, m in sorted(_lost_nodes(ended, members, held, nodes, prefix, now, report).items()):
+        if not _first(ledger, f"ended-for-good/{cluster}/{m.instance_id}", now, report):
+            continue
+        report.nodes_without_instance.append(node_name)
+        report.pages.append(
+            f"NodeMedic: {node_name} has no instance. EC2 ended {m.instance_id} ({m.state}) while no incident held "
+            f"{node_name} (an operator's terminate, a Spot interruption NodeMedic was not told of, a failed host), and "
+            f"with Provider=ec2 nothing launches one in its place: {node_name} stays down in Slurm "
+            f"({nodes[node_name].state}). Launch an instance tagged nodemedic:cluster={cluster} and "
+            f"nodemedic:slurm-node={node_name} (it is checked before it takes work), or take {node_name} out of "
+            f"slurm.conf.")
 
 
 def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, members: list[Member],

@@ -12,7 +12,16 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CapacityError, ReplacementFailedError
-from nodemedic.providers.base import SLURM_NODE_TAG, Member, ReplaceStep, ec2_instances, ec2_member, is_capacity_error, reboot_ec2
+from nodemedic.providers.base import (
+    ENDED,
+    SLURM_NODE_TAG,
+    Member,
+    ReplaceStep,
+    ec2_instances,
+    ec2_member,
+    is_capacity_error,
+    reboot_ec2,
+)
 
 CLUSTER_TAG = "nodemedic:cluster"
 _LIVE = ["pending", "running", "stopping", "stopped"]
@@ -44,6 +53,14 @@ class EC2Provider:
 
     def members(self) -> list[Member]:
         return [ec2_member(i) for i in self._instances()]
+
+    def ended(self) -> list[Member]:
+        """The cluster's instances that backed a Slurm node and that EC2 has ended since (it lists a
+        terminated instance, its tags kept, for about an hour), in one listing."""
+        return [ec2_member(i) for i in ec2_instances(self._ec2, [
+            {"Name": f"tag:{CLUSTER_TAG}", "Values": [self._cluster]},
+            {"Name": "tag-key", "Values": [SLURM_NODE_TAG]},
+            {"Name": "instance-state-name", "Values": sorted(ENDED)}])]
 
     def size(self) -> int:
         return len(self._instances())
