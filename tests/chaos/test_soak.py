@@ -67,6 +67,7 @@ class World:
     terminated: set[str] = field(default_factory=set)  # nodes whose instance someone else ended
     spot: list[tuple[float, str, str]] = field(default_factory=list)  # (warned at, node, instance) EC2 ends next
     crashed: bool = False  # slurmctld crashed: a job submitted in its last seconds may be lost
+    relaunched: bool = True  # an Auto Scaling group launches an instance in an ended one's place; plain EC2 none
     log: list[str] = field(default_factory=list)
 
 
@@ -118,11 +119,20 @@ def _cordon(kube: KubeScheduler, node: str) -> bool:
 
 def _end_instance(local: LocalMode, world: World, node: str, instance: str, scale_in: bool = False) -> bool:
     """Someone else (EC2, the group's health check, an operator) ends ``instance``, and the group
-    launches another in its place (``scale_in``: it does not, its desired capacity one less).
-    False where it was ended already (replaced by NodeMedic, or terminated by someone)."""
+    launches another in its place (``scale_in``: it does not, its desired capacity one less; with
+    plain EC2 nothing does). False where it was ended already (replaced by NodeMedic, or terminated
+    by someone)."""
     try:
-        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
-            InstanceId=instance, ShouldDecrementDesiredCapacity=scale_in)
+        if not world.relaunched:
+            ec2 = local.aws.client("ec2")
+            [state] = [i["State"]["Name"] for r in ec2.describe_instances(InstanceIds=[instance])["Reservations"]
+                       for i in r["Instances"]]
+            if state in ("shutting-down", "terminated"):
+                return False
+            ec2.terminate_instances(InstanceIds=[instance])
+        else:
+            local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+                InstanceId=instance, ShouldDecrementDesiredCapacity=scale_in)
     except ClientError:
         return False
     world.terminated.add(node)
@@ -267,6 +277,7 @@ def _unnamed(local: LocalMode) -> list[str]:
 
 def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any], held: set[str], check: Any) -> None:
     unnamed = _unnamed(local)
+    pages = [m["Message"] for m in local.escalations()]
     for node in local.node_names:
         try:
             local.cluster.instance_of(node)
@@ -282,6 +293,9 @@ def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any],
         operators = "DRAIN" in state["State"] and not reason.startswith("nodemedic:")
         check(backed or node in held or operators or not unnamed,
               f"{node} has no instance and nothing holds it, while the group's {unnamed} back no node")
+        # with plain EC2 nothing launches one in its place: the on-call is told
+        check(backed or world.relaunched or node in held or operators
+              or any(f"{node} has no instance" in p for p in pages), f"{node} has no instance and nobody was told")
         if node in world.operator_drained:
             check("DRAIN" in state["State"] and reason.startswith("operator:soak"),
                   f"the operator's drain of {node} was never lifted ({state['State']} {reason})")
@@ -338,21 +352,24 @@ def _soaks() -> list[Any]:
             for seed in seeds]
 
 
-def _stack(scheduler: str, seed: int) -> tuple[LocalMode, bool]:
-    """Five nodes and a spare; one Slurm soak in three reaches slurmctld through the relay."""
+def _stack(scheduler: str, seed: int) -> tuple[LocalMode, bool, bool]:
+    """Five nodes and a spare; one Slurm soak in three reaches slurmctld through the relay, one in
+    five runs on plain EC2 instances (Provider=ec2: replace is a stop and start, and nothing
+    launches an instance in place of one someone ends). The last: whether a group relaunches."""
     if scheduler == "kubernetes":
         require("the real kube-apiserver", kube_apiserver.unavailable_reason())
         return LocalMode(nodes=5, spares=1, scheduler="kubernetes", retry_time_scale=0.01, boot_seconds=1,
-                         extra_parameters=OPEN), False
-    relay = seed % 3 == 2
-    return stack(nodes=5, spares=1, boot_seconds=1, **OPEN, **({"SlurmChannel": "relay"} if relay else {})), relay
+                         extra_parameters=OPEN), False, True
+    relay, ec2 = seed % 3 == 2, seed % 5 == 4
+    return stack(nodes=5, spares=1, boot_seconds=1, **OPEN, **({"SlurmChannel": "relay"} if relay else {}),
+                 **({"Provider": "ec2"} if ec2 else {})), relay, not ec2
 
 
 @pytest.mark.parametrize(("scheduler", "seed"), _soaks())
 def test_invariants_hold_after_a_soak(scheduler: str, seed: int, record_property: Any) -> None:
     rng = random.Random(seed)
-    world = World()
-    soak, relay = _stack(scheduler, seed)
+    soak, relay, relaunched = _stack(scheduler, seed)
+    world = World(relaunched=relaunched)
     actions = (*ACTIONS, "relay-restart") if relay else KUBE_ACTIONS if scheduler == "kubernetes" else ACTIONS
     with soak as local:
         world.jobs.append(local.scheduler.submit(2))
@@ -409,7 +426,8 @@ def test_invariants_hold_after_a_soak(scheduler: str, seed: int, record_property
             _kube_nodes_hold(kube, world, incidents, check)
         by_status = Counter(i.status for i in incidents.values())
         record_property("soak", {  # the run lists it (tests/conftest.py)
-            "seed": f"{seed}{' (relay)' if relay else ' (Kubernetes)' if kube else ''}", "rank": (bool(kube), seed),
+            "seed": f"{seed}{' (relay)' if relay else ''}{' (EC2)' if not relaunched else ''}{' (Kubernetes)' if kube else ''}",
+            "rank": (bool(kube), seed),
             "actions": "; ".join(line for line in world.log if not line[:1].isdigit()),
             "incidents": ", ".join(f"{n} {status}" for status, n in sorted(by_status.items())) or "none",
             "reconciler": ", ".join(f"{kind} {n}" for kind, n in first_counts.items() if n) or "nothing to repair",

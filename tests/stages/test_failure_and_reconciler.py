@@ -757,6 +757,33 @@ def test_a_node_whose_instance_ended_where_nothing_launches_another_is_paged_onc
     assert run().nodes_without_instance == ["gpu-1"] and started == []
 
 
+@pytest.mark.parametrize("action", ["terminate", "stop"])
+def test_a_node_retired_for_a_spot_termination_where_nothing_launches_another_is_paged_once(
+        slurm: MemorySlurm, ledger: Ledger, action: str) -> None:
+    """Provider=ec2: gpu-1 was retired for a Spot interruption, and EC2 has acted. Terminated, the
+    node has no instance and nothing launches one: paged once, saying how to return it (the
+    retirement's drain stays, so the new instance's boot does not hold it for a burn-in). Stopped,
+    the instance comes back as itself: nothing to say."""
+    _retired_for_spot(slurm, ledger, action, datetime.now(UTC) - timedelta(minutes=5))
+    members = [Member("i-00000000000000002", "gpu-2", "running")]
+    if action == "stop":
+        members.append(Member("i-00000000000000001", "gpu-1", "stopped"))
+
+    def run() -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=datetime.now(UTC), publish=lambda _: None,
+                         agents=AgentWatch(lambda: members, dict, ended=list, relaunched=False))
+
+    first = run()
+    if action == "stop":
+        assert (first.nodes_without_instance, first.pages) == ([], [])
+        return
+    assert first.nodes_without_instance == ["gpu-1"] and first.replacements_started == []
+    [page] = first.pages
+    assert "Spot interruption incident inc-spot" in page and "nodemedic remediate gpu-1 --action health-check" in page
+    assert run().pages == []
+
+
 @pytest.mark.parametrize(("rule", "again"), [("paused", True), ("breaker", True), ("excluded", False), ("lemon", False)])
 def test_a_lost_node_whose_incident_a_storm_held_is_offered_again_and_no_other_hold_is(
         slurm: MemorySlurm, ledger: Ledger, rule: str, again: bool) -> None:

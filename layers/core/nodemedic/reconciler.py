@@ -394,14 +394,20 @@ def _ended_by_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, mem
     it (Detect releases the retirement's lock for it): the replace rung claims the group's new
     instance, names it after the node, joins it and checks it. Once per lost instance: an incident
     that fails is paged as any other, never started again."""
+    for lock in _lost_to_interruptions(books, ledger, members, nodes, report):
+        _start_replacement(cluster, str(lock.slurm_node), lock.instance_id, ledger, now, publish, report,
+                           retired_by=lock.incident_id)
+
+
+def _lost_to_interruptions(books: Bookkeeping, ledger: Ledger, members: list[Member], nodes: dict[str, NodeStatus],
+                           report: ReconcileReport) -> list[NodeLock]:
+    """The locks of the Slurm nodes retired for a Spot interruption that terminates their instance,
+    which EC2 has ended since, and that no instance backs now."""
     live = {m.instance_id for m in members}
     backed = {m.slurm_node for m in members if m.slurm_node}
     lost = [lock for lock in books.locks
             if lock.instance_id not in live and lock.slurm_node in nodes and lock.slurm_node not in backed]
-    for lock, retired in _retirements(lost, ledger, report):
-        if ended_by_interruption(retired, lock.instance_id):
-            _start_replacement(cluster, str(lock.slurm_node), lock.instance_id, ledger, now, publish, report,
-                               retired_by=lock.incident_id)
+    return [lock for lock, retired in _retirements(lost, ledger, report) if ended_by_interruption(retired, lock.instance_id)]
 
 
 def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
@@ -455,22 +461,31 @@ def _lost_nodes(ended: Callable[[], list[Member]], members: list[Member], held: 
 def _ended_for_good(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
                     ended: Callable[[], list[Member]], nodes: dict[str, NodeStatus], prefix: str,
                     now: datetime, report: ReconcileReport) -> None:
-    """A Slurm node whose instance EC2 ended while no incident held it, where nothing launches one
-    in its place (plain EC2: NodeMedic's replace stops and starts the same instance, and it launches
-    none): the node stays down with no instance, for good. Paged once per instance, with what to
-    do; a node an operator drained or an incident keeps is left alone (theirs)."""
-    held = _in_hand(books)
-    for node_name, m in sorted(_lost_nodes(ended, members, held, nodes, prefix, now, report).items()):
-        if not _first(ledger, f"ended-for-good/{cluster}/{m.instance_id}", now, report):
+    """A Slurm node whose instance EC2 ended (while no incident held it, or after its retirement for
+    a Spot interruption that terminates it), where nothing launches one in its place (plain EC2:
+    NodeMedic's replace stops and starts the same instance, and it launches none): the node stays
+    down with no instance, for good. Paged once per instance, with what to do; a node an operator
+    drained or another incident keeps is left alone (theirs)."""
+    lost = {node: (m.instance_id, f"while no incident held {node} (an operator's terminate, a Spot interruption "
+                                  f"NodeMedic was not told of, a failed host)")
+            for node, m in _lost_nodes(ended, members, _in_hand(books), nodes, prefix, now, report).items()}
+    lost.update({str(lock.slurm_node): (lock.instance_id, f"for the Spot interruption incident {lock.incident_id} "
+                                                          f"retired {lock.slurm_node} for")
+                 for lock in _lost_to_interruptions(books, ledger, members, nodes, report)})
+    for node_name, (instance_id, why) in sorted(lost.items()):
+        if not _first(ledger, f"ended-for-good/{cluster}/{instance_id}", now, report):
             continue
         report.nodes_without_instance.append(node_name)
+        node = nodes[node_name]
+        # the agent holds a node for its burn-in at boot only where nobody drained it before
+        then = (f"; {node_name} stays drained ({node.reason}): once the instance runs, check it (nodemedic "
+                f"remediate {node_name} --action health-check --level full) and return it (--action resume)"
+                if node.drained else " (it is checked before it takes work)")
         report.pages.append(
-            f"NodeMedic: {node_name} has no instance. EC2 ended {m.instance_id} ({m.state}) while no incident held "
-            f"{node_name} (an operator's terminate, a Spot interruption NodeMedic was not told of, a failed host), and "
-            f"with Provider=ec2 nothing launches one in its place: {node_name} stays down in Slurm "
-            f"({nodes[node_name].state}). Launch an instance tagged nodemedic:cluster={cluster} and "
-            f"nodemedic:slurm-node={node_name} (it is checked before it takes work), or take {node_name} out of "
-            f"slurm.conf.")
+            f"NodeMedic: {node_name} has no instance. EC2 ended {instance_id} {why}, and with Provider=ec2 nothing "
+            f"launches one in its place: {node_name} stays out of service in Slurm ({node.state}). Launch an "
+            f"instance tagged nodemedic:cluster={cluster} and nodemedic:slurm-node={node_name}{then}; or take "
+            f"{node_name} out of slurm.conf.")
 
 
 def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, members: list[Member],
