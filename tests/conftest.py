@@ -99,7 +99,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             "fixes: faults on any node (a spare, a replacement, a node in an incident), events delivered again, "
             "clocks 10 min slow or 2 min fast, an operator draining, returning and pausing, slurmctld restarted "
             "or crashed, instances terminated by someone else, AWS throttling, AWS's scheduled retirements and Spot "
-            "interruption warnings (EC2 ending the instance 20 s later), each delivered again at times; on Kubernetes (a real "
+            "interruption warnings (EC2 ending the instance 20 s later), each delivered again at times; one Slurm soak in "
+            "three reaches slurmctld through the relay, and one in five runs on plain EC2 instances (Provider=ec2), where "
+            "nothing launches an instance in place of one that ended; on Kubernetes (a real "
             "kube-apiserver) the operator cordons and uncordons, the API server is restarted or killed, and a "
             "PodDisruptionBudget blocks a job's evictions for a while. Once every execution ended, the "
             "reconciler runs until a run starts nothing and the same invariants are checked.\n\n" + "\n".join(soaks) + "\n")
