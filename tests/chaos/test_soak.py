@@ -295,7 +295,7 @@ def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any],
               f"{node} has no instance and nothing holds it, while the group's {unnamed} back no node")
         # with plain EC2 nothing launches one in its place: the on-call is told
         check(backed or world.relaunched or node in held or operators
-              or any(f"{node} has no instance" in p for p in pages), f"{node} has no instance and nobody was told")
+              or any("have no instance" in p and f" {node} (" in p for p in pages), f"{node} has no instance and nobody was told")
         if node in world.operator_drained:
             check("DRAIN" in state["State"] and reason.startswith("operator:soak"),
                   f"the operator's drain of {node} was never lifted ({state['State']} {reason})")

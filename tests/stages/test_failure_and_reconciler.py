@@ -732,7 +732,8 @@ def test_a_node_whose_instance_ended_where_nothing_launches_another_is_paged_onc
                Member("i-00000000000000099", None, "running")]  # not a node (the cluster's, untagged)
     ended = [Member("i-00000000000000001", "gpu-1", "terminated", launched_at=datetime.now(UTC) - timedelta(days=9)),
              Member("i-00000000000000002", "gpu-2", "terminated"),
-             Member("i-00000000000000003", "gpu-3", "terminated"), Member("i-00000000000000004", "gpu-4", "shutting-down")]
+             Member("i-00000000000000003", "gpu-3", "terminated"), Member("i-00000000000000004", "gpu-4", "shutting-down"),
+             Member("i-00000000000000005", "spare-1", "terminated")]
     slurm.drain("gpu-3", "operator: RMA, decommissioning")
     opened(ledger, "gpu-4", instance="i-00000000000000004")
     started: list[NodeHealthEvent] = []
@@ -748,9 +749,11 @@ def test_a_node_whose_instance_ended_where_nothing_launches_another_is_paged_onc
 
     assert "cannot list the instances EC2 ended" in run(refused).errors[0]
     first = run()
-    assert first.nodes_without_instance == ["gpu-1"] and started == [] and first.replacements_started == []
-    [page] = first.pages
-    assert "gpu-1 has no instance" in page and "i-00000000000000001" in page and "nodemedic:slurm-node=gpu-1" in page
+    assert first.nodes_without_instance == ["gpu-1", "spare-1"] and started == [] and first.replacements_started == []
+    [page] = first.pages  # one for all of them (a Spot reclaim ends many at once)
+    assert "2 node(s) have no instance" in page and "gpu-1 (i-00000000000000001 ended while no incident held it" in page
+    assert "spare-1 (i-00000000000000005" in page
+    assert "nodemedic:slurm-node=<node>" in page
     assert run().pages == []  # told once
     ended.append(Member("i-00000000000000021", "gpu-1", "terminated", launched_at=datetime.now(UTC)))  # launched
     # for it by an operator since, ended too
@@ -780,7 +783,8 @@ def test_a_node_retired_for_a_spot_termination_where_nothing_launches_another_is
         return
     assert first.nodes_without_instance == ["gpu-1"] and first.replacements_started == []
     [page] = first.pages
-    assert "Spot interruption incident inc-spot" in page and "nodemedic remediate gpu-1 --action health-check" in page
+    assert "gpu-1 (i-00000000000000001 ended for the Spot interruption incident inc-spot retired it for" in page
+    assert "drained: nodemedic:inc-spot" in page and "nodemedic remediate <node> --action health-check" in page
     assert run().pages == []
 
 

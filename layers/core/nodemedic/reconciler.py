@@ -464,28 +464,31 @@ def _ended_for_good(books: Bookkeeping, cluster: str, ledger: Ledger, members: l
     """A Slurm node whose instance EC2 ended (while no incident held it, or after its retirement for
     a Spot interruption that terminates it), where nothing launches one in its place (plain EC2:
     NodeMedic's replace stops and starts the same instance, and it launches none): the node stays
-    down with no instance, for good. Paged once per instance, with what to do; a node an operator
-    drained or another incident keeps is left alone (theirs)."""
-    lost = {node: (m.instance_id, f"while no incident held {node} (an operator's terminate, a Spot interruption "
-                                  f"NodeMedic was not told of, a failed host)")
+    out of service with no instance, for good. Paged once per instance, every such node of a run
+    in one page (a Spot reclaim ends many at once), with what to do; a node an operator drained or
+    another incident keeps is left alone (theirs)."""
+    lost = {node: (m.instance_id, "while no incident held it")
             for node, m in _lost_nodes(ended, members, _in_hand(books), nodes, prefix, now, report).items()}
     lost.update({str(lock.slurm_node): (lock.instance_id, f"for the Spot interruption incident {lock.incident_id} "
-                                                          f"retired {lock.slurm_node} for")
+                                                          "retired it for")
                  for lock in _lost_to_interruptions(books, ledger, members, nodes, report)})
+    said: list[str] = []
     for node_name, (instance_id, why) in sorted(lost.items()):
         if not _first(ledger, f"ended-for-good/{cluster}/{instance_id}", now, report):
             continue
         report.nodes_without_instance.append(node_name)
         node = nodes[node_name]
-        # the agent holds a node for its burn-in at boot only where nobody drained it before
-        then = (f"; {node_name} stays drained ({node.reason}): once the instance runs, check it (nodemedic "
-                f"remediate {node_name} --action health-check --level full) and return it (--action resume)"
-                if node.drained else " (it is checked before it takes work)")
+        said.append(f"{node_name} ({instance_id} ended {why}; {node.state}"
+                    + (f", drained: {node.reason}" if node.drained else "") + ")")
+    if said:
         report.pages.append(
-            f"NodeMedic: {node_name} has no instance. EC2 ended {instance_id} {why}, and with Provider=ec2 nothing "
-            f"launches one in its place: {node_name} stays out of service in Slurm ({node.state}). Launch an "
-            f"instance tagged nodemedic:cluster={cluster} and nodemedic:slurm-node={node_name}{then}; or take "
-            f"{node_name} out of slurm.conf.")
+            f"NodeMedic: {len(said)} node(s) have no instance: EC2 ended theirs (an operator's terminate, a Spot "
+            f"interruption, a failed host), and with Provider=ec2 nothing launches one in its place: "
+            f"{named_in_page(said)}. They stay out of service in Slurm. For each, launch an instance tagged "
+            f"nodemedic:cluster={cluster} and nodemedic:slurm-node=<node>: a node nobody drained is checked as it "
+            f"boots, before it takes work; one that stays drained (by NodeMedic), check it once the instance runs "
+            f"(nodemedic remediate <node> --action health-check --level full) and return it (--action resume). Or "
+            f"take the node out of slurm.conf.")
 
 
 def _unwatched_nodes(cluster: str, ledger: Ledger, agents: AgentWatch, members: list[Member],
