@@ -760,6 +760,39 @@ def test_a_node_whose_instance_ended_where_nothing_launches_another_is_paged_onc
     assert run().nodes_without_instance == ["gpu-1"] and started == []
 
 
+def test_a_group_instance_that_backs_no_node_half_an_hour_after_its_launch_is_paged_once(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """The group runs instances no lost node took (it scaled out; or it replaced a node it scaled
+    in). Half an hour after its launch, one that backs no node and that no incident claimed is
+    paged, once: it runs nothing while it costs. Not while an open incident may still take one."""
+    now = datetime.now(UTC)
+    members = [Member("i-00000000000000001", "gpu-1", "running", launched_at=now - timedelta(days=3)),
+               Member("i-00000000000000011", None, "running", launched_at=now - timedelta(minutes=40)),
+               Member("i-00000000000000012", None, "running", launched_at=now - timedelta(minutes=5)),  # just launched
+               Member("i-00000000000000013", None, "running", launched_at=now - timedelta(hours=2)),  # claimed
+               Member("i-00000000000000014", None, "pending", launched_at=now - timedelta(hours=2))]
+    lost = opened(ledger, "gpu-2", instance="i-00000000000000002")
+    adopting = opened(ledger, "gpu-3", instance="i-00000000000000003")  # its replacement claimed, not named yet
+    assert ledger.claim(REPLACEMENT_CLAIM, "i-00000000000000013", adopting.incident_id)
+
+    def run() -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                         prefix=PREFIX, now=now, publish=lambda _: None,
+                         agents=AgentWatch(lambda: members, dict, ended=list))
+
+    ledger.start_stage(lost, "repair", now)  # a replace rung waits for the group's next instance
+    ledger.record_progress(lost, "repair", {"rungs": [{"rung": "replace", "instance_id": "i-00000000000000002",
+                                                       "progress": {"requested_at": now.isoformat()}}]})
+    assert run().pages == []
+    ledger.end(lost, "failed", now, "test", release_node=True)
+    first = run()
+    assert first.unnamed_instances == ["i-00000000000000011"]
+    [page] = first.pages
+    assert "1 instance(s) of the cluster's Auto Scaling group back no Slurm node" in page and "i-00000000000000011" in page
+    again = run()
+    assert again.unnamed_instances == ["i-00000000000000011"] and again.pages == []  # counted each run, told once
+
+
 @pytest.mark.parametrize("action", ["terminate", "stop"])
 def test_a_node_retired_for_a_spot_termination_where_nothing_launches_another_is_paged_once(
         slurm: MemorySlurm, ledger: Ledger, action: str) -> None:

@@ -32,6 +32,8 @@ index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
   termination, or while no incident held it) and that no instance backs gets an ``INSTANCE_LOST``
   incident, once per instance, which names the instance its group launched in its place after it;
   with plain EC2, where nothing launches one in its place, such a node is paged once per instance;
+  an instance of the group that backs no node ``UNNAMED_AFTER`` after its launch (no lost node
+  took it) is paged once: it runs nothing while it costs;
 - a node in service that NodeMedic cannot watch for ``UNWATCHED_AFTER`` is paged once, with every
   other such node in one page: its agent sent no heartbeat (never installed, it cannot start, it
   was stopped), so nothing there is detected, not even its silence, since the silence sweeper
@@ -93,6 +95,7 @@ UNWATCHED_AFTER = timedelta(minutes=15)
 MAX_UNWATCHED = 2000  # nodes tracked at once
 RECORD_BYTES = 300_000  # and the record's size: it stays under DynamoDB's 400 KB item, whatever the names
 PAGE_NAMES = 50  # named in a page; the rest counted
+UNNAMED_AFTER = timedelta(minutes=30)  # a group's instance that backs no node this long after its launch is paged
 RECHECK_OFFERS = 3  # a fault the cooldown held is offered again at most this often (one per run)
 
 
@@ -135,6 +138,8 @@ class ReconcileReport(BaseModel):
                                             "new instance joined in their place")
     nodes_without_instance: list[str] = Field(default_factory=list, description="nodes whose instance EC2 ended where "
                                               "nothing launches one in its place (Provider=ec2): paged")
+    unnamed_instances: list[str] = Field(default_factory=list, description="the group's instances that back no node "
+                                         "30 minutes after their launch (Provider=autoscaling on Slurm): paged once")
     gpu_clients_resumed: list[str] = Field(default_factory=list, description="a GPU reset's pause nobody undid")
     autoscaler_holds_released: list[str] = Field(default_factory=list,
                                                  description="nodes in service still kept from the autoscalers")
@@ -199,6 +204,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
         if agents.ended is not None and agents.relaunched:
             _ended_by_interruption(books, cluster, ledger, members, nodes, now, publish, report)
             _ended_outside_incidents(books, cluster, ledger, members, agents.ended, nodes, prefix, now, publish, report)
+            _unnamed_instances(books, cluster, ledger, members, now, report)
         elif agents.ended is not None:
             _ended_for_good(books, cluster, ledger, members, agents.ended, nodes, prefix, now, report)
         _unwatched_nodes(cluster, ledger, agents, members, nodes, now, report)
@@ -434,6 +440,33 @@ def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, m
     latest = _lost_nodes(ended, members, held, nodes, prefix, now, report)
     for node_name, m in sorted(latest.items())[:launched]:
         _start_replacement(cluster, node_name, m.instance_id, ledger, now, publish, report)
+
+
+def _unnamed_instances(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member], now: datetime,
+                       report: ReconcileReport) -> None:
+    """The group's running instances that back no Slurm node ``UNNAMED_AFTER`` after their launch
+    and that no incident claimed: no lost node took them (the group scaled out, or launched one in
+    place of a node scaled in or lost longer than EC2 lists its instance), so they run nothing
+    while they cost. Paged once each, all of a run's in one page; not while an open incident may
+    still take one (a replace rung waiting, a lost node's incident, one this run started)."""
+    takers = [i for i in books.open_incidents
+              if _awaits_an_instance(i) or (i.fault_code == INSTANCE_LOST and not _found_its_instance(i))]
+    if takers or report.replacements_started:
+        return
+    claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}
+    report.unnamed_instances = sorted(m.instance_id for m in members
+                                      if m.slurm_node is None and m.state == "running" and m.instance_id not in claimed
+                                      and m.launched_at is not None and now - m.launched_at >= UNNAMED_AFTER)
+    new = [i for i in report.unnamed_instances if _first(ledger, f"unnamed/{cluster}/{i}", now, report)]
+    if new:
+        report.pages.append(
+            f"NodeMedic: {len(new)} instance(s) of the cluster's Auto Scaling group back no Slurm node "
+            f"{int(UNNAMED_AFTER.total_seconds() // 60)} minutes or more after their launch: {named_in_page(new)}. "
+            f"They run no jobs while they cost, and no node lost its instance for them to take (the group scaled "
+            f"out, or replaced a node it scaled in, or one lost longer than EC2 lists its ended instance). "
+            f"Terminate what the cluster does not need, lowering the group's desired capacity (aws autoscaling "
+            f"terminate-instance-in-auto-scaling-group --should-decrement-desired-capacity), or give each a node: "
+            f"tag it nodemedic:slurm-node=<node> and join it as the node (NodeJoinCommand).")
 
 
 def _lost_nodes(ended: Callable[[], list[Member]], members: list[Member], held: AbstractSet[str | None],
