@@ -291,7 +291,7 @@ def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any],
         # unless an incident holds it (failed, escalated: the on-call was told) or an operator's
         # drain does (one a controller crash may have lost is not in world.operator_drained)
         operators = "DRAIN" in state["State"] and not reason.startswith("nodemedic:")
-        check(backed or node in held or operators or not unnamed,
+        check(backed or node in held or operators or not unnamed or not world.relaunched,  # plain EC2: no group
               f"{node} has no instance and nothing holds it, while the group's {unnamed} back no node")
         # with plain EC2 nothing launches one in its place: the on-call is told
         check(backed or world.relaunched or node in held or operators
@@ -301,8 +301,10 @@ def _slurm_nodes_hold(local: LocalMode, world: World, incidents: dict[str, Any],
                   f"the operator's drain of {node} was never lifted ({state['State']} {reason})")
         if reason.startswith("nodemedic:burn-in ") and "DRAIN" in state["State"]:
             # a burn-in still held after the last reconciler run: only of a node someone ended the
-            # instance of, with none behind it now (nothing to check; the reconciler pages it)
-            check(not backed and node in world.terminated, f"{node} is held for a burn-in nobody ran ({reason[:60]})")
+            # instance of, with none behind it now (nothing to check; the reconciler pages it), or
+            # one a storm holds (the breaker open at the end: the operator resets it)
+            check((not backed and node in world.terminated) or node in held,
+                  f"{node} is held for a burn-in nobody ran ({reason[:60]})")
         elif reason.startswith("nodemedic:") and "DRAIN" in state["State"]:
             kept, status = _owner_kept(reason, incidents)
             check(kept, f"{node} is drained by an incident that did not keep it ({reason[:60]}: {status})")

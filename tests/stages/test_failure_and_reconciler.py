@@ -380,6 +380,40 @@ def test_a_burn_in_hold_nobody_checks_gets_its_burn_in_started_on_the_second_run
     assert _reconcile(slurm, ledger, started=started).pages == []  # a new hold: seen first, started next
 
 
+@pytest.mark.parametrize(("rule", "again"), [("breaker", True), ("paused", True), ("excluded", False)])
+def test_a_burn_in_the_reconciler_started_that_a_storm_held_is_started_again_once_it_is_lifted(
+        slurm: MemorySlurm, ledger: Ledger, rule: str, again: bool) -> None:
+    """The burn-in the reconciler started for gpu-2 was held by the open breaker (or a pause), and
+    the operator has lifted it since (its hold released). Before, nothing started it again: the next
+    run paged it as a burn-in that "did not run", and gpu-2 stayed out of service. Now the next run
+    starts it again, under an id of its own; one held for the node itself is paged as before. A
+    publish that fails is taken back, and the next run starts it."""
+    slurm.drain("gpu-2", f"{PREFIX}:burn-in i-00000000000000002 joined")
+    started: list[NodeHealthEvent] = []
+
+    def refused(_: NodeHealthEvent) -> None:
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "PutEvents")
+
+    assert _reconcile(slurm, ledger, started=started).burn_ins_started == []  # seen first
+    failed = reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
+                       prefix=PREFIX, now=datetime.now(UTC), publish=refused)
+    assert "cannot start the burn-in of gpu-2" in failed.errors[0]
+    assert _reconcile(slurm, ledger, started=started).burn_ins_started == ["gpu-2"]
+    held = opened(ledger, "gpu-2", instance="i-00000000000000002")
+    ledger.acknowledge_event(f"nodemedic.reconciler/{started[0].event_id}", "remediate", held.incident_id,
+                             datetime.now(UTC))
+    ledger.start_stage(held, "gate", datetime.now(UTC))
+    ledger.complete_stage(held, "gate", datetime.now(UTC), {"verdict": "hold", "rules": [{"rule": rule, "result": "hold"}]})
+    ledger.end(held, "held", datetime.now(UTC), f"held: {rule}", release_node=True)  # lifted: released
+    after = _reconcile(slurm, ledger, started=started)
+    if again:
+        assert after.burn_ins_started == ["gpu-2"] and after.pages == []
+        assert started[1].event_id != started[0].event_id and held.incident_id in str(started[1].evidence["started_by"])
+        return
+    assert after.burn_ins_started == [] and after.burn_ins_unchecked == ["gpu-2"] and len(started) == 1
+    assert "is held out of service for its burn-in" in after.pages[0]
+
+
 def test_a_burn_in_hold_naming_an_instance_that_left_is_the_burn_in_of_the_instance_behind_the_node_now(
         slurm: MemorySlurm, ledger: Ledger) -> None:
     """A soak: gpu-4's boot held it for the burn-in of its instance, which someone then ended. The
@@ -423,11 +457,13 @@ def test_a_held_replacement_an_open_incident_claimed_is_that_incidents_and_a_fai
 
     reports = [reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda _: "RUNNING",
                          prefix=PREFIX, now=datetime.now(UTC), publish=refused) for _ in range(3)]
-    assert all("gpu-4" not in r.burn_ins_unchecked + r.burn_ins_started for r in reports) and not reports[2].pages[1:]
-    # gpu-2: seen; its start refused and said; then paged, as a burn-in that did not take
-    assert reports[1].errors == ["cannot start the burn-in of gpu-2: EventBridge refused the event"]
-    assert not reports[1].burn_ins_started and reports[2].burn_ins_unchecked == ["gpu-2"]
-    assert "gpu-2 (i-00000000000000002) is held out of service" in reports[2].pages[0]
+    assert all("gpu-4" not in r.burn_ins_unchecked + r.burn_ins_started for r in reports)
+    # gpu-2: seen; its start refused and said, and tried again by the next run (taken back: it
+    # never ran, so it is not paged as a burn-in that did not take)
+    assert reports[1].errors == reports[2].errors == ["cannot start the burn-in of gpu-2: EventBridge refused the event"]
+    assert not reports[2].burn_ins_started and not reports[2].burn_ins_unchecked and not reports[2].pages
+    started: list[NodeHealthEvent] = []
+    assert _reconcile(slurm, ledger, started=started).burn_ins_started == ["gpu-2"] and len(started) == 1
 
 
 def test_no_burn_in_is_started_while_an_open_incident_waits_for_the_replacement_it_asked_for(

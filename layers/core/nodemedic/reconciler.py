@@ -23,7 +23,8 @@ index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
   ``nodemedic.reconciler``) on the second run that sees it (the first may precede the agent's
   event, or a replace incident's adoption of its replacement). A node whose instance an open
   incident has claimed (a replacement being adopted) is that incident's, and no burn-in is started
-  while an open incident waits for a replacement it asked for (the node may be it). If a later
+  while an open incident waits for a replacement it asked for (the node may be it). A burn-in a
+  storm held (automation paused, the breaker open) is started again once lifted. If a later
   run still finds it unchecked, it is paged once: it would otherwise stay out of service unnoticed;
 - a node retired for a Spot stop or hibernation whose instance EC2 has started again (its
   ``LaunchTime`` after the interruption) but that the retirement still holds (EC2's "running" was
@@ -163,10 +164,13 @@ UNCHECKED = "reconciler: held for its burn-in, no incident checking it"
 
 
 def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: datetime,
-                  started_by: str = UNCHECKED) -> NodeHealthEvent:
-    """The ``NODE_JOINED`` event that starts the burn-in of ``node``, held out with ``reason``."""
+                  started_by: str = UNCHECKED, offer: str | None = None) -> NodeHealthEvent:
+    """The ``NODE_JOINED`` event that starts the burn-in of ``node``, held out with ``reason``.
+    ``offer``: what names this offer (its event id is derived from it: the same offer, the same
+    id); None: an id of its own."""
+    event_id = "burn-" + hashlib.sha256(offer.encode()).hexdigest()[:40] if offer else str(uuid.uuid4())
     return NodeHealthEvent(
-        schema_version="1", event_id=str(uuid.uuid4()), cluster=cluster,
+        schema_version="1", event_id=event_id, cluster=cluster,
         node=NodeIdentity(instance_id=instance_id, hostname=node, slurm_node=node), check="burn_in",
         fault_code="NODE_JOINED", severity="warning", observed_at=now, sent_at=now,
         evidence={"drain_reason": reason, "started_by": started_by})
@@ -335,7 +339,7 @@ def lost_event(cluster: str, node: str, instance_id: str, now: datetime, retired
                   "started_by": f"reconciler: EC2 ended {instance_id} {why}{again}"})
 
 
-OFFERS_AFTER_HOLDS = 5  # a lost node held by one storm after another is offered again this often at most
+OFFERS_AFTER_HOLDS = 5  # a lost node or a burn-in held by one storm after another is offered again this often at most
 
 
 def _held_by_a_storm(ledger: Ledger, event: NodeHealthEvent) -> str | None:
@@ -777,10 +781,13 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
         key = f"burn-in-unchecked/{cluster}/{node.name}/{instance}"
         if ledger.first_announcement(f"{key}/seen", now):  # the agent's NODE_JOINED may be on its way
             continue
-        if ledger.first_announcement(f"{key}/started", now):
+        offer = _next_burn_in(cluster, node, instance, key, ledger, now)
+        if offer is not None:
+            event, started = offer
             try:
-                publish(burn_in_event(cluster, node.name, instance, node.reason, now))
-            except Exception as exc:  # noqa: BLE001 - the next run pages it
+                publish(event)
+            except Exception as exc:  # noqa: BLE001 - taken back: the next run starts it
+                ledger.forget_announcement(started)
                 report.errors.append(f"cannot start the burn-in of {node.name}: {exc}")
             else:
                 report.burn_ins_started.append(node.name)
@@ -792,6 +799,26 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
                    f"`nodemedic remediate {node.name} --action reboot` drains it under an incident, reboots it and "
                    f"checks it before returning it; `nodemedic remediate {node.name} --action resume` returns it "
                    f"unchecked.")
+
+
+def _next_burn_in(cluster: str, node: NodeStatus, instance: str, key: str, ledger: Ledger,
+                  now: datetime) -> tuple[NodeHealthEvent, str] | None:
+    """The ``NODE_JOINED`` to publish for ``node``, held for the burn-in of ``instance`` that no
+    incident checks, and its announcement's key (made): the first offer, or one after each storm
+    that held the one before (automation paused, the breaker open: its hold kept the node until an
+    operator lifted it, and nothing else offers it again), ``OFFERS_AFTER_HOLDS`` at most. None
+    when it was offered and nothing since asks again (the node is then paged)."""
+    after: str | None = None
+    for _ in range(OFFERS_AFTER_HOLDS + 1):
+        started = f"{key}/started" + (f"/{after}" if after else "")
+        started_by = UNCHECKED + (f"; offered again, incident {after} was held" if after else "")
+        event = burn_in_event(cluster, node.name, instance, node.reason, now, started_by=started_by, offer=started)
+        if ledger.first_announcement(started, now):
+            return event, started
+        after = _held_by_a_storm(ledger, event)
+        if after is None:
+            return None
+    return None
 
 
 def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
