@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -342,18 +342,39 @@ def check_alarm_actions(target: Target) -> Iterator[Row]:
                   "encrypt the topic with a customer managed key that CloudWatch may use" if problems else "")
 
 
-def _nodes(target: Target) -> tuple[dict[str, Member | None], Exception | None]:
+def _nodes(target: Target) -> tuple[dict[str, Member | None], list[Member], Exception | None]:
     """Each scheduler node and the cluster member backing it (read once for every check: one listing
-    of the members, not a lookup per node), or why the controller could not be read."""
+    of the members, not a lookup per node), the running members that back no node, or why the
+    controller could not be read."""
     try:
         nodes = target.orchestrator.nodes()
     except (NodeMedicError, ClientError, BotoCoreError) as exc:
-        return {}, exc
+        return {}, [], exc
     by_node: dict[str, Member] = {}
-    for member in target.provider.members():
+    members = target.provider.members()
+    for member in members:
         if member.slurm_node:
             by_node.setdefault(member.slurm_node, member)
-    return {n.name: by_node.get(n.name) for n in nodes}, None
+    unnamed = [m for m in members if m.slurm_node is None and m.state == "running"]
+    return {n.name: by_node.get(n.name) for n in nodes}, unnamed, None
+
+
+def check_unnamed(unnamed: list[Member], now: datetime) -> Iterator[Row]:
+    """Slurm: the instances of the cluster that back no node. A group's new instance is named by
+    the incident that claims it within minutes; one that stays unnamed runs no jobs while it
+    costs (the reconciler pages it after 30 minutes)."""
+    if not unnamed:
+        yield Row("unnamed instances", "pass", "every running instance of the cluster backs a Slurm node")
+        return
+    said = [f"{m.instance_id} (launched {m.launched_at:%Y-%m-%d %H:%M} UTC)" if m.launched_at else m.instance_id
+            for m in sorted(unnamed, key=lambda m: m.instance_id)]
+    old = [m for m in unnamed if m.launched_at is None or now - m.launched_at >= timedelta(minutes=30)]
+    yield Row("unnamed instances", "warn", f"{len(unnamed)} running instance(s) back no Slurm node: {', '.join(said)}"
+              + (f"; {len(old)} of them for 30 minutes or more" if old else ""),
+              "one an incident is taking as a node's replacement is named within minutes; one that stays unnamed runs "
+              "no jobs while it costs: terminate it lowering the group's desired capacity (aws autoscaling "
+              "terminate-instance-in-auto-scaling-group --should-decrement-desired-capacity), or tag it "
+              "nodemedic:slurm-node=<node> and join it as that node")
 
 
 def check_nodes(mapped: dict[str, Member | None], error: Exception | None, kubernetes: bool) -> Iterator[Row]:
@@ -481,7 +502,7 @@ def run(target: Target, permissions: Permissions | None = None,
     """Every check, in order; a check that cannot run is itself a failed row."""
     perms = permissions or SimulatedPermissions(target.client("iam"))
     rows = list(check_stack(target))
-    mapped, nodes_error = _nodes(target)
+    mapped, unnamed, nodes_error = _nodes(target)
     member = next((m.instance_id for m in mapped.values() if m), "")
     checks: list[tuple[str, Callable[[], Iterator[Row]]]] = [
         ("configuration", lambda: check_configuration(target)),
@@ -491,6 +512,7 @@ def run(target: Target, permissions: Permissions | None = None,
         ("alarms", lambda: check_alarm_actions(target)),
         ("metrics", lambda: check_metrics(target)),
         ("nodes", lambda: check_nodes(mapped, nodes_error, target.on_kubernetes)),
+        *([] if target.on_kubernetes or nodes_error else [("unnamed instances", lambda: check_unnamed(unnamed, now()))]),
         ("heartbeats", lambda: check_heartbeats(target, now(), mapped)),
         ("spares", lambda: check_spares(target)),
         ("agent wheelhouse", lambda: check_agent_artifact(target)),

@@ -368,7 +368,8 @@ def doctor(
     """Check a deployment after sam deploy: the JSON parameters and the safety policy valid; rules
     wired; each function's role allowed every call it makes (iam:SimulatePrincipalPolicy); the SSM
     documents; the alarm topic usable by CloudWatch; the alarm and dashboard metrics published with
-    exactly the dimensions they query; every Slurm or Kubernetes node mapped to an instance; the
+    exactly the dimensions they query; every Slurm or Kubernetes node mapped to an instance; on
+    Slurm, running instances that back no node (a warning: they run nothing while they cost); the
     agents' heartbeats, the nodes whose agent was never heard, and agents that name their node unlike
     the scheduler; the spare pool; the agent's wheelhouse published (a warning). A fix hint for each
     failed row; exit 1 when any check fails."""

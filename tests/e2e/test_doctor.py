@@ -73,6 +73,7 @@ def test_the_doctor_passes_on_the_local_stack() -> None:
         failed = {k: r for k, r in rows.items() if r["status"] == "fail"}
         assert code == 0 and not failed, failed
         assert rows["nodes mapped"]["status"] == "pass" and rows["scheduler"]["detail"] == "4 Slurm nodes"
+        assert rows["unnamed instances"]["status"] == "pass"
         assert rows["metric TimeToRecover {Cluster=local}"]["status"] == "pass"
         assert all(rows[f"permissions {f}"]["status"] == "pass" for f in ("DetectFunction", "RepairFunction",
                                                                           "HealthCheckResultFunction"))
@@ -151,11 +152,16 @@ def test_a_bad_json_parameter_or_safety_policy_fails_its_row() -> None:
 
 
 def test_a_node_whose_instance_is_gone_fails_the_mapping_row() -> None:
+    """Its group launched another in its place, which backs no node until an incident names it."""
     with deployed() as local:
         gone = local.node_names[1]
         local.aws.client("ec2").terminate_instances(InstanceIds=[local.cluster.instance_of(gone)])
         code, rows = doctor(local)
         assert code == 1 and rows["nodes mapped"]["status"] == "fail" and gone in rows["nodes mapped"]["detail"]
+        [launched] = [i["InstanceId"] for i in local.cluster.group_instances()
+                      if i["InstanceId"] not in {local.cluster.instance_of(n) for n in local.node_names if n != gone}]
+        unnamed = rows["unnamed instances"]
+        assert unnamed["status"] == "warn" and launched in unnamed["detail"] and "desired-capacity" in unnamed["fix"]
         assert all(r["status"] != "fail" for k, r in rows.items() if k != "nodes mapped")
     assert shutil.which("scontrol")  # the real Slurm the rows were read from
 
