@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -20,7 +20,7 @@ from nodemedic.domain.silence import is_silent, named_node
 from nodemedic.errors import NodeMedicError
 from nodemedic.providers.base import Member
 from nodemedic.providers.run_command import Documents
-from nodemedic.reconciler import execution_arn
+from nodemedic.reconciler import UNNAMED_AFTER, execution_arn
 from nodemedic.store.ledger import BOOKS_INDEX
 from nodemedic.store.roster import RosterStore
 from nodemedic_sandbox import iam
@@ -362,15 +362,16 @@ def _nodes(target: Target) -> tuple[dict[str, Member | None], list[Member], Exce
 def check_unnamed(unnamed: list[Member], now: datetime) -> Iterator[Row]:
     """Slurm: the instances of the cluster that back no node. A group's new instance is named by
     the incident that claims it within minutes; one that stays unnamed runs no jobs while it
-    costs (the reconciler pages it after 30 minutes)."""
+    costs (the reconciler pages it ``UNNAMED_AFTER`` after its launch)."""
     if not unnamed:
         yield Row("unnamed instances", "pass", "every running instance of the cluster backs a Slurm node")
         return
     said = [f"{m.instance_id} (launched {m.launched_at:%Y-%m-%d %H:%M} UTC)" if m.launched_at else m.instance_id
             for m in sorted(unnamed, key=lambda m: m.instance_id)]
-    old = [m for m in unnamed if m.launched_at is None or now - m.launched_at >= timedelta(minutes=30)]
+    old = [m for m in unnamed if m.launched_at is None or now - m.launched_at >= UNNAMED_AFTER]
+    minutes = int(UNNAMED_AFTER.total_seconds() // 60)
     yield Row("unnamed instances", "warn", f"{len(unnamed)} running instance(s) back no Slurm node: {', '.join(said)}"
-              + (f"; {len(old)} of them for 30 minutes or more" if old else ""),
+              + (f"; {len(old)} of them for {minutes} minutes or more" if old else ""),
               "one an incident is taking as a node's replacement is named within minutes; one that stays unnamed runs "
               "no jobs while it costs: terminate it lowering the group's desired capacity (aws autoscaling "
               "terminate-instance-in-auto-scaling-group --should-decrement-desired-capacity), or tag it "

@@ -64,6 +64,7 @@ from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 
 from pydantic import BaseModel, Field
 
@@ -356,17 +357,19 @@ def _held_by_a_storm(ledger: Ledger, event: NodeHealthEvent) -> str | None:
     return taker if incident.status == "held" and isinstance(last, dict) and last.get("rule") in STORM_RULES else None
 
 
-def _next_offer(cluster: str, node: str, instance_id: str, ledger: Ledger, now: datetime, report: ReconcileReport,
-                retired_by: str | None) -> tuple[NodeHealthEvent, str] | None:
-    """The ``INSTANCE_LOST`` event to publish for ``node`` now, and its announcement's key (made):
-    the lost instance's first, or the one after each storm that held the one before
-    (``OFFERS_AFTER_HOLDS`` at most). None when it was offered and nothing since asks again."""
+def _after_storms(ledger: Ledger, key: str, event_for: Callable[[str, str | None], NodeHealthEvent],
+                  first: Callable[[str], bool]) -> tuple[NodeHealthEvent, str] | None:
+    """The event to publish now for an offer announced under ``key``, and its announcement's key
+    (made by ``first``): the first offer, or the one after each storm that held the one before
+    (automation paused, the breaker open: its hold kept the node until an operator lifted it, and
+    nothing else offers it again), ``OFFERS_AFTER_HOLDS`` at most. None when it was offered and
+    nothing since asks again. ``event_for(key, held_by)``: the offer's event."""
     after: str | None = None
     for _ in range(OFFERS_AFTER_HOLDS + 1):
-        event = lost_event(cluster, node, instance_id, now, retired_by, after_hold=after)
-        key = f"lost/{cluster}/{instance_id}" + (f"/{after}" if after else "")
-        if _first(ledger, key, now, report):
-            return event, key
+        offer = key + (f"/{after}" if after else "")
+        event = event_for(offer, after)
+        if first(offer):
+            return event, offer
         after = _held_by_a_storm(ledger, event)
         if after is None:
             return None
@@ -382,7 +385,9 @@ def _start_replacement(cluster: str, node: str, instance_id: str, ledger: Ledger
     the run."""
     key = None
     try:
-        offer = _next_offer(cluster, node, instance_id, ledger, now, report, retired_by)
+        offer = _after_storms(ledger, f"lost/{cluster}/{instance_id}",
+                              lambda _, held: lost_event(cluster, node, instance_id, now, retired_by, after_hold=held),
+                              lambda k: _first(ledger, k, now, report))
         if offer is None:
             return
         event, key = offer
@@ -433,11 +438,9 @@ def _ended_outside_incidents(books: Bookkeeping, cluster: str, ledger: Ledger, m
     and the node it gave up is left alone (so is one an operator drained: they have it in hand; one
     a failed incident left drained gets it, its check deciding: the failure was paged)."""
     held = {lock.slurm_node for lock in books.locks}
-    claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}
-    # the group's new instances nobody has yet, less those open incidents will take: a replace
-    # rung that asked for one, a lost node's incident not there yet (one this reconciler started)
-    takers = sum(1 for i in books.open_incidents
-                 if _awaits_an_instance(i) or (i.fault_code == INSTANCE_LOST and not _found_its_instance(i)))
+    claimed = _claimed_replacements(books)
+    # the group's new instances nobody has yet, less those open incidents will take
+    takers = sum(1 for i in books.open_incidents if _will_take_an_instance(i))
     launched = sum(1 for m in members if not m.slurm_node and m.instance_id not in claimed) - takers
     if launched <= 0:
         return
@@ -453,11 +456,9 @@ def _unnamed_instances(books: Bookkeeping, cluster: str, ledger: Ledger, members
     place of a node scaled in or lost longer than EC2 lists its instance), so they run nothing
     while they cost. Paged once each, all of a run's in one page; not while an open incident may
     still take one (a replace rung waiting, a lost node's incident, one this run started)."""
-    takers = [i for i in books.open_incidents
-              if _awaits_an_instance(i) or (i.fault_code == INSTANCE_LOST and not _found_its_instance(i))]
-    if takers or report.replacements_started:
+    if any(_will_take_an_instance(i) for i in books.open_incidents) or report.replacements_started:
         return
-    claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}
+    claimed = _claimed_replacements(books)
     report.unnamed_instances = sorted(m.instance_id for m in members
                                       if m.slurm_node is None and m.state == "running" and m.instance_id not in claimed
                                       and m.launched_at is not None and now - m.launched_at >= UNNAMED_AFTER)
@@ -692,6 +693,17 @@ def _awaits_an_instance(incident: Incident) -> bool:
     return bool(_replace_progress(incident).get("requested_at")) and not _found_its_instance(incident)
 
 
+def _will_take_an_instance(incident: Incident) -> bool:
+    """An open incident that will claim one of the group's new instances: a replace rung that asked
+    for one, or a lost node's incident (one this reconciler started) not there yet."""
+    return _awaits_an_instance(incident) or (incident.fault_code == INSTANCE_LOST and not _found_its_instance(incident))
+
+
+def _claimed_replacements(books: Bookkeeping) -> set[str]:
+    """The instances an open incident claimed as a node's replacement, not named after it yet."""
+    return {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}
+
+
 def _replacement_awaited(books: Bookkeeping) -> bool:
     """An open incident asked for a replacement and has not found its instance yet: a node held for
     its burn-in now may be that replacement (on Kubernetes it registers under a name of its own),
@@ -763,7 +775,7 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
     now. While none is, nothing can be checked: it is paged once, from its second sighting (the
     instance that joins may not be listed yet at the first), and stays drained."""
     busy = _in_hand(books)
-    claimed = {c.key for c in books.claims if c.kind == REPLACEMENT_CLAIM}  # a replacement an open incident adopts
+    claimed = _claimed_replacements(books)  # a replacement an open incident adopts
     awaited = _replacement_awaited(books)
     behind = None if members is None else {m.instance_id: m.slurm_node for m in members}
     for node in nodes.values():
@@ -781,7 +793,8 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
         key = f"burn-in-unchecked/{cluster}/{node.name}/{instance}"
         if ledger.first_announcement(f"{key}/seen", now):  # the agent's NODE_JOINED may be on its way
             continue
-        offer = _next_burn_in(cluster, node, instance, key, ledger, now)
+        offer = _after_storms(ledger, f"{key}/started", partial(_burn_in_offer, cluster, node, instance, now),
+                              lambda k: ledger.first_announcement(k, now))
         if offer is not None:
             event, started = offer
             try:
@@ -801,24 +814,11 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
                    f"unchecked.")
 
 
-def _next_burn_in(cluster: str, node: NodeStatus, instance: str, key: str, ledger: Ledger,
-                  now: datetime) -> tuple[NodeHealthEvent, str] | None:
-    """The ``NODE_JOINED`` to publish for ``node``, held for the burn-in of ``instance`` that no
-    incident checks, and its announcement's key (made): the first offer, or one after each storm
-    that held the one before (automation paused, the breaker open: its hold kept the node until an
-    operator lifted it, and nothing else offers it again), ``OFFERS_AFTER_HOLDS`` at most. None
-    when it was offered and nothing since asks again (the node is then paged)."""
-    after: str | None = None
-    for _ in range(OFFERS_AFTER_HOLDS + 1):
-        started = f"{key}/started" + (f"/{after}" if after else "")
-        started_by = UNCHECKED + (f"; offered again, incident {after} was held" if after else "")
-        event = burn_in_event(cluster, node.name, instance, node.reason, now, started_by=started_by, offer=started)
-        if ledger.first_announcement(started, now):
-            return event, started
-        after = _held_by_a_storm(ledger, event)
-        if after is None:
-            return None
-    return None
+def _burn_in_offer(cluster: str, node: NodeStatus, instance: str, now: datetime, offer: str,
+                   held: str | None) -> NodeHealthEvent:
+    """The ``NODE_JOINED`` of the burn-in nobody checks, offered as ``offer`` (again after ``held``)."""
+    return burn_in_event(cluster, node.name, instance, node.reason, now, offer=offer,
+                         started_by=UNCHECKED + (f"; offered again, incident {held} was held" if held else ""))
 
 
 def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
