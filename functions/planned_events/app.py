@@ -6,7 +6,9 @@ Event per affected node of this cluster on NodeMedic's bus, so each is handled b
 ignored and counted with the reason. An instance that runs again after a Spot stop or hibernation
 NodeMedic retired its node for gets a ``NODE_JOINED`` event: its burn-in returns it. A Capacity
 Block's end is also said on the escalation topic, once for the whole block, however often the
-warning is delivered. Planned work the gate counts is paced under the circuit breaker
+warning is delivered. EC2's rebalance recommendation for a Spot Instance publishes nothing: its
+node's jobs are asked to checkpoint, where the CheckpointPolicy says so (:mod:`nodemedic.rebalance`).
+Planned work the gate counts is paced under the circuit breaker
 (:class:`Pacer`): a campaign of many nodes waits for room instead of tripping it."""
 
 from datetime import UTC, datetime, timedelta
@@ -26,8 +28,9 @@ from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
 from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
 from nodemedic.contracts.scheduled_notice import ScheduledEventsEnvelope
-from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
+from nodemedic.contracts.spot_interruption import RebalanceEnvelope, SpotInterruptionEnvelope
 from nodemedic.contracts.stages import GateOutput
+from nodemedic.domain.checkpoint import parse_checkpoint_policy
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import IncidentStateError, InvalidEventError, PolicyError
 from nodemedic.planned_events import (
@@ -50,6 +53,7 @@ from nodemedic.planned_events import (
     slack,
     superseded,
 )
+from nodemedic.rebalance import RebalanceOutcome, ask_to_checkpoint, unwanted
 from nodemedic.reconciler import named_in_page
 from nodemedic.safety.pacing import UNCOUNTED, Room, choose, gap, planned_share, room, runs_late, start_times
 from nodemedic.safety.policy import SafetyPolicy
@@ -141,6 +145,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         metrics.add_metric(name="PlannedEventsRejected", unit=MetricUnit.Count, value=1)
         return {"rejected": str(exc)}
     now = datetime.now(UTC)
+    if isinstance(envelope, RebalanceEnvelope):
+        return _rebalance(envelope, s, now)
     if isinstance(envelope, ScheduledSweep):
         if s.provider == "hyperpod":  # its instances are in the service's account, not this one
             logger.info("EC2 scheduled events not swept: HyperPod instances are not in this account's EC2")
@@ -221,6 +227,24 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     metrics.add_metric(name="PlannedIgnored", unit=MetricUnit.Count, value=len(planned.ignored))
     metrics.add_metric(name="PlannedPaced", unit=MetricUnit.Count, value=len(paced))
     return {"nodes": nodes, "deferred": deferred, "paced": paced, "ignored": planned.ignored}
+
+
+def _rebalance(envelope: RebalanceEnvelope, s: Settings, now: datetime) -> dict[str, Any]:
+    """EC2 recommends rebalancing a Spot Instance: its node's jobs are asked to checkpoint, where
+    the CheckpointPolicy says so (:mod:`nodemedic.rebalance`); nothing else is done."""
+    instance = envelope.detail.instance_id
+    try:
+        checkpoints = parse_checkpoint_policy(s.checkpoint_policy)
+        why = unwanted(envelope, checkpoints, now)
+        outcome = RebalanceOutcome(instance_id=instance, ignored=why) if why else ask_to_checkpoint(
+            envelope, cluster=s.cluster_name, provider=wiring.provider(), orchestrator=wiring.orchestrator(),
+            ledger=wiring.ledger(), checkpoints=checkpoints, safety=wiring.policy(), control=wiring.control().read(),
+            now=now)
+    except PolicyError as exc:  # the drains that read the same policy fail and say so
+        outcome = RebalanceOutcome(instance_id=instance, ignored=str(exc))
+    logger.info("rebalance recommendation", extra=outcome.model_dump(mode="json"))
+    metrics.add_metric(name="RebalanceCheckpointsAsked", unit=MetricUnit.Count, value=len(outcome.asked))
+    return outcome.model_dump(mode="json")
 
 
 def _room_queue(store: DeferredPlans, own: list[NodeHealthEvent]) -> list[NodeHealthEvent]:

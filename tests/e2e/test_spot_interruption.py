@@ -17,7 +17,7 @@ from nodemedic_sandbox.local import LocalMode
 from tests.conftest import EVENTS
 from tests.e2e.support import stack, wait_for
 from tests.e2e.test_capacity_block import _group
-from tests.e2e.test_checkpoint_drain import POLICY, _incident_ended, _submit, moved_with_its_checkpoint
+from tests.e2e.test_checkpoint_drain import POLICY, _incident_ended, _output, _submit, moved_with_its_checkpoint
 
 
 def test_a_spot_interruption_checkpoints_the_job_moves_it_to_a_spare_and_retires_the_node() -> None:
@@ -170,3 +170,47 @@ def _checked_and_back(local: LocalMode, retired: Incident, instance: str) -> Inc
     assert local.incident(retired.incident_id).status == "retired"  # the ledger keeps what happened
     assert len(local.incidents()) == 2
     return back
+
+
+REBALANCE_POLICY = json.dumps({"default": {"signal": "USR1", "scope": "batch", "grace_seconds": 30}, "rebalance": True})
+
+
+def _rebalance_results(local: LocalMode, count: int) -> list[dict]:
+    """The planned-events function's answers to the first ``count`` rebalance recommendations."""
+    def answered() -> list[dict] | None:
+        done = [i.result or {"error": i.error_message} for i in local.aws.invocations
+                if "PlannedEvents" in i.function and i.event.get("detail-type") == "EC2 Instance Rebalance Recommendation"]
+        return done if len(done) >= count else None
+    return wait_for(answered, f"{count} rebalance recommendation(s) handled")[:count]
+
+
+def test_a_rebalance_recommendation_has_the_job_checkpoint_once_and_leaves_its_nodes_in_service() -> None:
+    """EC2 says a Spot Instance is at elevated risk of interruption (EC2 User Guide, "EC2 instance
+    rebalance recommendations"), for both nodes of a job and more than once: the job checkpoints
+    once, keeps running where it runs, and no node is drained; an idle node has nothing to ask."""
+    with stack(nodes=3, CheckpointPolicy=REBALANCE_POLICY) as local:
+        job, nodes = _submit(local, nodes=2)
+        assert nodes == ["gpu-1", "gpu-2"]
+        local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-1")))
+        [first] = _rebalance_results(local, 1)
+        assert (first["node"], first["asked"], first["ignored"]) == ("gpu-1", [job], ""), first
+        wait_for(lambda: "checkpoint at step" in _output(local, job), "the job to checkpoint")
+        assert "nodemedic-checkpoint=" in local.scheduler.job(job)["Comment"]
+        # delivered again, and recommended for the job's other node: the job is not asked again
+        local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-1")))
+        local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-2")))
+        local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-3")))
+        _, again, other, idle = _rebalance_results(local, 4)
+        for answer in (again, other):
+            assert answer["asked"] == [] and answer["not_asked"] == {job: "asked within the last 30 min"}, answer
+        assert (idle["node"], idle["asked"], idle["not_asked"]) == ("gpu-3", [], {})
+        assert _output(local, job).count("checkpoint at step") == 1
+        # nothing else: no incident, no drain, the job runs on where it ran
+        assert local.incidents() == [] and local.drains() == []
+        assert local.scheduler.job(job)["JobState"] == "RUNNING"
+        assert local.scheduler.hostnames(local.scheduler.job(job)["NodeList"]) == nodes
+        assert all("DRAIN" not in local.scheduler.node(n)["State"] for n in ("gpu-1", "gpu-2", "gpu-3"))
+        # a recommendation redriven from the dead-letter queue an hour later asks nothing
+        local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-2")),
+                          at=datetime.now(UTC) - timedelta(hours=1))
+        assert "old news" in _rebalance_results(local, 5)[4]["ignored"]

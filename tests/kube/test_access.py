@@ -20,7 +20,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from nodemedic.errors import AwsThrottledError, DrainFailedError
 from nodemedic.orchestrators import eks_auth
-from nodemedic.orchestrators.kubernetes import KubernetesOrchestrator
+from nodemedic.orchestrators.kubernetes import CHECKPOINT_REQUESTED, KubernetesOrchestrator
 from nodemedic_agent.config import parse_config
 from nodemedic_sandbox.eks_authenticator import AccessEntry, EksAuthenticator
 from nodemedic_sandbox.kube_apiserver import KubeAPIServer
@@ -36,6 +36,10 @@ READER_KEY = "ASIATESTNODEMEDIC0002"
 # what the access entries name: the roles (EKS maps a caller's assumed-role session to its role)
 ROLE = "arn:aws:iam::123456789012:role/nodemedic-prod-a-functions"
 READER_ROLE = "arn:aws:iam::123456789012:role/nodemedic-prod-a-detect"
+# a role of its own: the API server caches a token's groups a while, and a token is the same within its second
+PLANNED_ARN = "arn:aws:sts::123456789012:assumed-role/nodemedic-prod-a-planned/nodemedic-planned"
+PLANNED_KEY = "ASIATESTNODEMEDIC0003"
+PLANNED_ROLE = "arn:aws:iam::123456789012:role/nodemedic-prod-a-planned"
 
 
 def _sts(key: str = KEY, secret: str = SECRET) -> Any:
@@ -128,6 +132,29 @@ def test_the_reader_group_names_nodes_and_reads_jobs_but_changes_nothing(
         k8s.CoreV1Api(orch._api).create_namespaced_pod_eviction(
             "train-0", cluster.namespace, {"metadata": {"name": "train-0", "namespace": cluster.namespace}})
     assert denied.value.status == 403
+    assert not cluster.read_node(node).spec.unschedulable and "train-0" in cluster.live_pods(node)
+
+
+def test_the_checkpointer_group_annotates_the_pods_checkpoint_request_and_nothing_else(
+        apiserver: KubeAPIServer, cluster: Cluster, authenticator: EksAuthenticator, rbac: None) -> None:
+    """PlannedEvents (reader and checkpointer): a rebalance recommendation asks the pods on the
+    node to checkpoint; it may not cordon the node, evict or delete a pod."""
+    authenticator.credentials[PLANNED_KEY] = (SECRET, PLANNED_ARN)
+    authenticator.access_entries[PLANNED_ROLE] = AccessEntry(("nodemedic:reader", "nodemedic:checkpointer"))
+    node = cluster.node("gpu-1")
+    cluster.pod("train-0", node)
+    orch = KubernetesOrchestrator(_as_lambda(apiserver, sts=_sts(key=PLANNED_KEY)))
+    assert orch.request_checkpoint(node, [f"{cluster.namespace}/Job/train"], "USR1", "batch") == []
+    assert CHECKPOINT_REQUESTED in cluster.live_pods(node)["train-0"].metadata.annotations
+    with pytest.raises(DrainFailedError, match="403"):
+        orch.drain(node, "nodemedic:inc-9 XID 79")
+    core = k8s.CoreV1Api(orch._api)
+    for forbidden in (lambda: core.create_namespaced_pod_eviction(
+                          "train-0", cluster.namespace, {"metadata": {"name": "train-0", "namespace": cluster.namespace}}),
+                      lambda: core.delete_namespaced_pod("train-0", cluster.namespace)):
+        with pytest.raises(ApiException) as denied:
+            forbidden()
+        assert denied.value.status == 403
     assert not cluster.read_node(node).spec.unschedulable and "train-0" in cluster.live_pods(node)
 
 

@@ -450,3 +450,38 @@ def test_a_node_whose_instance_is_ended_under_its_incident_is_retired_not_failed
         joined = wait_for(lambda: kube.node_of(new), "the new instance's node")
         assert BURN_IN_TAINT in kube.taints(joined)
         assert kube.errors == []
+
+
+def test_a_rebalance_recommendation_annotates_the_jobs_pods_on_the_node_and_cordons_nothing() -> None:
+    """On Kubernetes the request is the checkpoint annotation (docs/checkpoints.md) on the job's
+    pods on the recommended node, through the PlannedEvents role's nodemedic:checkpointer group;
+    the job's pods elsewhere and every node are left as they were."""
+    import copy
+    import json
+
+    from nodemedic.orchestrators.kubernetes import CHECKPOINT_REQUESTED
+    from nodemedic_sandbox.kube_cluster import NAMESPACE
+
+    from tests.conftest import EVENTS
+
+    require("the real kube-apiserver", kube_apiserver.unavailable_reason())
+    policy = json.dumps({"default": {"signal": "USR1", "scope": "batch", "grace_seconds": 60}, "rebalance": True})
+    with LocalMode(nodes=3, scheduler="kubernetes", retry_time_scale=0.01,
+                   extra_parameters={**OPEN, "CheckpointPolicy": policy}) as local:
+        kube = _kube(local)
+        job = kube.submit(2, name="llm")
+        assert wait_for(lambda: kube.job(job)["JobState"] == "RUNNING", "the job to run")
+        node = kube.job(job)["NodeList"].split(",")[0]
+        event = copy.deepcopy(json.loads((EVENTS / "aws-ec2" / "rebalance-recommendation.json").read_text()))
+        event["detail"]["instance-id"] = kube.instance_of(node)
+        local.emit_as_aws(event)
+
+        def requested() -> dict[str, bool]:
+            return {p.spec.node_name: CHECKPOINT_REQUESTED in (p.metadata.annotations or {})
+                    for p in kube.core.list_namespaced_pod(NAMESPACE).items if p.metadata.deletion_timestamp is None}
+
+        annotated = wait_for(lambda: (r := requested()) and r.get(node) and r, "the pod on the node to be asked")
+        assert sum(annotated.values()) == 1  # the job's pod on the other node is not asked
+        assert local.incidents() == [] and kube.job(job)["JobState"] == "RUNNING"
+        assert all(not kube.node(n)["State"].endswith("+DRAIN") for n in kube.node_names())
+        assert kube.errors == []

@@ -34,6 +34,7 @@ class MemorySlurm(HostGpuClients, NoAutoscalers):
         self.partition: dict[str, str] = {}  # job -> partition (default "gpu")
         self.signalled: list[tuple[str, str, str]] = []  # (job, signal, scope)
         self.checkpoint_takes: float | None = None  # a signalled job writes its marker this much later
+        self.unsignalable: set[str] = set()  # jobs scancel --signal reports it could not signal
         self.evacuated: dict[tuple[str, float | None], dict[str, list[str]]] = {}  # per drain: job -> its nodes
         self.lost_lifts = 0  # the next lifts of a drain are acknowledged, then lost (a controller restart)
 
@@ -104,10 +105,12 @@ class MemorySlurm(HostGpuClients, NoAutoscalers):
     def request_checkpoint(self, node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
         self._up(f"signal {' '.join(job_ids)}")
         for job in job_ids:
+            if job in self.unsignalable:
+                continue
             self.signalled.append((job, signal, scope))
             if self.checkpoint_takes is not None:
                 self.markers[job] = self.now + self.checkpoint_takes
-        return []
+        return [j for j in job_ids if j in self.unsignalable]
 
     def resume(self, node: str, owner: str = "*") -> bool:
         try:

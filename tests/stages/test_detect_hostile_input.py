@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
-from nodemedic.contracts.spot_interruption import SpotInterruptionEnvelope
+from nodemedic.contracts.spot_interruption import RebalanceEnvelope, SpotInterruptionEnvelope
 from nodemedic.contracts.stages import DetectInput
+from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
 from nodemedic.errors import InvalidEventError, UnknownNodeError, UnknownNodeQuietError
 from nodemedic.planned_events import (
     Plan,
@@ -37,6 +38,7 @@ from nodemedic.planned_events import (
     plan_spot_interruption,
 )
 from nodemedic.providers.base import Member
+from nodemedic.rebalance import unwanted
 from nodemedic.stages.detect import detect
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -186,6 +188,9 @@ def _plan(event: dict[str, Any]) -> Plan:
         return plan_spot_interruption(envelope, cluster="local", provider=provider, now=now)
     if isinstance(envelope, InstanceRunningEnvelope):
         return plan_return(envelope, cluster="local", provider=provider, retired_by=lambda _: None, now=now)
+    if isinstance(envelope, RebalanceEnvelope):  # no event: what it asks is judged against now first
+        unwanted(envelope, CheckpointPolicy(default=CheckpointRule(), rebalance=True), now)
+        return Plan()
     return plan_node_scheduled(envelope, cluster="local", provider=provider, now=now)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from nodemedic.contracts.incident import Incident, StageRecord
+from nodemedic.contracts.spot_interruption import RebalanceEnvelope
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
@@ -274,6 +275,28 @@ def test_a_spot_warning_read_after_ec2_acted_plans_nothing(action: str, read_aft
 def test_a_malformed_spot_warning_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
     with pytest.raises(InvalidEventError, match=f"Spot interruption warning.*{path[-1]}"):
         parse_planned_event(_with(SPOT, path, value))
+
+
+# -- a rebalance recommendation (events/aws-ec2/, the shape in EC2's "EC2 instance rebalance
+# recommendations"): what it asks is tests/stages/test_rebalance.py --
+REBALANCE = json.loads((SAMPLES.parent / "aws-ec2" / "rebalance-recommendation.json").read_text())
+
+
+def test_a_rebalance_recommendation_parses_as_one_and_names_its_instance() -> None:
+    envelope = parse_planned_event(copy.deepcopy(REBALANCE))
+    assert isinstance(envelope, RebalanceEnvelope)
+    assert (envelope.detail.instance_id, envelope.time.isoformat()) == ("i-0a1b2c3d4e5f60789", "2026-11-22T10:05:00+00:00")
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("detail", "instance-id"), "i-; reboot"),
+    (("detail", "instance-id"), None),
+    (("source",), "nodemedic.agent"),  # only EC2 says so
+    (("time",), "2026-11-22T10:05:00"),
+])
+def test_a_malformed_rebalance_recommendation_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
+    with pytest.raises(InvalidEventError, match=f"rebalance recommendation.*{path[-1]}"):
+        parse_planned_event(_with(REBALANCE, path, value))
 
 
 # -- the instance back: EC2's "running" after a Spot stop or hibernation NodeMedic retired its node for --

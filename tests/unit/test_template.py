@@ -115,12 +115,14 @@ def _wiring_calls(function: str) -> set[str]:
 
 
 READS_ONLY = {"ShadowFunction", "PlannedEventsFunction"}
+# a reader that annotates pods too: a rebalance recommendation's checkpoint request (nodemedic/rebalance.py)
+ALSO = {"PlannedEventsFunction": ["nodemedic:checkpointer"]}
 
 
 def test_on_kubernetes_every_function_that_reaches_the_cluster_has_an_access_entry_with_the_least_group() -> None:
     """Orchestrator kubernetes: a function that changes the cluster (its code asks wiring for the
     orchestrator; shadow mode only reads what it would do, planned events only read a node's jobs
-    for slack) is a remediator; one that only names
+    for slack and annotate the pods of a node EC2 recommends rebalancing) is a remediator; one that only names
     members (the provider, named by the nodes' providerID) is a reader; each may describe the EKS
     cluster, and every group is bound in deploy/kubernetes/rbac.yaml (tests/kube/test_access.py
     runs each group's calls against the real API server)."""
@@ -131,8 +133,8 @@ def test_on_kubernetes_every_function_that_reaches_the_cluster_has_an_access_ent
     for name, entry in entries.items():
         assert entry["Condition"] == "OnKubernetes"
         changes = "orchestrator" in reaching[name] and name not in READS_ONLY
-        expected = "nodemedic:remediator" if changes else "nodemedic:reader"
-        assert entry["Properties"]["KubernetesGroups"] == [expected], name
+        expected = ["nodemedic:remediator" if changes else "nodemedic:reader", *ALSO.get(name, [])]
+        assert entry["Properties"]["KubernetesGroups"] == expected, name
         assert entry["Properties"]["ClusterName"] == {"Ref": "EksClusterName"}
     describe = RESOURCES["EksDescribeClusterPolicy"]
     assert describe["Condition"] == "OnKubernetes"
@@ -142,7 +144,7 @@ def test_on_kubernetes_every_function_that_reaches_the_cluster_has_an_access_ent
     assert statement["Resource"]["Fn::Sub"].endswith(":cluster/${EksClusterName}")
     rbac = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "rbac.yaml").read_text()))
     bound = {s["name"] for d in rbac if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]}
-    assert {"nodemedic:remediator", "nodemedic:reader"} <= bound
+    assert {"nodemedic:remediator", "nodemedic:reader", "nodemedic:checkpointer"} <= bound
     env = TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
     assert (env["ORCHESTRATOR"], env["EKS_CLUSTER_NAME"]) == ({"Ref": "Orchestrator"}, {"Ref": "EksClusterName"})
 

@@ -43,7 +43,13 @@ from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import STATE_CHANGE_DETAIL_TYPE, InstanceRunningEnvelope
 from nodemedic.contracts.problems import describe, not_unicode
 from nodemedic.contracts.scheduled_notice import SCHEDULED_DETAIL_TYPE, ScheduledEventsEnvelope
-from nodemedic.contracts.spot_interruption import INTERRUPTION_LEAD, SPOT_DETAIL_TYPE, SpotInterruptionEnvelope
+from nodemedic.contracts.spot_interruption import (
+    INTERRUPTION_LEAD,
+    REBALANCE_DETAIL_TYPE,
+    SPOT_DETAIL_TYPE,
+    RebalanceEnvelope,
+    SpotInterruptionEnvelope,
+)
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
 from nodemedic.providers.base import Member, Provider
@@ -176,19 +182,21 @@ def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
 
 
 PlannedEnvelope = (AwsHealthEnvelope | CapacityBlockEnvelope | SpotInterruptionEnvelope | InstanceRunningEnvelope
-                   | ScheduledEventsEnvelope)
+                   | ScheduledEventsEnvelope | RebalanceEnvelope)
 
 
 def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
-    """An AWS Health event, a Spot interruption warning, an instance's state change to running,
-    a node's own reading of its scheduled events, or else a Capacity Block expiry warning;
-    anything else is rejected."""
+    """An AWS Health event, a Spot interruption warning or rebalance recommendation, an
+    instance's state change to running, a node's own reading of its scheduled events, or else a
+    Capacity Block expiry warning; anything else is rejected."""
     model: type[PlannedEnvelope]
     detail_types = (event.get("detail-type"), event.get("detail_type"))
     if event.get("source") == HEALTH_SOURCE:
         model, kind = AwsHealthEnvelope, "AWS Health event"
     elif SPOT_DETAIL_TYPE in detail_types:
         model, kind = SpotInterruptionEnvelope, "Spot interruption warning"
+    elif REBALANCE_DETAIL_TYPE in detail_types:
+        model, kind = RebalanceEnvelope, "rebalance recommendation"
     elif STATE_CHANGE_DETAIL_TYPE in detail_types:
         model, kind = InstanceRunningEnvelope, "instance state change"
     elif SCHEDULED_DETAIL_TYPE in detail_types:

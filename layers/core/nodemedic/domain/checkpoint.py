@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from nodemedic.contracts.problems import describe
 from nodemedic.errors import PolicyError
@@ -40,12 +40,15 @@ class CheckpointRule(BaseModel):
 class CheckpointPolicy(BaseModel):
     """``default``: the rule of every partition not listed (None: requeue at once); ``partitions``:
     per partition (namespace), a rule or None (that one is requeued at once); ``fault_classes``:
-    the fault classes whose node can still run the job (a hard fault never waits)."""
+    the fault classes whose node can still run the job (a hard fault never waits); ``rebalance``:
+    ask the jobs on a Spot node to checkpoint when EC2 recommends rebalancing it (nothing drained:
+    :mod:`nodemedic.rebalance`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     default: CheckpointRule | None = None
     partitions: dict[str, CheckpointRule | None] = Field(default_factory=dict)
     fault_classes: frozenset[str] = frozenset({"planned", "fail_slow"})
+    rebalance: StrictBool = False  # JSON true/false only: "no" or 0 is refused, not read as a bool
 
     def rule(self, partition: str) -> CheckpointRule | None:
         """The rule for a job of ``partition`` (a job in several: the first one listed)."""

@@ -67,6 +67,10 @@ def _lock_key(cluster: str, instance_id: str) -> dict[str, Any]:
     return {"pk": {"S": f"NODE#{cluster}#{instance_id}"}}
 
 
+def _rebalance_key(cluster: str, job_id: str) -> dict[str, Any]:
+    return {"pk": {"S": f"REBALANCE#{cluster}#{job_id}"}}
+
+
 def _repaired_key(cluster: str, slurm_node: str) -> dict[str, Any]:
     return {"pk": {"S": f"REPAIRED#{cluster}#{slurm_node}"}}
 
@@ -706,6 +710,21 @@ class Ledger:
         """Undo :meth:`first_announcement` for ``key``: what was to be said could not be sent,
         so the next delivery says it."""
         self._db.delete_item(TableName=self._table, Key={"pk": {"S": f"ANNOUNCED#{key}"}})
+
+    # -- jobs asked to checkpoint for a rebalance recommendation (nodemedic.rebalance) -------
+    def claim_rebalance_checkpoint(self, cluster: str, job_id: str, now: datetime, quiet: timedelta) -> bool:
+        """True when the job was not asked within ``quiet`` before ``now``: it is claimed now. One
+        conditional write, so two deliveries at the same moment ask it once."""
+        return self._conditional(
+            "put_item", Item={**_rebalance_key(cluster, job_id), "at": {"N": f"{now.timestamp():.3f}"},
+                              "expires_at": _ttl(now + quiet)},
+            ConditionExpression="attribute_not_exists(pk) OR #at < :since",
+            ExpressionAttributeNames={"#at": "at"},
+            ExpressionAttributeValues={":since": {"N": f"{(now - quiet).timestamp():.3f}"}})
+
+    def release_rebalance_checkpoint(self, cluster: str, job_id: str) -> None:
+        """Undo the claim: the job could not be signalled, so the next delivery asks it."""
+        self._db.delete_item(TableName=self._table, Key=_rebalance_key(cluster, job_id))
 
     # -- pages the reconciler could not send: sent with its next run ---------------------
     def unsent_pages(self, cluster: str) -> list[str]:
