@@ -1,15 +1,16 @@
 """Planned events: an AWS Health scheduled change (instance retirement, stop, reboot maintenance),
 the same found by the function's periodic sweep of EC2's scheduled events (what AWS Health did
 not deliver) or read by a node's agent from its instance metadata, EC2's warning that a Capacity
-Block ends, or its two-minute warning that it interrupts a Spot Instance becomes one Node Health
-Event per affected node of this cluster on NodeMedic's bus, so each is handled before AWS acts; everything else it names is
-ignored and counted with the reason. An instance that runs again after a Spot stop or hibernation
-NodeMedic retired its node for gets a ``NODE_JOINED`` event: its burn-in returns it. A Capacity
-Block's end is also said on the escalation topic, once for the whole block, however often the
-warning is delivered. EC2's rebalance recommendation for a Spot Instance publishes nothing: its
-node's jobs are asked to checkpoint, where the CheckpointPolicy says so (:mod:`nodemedic.rebalance`).
-Planned work the gate counts is paced under the circuit breaker
-(:class:`Pacer`): a campaign of many nodes waits for room instead of tripping it."""
+Block ends, or its two-minute warning that it interrupts a Spot Instance or an instance of an
+interruptible Capacity Reservation becomes one Node Health Event per affected node of this cluster
+on NodeMedic's bus, so each is handled before AWS acts; everything else it names is ignored and
+counted with the reason. An instance that runs again after a Spot stop or hibernation NodeMedic
+retired its node for gets a ``NODE_JOINED`` event: its burn-in returns it. A Capacity Block's end
+is also said on the escalation topic, once for the whole block, however often the warning is
+delivered. EC2's rebalance recommendation for a Spot Instance publishes nothing: its node's jobs
+are asked to checkpoint, where the CheckpointPolicy says so (:mod:`nodemedic.rebalance`). Planned
+work the gate counts is paced under the circuit breaker (:class:`Pacer`): a campaign of many
+nodes waits for room instead of tripping it."""
 
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -27,6 +28,7 @@ from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.events import PLANNED_SOURCE, NodeHealthEvent
 from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
+from nodemedic.contracts.reservation_interruption import ReservationInterruptionEnvelope
 from nodemedic.contracts.scheduled_notice import ScheduledEventsEnvelope
 from nodemedic.contracts.spot_interruption import RebalanceEnvelope, SpotInterruptionEnvelope
 from nodemedic.contracts.stages import GateOutput
@@ -44,6 +46,7 @@ from nodemedic.planned_events import (
     plan,
     plan_capacity_end,
     plan_node_scheduled,
+    plan_reservation_interruption,
     plan_return,
     plan_scheduled,
     plan_spot_interruption,
@@ -166,6 +169,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         planned = plan_spot_interruption(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
         what = {"spot_interruption": envelope.detail.instance_id, "action": envelope.detail.instance_action,
                 "deadline": envelope.interrupted_at.isoformat()}
+    elif isinstance(envelope, ReservationInterruptionEnvelope):
+        planned = plan_reservation_interruption(envelope, cluster=s.cluster_name, provider=wiring.provider(), now=now)
+        what = {"reservation_interruption": envelope.detail.instance_id,
+                "deadline": envelope.detail.termination_time.isoformat()}
     elif isinstance(envelope, InstanceRunningEnvelope):
         planned = plan_return(envelope, cluster=s.cluster_name, provider=wiring.provider(),
                               retired_by=lambda instance: wiring.ledger().lock_holder(s.cluster_name, instance),

@@ -214,3 +214,27 @@ def test_a_rebalance_recommendation_has_the_job_checkpoint_once_and_leaves_its_n
         local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-2")),
                           at=datetime.now(UTC) - timedelta(hours=1))
         assert "old news" in _rebalance_results(local, 5)[4]["ignored"]
+
+
+def test_an_interruptible_reservations_reclaim_moves_the_job_with_its_checkpoint_and_the_node_gets_a_new_instance() -> None:
+    """The owner of an interruptible Capacity Reservation reclaims it: EC2 warns two minutes before
+    it terminates the instance (EC2 User Guide, "Monitor interruptible Capacity Reservations with
+    EventBridge and CloudTrail"). The node is retired as for a Spot interruption: the job
+    checkpoints, moves to the spare, all before the termination time; once EC2 has terminated the
+    instance, the reconciler joins the group's new one as the node."""
+    with stack(nodes=3, spares=1, CheckpointPolicy=POLICY) as local:  # gpu-4 is the spare
+        job, nodes = _submit(local, nodes=3)
+        time.sleep(3)  # it trains a while
+        instance = local.cluster.instance_of("gpu-2")
+        terminates = (datetime.now(UTC) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        local.emit_as_aws(_ec2_event("capacity-reservation-interruption-warning.json", instance,
+                                     **{"instance-termination-time": terminates}))
+        retired = _incident_ended(local, "gpu-2", timeout=120)
+        assert (retired.status, retired.fault_code) == ("retired", "PLANNED_RESERVATION_INTERRUPTION"), retired.outcome
+        assert retired.closed_at is not None and retired.closed_at < datetime.fromisoformat(terminates)
+        moved_with_its_checkpoint(local, retired, job, "gpu-4", ["gpu-1", "gpu-3", "gpu-4"])
+        assert "repair" not in retired.stages and local.cluster.instance_of("gpu-2") == instance
+        assert local.reconcile()["replacements_started"] == []  # the instance still runs
+        local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(  # EC2 reclaims it
+            InstanceId=instance, ShouldDecrementDesiredCapacity=False)
+        assert local.reconcile()["replacements_started"] == ["gpu-2"]

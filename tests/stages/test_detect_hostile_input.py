@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
+from nodemedic.contracts.reservation_interruption import ReservationInterruptionEnvelope
 from nodemedic.contracts.spot_interruption import RebalanceEnvelope, SpotInterruptionEnvelope
 from nodemedic.contracts.stages import DetectInput
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
@@ -34,6 +35,7 @@ from nodemedic.planned_events import (
     plan,
     plan_capacity_end,
     plan_node_scheduled,
+    plan_reservation_interruption,
     plan_return,
     plan_spot_interruption,
 )
@@ -186,6 +188,8 @@ def _plan(event: dict[str, Any]) -> Plan:
                                  now=now)
     if isinstance(envelope, SpotInterruptionEnvelope):
         return plan_spot_interruption(envelope, cluster="local", provider=provider, now=now)
+    if isinstance(envelope, ReservationInterruptionEnvelope):
+        return plan_reservation_interruption(envelope, cluster="local", provider=provider, now=now)
     if isinstance(envelope, InstanceRunningEnvelope):
         return plan_return(envelope, cluster="local", provider=provider, retired_by=lambda _: None, now=now)
     if isinstance(envelope, RebalanceEnvelope):  # no event: what it asks is judged against now first

@@ -852,7 +852,7 @@ def test_a_node_retired_for_a_spot_termination_where_nothing_launches_another_is
         return
     assert first.nodes_without_instance == ["gpu-1"] and first.replacements_started == []
     [page] = first.pages
-    assert "gpu-1 (i-00000000000000001 ended for the Spot interruption incident inc-spot retired it for" in page
+    assert "gpu-1 (i-00000000000000001 ended for the interruption incident inc-spot retired it for" in page
     assert "drained: nodemedic:inc-spot" in page and "nodemedic remediate <node> --action health-check" in page
     assert run().pages == []
 

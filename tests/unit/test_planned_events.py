@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from nodemedic.contracts.incident import Incident, StageRecord
+from nodemedic.contracts.reservation_interruption import ReservationInterruptionEnvelope
 from nodemedic.contracts.spot_interruption import RebalanceEnvelope
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError
@@ -22,6 +23,7 @@ from nodemedic.planned_events import (
     plan,
     plan_capacity_end,
     plan_node_scheduled,
+    plan_reservation_interruption,
     plan_return,
     plan_scheduled,
     plan_spot_interruption,
@@ -275,6 +277,53 @@ def test_a_spot_warning_read_after_ec2_acted_plans_nothing(action: str, read_aft
 def test_a_malformed_spot_warning_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
     with pytest.raises(InvalidEventError, match=f"Spot interruption warning.*{path[-1]}"):
         parse_planned_event(_with(SPOT, path, value))
+
+
+# -- an interruptible Capacity Reservation's reclaim (events/aws-ec2/, the shape in EC2's "Monitor
+# interruptible Capacity Reservations with EventBridge and CloudTrail") --
+RECLAIM = json.loads((SAMPLES.parent / "aws-ec2" / "capacity-reservation-interruption-warning.json").read_text())
+
+
+def _plan_reclaim(event: dict[str, Any], now: datetime = WARNED) -> Any:
+    envelope = parse_planned_event(event)
+    assert isinstance(envelope, ReservationInterruptionEnvelope)
+    return plan_reservation_interruption(envelope, cluster="local", provider=_Cluster(), now=now)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("detail_type", ["EC2 Capacity Reservation Instance Interruption Warning",
+                                         "EC2 Interruptible Capacity Reservation Instance Interruption Warning"])
+def test_a_reclaimed_reservations_instance_retires_its_node_with_the_termination_time(detail_type: str) -> None:
+    [retire] = _plan_reclaim(_with(RECLAIM, ("detail-type",), detail_type)).events
+    assert (retire.node.instance_id, retire.node.slurm_node, retire.fault_code, retire.check) == (
+        OURS, "gpu-2", "PLANNED_RESERVATION_INTERRUPTION", "reservation_interruption")
+    assert retire.evidence == {"instance_action": "terminate", "deadline": "2026-11-22T10:22:00+00:00",
+                               "warned_at": "2026-11-22T10:20:00+00:00"}
+    assert _plan_reclaim(copy.deepcopy(RECLAIM)).events[0].event_id == retire.event_id  # a redelivery
+    c = classify("PLANNED_RESERVATION_INTERRUPTION", {})
+    assert (c.fault_class, c.action, c.ladder) == ("planned", "retire", ())
+    envelope = {"source": "nodemedic.planned", "detail-type": "Node Health Event",
+                "detail": json.loads(retire.model_dump_json(exclude_none=True))}
+    assert parse_trigger(envelope).detail.fault_code == "PLANNED_RESERVATION_INTERRUPTION"  # type: ignore[union-attr]
+    theirs = _plan_reclaim(_with(RECLAIM, ("detail", "instance-id"), THEIRS))
+    assert not theirs.events and theirs.ignored == [(THEIRS, "not a member of cluster local")]
+
+
+def test_a_reclaim_warning_read_after_the_termination_plans_nothing() -> None:
+    terminated = datetime.fromisoformat("2026-11-22T10:22:00+00:00")
+    assert _plan_reclaim(RECLAIM, now=terminated + timedelta(minutes=2)).events
+    late = _plan_reclaim(RECLAIM, now=terminated + timedelta(minutes=2, seconds=1))
+    assert not late.events and "nothing is left to plan" in late.ignored[0][1]
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("detail", "instance-id"), "i-; reboot"),
+    (("detail", "instance-action"), "stop"),  # a reclaim only terminates
+    (("detail", "instance-termination-time"), None),
+    (("detail", "instance-termination-time"), "2026-11-22T10:22:00"),
+])
+def test_a_malformed_reclaim_warning_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
+    with pytest.raises(InvalidEventError, match=f"Capacity Reservation interruption warning.*{path[-1]}"):
+        parse_planned_event(_with(RECLAIM, path, value))
 
 
 # -- a rebalance recommendation (events/aws-ec2/, the shape in EC2's "EC2 instance rebalance

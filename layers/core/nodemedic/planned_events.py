@@ -42,6 +42,7 @@ from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHe
 from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import STATE_CHANGE_DETAIL_TYPE, InstanceRunningEnvelope
 from nodemedic.contracts.problems import describe, not_unicode
+from nodemedic.contracts.reservation_interruption import RESERVATION_DETAIL_TYPES, ReservationInterruptionEnvelope
 from nodemedic.contracts.scheduled_notice import SCHEDULED_DETAIL_TYPE, ScheduledEventsEnvelope
 from nodemedic.contracts.spot_interruption import (
     INTERRUPTION_LEAD,
@@ -120,6 +121,9 @@ def event_id(key: str) -> str:
 
 CAPACITY_END = "PLANNED_CAPACITY_END"
 SPOT_INTERRUPTION = "PLANNED_SPOT_INTERRUPTION"
+RESERVATION_INTERRUPTION = "PLANNED_RESERVATION_INTERRUPTION"
+# the retirements for an interruption: EC2 stops, hibernates or terminates the instance at the deadline
+INTERRUPTIONS = frozenset({SPOT_INTERRUPTION, RESERVATION_INTERRUPTION})
 # a Spot warning read this long after EC2 acted is about a run that has ended (as long as the
 # template's rule lets EventBridge retry a delivery: MaximumEventAgeInSeconds 120)
 LATE_WARNING = INTERRUPTION_LEAD
@@ -182,13 +186,14 @@ def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
 
 
 PlannedEnvelope = (AwsHealthEnvelope | CapacityBlockEnvelope | SpotInterruptionEnvelope | InstanceRunningEnvelope
-                   | ScheduledEventsEnvelope | RebalanceEnvelope)
+                   | ScheduledEventsEnvelope | RebalanceEnvelope | ReservationInterruptionEnvelope)
 
 
 def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
     """An AWS Health event, a Spot interruption warning or rebalance recommendation, an
-    instance's state change to running, a node's own reading of its scheduled events, or else a
-    Capacity Block expiry warning; anything else is rejected."""
+    interruptible Capacity Reservation's interruption warning, an instance's state change to
+    running, a node's own reading of its scheduled events, or else a Capacity Block expiry
+    warning; anything else is rejected."""
     model: type[PlannedEnvelope]
     detail_types = (event.get("detail-type"), event.get("detail_type"))
     if event.get("source") == HEALTH_SOURCE:
@@ -197,6 +202,8 @@ def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
         model, kind = SpotInterruptionEnvelope, "Spot interruption warning"
     elif REBALANCE_DETAIL_TYPE in detail_types:
         model, kind = RebalanceEnvelope, "rebalance recommendation"
+    elif any(t in detail_types for t in RESERVATION_DETAIL_TYPES):
+        model, kind = ReservationInterruptionEnvelope, "Capacity Reservation interruption warning"
     elif STATE_CHANGE_DETAIL_TYPE in detail_types:
         model, kind = InstanceRunningEnvelope, "instance state change"
     elif SCHEDULED_DETAIL_TYPE in detail_types:
@@ -306,17 +313,34 @@ def plan_spot_interruption(envelope: SpotInterruptionEnvelope, *, cluster: str, 
     than ``LATE_WARNING`` after EC2 acted (a dead-letter queue redriven, an archive replayed)
     plans nothing: the instance is stopped, hibernated or gone by then, and one that EC2 started
     again since runs a new run, which that warning is not about."""
+    return _plan_interruption(envelope.id, envelope.detail.instance_id, envelope.detail.instance_action,
+                              envelope.interrupted_at, envelope.time, "spot_interruption", SPOT_INTERRUPTION,
+                              cluster=cluster, provider=provider, now=now)
+
+
+def plan_reservation_interruption(envelope: ReservationInterruptionEnvelope, *, cluster: str, provider: Provider,
+                                  now: datetime) -> Plan:
+    """EC2 terminates an instance of an interruptible Capacity Reservation (its owner reclaims the
+    capacity) at the warning's ``instance-termination-time``: retired as for a Spot interruption
+    that terminates (:func:`plan_spot_interruption`), with that time as the deadline."""
     d = envelope.detail
-    deadline = envelope.interrupted_at
+    return _plan_interruption(envelope.id, d.instance_id, d.instance_action, d.termination_time, envelope.time,
+                              "reservation_interruption", RESERVATION_INTERRUPTION,
+                              cluster=cluster, provider=provider, now=now)
+
+
+def _plan_interruption(warning_id: str, instance: str, action: str, deadline: datetime, warned_at: datetime,
+                       check: Check, fault_code: str, *, cluster: str, provider: Provider, now: datetime) -> Plan:
+    """The retire event of the node EC2 interrupts at ``deadline`` (its id from the warning's:
+    the same for a redelivery); nothing for a warning read more than ``LATE_WARNING`` after it."""
     if now - deadline > LATE_WARNING:
-        return Plan(ignored=[(d.instance_id, f"EC2 interrupted it at {deadline.isoformat()}, more than "
-                                             f"{LATE_WARNING.total_seconds() / 60:.0f} min before this warning was "
-                                             "read: nothing is left to plan")])
+        return Plan(ignored=[(instance, f"EC2 interrupted it at {deadline.isoformat()}, more than "
+                                        f"{LATE_WARNING.total_seconds() / 60:.0f} min before this warning was "
+                                        "read: nothing is left to plan")])
     result = Plan()
-    result.add(provider, cluster, d.instance_id, f"spot-interruption/{envelope.id}/{d.instance_id}", now,
-               check="spot_interruption", fault_code=SPOT_INTERRUPTION,
-               evidence={"instance_action": d.instance_action, "deadline": deadline.isoformat(),
-                         "warned_at": envelope.time.isoformat()})
+    result.add(provider, cluster, instance, f"{check.replace('_', '-')}/{warning_id}/{instance}", now,
+               check=check, fault_code=fault_code,
+               evidence={"instance_action": action, "deadline": deadline.isoformat(), "warned_at": warned_at.isoformat()})
     return result
 
 
@@ -333,9 +357,10 @@ def interrupted_at(incident: Incident, instance_id: str) -> datetime | None:
 
 
 def ended_by_interruption(incident: Incident, instance_id: str) -> bool:
-    """Whether ``incident`` retired the node of ``instance_id`` for a Spot interruption that
-    terminates it: once EC2 has, the node has no instance until one is joined in its place."""
-    return (incident.status == "retired" and incident.fault_code == SPOT_INTERRUPTION
+    """Whether ``incident`` retired the node of ``instance_id`` for an interruption that terminates
+    it (a Spot Instance's, an interruptible Capacity Reservation's): once EC2 has, the node has no
+    instance until one is joined in its place."""
+    return (incident.status == "retired" and incident.fault_code in INTERRUPTIONS
             and incident.instance_id == instance_id and incident.evidence("instance_action") == "terminate")
 
 

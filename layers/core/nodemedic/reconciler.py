@@ -322,11 +322,12 @@ def _back_from_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, me
 def lost_event(cluster: str, node: str, instance_id: str, now: datetime, retired_by: str | None = None,
                after_hold: str | None = None) -> NodeHealthEvent:
     """The ``INSTANCE_LOST`` event that has ``node``, whose instance EC2 ended, replaced: the same
-    id for the same instance, so a second delivery is deduplicated. ``retired_by``: the Spot
-    interruption incident that retired the node for it; None: it ended outside any incident.
+    id for the same instance, so a second delivery is deduplicated. ``retired_by``: the
+    interruption incident (Spot, interruptible Capacity Reservation) that retired the node for it;
+    None: it ended outside any incident.
     ``after_hold``: the incident a storm held it in (automation paused, the breaker open) before:
     offered again, under an id of its own."""
-    why = (f"for the Spot interruption incident {retired_by} retired {node} for" if retired_by
+    why = (f"for the interruption incident {retired_by} retired {node} for" if retired_by
            else f"outside any incident (its group's health check, an operator, a Spot interruption NodeMedic was not "
                 f"told of), and no instance backs {node} since")
     again = f"; offered again, incident {after_hold} was held" if after_hold else ""
@@ -403,12 +404,13 @@ def _start_replacement(cluster: str, node: str, instance_id: str, ledger: Ledger
 def _ended_by_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
                            nodes: dict[str, NodeStatus], now: datetime,
                            publish: Callable[[NodeHealthEvent], None], report: ReconcileReport) -> None:
-    """A Slurm node retired for a Spot interruption that terminates its instance, which EC2 has
-    ended since: no instance backs the node, and the one its Auto Scaling group launched in its
-    place backs no node (the group cannot tell it which). An ``INSTANCE_LOST`` incident replaces
-    it (Detect releases the retirement's lock for it): the replace rung claims the group's new
-    instance, names it after the node, joins it and checks it. Once per lost instance: an incident
-    that fails is paged as any other, never started again."""
+    """A Slurm node retired for an interruption (Spot, interruptible Capacity Reservation) that
+    terminates its instance, which EC2 has ended since: no instance backs the node, and the one
+    its Auto Scaling group launched in its place backs no node (the group cannot tell it which).
+    An ``INSTANCE_LOST`` incident replaces it (Detect releases the retirement's lock for it): the
+    replace rung claims the group's new instance, names it after the node, joins it and checks
+    it. Once per lost instance: an incident that fails is paged as any other, never started
+    again."""
     for lock in _lost_to_interruptions(books, ledger, members, nodes, report):
         _start_replacement(cluster, str(lock.slurm_node), lock.instance_id, ledger, now, publish, report,
                            retired_by=lock.incident_id)
@@ -416,7 +418,7 @@ def _ended_by_interruption(books: Bookkeeping, cluster: str, ledger: Ledger, mem
 
 def _lost_to_interruptions(books: Bookkeeping, ledger: Ledger, members: list[Member], nodes: dict[str, NodeStatus],
                            report: ReconcileReport) -> list[NodeLock]:
-    """The locks of the Slurm nodes retired for a Spot interruption that terminates their instance,
+    """The locks of the Slurm nodes retired for an interruption that terminates their instance,
     which EC2 has ended since, and that no instance backs now."""
     live = {m.instance_id for m in members}
     backed = {m.slurm_node for m in members if m.slurm_node}
@@ -507,7 +509,7 @@ def _ended_for_good(books: Bookkeeping, cluster: str, ledger: Ledger, members: l
     another incident keeps is left alone (theirs)."""
     lost = {node: (m.instance_id, "while no incident held it")
             for node, m in _lost_nodes(ended, members, _in_hand(books), nodes, prefix, now, report).items()}
-    lost.update({str(lock.slurm_node): (lock.instance_id, f"for the Spot interruption incident {lock.incident_id} "
+    lost.update({str(lock.slurm_node): (lock.instance_id, f"for the interruption incident {lock.incident_id} "
                                                           "retired it for")
                  for lock in _lost_to_interruptions(books, ledger, members, nodes, report)})
     said: list[str] = []

@@ -96,7 +96,8 @@ def clip(limit: int) -> BeforeValidator:
 
 
 Check = Literal["nvml", "dcgm", "kernel_log", "efa", "storage", "heartbeat", "ec2_status", "manual", "burn_in",
-                "fail_slow", "aws_health", "capacity_block", "ec2_scheduled_event", "spot_interruption", "recheck"]
+                "fail_slow", "aws_health", "capacity_block", "ec2_scheduled_event", "spot_interruption",
+                "reservation_interruption", "recheck"]
 Severity = Literal["info", "warning", "error", "critical"]
 # JSON has no NaN or infinity (RFC 8259, section 6): EventBridge refuses a Detail that holds one
 EvidenceValue = str | int | Annotated[float, Field(allow_inf_nan=False)] | bool | None
