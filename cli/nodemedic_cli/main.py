@@ -73,7 +73,8 @@ def schema(
     write: Annotated[bool, typer.Option(help="Write events/schema/*.json instead of printing.")] = False,
     directory: Annotated[Path, typer.Option(help="Where --write puts the files.")] = Path("events/schema"),
 ) -> None:
-    """Print (or write) the JSON Schema of the Node Health Event v1 and the Remediation Request v1."""
+    """Print (or write) the JSON Schema of each event the agent sends and of the Remediation Request v1:
+    Node Health Event, Node Heartbeat, EC2 Scheduled Events and EC2 rebalance notices (events/schema/)."""
     from nodemedic.contracts.schema import SCHEMAS, json_schema
 
     for name in SCHEMAS:

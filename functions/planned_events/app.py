@@ -30,7 +30,7 @@ from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
 from nodemedic.contracts.reservation_interruption import ReservationInterruptionEnvelope
 from nodemedic.contracts.scheduled_notice import ScheduledEventsEnvelope
-from nodemedic.contracts.spot_interruption import RebalanceEnvelope, SpotInterruptionEnvelope
+from nodemedic.contracts.spot_interruption import NodeRebalanceEnvelope, RebalanceEnvelope, SpotInterruptionEnvelope
 from nodemedic.contracts.stages import GateOutput
 from nodemedic.domain.checkpoint import parse_checkpoint_policy
 from nodemedic.domain.classification import classify, parse_overrides
@@ -56,7 +56,7 @@ from nodemedic.planned_events import (
     slack,
     superseded,
 )
-from nodemedic.rebalance import RebalanceOutcome, ask_to_checkpoint, unwanted
+from nodemedic.rebalance import RebalanceOutcome, Recommendation, ask_to_checkpoint, unwanted
 from nodemedic.reconciler import named_in_page
 from nodemedic.safety.pacing import UNCOUNTED, Room, choose, gap, planned_share, room, runs_late, start_times
 from nodemedic.safety.policy import SafetyPolicy
@@ -148,7 +148,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         metrics.add_metric(name="PlannedEventsRejected", unit=MetricUnit.Count, value=1)
         return {"rejected": str(exc)}
     now = datetime.now(UTC)
-    if isinstance(envelope, RebalanceEnvelope):
+    if isinstance(envelope, RebalanceEnvelope | NodeRebalanceEnvelope):
         return _rebalance(envelope, s, now)
     if isinstance(envelope, ScheduledSweep):
         if s.provider == "hyperpod":  # its instances are in the service's account, not this one
@@ -236,10 +236,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return {"nodes": nodes, "deferred": deferred, "paced": paced, "ignored": planned.ignored}
 
 
-def _rebalance(envelope: RebalanceEnvelope, s: Settings, now: datetime) -> dict[str, Any]:
+def _rebalance(envelope: Recommendation, s: Settings, now: datetime) -> dict[str, Any]:
     """EC2 recommends rebalancing a Spot Instance: its node's jobs are asked to checkpoint, where
     the CheckpointPolicy says so (:mod:`nodemedic.rebalance`); nothing else is done."""
-    instance = envelope.detail.instance_id
+    instance = envelope.instance_id
     try:
         checkpoints = parse_checkpoint_policy(s.checkpoint_policy)
         why = unwanted(envelope, checkpoints, now)

@@ -26,6 +26,7 @@ from botocore.config import Config
 from nodemedic.contracts.events import NodeHealthEvent, NodeIdentity, PerfSample
 from nodemedic.contracts.problems import read_json
 from nodemedic.contracts.scheduled_notice import ScheduledEvent, ScheduledEventsNotice
+from nodemedic.contracts.spot_interruption import RebalanceNotice
 
 from nodemedic_agent.acknowledgements import Acknowledgements
 from nodemedic_agent.burn_in import joined
@@ -41,7 +42,7 @@ from nodemedic_agent.identity import imds
 from nodemedic_agent.publisher import Publisher
 from nodemedic_agent.scheduled_events import read_scheduled
 from nodemedic_agent.spool import Spool
-from nodemedic_agent.spot import is_spot, notice_finding, read_notice
+from nodemedic_agent.spot import is_spot, notice_finding, read_notice, read_rebalance
 
 log = logging.getLogger("nodemedic_agent")
 SPOT_RETRY_S = 300.0  # instance metadata unreachable: when to ask again whether this is a Spot Instance
@@ -102,6 +103,8 @@ class Agent:
         self.config = config
         self.metadata = metadata  # one instance metadata path (IMDSv2): the Spot interruption notice
         self._spot: bool | None = None  # a Spot Instance: not known until metadata answers
+        self._rebalance_sent: datetime | None = None  # the noticeTime of the rebalance recommendation last sent
+        self.rebalance_notices = 0
         self._scheduled_sent: list[ScheduledEvent] = []  # the scheduled events last sent
         self._scheduled_sent_at = 0.0  # and when (time.monotonic)
         self.scheduled_notices = 0
@@ -383,7 +386,28 @@ class Agent:
             finding = notice_finding(notice, now)
             if finding is not None:
                 self.emit(finding)
+        self._rebalance_watch()
         self.stop_event.wait(self.config.intervals.spot_seconds)
+
+    def _rebalance_watch(self) -> None:
+        """EC2's rebalance recommendation, sent once per ``noticeTime`` (an answer that is not
+        EC2's is logged, and read again at the next look)."""
+        try:
+            at = read_rebalance(self.metadata)
+        except ValueError as exc:
+            log.warning("rebalance recommendation not read: %s", exc)
+            return
+        if at is None or at == self._rebalance_sent:
+            return
+        item = entry(self.config.event_bus, RebalanceNotice(schema_version="1", cluster=self.config.cluster,
+                                                            node=self.node, notice_time=at))
+        log.info("EC2 recommends rebalancing this Spot Instance (noticed at %s)", at.isoformat())
+        if self.dry_run:
+            self._print_entry(item)
+        else:
+            self._publish(item, f"rebalance-{at:%Y%m%dT%H%M%SZ}")
+        self._rebalance_sent = at
+        self.rebalance_notices += 1
 
     def _scheduled_watch(self) -> None:
         """EC2's scheduled events for this instance, read every ``intervals.scheduled_events_seconds``

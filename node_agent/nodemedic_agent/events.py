@@ -23,6 +23,7 @@ from nodemedic.contracts.events import (
 )
 from nodemedic.contracts.problems import describe
 from nodemedic.contracts.scheduled_notice import SCHEDULED_DETAIL_TYPE, ScheduledEventsNotice
+from nodemedic.contracts.spot_interruption import REBALANCE_DETAIL_TYPE, RebalanceNotice
 from pydantic import ValidationError
 
 from nodemedic_agent import __version__
@@ -113,8 +114,9 @@ def sent_now(item: dict[str, Any], now: datetime) -> dict[str, Any]:
     return {**item, "Detail": json.dumps(again.model_dump(mode="json", exclude_none=True), separators=(",", ":"))}
 
 
-def entry(bus: str, model: NodeHealthEvent | NodeHeartbeat | ScheduledEventsNotice) -> dict[str, Any]:
+def entry(bus: str, model: NodeHealthEvent | NodeHeartbeat | ScheduledEventsNotice | RebalanceNotice) -> dict[str, Any]:
     detail_type = (HEALTH_DETAIL_TYPE if isinstance(model, NodeHealthEvent) else
-                   SCHEDULED_DETAIL_TYPE if isinstance(model, ScheduledEventsNotice) else HEARTBEAT_DETAIL_TYPE)
+                   SCHEDULED_DETAIL_TYPE if isinstance(model, ScheduledEventsNotice) else
+                   REBALANCE_DETAIL_TYPE if isinstance(model, RebalanceNotice) else HEARTBEAT_DETAIL_TYPE)
     return {"Source": AGENT_SOURCE, "DetailType": detail_type, "EventBusName": bus,
             "Detail": json.dumps(model.model_dump(mode="json", exclude_none=True), separators=(",", ":"))}

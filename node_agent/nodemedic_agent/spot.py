@@ -1,4 +1,5 @@
-"""EC2's notice that it interrupts this Spot Instance, read from instance metadata.
+"""EC2's notice that it interrupts this Spot Instance, and its recommendation to rebalance it,
+read from instance metadata.
 
 EC2 writes ``spot/instance-action`` (``{"action": "terminate"|"stop"|"hibernate", "time":
 "2017-09-18T08:22:00Z"}``) two minutes before it acts; until then the path answers 404. AWS
@@ -9,6 +10,12 @@ The pipeline hears of the same interruption from EventBridge (``EC2 Spot Instanc
 Warning``, NodeMedic's planned-events intake); this is the node's own reading of it, sent as a
 Node Health Event with the same fault code and evidence, so that a delivery lost or late on one
 side leaves the other. Detect folds the second into the incident the first opened.
+
+EC2 writes ``events/recommendations/rebalance`` (``{"noticeTime": "2020-11-05T08:22:00Z"}``) when
+the instance's risk of interruption rises; until then the path answers 404 (EC2 User Guide, "EC2
+instance rebalance recommendations"). The agent sends each one it reads once to NodeMedic's bus
+(the planned-events function asks the node's jobs to checkpoint, as for EventBridge's ``EC2
+Instance Rebalance Recommendation``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from nodemedic.contracts.problems import read_json
 from nodemedic_agent.checks.base import Finding
 
 INSTANCE_ACTION = "spot/instance-action"
+REBALANCE = "events/recommendations/rebalance"
 LIFE_CYCLE = "instance-life-cycle"  # "spot" or "on-demand"
 ACTIONS = frozenset({"terminate", "stop", "hibernate"})
 FAULT_CODE = "PLANNED_SPOT_INTERRUPTION"
@@ -45,12 +53,9 @@ def is_spot(get: Callable[[str], str]) -> bool:
 def read_notice(get: Callable[[str], str]) -> SpotNotice | None:
     """The interruption notice, or None while there is none (IMDS answers 404). ``get`` reads one
     metadata path. A notice that is not what EC2 documents is a ``ValueError``."""
-    try:
-        text = get(INSTANCE_ACTION)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
+    text = _answer(get, INSTANCE_ACTION)
+    if text is None:
+        return None
     try:
         data = read_json(text)
         action, at = data["action"], datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00"))
@@ -71,3 +76,28 @@ def notice_finding(notice: SpotNotice, now: datetime) -> Finding | None:
                    summary=f"EC2 will {notice.action} this Spot Instance at {deadline}",
                    evidence={"instance_action": notice.action, "deadline": deadline, "read_from": "instance metadata"},
                    observed_at=now, once=f"{notice.action}@{deadline}")
+
+
+def read_rebalance(get: Callable[[str], str]) -> datetime | None:
+    """EC2's ``noticeTime`` of the rebalance recommendation, or None while there is none (IMDS
+    answers 404). An answer that is not what EC2 documents is a ``ValueError``."""
+    text = _answer(get, REBALANCE)
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(str(read_json(text)["noticeTime"]).replace("Z", "+00:00"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{REBALANCE} is not EC2's recommendation: {text[:200]!r}") from exc
+    if at.tzinfo is None:
+        raise ValueError(f"{REBALANCE} is not EC2's recommendation: {text[:200]!r}")
+    return at
+
+
+def _answer(get: Callable[[str], str], path: str) -> str | None:
+    """What instance metadata holds at ``path``; None while EC2 wrote nothing there (404)."""
+    try:
+        return get(path)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise

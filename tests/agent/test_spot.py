@@ -1,6 +1,7 @@
 """The agent reads EC2's Spot interruption notice from instance metadata (``spot/instance-action``,
 404 until EC2 warns) on a Spot Instance, and sends it once as a Node Health Event with the fault
-code and evidence the pipeline's EventBridge intake gives the same warning."""
+code and evidence the pipeline's EventBridge intake gives the same warning. It reads EC2's
+rebalance recommendation there too (``events/recommendations/rebalance``) and sends each once."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 from email.message import Message
 
 import pytest
-from nodemedic_agent.spot import LATE, notice_finding, read_notice
+from nodemedic.contracts.spot_interruption import RebalanceNotice
+from nodemedic_agent.spot import LATE, notice_finding, read_notice, read_rebalance
 
 
 class Metadata:
@@ -20,6 +22,7 @@ class Metadata:
     def __init__(self, life_cycle: str = "spot") -> None:
         self.life_cycle = life_cycle
         self.notice: str | None = None
+        self.rebalance: str | None = None
         self.paths: list[str] = []
 
     def __call__(self, path: str) -> str:
@@ -28,6 +31,8 @@ class Metadata:
             return self.life_cycle
         if path == "spot/instance-action" and self.notice is not None:
             return self.notice
+        if path == "events/recommendations/rebalance" and self.rebalance is not None:
+            return self.rebalance
         raise urllib.error.HTTPError(f"http://169.254.169.254/latest/meta-data/{path}", 404, "Not Found", Message(), None)
 
 
@@ -82,4 +87,35 @@ def test_an_on_demand_instance_never_reads_the_notice(bus, make_agent) -> None: 
     metadata = Metadata(life_cycle="on-demand")
     make_agent(metadata=metadata, intervals={"spot_seconds": 0.05, "scheduled_events_seconds": 0})
     time.sleep(0.3)
-    assert metadata.paths == ["instance-life-cycle"] and bus.health_events() == []
+    assert metadata.paths == ["instance-life-cycle"] and bus.health_events() == []  # nor a rebalance
+
+
+def test_a_rebalance_recommendation_is_read_as_ec2_writes_it_and_anything_else_is_an_error() -> None:
+    metadata = Metadata()
+    assert read_rebalance(metadata) is None
+    metadata.rebalance = '{"noticeTime": "2026-11-26T08:22:00Z"}'  # the user guide's example, dated
+    assert read_rebalance(metadata) == datetime(2026, 11, 26, 8, 22, tzinfo=UTC)
+    for text in ('{"noticeTime": "2026-11-26T08:22:00"}', '{"noticeTime": "soon"}', "{}", "<html>", "[]"):
+        metadata.rebalance = text
+        with pytest.raises(ValueError, match="not EC2's recommendation"):
+            read_rebalance(metadata)
+
+
+def test_on_a_spot_instance_each_rebalance_recommendation_is_sent_once(bus, make_agent) -> None:  # noqa: ANN001
+    def notices() -> list[dict]:
+        return [e["detail"] for e in bus.drain() if e["detail-type"] == "EC2 Instance Rebalance Recommendation"]
+
+    metadata = Metadata()
+    agent = make_agent(metadata=metadata, intervals={"spot_seconds": 0.05, "scheduled_events_seconds": 0})
+    time.sleep(0.3)
+    assert notices() == [] and metadata.paths.count("events/recommendations/rebalance") >= 2
+    metadata.rebalance = '{"noticeTime": "2026-11-26T08:22:00Z"}'
+    time.sleep(0.6)  # read every 0.05 s: still one notice
+    [sent] = notices()
+    notice = RebalanceNotice.model_validate(sent)
+    assert (notice.cluster, notice.node.instance_id) == (agent.config.cluster, agent.node.instance_id)
+    assert notice.notice_time == datetime(2026, 11, 26, 8, 22, tzinfo=UTC)
+    metadata.rebalance = '{"noticeTime": "2026-11-26T09:40:00Z"}'  # a new one, later
+    time.sleep(0.6)
+    assert [RebalanceNotice.model_validate(n).notice_time.hour for n in notices()] == [8, 9]
+    assert agent.rebalance_notices == 2 and bus.health_events() == []

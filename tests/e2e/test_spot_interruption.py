@@ -186,18 +186,23 @@ def _rebalance_results(local: LocalMode, count: int) -> list[dict]:
 
 def test_a_rebalance_recommendation_has_the_job_checkpoint_once_and_leaves_its_nodes_in_service() -> None:
     """EC2 says a Spot Instance is at elevated risk of interruption (EC2 User Guide, "EC2 instance
-    rebalance recommendations"), for both nodes of a job and more than once: the job checkpoints
-    once, keeps running where it runs, and no node is drained; an idle node has nothing to ask."""
+    rebalance recommendations"), for both nodes of a job and more than once, and gpu-1's agent
+    reads it from its instance metadata first: the job checkpoints once, keeps running where it
+    runs, and no node is drained; an idle node has nothing to ask."""
     with stack(nodes=3, CheckpointPolicy=REBALANCE_POLICY) as local:
         job, nodes = _submit(local, nodes=2)
         assert nodes == ["gpu-1", "gpu-2"]
-        local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-1")))
+        instance = local.cluster.instance_of("gpu-1")
+        local.put_event({"schema_version": "1", "cluster": local.cluster.name,  # what the agent sends
+                         "node": {"instance_id": instance, "hostname": "gpu-1", "slurm_node": "gpu-1"},
+                         "notice_time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+                        detail_type="EC2 Instance Rebalance Recommendation")
         [first] = _rebalance_results(local, 1)
         assert (first["node"], first["asked"], first["ignored"]) == ("gpu-1", [job], ""), first
         wait_for(lambda: "checkpoint at step" in _output(local, job), "the job to checkpoint")
         assert "nodemedic-checkpoint=" in local.scheduler.job(job)["Comment"]
-        # delivered again, and recommended for the job's other node: the job is not asked again
-        local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-1")))
+        # EC2's own event, and recommended for the job's other node: the job is not asked again
+        local.emit_as_aws(_ec2_event("rebalance-recommendation.json", instance))
         local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-2")))
         local.emit_as_aws(_ec2_event("rebalance-recommendation.json", local.cluster.instance_of("gpu-3")))
         _, again, other, idle = _rebalance_results(local, 4)

@@ -24,7 +24,7 @@ from nodemedic.contracts.aws_health import AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
 from nodemedic.contracts.instance_state import InstanceRunningEnvelope
 from nodemedic.contracts.reservation_interruption import ReservationInterruptionEnvelope
-from nodemedic.contracts.spot_interruption import RebalanceEnvelope, SpotInterruptionEnvelope
+from nodemedic.contracts.spot_interruption import NodeRebalanceEnvelope, RebalanceEnvelope, SpotInterruptionEnvelope
 from nodemedic.contracts.stages import DetectInput
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
 from nodemedic.errors import InvalidEventError, UnknownNodeError, UnknownNodeQuietError
@@ -192,7 +192,7 @@ def _plan(event: dict[str, Any]) -> Plan:
         return plan_reservation_interruption(envelope, cluster="local", provider=provider, now=now)
     if isinstance(envelope, InstanceRunningEnvelope):
         return plan_return(envelope, cluster="local", provider=provider, retired_by=lambda _: None, now=now)
-    if isinstance(envelope, RebalanceEnvelope):  # no event: what it asks is judged against now first
+    if isinstance(envelope, RebalanceEnvelope | NodeRebalanceEnvelope):  # no event: judged against now first
         unwanted(envelope, CheckpointPolicy(default=CheckpointRule(), rebalance=True), now)
         return Plan()
     return plan_node_scheduled(envelope, cluster="local", provider=provider, now=now)

@@ -12,7 +12,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from nodemedic.contracts.spot_interruption import RebalanceEnvelope
+from nodemedic.contracts.spot_interruption import NodeRebalanceEnvelope, RebalanceEnvelope
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, parse_checkpoint_policy
 from nodemedic.errors import CommandFailedError, PolicyError
 from nodemedic.planned_events import parse_planned_event
@@ -135,3 +135,47 @@ def test_rebalance_is_a_json_boolean_or_the_policy_is_refused(value: str) -> Non
     with pytest.raises(PolicyError, match="rebalance"):
         parse_checkpoint_policy(f'{{"default": {{}}, "rebalance": {value}}}')
     assert parse_checkpoint_policy('{"default": {}, "rebalance": true}').rebalance
+
+
+def _node_notice(instance: str, node: str | None, at: datetime, cluster: str = "c1") -> NodeRebalanceEnvelope:
+    """What a node's agent sends after reading the recommendation from instance metadata."""
+    envelope = parse_planned_event({
+        "id": "9a0d6c5e-1b7f-4e22-8a41-3f5c2d7e6b10", "source": "nodemedic.agent",
+        "detail-type": "EC2 Instance Rebalance Recommendation", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "detail": {"schema_version": "1", "cluster": cluster,
+                   "node": {"instance_id": instance, "hostname": node or "ip-10-0-0-9", "slurm_node": node},
+                   "notice_time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}})
+    assert isinstance(envelope, NodeRebalanceEnvelope)
+    return envelope
+
+
+def test_a_nodes_own_reading_asks_as_ec2s_event_does_and_the_two_ask_the_job_once(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    slurm.n["gpu-1"].jobs = ["41"]
+    now = datetime.now(UTC).replace(microsecond=0)
+    from_node = ask_to_checkpoint(_node_notice(GPU1, "gpu-1", now), cluster="c1", provider=PROVIDER, orchestrator=slurm,
+                                  ledger=ledger, checkpoints=POLICY, safety=SafetyPolicy(), control=ControlState(),
+                                  now=now)
+    assert from_node.asked == ["41"]
+    assert _ask(GPU1, slurm, ledger, now + timedelta(seconds=3)).not_asked == {"41": "asked within the last 30 min"}
+    assert slurm.signalled == [("41", "USR1", "batch")]
+
+
+@pytest.mark.parametrize(("node", "cluster", "why"), [
+    ("gpu-2", "c1", "the notice names node gpu-2, but i-0000000000000a001 backs gpu-1: not believed"),
+    ("gpu-1", "other", "the notice is for cluster other; this pipeline serves c1"),
+])
+def test_a_nodes_notice_about_another_node_or_cluster_is_not_believed(
+        slurm: MemorySlurm, ledger: Ledger, node: str, cluster: str, why: str) -> None:
+    slurm.n["gpu-1"].jobs = ["41"]
+    now = datetime.now(UTC)
+    out = ask_to_checkpoint(_node_notice(GPU1, node, now, cluster), cluster="c1", provider=PROVIDER,
+                            orchestrator=slurm, ledger=ledger, checkpoints=POLICY, safety=SafetyPolicy(),
+                            control=ControlState(), now=now)
+    assert out.ignored == why and slurm.signalled == []
+
+
+def test_a_nodes_notice_is_as_old_as_ec2s_notice_time_not_as_its_sending() -> None:
+    """An agent that restarts reads the same recommendation again and sends it anew: its age is EC2's."""
+    now = datetime.now(UTC)
+    assert "old news" in unwanted(_node_notice(GPU1, "gpu-1", now - timedelta(hours=2)), POLICY, now)

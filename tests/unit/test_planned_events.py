@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nodemedic.contracts.incident import Incident, StageRecord
 from nodemedic.contracts.reservation_interruption import ReservationInterruptionEnvelope
-from nodemedic.contracts.spot_interruption import RebalanceEnvelope
+from nodemedic.contracts.spot_interruption import NodeRebalanceEnvelope, RebalanceEnvelope
 from nodemedic.domain.classification import classify, parse_overrides
 from nodemedic.errors import InvalidEventError
 from nodemedic.orchestrators.base import RunningJob
@@ -340,12 +340,22 @@ def test_a_rebalance_recommendation_parses_as_one_and_names_its_instance() -> No
 @pytest.mark.parametrize(("path", "value"), [
     (("detail", "instance-id"), "i-; reboot"),
     (("detail", "instance-id"), None),
-    (("source",), "nodemedic.agent"),  # only EC2 says so
+    (("source",), "aws.sagemaker"),  # only EC2 (or a node's agent, in its own shape) says so
     (("time",), "2026-11-22T10:05:00"),
 ])
 def test_a_malformed_rebalance_recommendation_is_rejected_with_the_field(path: tuple[str, ...], value: Any) -> None:
     with pytest.raises(InvalidEventError, match=f"rebalance recommendation.*{path[-1]}"):
         parse_planned_event(_with(REBALANCE, path, value))
+
+
+def test_ec2s_shape_from_a_nodes_agent_is_refused_as_a_nodes_notice_and_its_own_shape_parses() -> None:
+    with pytest.raises(InvalidEventError, match="node's rebalance recommendation: detail"):
+        parse_planned_event(_with(REBALANCE, ("source",), "nodemedic.agent"))
+    sample = json.loads((SAMPLES.parent / "scheduled-events" / "ec2-rebalance-recommendation.json").read_text())
+    envelope = parse_planned_event(sample)
+    assert isinstance(envelope, NodeRebalanceEnvelope)
+    assert (envelope.instance_id, envelope.named, envelope.recommended_at.isoformat()) == (
+        "i-0a1b2c3d4e5f60789", ("local", "gpu-2"), "2026-11-22T10:05:00+00:00")
 
 
 # -- the instance back: EC2's "running" after a Spot stop or hibernation NodeMedic retired its node for --

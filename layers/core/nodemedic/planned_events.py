@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from nodemedic.contracts.aws_health import HEALTH_SOURCE, AffectedEntity, AwsHealthEnvelope
 from nodemedic.contracts.capacity_block import CapacityBlockEnvelope
-from nodemedic.contracts.events import INSTANCE_ID, Check, EvidenceValue, NodeHealthEvent, NodeIdentity
+from nodemedic.contracts.events import AGENT_SOURCE, INSTANCE_ID, Check, EvidenceValue, NodeHealthEvent, NodeIdentity
 from nodemedic.contracts.incident import Incident
 from nodemedic.contracts.instance_state import STATE_CHANGE_DETAIL_TYPE, InstanceRunningEnvelope
 from nodemedic.contracts.problems import describe, not_unicode
@@ -48,6 +48,7 @@ from nodemedic.contracts.spot_interruption import (
     INTERRUPTION_LEAD,
     REBALANCE_DETAIL_TYPE,
     SPOT_DETAIL_TYPE,
+    NodeRebalanceEnvelope,
     RebalanceEnvelope,
     SpotInterruptionEnvelope,
 )
@@ -186,7 +187,7 @@ def slack(jobs: list[RunningJob], window: timedelta) -> str | None:
 
 
 PlannedEnvelope = (AwsHealthEnvelope | CapacityBlockEnvelope | SpotInterruptionEnvelope | InstanceRunningEnvelope
-                   | ScheduledEventsEnvelope | RebalanceEnvelope | ReservationInterruptionEnvelope)
+                   | ScheduledEventsEnvelope | RebalanceEnvelope | NodeRebalanceEnvelope | ReservationInterruptionEnvelope)
 
 
 def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
@@ -201,7 +202,8 @@ def parse_planned_event(event: dict[str, object]) -> PlannedEnvelope:
     elif SPOT_DETAIL_TYPE in detail_types:
         model, kind = SpotInterruptionEnvelope, "Spot interruption warning"
     elif REBALANCE_DETAIL_TYPE in detail_types:
-        model, kind = RebalanceEnvelope, "rebalance recommendation"
+        model, kind = (NodeRebalanceEnvelope, "node's rebalance recommendation") if event.get("source") == AGENT_SOURCE \
+            else (RebalanceEnvelope, "rebalance recommendation")
     elif any(t in detail_types for t in RESERVATION_DETAIL_TYPES):
         model, kind = ReservationInterruptionEnvelope, "Capacity Reservation interruption warning"
     elif STATE_CHANGE_DETAIL_TYPE in detail_types:

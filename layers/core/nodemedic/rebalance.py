@@ -14,6 +14,11 @@ not send is taken back and raised, so EventBridge's retry sends it. A job is ask
 node's orchestrator, as a checkpoint-aware drain asks it (docs/checkpoints.md): Slurm signals the
 job, Kubernetes annotates its pods on the node.
 
+The same recommendation may come from the node itself: its agent reads it from instance metadata
+and sends it to NodeMedic's bus (:class:`NodeRebalanceEnvelope`), so a delivery EventBridge loses
+does not lose it; the two ask the job once. A node's notice that names another cluster, or a node
+other than the one its instance backs, is not believed.
+
 Nothing is asked for a node automation keeps its hands off: automation paused, the safety policy
 in dry run, the node excluded, or an incident holding the node (its drain asks its jobs itself).
 """
@@ -24,7 +29,7 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nodemedic.contracts.spot_interruption import RebalanceEnvelope
+from nodemedic.contracts.spot_interruption import NodeRebalanceEnvelope, RebalanceEnvelope
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
 from nodemedic.errors import CommandFailedError
 from nodemedic.orchestrators.base import Orchestrator
@@ -33,6 +38,7 @@ from nodemedic.safety.policy import SafetyPolicy
 from nodemedic.store.control import ControlState
 from nodemedic.store.ledger import Ledger
 
+Recommendation = RebalanceEnvelope | NodeRebalanceEnvelope  # EC2's on EventBridge, or a node's reading of its metadata
 QUIET = timedelta(minutes=30)  # a job asked to checkpoint for a recommendation is not asked again within this
 STALE = timedelta(minutes=10)  # a recommendation read later than this (a redrive, a replay) asks nothing
 
@@ -48,30 +54,37 @@ class RebalanceOutcome(BaseModel):
     ignored: str = ""
 
 
-def unwanted(envelope: RebalanceEnvelope, checkpoints: CheckpointPolicy, now: datetime) -> str:
+def unwanted(envelope: Recommendation, checkpoints: CheckpointPolicy, now: datetime) -> str:
     """Why the recommendation asks nothing whatever the cluster's state; "" when it may."""
     if not checkpoints.rebalance:
         return "the CheckpointPolicy asks no checkpoint on a rebalance recommendation (rebalance: false)"
     if not checkpoints.enabled:
         return "the CheckpointPolicy has no rule to ask a job by (default and partitions are null)"
-    if now - envelope.time > STALE:
-        return (f"recommended at {envelope.time.isoformat()}, more than {STALE.total_seconds() / 60:.0f} min "
-                "before it was read (a redrive or a replay): the risk it told of is old news")
+    if now - envelope.recommended_at > STALE:
+        return (f"recommended at {envelope.recommended_at.isoformat()}, more than {STALE.total_seconds() / 60:.0f} "
+                "min before it was read (a redrive, a replay, an agent reading it again): the risk it told of is old news")
     return ""
 
 
-def ask_to_checkpoint(envelope: RebalanceEnvelope, *, cluster: str, provider: Provider, orchestrator: Orchestrator,
+def ask_to_checkpoint(envelope: Recommendation, *, cluster: str, provider: Provider, orchestrator: Orchestrator,
                       ledger: Ledger, checkpoints: CheckpointPolicy, safety: SafetyPolicy, control: ControlState,
                       now: datetime) -> RebalanceOutcome:
     """Ask the jobs on the recommended instance's node to checkpoint (each once within ``QUIET``),
     once :func:`unwanted` said nothing against it. Raises :class:`CommandFailedError` when the
     scheduler could not signal one of them (that one's claim taken back first, so the retried
     delivery asks it)."""
-    instance = envelope.detail.instance_id
+    instance = envelope.instance_id
     outcome = RebalanceOutcome(instance_id=instance)
+    said_cluster, said_node = envelope.named
+    if said_cluster not in (None, cluster):
+        outcome.ignored = f"the notice is for cluster {str(said_cluster)[:64]}; this pipeline serves {cluster}"
+        return outcome
     member = provider.member(instance)
     if member is None or member.slurm_node is None:
         outcome.ignored = f"not a member of cluster {cluster}" if member is None else "backs no node of the cluster"
+        return outcome
+    if said_node is not None and said_node != member.slurm_node:  # one node cannot get another's jobs signalled
+        outcome.ignored = f"the notice names node {said_node}, but {instance} backs {member.slurm_node}: not believed"
         return outcome
     outcome.node = node = member.slurm_node
     if why := _hands_off(node, member.tags, safety, control, ledger.node_lock(cluster, instance)):

@@ -8,12 +8,14 @@ from pydantic import BaseModel
 
 from nodemedic.contracts.events import NodeHealthEvent, NodeHeartbeat, RemediationRequest
 from nodemedic.contracts.scheduled_notice import ScheduledEventsNotice
+from nodemedic.contracts.spot_interruption import RebalanceNotice
 
 SCHEMAS: dict[str, type[BaseModel]] = {
     "node-health-event.v1.json": NodeHealthEvent,
     "node-heartbeat.v1.json": NodeHeartbeat,
     "remediation-request.v1.json": RemediationRequest,
     "ec2-scheduled-events.v1.json": ScheduledEventsNotice,
+    "ec2-rebalance-recommendation.v1.json": RebalanceNotice,
 }
 
 
