@@ -10,6 +10,7 @@ from nodemedic import wiring
 from nodemedic.aws_retries import throttling_is_retryable
 from nodemedic.contracts.stages import StageInput
 from nodemedic.observability import utc_now
+from nodemedic.providers.base import ended_state
 from nodemedic.stages.gate import gate
 
 logger = Logger(service="gate")
@@ -23,7 +24,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     incident = StageInput.model_validate(event).incident
     logger.append_keys(incident=incident.incident_id, node=incident.slurm_node)
     out = gate(incident, load_policy=wiring.policy, provider=wiring.provider(), control=wiring.control(),
-               ledger=wiring.ledger(), clock=utc_now)
+               ledger=wiring.ledger(), clock=utc_now, ended=lambda instance: ended_state(wiring.client("ec2"), instance))
     logger.info("gate", verdict=out.verdict, reason=out.reason)
     metrics.add_dimension(name="Cluster", value=incident.cluster)
     metrics.add_metric(name=f"Gate{out.verdict.title().replace('_', '')}", unit=MetricUnit.Count, value=1)

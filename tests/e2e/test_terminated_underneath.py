@@ -153,3 +153,31 @@ def test_a_node_whose_plain_ec2_instance_ended_outside_any_incident_is_paged_onc
         assert local.reconcile()["nodes_without_instance"] == [] and local.incidents() == []
         assert not [m for m in local.escalations() if "have no instance" in m["Message"]]  # told once
         assert all("DRAIN" not in local.scheduler.node(n)["State"] for n in ("gpu-1", "gpu-3"))
+
+
+def test_a_fault_whose_instance_is_ended_before_its_gate_is_retired_unpaged_and_the_node_gets_the_next_instance() -> None:
+    """gpu-2 reports XID 79; its group's health check ends the instance before the incident's gate
+    runs. Before, the gate failed ("left cluster; nothing was drained") and paged the on-call about
+    an instance that no longer exists. Now the incident is retired, nothing done to the node, its
+    lock released, no page; the reconciler's next run gives gpu-2 the group's new instance."""
+    with stack(nodes=3) as local:
+        old = local.cluster.instance_of("gpu-2")
+
+        def health_check_ends_it(_: dict) -> None:
+            local.aws.client("autoscaling").terminate_instance_in_auto_scaling_group(
+                InstanceId=old, ShouldDecrementDesiredCapacity=False)
+
+        ended = local.aws.before_invoke("GateFunction", health_check_ends_it)
+        local.put_event(local.health_event("gpu-2", "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=120)
+        [retired] = local.incidents()
+        assert ended and execution["status"] == "SUCCEEDED", execution.get("cause")
+        assert (retired.status, retired.fault_code) == ("retired", "XID 79"), retired.outcome
+        assert f"EC2 ended {old} (terminated) outside NodeMedic before the gate" in retired.outcome
+        assert "drain" not in retired.stages and local.drains() == []
+        assert not [m for m in local.escalations() if "gpu-2" in m.get("Message", "")]
+        assert local.reconcile()["replacements_started"] == ["gpu-2"]
+        executions = local.wait_for_executions(2, timeout=240)
+        assert all(e["status"] == "SUCCEEDED" for e in executions), [e.get("cause") for e in executions]
+        lost = next(i for i in local.incidents() if i.fault_code == "INSTANCE_LOST")
+        assert lost.status == "closed" and local.cluster.instance_of("gpu-2") != old, lost.outcome

@@ -71,6 +71,15 @@ def ec2_instances(ec2: Any, filters: list[dict[str, Any]]) -> list[dict[str, Any
     return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 
 
+def ended_state(ec2: Any, instance_id: str) -> str | None:
+    """EC2's state of an instance that is shutting down or terminated; None otherwise. An
+    instance EC2 does not find is not called ended: right after a launch, ``DescribeInstances``
+    may not know it yet (EC2 API reference, "Eventual consistency"), and an instance of another
+    account (HyperPod's) is not EC2's here to say."""
+    states = [i["State"]["Name"] for i in ec2_instances(ec2, [{"Name": "instance-id", "Values": [instance_id]}])]
+    return states[0] if states and states[0] in ENDED else None
+
+
 def reboot_ec2(ec2: Any, instance_ids: list[str]) -> None:
     """``RebootInstances``. EC2 reboots only a running instance: one still ``pending`` boots
     already, which is what the rung asks. One stopped or stopping was stopped by someone else (an

@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from nodemedic.errors import CommandFailedError, CommandPendingError, InstanceGoneError, InstanceNotManagedError
-from nodemedic.providers.base import ENDED, ec2_instances
+from nodemedic.providers.base import ended_state
 
 REGISTRATION_POLL_S = 0.2  # how soon an invocation SSM has not registered yet is asked for again
 TERMINAL = {"Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated"}
@@ -176,13 +176,9 @@ class RunCommand(Commands):
         return str(sent["Command"]["CommandId"])
 
     def gone(self, instance_id: str) -> str | None:
-        """EC2's state of an instance that is shutting down or terminated; None otherwise. An
-        instance EC2 does not find is not called gone: right after a launch, ``DescribeInstances``
-        may not know it yet (EC2 API reference, "Eventual consistency")."""
-        if self._ec2 is None:
-            return None
-        states = [i["State"]["Name"] for i in ec2_instances(self._ec2, [{"Name": "instance-id", "Values": [instance_id]}])]
-        return states[0] if states and states[0] in ENDED else None
+        """EC2's state of an instance that is shutting down or terminated (:func:`ended_state`);
+        None otherwise, or without an EC2 client."""
+        return None if self._ec2 is None else ended_state(self._ec2, instance_id)
 
     def sent_since(self, instance_id: str, document: str, parameters: dict[str, str], since: float) -> list[str]:
         """The ids of the commands sent to ``instance_id`` with ``document`` and these

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import GateOutput
-from nodemedic.errors import PolicyError, ThrottledError, UnknownNodeError
+from nodemedic.errors import NodeGoneError, PolicyError, ThrottledError, UnknownNodeError
 from nodemedic.providers.base import Member, Provider
 from nodemedic.safety.gate import (
     INSTANCE_LOST_JOIN,
@@ -43,7 +43,10 @@ def gate(
     control: ControlStore,
     ledger: Ledger,
     clock: Callable[[], datetime],
+    ended: Callable[[str], str | None] = lambda _instance: None,
 ) -> GateOutput:
+    """``ended``: EC2's state of an instance that is shutting down or terminated, else None
+    (:func:`nodemedic.providers.base.ended_state`)."""
     now = clock()
     record = ledger.start_stage(incident, "gate", now)
     if record.completed_at:
@@ -72,6 +75,14 @@ def gate(
         # node's jobs to a spare and keeps the node out, rather than failing and paging
         member = Member(incident.instance_id, incident.slurm_node, "terminated")
     if member is None:
+        if state_of := ended(incident.instance_id):
+            # someone ended it between Detect and here (its group's health check, a scale-in, an
+            # operator): nothing of it is left to remediate, and nothing was done to the node; the
+            # reconciler gives the node the group's next instance, or pages it (Provider=ec2)
+            gone = (f"EC2 ended {incident.instance_id} ({state_of}) outside NodeMedic before the gate: nothing was "
+                    "done to the node, and nothing of it is left to remediate")
+            ledger.record_progress(incident, "gate", {"gone": gone})
+            raise NodeGoneError(gone)
         raise UnknownNodeError(f"{incident.instance_id} left cluster {incident.cluster}; nothing was drained")
     active = ledger.still_open([*state.admissions, *state.waiting])
     keys = lineage_keys(incident, member.topology.get("host_id", ""))

@@ -219,13 +219,13 @@ def lambda_error_message(cause: str) -> str:
 def retire(incident: IncidentRef, *, ledger: Ledger, clock: Callable[[], datetime]) -> EndOutput:
     """The node's capacity ends (its Capacity Block): it stays drained, and its lock held, so what
     its agent or the silence sweeper says while AWS takes it back folds into this incident. Or
-    the node is gone, its instance ended outside NodeMedic (the repair said so): its lock is
-    released, as nothing of it is left to send anything."""
+    the node is gone, its instance ended outside NodeMedic (the gate, the repair or the resume
+    said so): its lock is released, as nothing of it is left to send anything."""
     current = ledger.get(incident.incident_id)
     spare = current.stages.get("spare")
     moved = spare.result.get("spare") if spare else None
     rungs = [r.rung for r in current.repair_rungs]
-    gone = next((str(s.result["gone"]) for s in (current.stages.get("repair"), current.stages.get("resume"))
+    gone = next((str(s.result["gone"]) for s in (current.stages.get(n) for n in ("gate", "repair", "resume"))
                  if s is not None and s.result.get("gone")), "")
     if gone:
         message = (f"{incident.slurm_node} ({incident.instance_id}) retired: {gone}"
