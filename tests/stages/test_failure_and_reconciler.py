@@ -973,3 +973,30 @@ def test_a_new_instance_an_open_incident_will_take_is_not_given_to_a_lost_node(
                       prefix=PREFIX, now=datetime.now(UTC), publish=started.append,
                       agents=AgentWatch(lambda: members, dict, ended=lambda: ended))
     assert again.replacements_started == ["gpu-1"]
+
+
+def test_a_node_held_drained_under_the_reason_of_an_ended_incident_is_drained_under_its_holders(
+        slurm: MemorySlurm, ledger: Ledger) -> None:
+    """Found by soak 1156: gpu-1's incident A closed and returned it; B (a retirement the lemon rule
+    quarantined) drained it; slurmctld crashed and restarted from state saved before both, so
+    gpu-1 came back drained under A's reason. The reconciler saw it drained and moved on: the
+    quarantine's node named a closed incident, whose drain nobody would lift. Now B's drain is
+    made again over it. A drain of an incident still open, or an operator's, stays."""
+    closed = _returned(ledger, slurm, "gpu-1")
+    quarantined = opened(ledger, "gpu-1", instance="i-gpu-1b")
+    drain(quarantined, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    end_unrecovered(quarantined, "quarantined", ledger=ledger, clock=clock, reason="lemon: incident 3 of node:gpu-1")
+    slurm.n["gpu-1"].reason = drain_reason(PREFIX, closed)  # the crash brought the older drain back
+    still_open = opened(ledger, "gpu-2")
+    held = opened(ledger, "gpu-3")
+    drain(held, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    end_unrecovered(held, "quarantined", ledger=ledger, clock=clock, reason="lemon")
+    slurm.n["gpu-3"].reason = drain_reason(PREFIX, still_open)  # another incident's, still open: left alone
+    report = _reconcile(slurm, ledger)
+    assert report.drains_reasserted == ["gpu-1"]
+    assert slurm.n["gpu-1"].drained and slurm.n["gpu-1"].reason == drain_reason(PREFIX, quarantined)
+    assert f"it was drained by incident {closed.incident_id}, which has ended" in report.pages[0]
+    assert slurm.n["gpu-3"].reason == drain_reason(PREFIX, still_open)
+    slurm.n["gpu-3"].reason = "operator:bob RMA"
+    assert not _reconcile(slurm, ledger).drains_reasserted  # once; an operator's drain stays theirs
+    assert slurm.n["gpu-3"].reason == "operator:bob RMA"

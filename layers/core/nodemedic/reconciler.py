@@ -199,7 +199,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
             members = agents.members()
         except Exception as exc:  # noqa: BLE001 - the next run tries again
             report.errors.append(f"cannot list the cluster's instances: {exc}")
-    _holds(books, ledger, orchestrator, nodes, report)
+    _holds(books, ledger, orchestrator, nodes, prefix, report)
     _lost_returns(books, ledger, orchestrator, nodes, prefix, report)
     _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, publish, report, members)
     _paused_gpu_clients(books, ledger, orchestrator, report)
@@ -816,6 +816,17 @@ def _unchecked_burn_ins(books: Bookkeeping, cluster: str, ledger: Ledger, nodes:
                    f"unchecked.")
 
 
+def _ended_incidents_drain(node: NodeStatus, holder: str, prefix: str, ledger: Ledger) -> str:
+    """The id of the ended NodeMedic incident whose reason the node is drained with, other than
+    ``holder``; "" for any other drain (the holder's own, an operator's, a burn-in's, an open
+    incident's)."""
+    if not node.reason.startswith(f"{prefix}:") or node.drained_by(f"{prefix}:{holder}"):
+        return ""
+    named = node.reason[len(prefix) + 1:].split(" ", 1)[0]
+    status = ledger.statuses([named]).get(named) if named else None
+    return named if status is not None and status != "open" else ""
+
+
 def _burn_in_offer(cluster: str, node: NodeStatus, instance: str, now: datetime, offer: str,
                    held: str | None) -> NodeHealthEvent:
     """The ``NODE_JOINED`` of the burn-in nobody checks, offered as ``offer`` (again after ``held``)."""
@@ -823,12 +834,20 @@ def _burn_in_offer(cluster: str, node: NodeStatus, instance: str, now: datetime,
                          started_by=UNCHECKED + (f"; offered again, incident {held} was held" if held else ""))
 
 
-def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
+def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus], prefix: str,
            report: ReconcileReport) -> None:
+    """Each node an incident holds drained is drained, under that incident's reason. A drain that
+    was lost (a controller restart) or lifted outside NodeMedic is made again; so is one another
+    NodeMedic incident's reason stands for, once that incident has ended (a controller crash lost
+    the later drain and brought the earlier one back: a quarantined node whose drain names a
+    closed incident could be lifted by nobody's resume). An operator's drain stays theirs."""
     returning = {i.incident_id for i in books.open_incidents if "resume" in i.stages}
     for hold in books.holds:
         node = nodes.get(hold.slurm_node)
-        if hold.incident_id in returning or (node is not None and node.drained):
+        if hold.incident_id in returning:
+            continue
+        other = node is not None and node.drained and _ended_incidents_drain(node, hold.incident_id, prefix, ledger)
+        if node is not None and node.drained and not other:
             continue
         if node is None:  # the node left the cluster
             ledger.drop_hold(hold.cluster, hold.slurm_node, hold.incident_id)
@@ -838,12 +857,14 @@ def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes
         if current is None or current.incident_id != hold.incident_id:
             continue
         try:
-            if orchestrator.drain(hold.slurm_node, hold.reason):
+            if orchestrator.drain(hold.slurm_node, hold.reason, takeover=f"{prefix}:" if other else "-"):
                 report.drains_reasserted.append(hold.slurm_node)
+                was = (f"it was drained by incident {other}, which has ended" if other else
+                       f"it was in service ({node.state}); the drain was lost (a controller restart) or lifted "
+                       "outside NodeMedic")
                 report.pages.append(
                     f"NodeMedic drained {hold.slurm_node} again: incident {hold.incident_id} holds it drained "
-                    f"({hold.reason}) but it was in service ({node.state}); the drain was lost (a controller "
-                    f"restart) or lifted outside NodeMedic. To return it, use `nodemedic remediate "
+                    f"({hold.reason}) but {was}. To return it, use `nodemedic remediate "
                     f"{hold.slurm_node} --action resume`.")
         except Exception as exc:  # noqa: BLE001
             report.errors.append(f"drain {hold.slurm_node}: {exc}")
