@@ -184,14 +184,18 @@ class Agent:
             return False
         finding = replace(finding, observed_at=self.aws_clock.stamped(finding.observed_at))
         event = health_event(finding, self.config.cluster, self.node, count, now, self.software)
-        item = entry(self.config.event_bus, event)
-        if self.dry_run:
-            self._print_entry(item)
-        else:
-            self._publish(item, event.event_id)
+        self._send(entry(self.config.event_bus, event), event.event_id)
+        if not self.dry_run:
             self._schedule_reassert(_Pending(time.monotonic(), 0, time.monotonic(), event))
         self.published += 1
         return True
+
+    def _send(self, item: dict[str, Any], event_id: str) -> None:
+        """To the bus (through the spool), or in a dry run on ``out``."""
+        if self.dry_run:
+            self._print_entry(item)
+        else:
+            self._publish(item, event_id)
 
     def _print_entry(self, item: dict[str, Any]) -> None:
         """A dry run's entry, on ``out`` instead of the bus: one JSON line."""
@@ -402,10 +406,7 @@ class Agent:
         item = entry(self.config.event_bus, RebalanceNotice(schema_version="1", cluster=self.config.cluster,
                                                             node=self.node, notice_time=at))
         log.info("EC2 recommends rebalancing this Spot Instance (noticed at %s)", at.isoformat())
-        if self.dry_run:
-            self._print_entry(item)
-        else:
-            self._publish(item, f"rebalance-{at:%Y%m%dT%H%M%SZ}")
+        self._send(item, f"rebalance-{at:%Y%m%dT%H%M%SZ}")
         self._rebalance_sent = at
         self.rebalance_notices += 1
 
@@ -434,10 +435,7 @@ class Agent:
                                                                  node=self.node, events=events))
         log.info("EC2 scheduled events of this instance: %s", ", ".join(f"{e.code} {e.event_id} ({e.state}, not before "
                                                                          f"{e.not_before.isoformat()})" for e in events))
-        if self.dry_run:
-            self._print_entry(item)
-        else:
-            self._publish(item, "scheduled-events")
+        self._send(item, "scheduled-events")
         self._scheduled_sent, self._scheduled_sent_at = events, time.monotonic()
         self.scheduled_notices += 1
 

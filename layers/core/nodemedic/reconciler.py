@@ -846,12 +846,12 @@ def _holds(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes
         node = nodes.get(hold.slurm_node)
         if hold.incident_id in returning:
             continue
-        other = node is not None and node.drained and _ended_incidents_drain(node, hold.incident_id, prefix, ledger)
-        if node is not None and node.drained and not other:
-            continue
         if node is None:  # the node left the cluster
             ledger.drop_hold(hold.cluster, hold.slurm_node, hold.incident_id)
             report.holds_dropped.append(hold.slurm_node)
+            continue
+        other = _ended_incidents_drain(node, hold.incident_id, prefix, ledger) if node.drained else ""
+        if node.drained and not other:
             continue
         current = ledger.hold_of(hold.cluster, hold.slurm_node)  # dropped meanwhile: being returned
         if current is None or current.incident_id != hold.incident_id:

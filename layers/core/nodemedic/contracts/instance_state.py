@@ -15,17 +15,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, Field
 
-from nodemedic.contracts.ec2_event import Ec2Event
-from nodemedic.contracts.events import INSTANCE_ID
+from nodemedic.contracts.ec2_event import Ec2Event, InstanceDetail
 
 STATE_CHANGE_DETAIL_TYPE = "EC2 Instance State-change Notification"
 
 
-class InstanceStateDetail(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-    instance_id: str = Field(alias="instance-id", pattern=INSTANCE_ID)
+class InstanceStateDetail(InstanceDetail):
     state: Literal["running"]  # the template's rule sends no other state
 
 

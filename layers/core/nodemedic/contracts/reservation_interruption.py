@@ -16,18 +16,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, Field
 
-from nodemedic.contracts.ec2_event import Ec2Event, UtcTime
-from nodemedic.contracts.events import INSTANCE_ID
+from nodemedic.contracts.ec2_event import Ec2Event, InstanceDetail, UtcTime
 
 RESERVATION_DETAIL_TYPES = ("EC2 Capacity Reservation Instance Interruption Warning",
                             "EC2 Interruptible Capacity Reservation Instance Interruption Warning")
 
 
-class ReservationInterruptionDetail(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-    instance_id: str = Field(alias="instance-id", pattern=INSTANCE_ID)
+class ReservationInterruptionDetail(InstanceDetail):
     instance_action: Literal["terminate"] = Field(alias="instance-action")
     termination_time: UtcTime = Field(alias="instance-termination-time")
 

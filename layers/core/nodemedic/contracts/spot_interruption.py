@@ -24,17 +24,15 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from nodemedic.contracts.ec2_event import Ec2Event, UtcTime
-from nodemedic.contracts.events import CLUSTER_NAME, INSTANCE_ID, NodeIdentity
+from nodemedic.contracts.ec2_event import Ec2Event, InstanceDetail, UtcTime
+from nodemedic.contracts.events import CLUSTER_NAME, NodeIdentity
 
 SPOT_DETAIL_TYPE = "EC2 Spot Instance Interruption Warning"
 REBALANCE_DETAIL_TYPE = "EC2 Instance Rebalance Recommendation"
 INTERRUPTION_LEAD = timedelta(minutes=2)  # from the warning to the interruption (stop, terminate)
 
 
-class SpotInterruptionDetail(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-    instance_id: str = Field(alias="instance-id", pattern=INSTANCE_ID)
+class SpotInterruptionDetail(InstanceDetail):
     instance_action: Literal["terminate", "stop", "hibernate"] = Field(alias="instance-action")
 
 
@@ -49,15 +47,10 @@ class SpotInterruptionEnvelope(Ec2Event):
         return self.time if self.detail.instance_action == "hibernate" else self.time + INTERRUPTION_LEAD
 
 
-class RebalanceDetail(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-    instance_id: str = Field(alias="instance-id", pattern=INSTANCE_ID)
-
-
 class RebalanceEnvelope(Ec2Event):
     detail_type: Literal["EC2 Instance Rebalance Recommendation"] = \
         Field(validation_alias=AliasChoices("detail-type", "detail_type"))
-    detail: RebalanceDetail
+    detail: InstanceDetail
 
     @property
     def instance_id(self) -> str:
