@@ -12,9 +12,10 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from botocore.exceptions import ClientError
 from nodemedic.contracts.spot_interruption import NodeRebalanceEnvelope, RebalanceEnvelope
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule, parse_checkpoint_policy
-from nodemedic.errors import CommandFailedError, PolicyError
+from nodemedic.errors import CommandFailedError, CommandPendingError, PolicyError
 from nodemedic.planned_events import parse_planned_event
 from nodemedic.providers.base import Member
 from nodemedic.rebalance import QUIET, STALE, RebalanceOutcome, ask_to_checkpoint, unwanted
@@ -179,3 +180,38 @@ def test_a_nodes_notice_is_as_old_as_ec2s_notice_time_not_as_its_sending() -> No
     """An agent that restarts reads the same recommendation again and sends it anew: its age is EC2's."""
     now = datetime.now(UTC)
     assert "old news" in unwanted(_node_notice(GPU1, "gpu-1", now - timedelta(hours=2)), POLICY, now)
+
+
+
+@pytest.mark.parametrize(("error", "asked_again"), [
+    (ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "SendCommand"), ["42"]),
+    (CommandPendingError("command c-2 on i-ctl still running after 60s"), []),
+], ids=["never-sent", "answer-lost"])
+def test_a_signal_command_that_failed_leaves_its_jobs_to_the_retried_delivery_unless_it_was_sent(
+        slurm: MemorySlurm, ledger: Ledger, error: Exception, asked_again: list[str]) -> None:
+    """The second of two signal commands fails. Never sent (SSM throttled SendCommand): its job
+    was not asked, so EventBridge's retry asks it; the claim does not make the retry report it
+    asked already. Sent, but its answer lost (a slow controller): the job is not signalled twice
+    (a second USR1 could mean a second checkpoint, or a requeue). The job the first command
+    signalled is asked once either way."""
+    slurm.n["gpu-1"].jobs = ["41", "42"]
+    slurm.partition["42"] = "long"
+    policy = CheckpointPolicy(default=CheckpointRule(signal="USR1"), rebalance=True,
+                              partitions={"long": CheckpointRule(signal="USR2")})
+    real = slurm.request_checkpoint
+
+    def second_fails(node: str, job_ids: list[str], signal: str, scope: str) -> list[str]:
+        if signal == "USR2":
+            raise error
+        return real(node, job_ids, signal, scope)
+
+    slurm.request_checkpoint = second_fails  # type: ignore[method-assign]
+    now = datetime.now(UTC)
+    with pytest.raises(type(error)):
+        _ask(GPU1, slurm, ledger, now, policy=policy)
+    assert slurm.signalled == [("41", "USR1", "batch")]
+    slurm.request_checkpoint = real  # type: ignore[method-assign]
+    retried = _ask(GPU1, slurm, ledger, now + timedelta(seconds=20), policy=policy)
+    assert retried.asked == asked_again
+    assert set(retried.not_asked) == {"41", "42"} - set(asked_again)
+    assert slurm.signalled[1:] == [("42", "USR2", "batch")] * len(asked_again)

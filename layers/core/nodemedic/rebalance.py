@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nodemedic.contracts.spot_interruption import NodeRebalanceEnvelope, RebalanceEnvelope
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
-from nodemedic.errors import CommandFailedError
+from nodemedic.errors import CommandFailedError, CommandPendingError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.providers.base import Provider
 from nodemedic.safety.policy import SafetyPolicy
@@ -72,7 +72,8 @@ def ask_to_checkpoint(envelope: Recommendation, *, cluster: str, provider: Provi
     """Ask the jobs on the recommended instance's node to checkpoint (each once within ``QUIET``),
     once :func:`unwanted` said nothing against it. Raises :class:`CommandFailedError` when the
     scheduler could not signal one of them (that one's claim taken back first, so the retried
-    delivery asks it)."""
+    delivery asks it); a signal command that failed is raised with the claims of the jobs it and
+    the later ones would have asked taken back (but for a command sent whose answer was lost)."""
     instance = envelope.instance_id
     outcome = RebalanceOutcome(instance_id=instance)
     said_cluster, said_node = envelope.named
@@ -99,9 +100,22 @@ def ask_to_checkpoint(envelope: Recommendation, *, cluster: str, provider: Provi
         else:
             rules[job.job_id] = rule
     failed: list[str] = []
+    answered: list[str] = []
     for signal, scope in sorted({(r.signal, r.scope) for r in rules.values()}):
         ids = [j for j, r in rules.items() if (r.signal, r.scope) == (signal, scope)]
-        failed += orchestrator.request_checkpoint(node, ids, signal, scope)
+        try:
+            failed += orchestrator.request_checkpoint(node, ids, signal, scope)
+        except Exception as exc:
+            # a command sent whose answer was lost (CommandPendingError: a slow controller) keeps its
+            # jobs' claims: a second signal could mean a second checkpoint, or a requeue, to a job.
+            # One never sent (SSM throttled, refused) and those not sent yet are taken back, so the
+            # retried delivery asks them
+            sent = ids if isinstance(exc, CommandPendingError) else []
+            for job_id in rules:
+                if job_id in failed or job_id not in answered + sent:
+                    ledger.release_rebalance_checkpoint(cluster, job_id)
+            raise
+        answered += ids
     outcome.asked = [j for j in rules if j not in failed]
     if failed:
         for job_id in failed:
