@@ -13,7 +13,9 @@ conditional write, so a message delivered again (SQS delivers at least once) or 
 stopped mid-command (its message comes back after the visibility timeout) runs nothing again. The
 one cut off is marked ``Failed`` with the reason; the stage that sent it decides, as it does after
 an SSM command whose instance rebooted. A request whose sender has stopped waiting for it (its
-timeout has passed, on AWS's clock) is refused: the stage has failed or sent it again.
+timeout has passed, on AWS's clock) is refused: the stage has failed or sent it again. One whose
+document SSM did not give this time (throttled) is not refused for it: the copy read last runs,
+or, with none, its message comes back in a few seconds and the request is taken again.
 
 A request names the controller the stack knows (``SlurmControllerInstanceId``), but what it runs
 is a Slurm command, which any of the cluster's controllers can give (``scontrol`` reaches the
@@ -49,14 +51,24 @@ LATE_MARGIN_S = 30
 CUT_OFF_MARGIN_S = 60  # InProgress this long past its timeout: the relay running it stopped
 COMMAND_ID = re.compile(r"[0-9a-f]{32}")
 DOCUMENT_CACHE_S = 300  # a document is read from SSM again after this
+RETRY_AFTER_S = 5  # a request whose document SSM did not give this time (throttled) comes back after this
+# SSM's answers that say "not now" rather than "no" (its throttling error; a server error is any 5xx)
+TRANSIENT_CODES = frozenset({"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
+                             "InternalServerError", "ServiceUnavailable"})
+
+
+class DocumentUnavailableError(Exception):
+    """SSM did not give a document this time (throttled, a server error, not reached), and the
+    relay holds no copy of it: the request is run when its message comes back."""
 
 
 class Relay:
     def __init__(self, *, cluster: str, instance_id: str, queue_url: str, table: str, sqs: Any, ssm: Any, dynamodb: Any,
                  env: dict[str, str] | None = None, receive_wait_s: int = RECEIVE_WAIT_S, workers: int = WORKERS,
+                 retry_after_s: int = RETRY_AFTER_S,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self.cluster, self.instance_id, self.queue_url, self.table = cluster, instance_id, queue_url, table
-        self._wait_s = receive_wait_s
+        self._wait_s, self._retry_after_s = receive_wait_s, retry_after_s
         self._sqs, self._ssm, self._db = sqs, ssm, dynamodb
         self._env, self._now = env, now
         self._documents: dict[str, tuple[float, dict[str, Any]]] = {}  # name -> (when read, content)
@@ -100,6 +112,9 @@ class Relay:
         try:
             self.handle(message["Body"])
             self._sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
+        except DocumentUnavailableError as exc:
+            log.warning("relay: %s; the request is taken again in %d s", exc, self._retry_after_s)
+            self._retry_soon(message)
         except (BotoCoreError, ClientError) as exc:
             log.warning("relay: a request's record or its message could not be written: %s", exc)
         except Exception:  # noqa: BLE001 - one request's failure never stops the relay
@@ -107,6 +122,15 @@ class Relay:
         finally:
             with self._lock:
                 self._busy -= 1
+
+    def _retry_soon(self, message: dict[str, Any]) -> None:
+        """The message comes back after ``retry_after_s`` rather than the queue's visibility
+        timeout (by when its sender would have stopped waiting)."""
+        try:
+            self._sqs.change_message_visibility(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"],
+                                                VisibilityTimeout=self._retry_after_s)
+        except (BotoCoreError, ClientError) as exc:
+            log.warning("relay: the request's message comes back after the queue's visibility timeout: %s", exc)
 
     def handle(self, body: str) -> None:
         """Run the request a message names, once. The message only names it (``{"command_id"}``):
@@ -166,15 +190,28 @@ class Relay:
 
     def _document(self, name: str) -> dict[str, Any] | None:
         """The document's current version, read again after ``DOCUMENT_CACHE_S`` (a stack update
-        changes a document's content: the relay must not run the old one for ever)."""
-        read_at, document = self._documents.get(name, (0.0, None))
-        if document is None or time.monotonic() - read_at > DOCUMENT_CACHE_S:
-            try:
-                document = json.loads(self._ssm.get_document(Name=name)["Content"])
-            except (ClientError, ValueError) as exc:
+        changes a document's content: the relay must not run the old one for ever); None when SSM
+        says there is no such document for this relay (the request is refused). When SSM does not
+        answer this time (throttled, a server error, not reached), the copy read last is run;
+        without one, :class:`DocumentUnavailableError`: the request waits, it is not failed for it."""
+        read_at, known = self._documents.get(name, (0.0, None))
+        if known is not None and time.monotonic() - read_at <= DOCUMENT_CACHE_S:
+            return known
+        try:
+            document: dict[str, Any] = json.loads(self._ssm.get_document(Name=name)["Content"])
+        except ValueError as exc:
+            log.warning("relay: document %s is not JSON: %s", name, exc)
+            return None
+        except (ClientError, BotoCoreError) as exc:
+            if not _transient(exc):
                 log.warning("relay: cannot read document %s: %s", name, exc)
                 return None
-            self._documents[name] = (time.monotonic(), document)
+            if known is None:
+                raise DocumentUnavailableError(f"SSM did not give document {name} this time: {exc}") from exc
+            log.warning("relay: SSM did not give document %s again (%s): the copy read %.0f s ago is run", name, exc,
+                        time.monotonic() - read_at)
+            return known
+        self._documents[name] = (time.monotonic(), document)
         return document
 
     def _update(self, request: RelayRequest, **update: Any) -> bool:
@@ -224,3 +261,11 @@ class Relay:
                                                        ":now": {"S": self._now().isoformat()}, was: {"S": was_value},
                                                        ":me": {"S": self.instance_id}}):
             log.warning("relay: %s has no record to write its outcome to (or another wrote it)", request.command_id)
+
+
+def _transient(exc: ClientError | BotoCoreError) -> bool:
+    """SSM did not answer this time (throttled, a server error, not reached), as opposed to "no"."""
+    if isinstance(exc, BotoCoreError):
+        return True
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return exc.response.get("Error", {}).get("Code") in TRANSIENT_CODES or status >= 500

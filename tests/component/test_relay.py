@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
+from botocore.exceptions import ClientError
 from nodemedic.contracts.relay import RelayRequest, relay_key
 from nodemedic.providers.relay_command import RelayCommand
 from nodemedic_agent.relay import Relay
@@ -97,3 +98,42 @@ def test_a_document_the_stack_updated_is_run_as_it_is_now(relay: SimpleNamespace
     assert relayed.run_checked(CONTROLLER, "nodemedic-c1-fast", {}, 10).strip() == "fast"  # read 0 s ago
     monkeypatch.setattr(relay_module, "DOCUMENT_CACHE_S", 0)
     assert relayed.run_checked(CONTROLLER, "nodemedic-c1-fast", {}, 10).strip() == "faster"
+
+
+class _ThrottledSsm:
+    """The relay's SSM client, whose next ``times`` GetDocument calls are throttled (after the
+    SDK's own retries), as an account's other SSM callers can make them."""
+
+    def __init__(self, ssm: object, times: int) -> None:
+        self._ssm, self.times, self.calls = ssm, times, 0
+
+    def get_document(self, **kwargs: object) -> object:
+        self.calls += 1
+        if self.calls <= self.times:
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetDocument")
+        return self._ssm.get_document(**kwargs)  # type: ignore[attr-defined]
+
+
+def test_a_document_ssm_throttles_is_not_a_refusal(relay: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SSM throttles the relay's GetDocument. A document never read yet: the request waits (its
+    message comes back seconds later) and then runs, once; it is not failed. A document read
+    before: the copy read last runs. A document SSM says does not exist is refused at once."""
+    import nodemedic_agent.relay as relay_module
+
+    runner, relayed = relay.runner, relay.relayed
+    runner._retry_after_s = 1
+    throttled = _ThrottledSsm(relay.ssm, times=2)
+    runner._ssm = throttled
+    result = relayed.wait(CONTROLLER, relayed.send(CONTROLLER, "nodemedic-c1-fast", {}, 30), 30)
+    assert (result.status, result.stdout.strip()) == ("Success", "fast")
+    assert throttled.calls == 3 and runner.ran == 1 and runner.refused == 0
+
+    monkeypatch.setattr(relay_module, "DOCUMENT_CACHE_S", 0)  # read again each time; throttled now
+    throttled.times += 1
+    assert relayed.run_checked(CONTROLLER, "nodemedic-c1-fast", {}, 10).strip() == "fast"
+    assert throttled.calls == 4 and runner.ran == 2
+
+    gone = relayed.wait(CONTROLLER, relayed.send(CONTROLLER, "nodemedic-c1-missing", {}, 30), 10)
+    assert gone.status == "Failed" and "nodemedic-c1-missing cannot be read from SSM" in gone.stderr
+    assert runner.refused == 1

@@ -111,6 +111,20 @@ def test_a_request_whose_sender_stopped_waiting_is_refused_not_run_late() -> Non
         assert "DRAIN" not in local.scheduler.node("gpu-1")["State"]
 
 
+def test_a_relay_ssm_throttles_runs_the_request_a_moment_later_and_does_not_fail_it() -> None:
+    """SSM throttles the relay's GetDocument beyond its SDK's retries, before it read the document
+    once: the request waits (its message comes back, which the controller's role may ask for) and
+    then runs; the drain is done, not failed."""
+    with stack(nodes=2, **RELAY) as local:
+        docs, controller = Documents(local.cluster.name), local.cluster.controller_id
+        throttle = local.aws.throttle("ssm", "GetDocument", caller="relay", times=6)
+        out = _relayed(local).run_checked(controller, docs.slurm_drain,
+                                          {"node": "gpu-1", "reason": "nodemedic:throttled", "takeover": "-"}, 60)
+        assert out.strip().splitlines()[-1] == "drained" and len(throttle.hits) == 6
+        assert "DRAIN" in local.scheduler.node("gpu-1")["State"]
+        assert local.relay is not None and local.relay.refused == 0 and not local.aws.denials
+
+
 def test_the_doctor_passes_on_a_relay_stack_and_names_a_relay_that_does_not_answer() -> None:
     from tests.e2e.test_doctor import doctor
 
