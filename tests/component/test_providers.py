@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from nodemedic.errors import CapacityError, InstanceGoneError, ProviderBusyError, ReplacementFailedError
+from nodemedic.errors import CapacityError, InstanceGoneError, NodeGoneError, ProviderBusyError, ReplacementFailedError
 from nodemedic.providers.autoscaling import AutoScalingProvider
 from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.providers.ec2 import CLUSTER_TAG, EC2Provider
@@ -200,6 +200,26 @@ def test_ec2_replace_is_a_stop_and_start_of_the_same_instance(aws: EmbeddedAWS) 
     assert step.instance_id == ids[0]
     assert step.progress == {"stop_requested": True, "start_requested": True}
     assert provider.member(ids[0]).state == "running"
+
+
+def test_ec2_replace_of_an_instance_someone_ended_retires_and_one_taken_out_of_the_cluster_fails(
+        aws: EmbeddedAWS) -> None:
+    """Someone else terminated gpu-1's instance under its incident: nothing launches one in its
+    place on plain EC2, so the rung says the node is gone (the incident is retired; the reconciler
+    pages the node once with what to do) rather than failing it. An instance whose cluster tag was
+    taken off is not the provider's to stop and start: that fails, saying so."""
+    ids = _tagged(aws)
+    ec2 = aws.client("ec2")
+    provider = EC2Provider(ec2, "c1")
+    ec2.terminate_instances(InstanceIds=[ids[0]])
+    with pytest.raises(NodeGoneError, match=rf"EC2 ended {ids[0]} \(terminated\) outside NodeMedic.*"
+                                            "nodemedic:cluster=c1 and nodemedic:slurm-node=<node>"):
+        provider.replace(ids[0], "gpu-1", {}, claim=_claim_all)
+    ec2.delete_tags(Resources=[ids[1]], Tags=[{"Key": CLUSTER_TAG}])
+    with pytest.raises(ReplacementFailedError, match="no instance of cluster c1 now"):
+        provider.replace(ids[1], "gpu-2", {}, claim=_claim_all)
+    assert provider.member(ids[1]) is None and ec2.describe_instances(InstanceIds=[ids[1]])[
+        "Reservations"][0]["Instances"][0]["State"]["Name"] == "running"
 
 
 def test_on_kubernetes_the_ec2_providers_members_are_the_clusters_instances_named_by_no_slurm_tag(

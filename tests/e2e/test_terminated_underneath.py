@@ -155,6 +155,32 @@ def test_a_node_whose_plain_ec2_instance_ended_outside_any_incident_is_paged_onc
         assert all("DRAIN" not in local.scheduler.node(n)["State"] for n in ("gpu-1", "gpu-3"))
 
 
+def test_a_plain_ec2_instance_terminated_under_its_incident_is_retired_and_its_node_paged_once() -> None:
+    """Provider=ec2: someone terminates gpu-2's instance while its incident waits for approval.
+    Nothing launches one in its place (the replace rung stops and starts the same instance).
+    Before, the replace rung failed the incident ("cannot be stopped and started") and its page
+    told the on-call to run a replace, which cannot work. Now the incident is retired, saying why
+    and what to do, and the reconciler pages the node once, with the other nodes without instance."""
+    with stack(3, Provider="ec2", RemediationMode="approval") as local:
+        old = local.cluster.instance_of("gpu-2")
+        local.put_event(local.health_event("gpu-2", "XID 48"))  # a GPU reset, a reboot, then a replace
+        [waiting] = _wait_for_approval_requests(local, 1)
+        local.aws.client("ec2").terminate_instances(InstanceIds=[old])
+        operations.answer_approval(local.ledger, local.aws.client("stepfunctions"), waiting.incident_id,
+                                   approve=True, by=OPERATOR, reason="XID 48 in the kernel log")
+        [execution] = local.wait_for_executions(1, timeout=120)
+        incident = local.incident(waiting.incident_id)
+        assert execution["status"] == "SUCCEEDED" and incident.status == "retired", (incident.status, incident.failure)
+        assert f"EC2 ended {old} (terminated) outside NodeMedic" in incident.outcome
+        assert "nodemedic:slurm-node=<node>" in incident.outcome
+        assert [r["rung"] for r in incident.stages["repair"].result["rungs"]] == ["gpu_reset", "reboot", "replace"]
+        assert not [m for m in local.escalations() if "failed in stage" in m.get("Message", "")]
+        assert local.reconcile()["nodes_without_instance"] == ["gpu-2"]
+        [page] = [m["Message"] for m in local.escalations() if "have no instance" in m["Message"]]
+        assert f"gpu-2 ({old} ended" in page and "DRAIN" in local.scheduler.node("gpu-2")["State"]
+        assert local.reconcile()["nodes_without_instance"] == []  # told once
+
+
 def test_a_fault_whose_instance_is_ended_before_its_gate_is_retired_unpaged_and_the_node_gets_the_next_instance() -> None:
     """gpu-2 reports XID 79; its group's health check ends the instance before the incident's gate
     runs. Before, the gate failed ("left cluster; nothing was drained") and paged the on-call about

@@ -11,7 +11,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nodemedic.errors import CapacityError, ReplacementFailedError
+from nodemedic.errors import CapacityError, NodeGoneError, ReplacementFailedError
 from nodemedic.providers.base import (
     ENDED,
     SLURM_NODE_TAG,
@@ -19,6 +19,7 @@ from nodemedic.providers.base import (
     ReplaceStep,
     ec2_instances,
     ec2_member,
+    ended_state,
     is_capacity_error,
     reboot_ec2,
 )
@@ -86,11 +87,19 @@ class EC2Provider:
         return ReplaceStep(done)  # stopping, or starting: the next step looks again
 
     def _state(self, instance_id: str) -> str:
+        """The instance's state. One EC2 ended (someone else terminated it) is :class:`NodeGoneError`:
+        nothing launches an instance in its place, so the incident is retired and the reconciler
+        pages the node once with what to do. One that left the cluster otherwise (its tag taken
+        off) is a :class:`ReplacementFailedError`."""
         found = self._instances({"Name": "instance-id", "Values": [instance_id]})
-        if not found:
-            raise ReplacementFailedError(f"instance {instance_id} is gone (terminated?); it cannot be stopped "
-                                         f"and started")
-        return str(found[0]["State"]["Name"])
+        if found:
+            return str(found[0]["State"]["Name"])
+        if (state := ended_state(self._ec2, instance_id)) is not None:
+            raise NodeGoneError(f"EC2 ended {instance_id} ({state}) outside NodeMedic, and with Provider=ec2 nothing "
+                                f"launches an instance in its place: launch one tagged {CLUSTER_TAG}={self._cluster}"
+                                + (f" and {SLURM_NODE_TAG}=<node>" if self._slurm_tagged else ""))
+        raise ReplacementFailedError(f"instance {instance_id} is no instance of cluster {self._cluster} now (its "
+                                     f"{CLUSTER_TAG} tag taken off?); it cannot be stopped and started")
 
     def _call(self, operation: str, instance_id: str) -> None:
         try:
