@@ -149,7 +149,7 @@ def test_a_node_whose_plain_ec2_instance_ended_outside_any_incident_is_paged_onc
         report = local.reconcile()
         assert (report["nodes_without_instance"], report["replacements_started"]) == (["gpu-2"], [])
         [page] = [m["Message"] for m in local.escalations() if "have no instance" in m["Message"]]
-        assert f"gpu-2 ({old} ended while no incident held it" in page and "nodemedic:slurm-node=<node>" in page
+        assert f"gpu-2 ({old} ended outside NodeMedic" in page and "nodemedic:slurm-node=<node>" in page
         assert local.reconcile()["nodes_without_instance"] == [] and local.incidents() == []
         assert not [m for m in local.escalations() if "have no instance" in m["Message"]]  # told once
         assert all("DRAIN" not in local.scheduler.node(n)["State"] for n in ("gpu-1", "gpu-3"))

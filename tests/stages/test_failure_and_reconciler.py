@@ -787,7 +787,7 @@ def test_a_node_whose_instance_ended_where_nothing_launches_another_is_paged_onc
     first = run()
     assert first.nodes_without_instance == ["gpu-1", "spare-1"] and started == [] and first.replacements_started == []
     [page] = first.pages  # one for all of them (a Spot reclaim ends many at once)
-    assert "2 node(s) have no instance" in page and "gpu-1 (i-00000000000000001 ended while no incident held it" in page
+    assert "2 node(s) have no instance" in page and "gpu-1 (i-00000000000000001 ended outside NodeMedic" in page
     assert "spare-1 (i-00000000000000005" in page
     assert "nodemedic:slurm-node=<node>" in page
     assert run().pages == []  # told once

@@ -501,13 +501,14 @@ def _lost_nodes(ended: Callable[[], list[Member]], members: list[Member], held: 
 def _ended_for_good(books: Bookkeeping, cluster: str, ledger: Ledger, members: list[Member],
                     ended: Callable[[], list[Member]], nodes: dict[str, NodeStatus], prefix: str,
                     now: datetime, report: ReconcileReport) -> None:
-    """A Slurm node whose instance EC2 ended (while no incident held it, or after its retirement for
-    a Spot interruption that terminates it), where nothing launches one in its place (plain EC2:
+    """A Slurm node whose instance EC2 ended (while no incident held it, under an incident its
+    replace rung retired for it, or after its retirement for a Spot interruption that terminates
+    it), where nothing launches one in its place (plain EC2:
     NodeMedic's replace stops and starts the same instance, and it launches none): the node stays
     out of service with no instance, for good. Paged once per instance, every such node of a run
     in one page (a Spot reclaim ends many at once), with what to do; a node an operator drained or
     another incident keeps is left alone (theirs)."""
-    lost = {node: (m.instance_id, "while no incident held it")
+    lost = {node: (m.instance_id, "outside NodeMedic")
             for node, m in _lost_nodes(ended, members, _in_hand(books), nodes, prefix, now, report).items()}
     lost.update({str(lock.slurm_node): (lock.instance_id, f"for the interruption incident {lock.incident_id} "
                                                           "retired it for")
