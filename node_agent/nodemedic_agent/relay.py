@@ -13,9 +13,10 @@ conditional write, so a message delivered again (SQS delivers at least once) or 
 stopped mid-command (its message comes back after the visibility timeout) runs nothing again. The
 one cut off is marked ``Failed`` with the reason; the stage that sent it decides, as it does after
 an SSM command whose instance rebooted. A request whose sender has stopped waiting for it (its
-timeout has passed, on AWS's clock) is refused: the stage has failed or sent it again. One whose
-document SSM did not give this time (throttled) is not refused for it: the copy read last runs,
-or, with none, its message comes back in a few seconds and the request is taken again.
+timeout has passed, on AWS's clock) is refused: the stage has failed or sent it again. One AWS
+did not serve this time (its record's read, or its document's, throttled) is not refused for it:
+the document's copy read last runs, or the message comes back in a few seconds and the request is
+taken again; a command's outcome is written again while DynamoDB throttles the write.
 
 A request names the controller the stack knows (``SlurmControllerInstanceId``), but what it runs
 is a Slurm command, which any of the cluster's controllers can give (``scontrol`` reaches the
@@ -51,15 +52,17 @@ LATE_MARGIN_S = 30
 CUT_OFF_MARGIN_S = 60  # InProgress this long past its timeout: the relay running it stopped
 COMMAND_ID = re.compile(r"[0-9a-f]{32}")
 DOCUMENT_CACHE_S = 300  # a document is read from SSM again after this
-RETRY_AFTER_S = 5  # a request whose document SSM did not give this time (throttled) comes back after this
-# SSM's answers that say "not now" rather than "no" (its throttling error; a server error is any 5xx)
-TRANSIENT_CODES = frozenset({"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
-                             "InternalServerError", "ServiceUnavailable"})
+RETRY_AFTER_S = 5  # a request AWS did not serve this time (throttled) comes back after this
+FINISH_ATTEMPTS = 5  # writes of a command's outcome, the waits doubling from 0.5 s, while DynamoDB throttles them
+# AWS's answers that say "not now" rather than "no": throttled (nothing was done), or a server
+# error (any 5xx) or no answer at all (something may have been done)
+THROTTLING_CODES = frozenset({"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
+                              "ProvisionedThroughputExceededException", "RequestThrottled"})
 
 
-class DocumentUnavailableError(Exception):
-    """SSM did not give a document this time (throttled, a server error, not reached), and the
-    relay holds no copy of it: the request is run when its message comes back."""
+class OutcomeUnwrittenError(Exception):
+    """A command ran, but its outcome could not be written to its record: its message comes back
+    after the queue's visibility timeout, and the request is then failed as cut off."""
 
 
 class Relay:
@@ -107,16 +110,20 @@ class Relay:
         return len(messages)
 
     def _work(self, message: dict[str, Any]) -> None:
-        """Run one message's request, then delete the message. If AWS fails meanwhile, the message
-        comes back after the queue's visibility timeout, and is then refused as late or cut off."""
+        """Run one message's request, then delete the message. If AWS throttles a call before the
+        command ran, the message comes back in ``retry_after_s``; after any other failure of AWS,
+        or when the outcome of a command that ran cannot be written, after the queue's visibility
+        timeout, and the request is then refused as late or failed as cut off."""
         try:
             self.handle(message["Body"])
             self._sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
-        except DocumentUnavailableError as exc:
-            log.warning("relay: %s; the request is taken again in %d s", exc, self._retry_after_s)
-            self._retry_soon(message)
         except (BotoCoreError, ClientError) as exc:
-            log.warning("relay: a request's record or its message could not be written: %s", exc)
+            if not _throttled(exc):  # a write may have been done: the request is judged when its message is back
+                log.warning("relay: a request's record or its message could not be read or written: %s", exc)
+            else:  # nothing was done or run: the request is taken again soon, not when its sender stopped waiting
+                log.warning("relay: AWS did not answer this time (%s); the request is taken again in %d s", exc,
+                            self._retry_after_s)
+                self._retry_soon(message)
         except Exception:  # noqa: BLE001 - one request's failure never stops the relay
             log.exception("relay: a request failed")
         finally:
@@ -168,7 +175,10 @@ class Relay:
         status, code, out, err = self._run(script, request.timeout_s)
         self._count("ran")
         log.info("relay: %s %s: %s (exit %d)", request.command_id, request.document, status, code)
-        self._finish(request, status, code, out, err)
+        try:
+            self._finish(request, status, code, out, err)
+        except (BotoCoreError, ClientError) as exc:
+            raise OutcomeUnwrittenError(f"{request.command_id} ran, but its outcome could not be written: {exc}") from exc
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -193,7 +203,7 @@ class Relay:
         changes a document's content: the relay must not run the old one for ever); None when SSM
         says there is no such document for this relay (the request is refused). When SSM does not
         answer this time (throttled, a server error, not reached), the copy read last is run;
-        without one, :class:`DocumentUnavailableError`: the request waits, it is not failed for it."""
+        without one, SSM's error is raised: the request waits, it is not failed for it."""
         read_at, known = self._documents.get(name, (0.0, None))
         if known is not None and time.monotonic() - read_at <= DOCUMENT_CACHE_S:
             return known
@@ -207,7 +217,7 @@ class Relay:
                 log.warning("relay: cannot read document %s: %s", name, exc)
                 return None
             if known is None:
-                raise DocumentUnavailableError(f"SSM did not give document {name} this time: {exc}") from exc
+                raise  # the request is taken again soon
             log.warning("relay: SSM did not give document %s again (%s): the copy read %.0f s ago is run", name, exc,
                         time.monotonic() - read_at)
             return known
@@ -250,7 +260,19 @@ class Relay:
         return done.status, done.exit_code, done.stdout, done.stderr
 
     def _finish(self, request: RelayRequest, status: str, code: int, out: str, err: str, *, start: bool = False) -> None:
-        """Write the outcome to the request's record (only one the pipeline made: never a new one)."""
+        """Write the outcome to the request's record (only one the pipeline made: never a new one),
+        ``FINISH_ATTEMPTS`` times while DynamoDB throttles the write: the command ran, and its
+        sender waits for what it did."""
+        for attempt in range(FINISH_ATTEMPTS):
+            try:
+                return self._write_outcome(request, status, code, out, err, start=start)
+            except (BotoCoreError, ClientError) as exc:
+                if not _transient(exc) or attempt == FINISH_ATTEMPTS - 1:
+                    raise
+                log.warning("relay: %s's outcome not written yet (%s): trying again", request.command_id, exc)
+                time.sleep(0.5 * 2 ** attempt)
+
+    def _write_outcome(self, request: RelayRequest, status: str, code: int, out: str, err: str, *, start: bool) -> None:
         was, was_value = (":pending", "Pending") if start else (":run", "InProgress")
         if not self._update(request, ConditionExpression=f"#s = {was}",
                             UpdateExpression="SET #s = :status, exit_code = :code, stdout = :out, stderr = :err, "
@@ -263,9 +285,14 @@ class Relay:
             log.warning("relay: %s has no record to write its outcome to (or another wrote it)", request.command_id)
 
 
+def _throttled(exc: ClientError | BotoCoreError) -> bool:
+    """AWS refused the call for its rate: nothing was done."""
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in THROTTLING_CODES
+
+
 def _transient(exc: ClientError | BotoCoreError) -> bool:
-    """SSM did not answer this time (throttled, a server error, not reached), as opposed to "no"."""
-    if isinstance(exc, BotoCoreError):
+    """AWS did not serve the call this time (throttled, a server error, not reached), as opposed
+    to "no"."""
+    if isinstance(exc, BotoCoreError) or _throttled(exc):
         return True
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    return exc.response.get("Error", {}).get("Code") in TRANSIENT_CODES or status >= 500
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)) >= 500

@@ -9,9 +9,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
@@ -100,19 +101,28 @@ def test_a_document_the_stack_updated_is_run_as_it_is_now(relay: SimpleNamespace
     assert relayed.run_checked(CONTROLLER, "nodemedic-c1-fast", {}, 10).strip() == "faster"
 
 
-class _ThrottledSsm:
-    """The relay's SSM client, whose next ``times`` GetDocument calls are throttled (after the
-    SDK's own retries), as an account's other SSM callers can make them."""
+class _Throttled:
+    """One of the relay's clients, whose next ``times`` calls of ``operation`` are throttled (after
+    the SDK's own retries), as an account's other callers can make them; ``when`` picks the calls."""
 
-    def __init__(self, ssm: object, times: int) -> None:
-        self._ssm, self.times, self.calls = ssm, times, 0
+    def __init__(self, client: object, operation: str, times: int,
+                 when: Callable[[dict[str, Any]], bool] = lambda _: True) -> None:
+        self._client, self._operation, self.times, self._when, self.calls = client, operation, times, when, 0
 
-    def get_document(self, **kwargs: object) -> object:
-        self.calls += 1
-        if self.calls <= self.times:
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
-                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetDocument")
-        return self._ssm.get_document(**kwargs)  # type: ignore[attr-defined]
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._client, name)
+        if name != self._operation:
+            return call
+
+        def throttled(**kwargs: Any) -> Any:
+            if self._when(kwargs):
+                self.calls += 1
+                if self.calls <= self.times:
+                    code = "ProvisionedThroughputExceededException" if "Table" in str(kwargs) else "ThrottlingException"
+                    raise ClientError({"Error": {"Code": code, "Message": "Rate exceeded"},
+                                       "ResponseMetadata": {"HTTPStatusCode": 400}}, self._operation)
+            return call(**kwargs)
+        return throttled
 
 
 def test_a_document_ssm_throttles_is_not_a_refusal(relay: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,7 +133,7 @@ def test_a_document_ssm_throttles_is_not_a_refusal(relay: SimpleNamespace, monke
 
     runner, relayed = relay.runner, relay.relayed
     runner._retry_after_s = 1
-    throttled = _ThrottledSsm(relay.ssm, times=2)
+    throttled = _Throttled(relay.ssm, "get_document", times=2)
     runner._ssm = throttled
     result = relayed.wait(CONTROLLER, relayed.send(CONTROLLER, "nodemedic-c1-fast", {}, 30), 30)
     assert (result.status, result.stdout.strip()) == ("Success", "fast")
@@ -137,3 +147,23 @@ def test_a_document_ssm_throttles_is_not_a_refusal(relay: SimpleNamespace, monke
     gone = relayed.wait(CONTROLLER, relayed.send(CONTROLLER, "nodemedic-c1-missing", {}, 30), 10)
     assert gone.status == "Failed" and "nodemedic-c1-missing cannot be read from SSM" in gone.stderr
     assert runner.refused == 1
+
+
+def test_a_request_whose_record_dynamodb_throttles_runs_seconds_later_with_its_outcome_written(
+        relay: SimpleNamespace) -> None:
+    """DynamoDB throttles the relay past its SDK's retries: reading a request's record, then
+    writing a command's outcome. Before, the first left the request until the queue's visibility
+    timeout (15 min: its sender had long stopped waiting; a drain failed), the second lost what
+    the command did. Now the request is taken again seconds later, and the outcome written again."""
+    runner, relayed = relay.runner, relay.relayed
+    runner._retry_after_s = 1
+    reads = _Throttled(relay.db, "get_item", times=2)
+    runner._db = reads
+    result = relayed.wait(CONTROLLER, relayed.send(CONTROLLER, "nodemedic-c1-fast", {}, 30), 30)
+    assert (result.status, result.stdout.strip()) == ("Success", "fast") and reads.calls == 3
+
+    outcomes = _Throttled(relay.db, "update_item", times=2, when=lambda call: ":out" in str(call))
+    runner._db = outcomes
+    result = relayed.wait(CONTROLLER, relayed.send(CONTROLLER, "nodemedic-c1-fast", {}, 30), 30)
+    assert (result.status, result.stdout.strip()) == ("Success", "fast") and outcomes.calls == 3
+    assert runner.ran == 2 and runner.refused == 0
