@@ -201,9 +201,10 @@ class Relay:
     def _document(self, name: str) -> dict[str, Any] | None:
         """The document's current version, read again after ``DOCUMENT_CACHE_S`` (a stack update
         changes a document's content: the relay must not run the old one for ever); None when SSM
-        says there is no such document for this relay (the request is refused). When SSM does not
-        answer this time (throttled, a server error, not reached), the copy read last is run;
-        without one, SSM's error is raised: the request waits, it is not failed for it."""
+        says there is no such document for this relay, or cannot give it (the request is refused).
+        When SSM does not answer this time (throttled, a server error, not reached), the copy read
+        last is run; without one, a throttled read is raised: the request is taken again in
+        seconds, not refused for it."""
         read_at, known = self._documents.get(name, (0.0, None))
         if known is not None and time.monotonic() - read_at <= DOCUMENT_CACHE_S:
             return known
@@ -213,14 +214,14 @@ class Relay:
             log.warning("relay: document %s is not JSON: %s", name, exc)
             return None
         except (ClientError, BotoCoreError) as exc:
-            if not _transient(exc):
-                log.warning("relay: cannot read document %s: %s", name, exc)
-                return None
-            if known is None:
-                raise  # the request is taken again soon
-            log.warning("relay: SSM did not give document %s again (%s): the copy read %.0f s ago is run", name, exc,
-                        time.monotonic() - read_at)
-            return known
+            if known is not None and _transient(exc):
+                log.warning("relay: SSM did not give document %s again (%s): the copy read %.0f s ago is run", name,
+                            exc, time.monotonic() - read_at)
+                return known
+            if _throttled(exc):
+                raise  # the request is taken again in seconds
+            log.warning("relay: cannot read document %s: %s", name, exc)
+            return None
         self._documents[name] = (time.monotonic(), document)
         return document
 
