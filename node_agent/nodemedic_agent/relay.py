@@ -39,6 +39,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from nodemedic.aws_retries import THROTTLING_CODES
 from nodemedic.contracts.relay import RELAY_OUTPUT_LIMIT, RELAY_STDERR_LIMIT, RelayRequest, relay_key
 
 from nodemedic_agent.documents import parameter_problems, render_document, run_script
@@ -54,10 +55,6 @@ COMMAND_ID = re.compile(r"[0-9a-f]{32}")
 DOCUMENT_CACHE_S = 300  # a document is read from SSM again after this
 RETRY_AFTER_S = 5  # a request AWS did not serve this time (throttled) comes back after this
 FINISH_ATTEMPTS = 5  # writes of a command's outcome, the waits doubling from 0.5 s, while DynamoDB throttles them
-# AWS's answers that say "not now" rather than "no": throttled (nothing was done), or a server
-# error (any 5xx) or no answer at all (something may have been done)
-THROTTLING_CODES = frozenset({"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
-                              "ProvisionedThroughputExceededException", "RequestThrottled"})
 
 
 class OutcomeUnwrittenError(Exception):
@@ -287,7 +284,8 @@ class Relay:
 
 
 def _throttled(exc: ClientError | BotoCoreError) -> bool:
-    """AWS refused the call for its rate: nothing was done."""
+    """AWS refused the call for its rate: nothing was done. (A server error, any 5xx, or no answer
+    at all is "not now" too, but something may have been done.)"""
     return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in THROTTLING_CODES
 
 

@@ -23,12 +23,17 @@ MAX_ATTEMPTS = 8
 CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS}, connect_timeout=5,
                        read_timeout=30)
 
-# botocore's standard-mode throttling codes (botocore/retries/standard.py) and transient ones
-RETRYABLE_CODES = frozenset({
+# botocore's standard-mode throttling codes (botocore/retries/standard.py): the call was refused
+# for its rate, nothing was done
+THROTTLING_CODES = frozenset({
     "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
     "TooManyRequestsException", "ProvisionedThroughputExceededException", "TransactionInProgressException",
     "RequestLimitExceeded", "BandwidthLimitExceeded", "RequestThrottled", "SlowDown",
-    "PriorRequestNotComplete", "EC2ThrottledException", "RequestTimeout", "RequestTimeoutException",
+    "PriorRequestNotComplete", "EC2ThrottledException",
+})
+# and the transient ones
+RETRYABLE_CODES = THROTTLING_CODES | frozenset({
+    "RequestTimeout", "RequestTimeoutException",
     "InternalError", "InternalServerError", "InternalFailure", "ServiceUnavailable", "ServiceUnavailableException",
 })
 
