@@ -58,10 +58,10 @@ def read_notice(get: Callable[[str], str]) -> SpotNotice | None:
         return None
     try:
         data = read_json(text)
-        action, at = data["action"], datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00"))
+        action, at = data["action"], _aware(data["time"])
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{INSTANCE_ACTION} is not EC2's notice: {text[:200]!r}") from exc
-    if action not in ACTIONS or at.tzinfo is None:
+    if action not in ACTIONS:
         raise ValueError(f"{INSTANCE_ACTION} is not EC2's notice: {text[:200]!r}")
     return SpotNotice(action, at)
 
@@ -85,11 +85,16 @@ def read_rebalance(get: Callable[[str], str]) -> datetime | None:
     if text is None:
         return None
     try:
-        at = datetime.fromisoformat(str(read_json(text)["noticeTime"]).replace("Z", "+00:00"))
+        return _aware(read_json(text)["noticeTime"])
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(f"{REBALANCE} is not EC2's recommendation: {text[:200]!r}") from exc
+
+
+def _aware(value: object) -> datetime:
+    """A time as EC2 writes it in metadata (ISO 8601, ``Z``); ``ValueError`` without its zone."""
+    at = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     if at.tzinfo is None:
-        raise ValueError(f"{REBALANCE} is not EC2's recommendation: {text[:200]!r}")
+        raise ValueError(f"{value!r} has no time zone")
     return at
 
 
