@@ -7,7 +7,8 @@ and on replacements; events delivered again; clocks fast and slow; events sent l
 draining, returning and pausing; the Slurm controller restarting or crashing (and, one soak in
 three, the relay that reaches it); instances terminated by someone else; AWS throttling; AWS
 announcing a scheduled retirement or a Spot interruption (EC2 ending the instance 20 s later),
-and delivering the notice again. On
+and delivering the notice again; an operator running a runbook step (nodemedic remediate) on a
+node automation may be working on. On
 Kubernetes the operator cordons and uncordons (kubectl), the control plane is the API server
 (restarted or killed; etcd keeps what it stored), a PodDisruptionBudget blocks a job's evictions
 for a while, and EKS's DescribeCluster is throttled too. When it is all over and the reconciler
@@ -26,14 +27,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import boto3
 import pytest
 import urllib3
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from kubernetes.client.rest import ApiException
 from nodemedic import operations
+from nodemedic.errors import NodeMedicError
 from nodemedic.orchestrators.kubernetes import DRAIN_TAINT, REASON
 from nodemedic.providers.base import SLURM_NODE_TAG
 from nodemedic.reconciler import KEEPS_LOCK
+from nodemedic_cli.operator import ACTIONS as RUNBOOK_ACTIONS
+from nodemedic_cli.operator import OPERATOR_DRAIN_PREFIX, remediate
+from nodemedic_cli.target import Target
 from nodemedic_sandbox import kube_apiserver
 from nodemedic_sandbox.kube_cluster import KubeScheduler
 from nodemedic_sandbox.local import TERMINAL, LocalMode
@@ -47,13 +53,13 @@ from tests.e2e.test_spot_interruption import _warning
 # NODEMEDIC_SOAK_SEEDS=100:140 NODEMEDIC_SOAK_ACTIONS=30 make chaos: other seeds, longer soaks
 FIRST, _, LAST = os.environ.get("NODEMEDIC_SOAK_SEEDS", "0:12").partition(":")
 SEEDS = range(int(FIRST), int(LAST))
-SMOKE = {7}  # make test runs this one (two slurmctld crashes, replays, operator drains); make chaos runs all
+SMOKE = {7}  # make test runs this one (a slurmctld crash, a runbook reboot racing faults on its node); make chaos runs all
 KUBE_SMOKE = {1}  # and this one on Kubernetes
 ACTIONS_PER_SOAK = int(os.environ.get("NODEMEDIC_SOAK_ACTIONS", "14"))
 CODES = ("XID 79", "XID 48", "ECC_DBE", "XID 79", "NVSWITCH_FATAL", "THERMAL_VIOLATION")
 ACTIONS = ("fault", "fault", "fault", "replay", "skewed", "late", "operator-drain", "operator-resume", "pause",
            "controller-restart", "controller-crash", "terminate", "throttle", "submit", "retirement", "spot", "aws-replay",
-           "scale-in")
+           "scale-in", "runbook")
 KUBE_ACTIONS = (*ACTIONS, "budget")
 
 
@@ -69,6 +75,8 @@ class World:
     crashed: bool = False  # slurmctld crashed: a job submitted in its last seconds may be lost
     relaunched: bool = True  # an Auto Scaling group launches an instance in an ended one's place; plain EC2 none
     log: list[str] = field(default_factory=list)
+    runbook_crashes: list[str] = field(default_factory=list)  # a runbook step that failed without saying why
+    runbook_target: Target | None = None  # the operator's CLI target, made at their first runbook step
 
 
 def _scontrol_ok(local: LocalMode, *args: str) -> None:
@@ -152,8 +160,13 @@ def _ec2_interrupts(local: LocalMode, world: World, after: float) -> None:
 def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> None:
     kube = _kube(local)
     _ec2_interrupts(local, world, after=20)
-    # on Kubernetes a replacement joins under a name of its own: any node there now
-    node = rng.choice(local.node_names if kube is None else sorted(kube.node_names()))
+    # on Kubernetes a replacement joins under a name of its own: any node there now (none, once
+    # scale-ins and interruptions have ended every instance: nothing launches one in their place)
+    names = local.node_names if kube is None else sorted(kube.node_names())
+    if not names:
+        world.log.append(f"{action}: no node left")
+        return
+    node = rng.choice(names)
     if action in ("fault", "skewed", "late"):
         code, shift = rng.choice(CODES), timedelta(minutes=rng.choice([-10, -1, 2]))  # drawn first: a seed is one order
         try:
@@ -243,6 +256,8 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
         time.sleep(rng.uniform(0.5, 3))
         local.relay = local.start_relay(local.cluster.controller_id)
         world.log.append("relay restart")
+    elif action == "runbook":
+        _runbook(local, world, node, rng.choice(RUNBOOK_ACTIONS))
     elif action == "submit":
         world.jobs.append(local.scheduler.submit(rng.choice([1, 2])))
         world.log.append(f"submit job {world.jobs[-1]}")
@@ -252,6 +267,35 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
         time.sleep(seconds)
         _kube_ok(lambda: kube.budget(job, allowed=1))
         world.log.append(f"{job} allows no disruption for {seconds:.0f} s")
+
+
+def _runbook(local: LocalMode, world: World, node: str, action: str) -> None:
+    """An operator's runbook step (nodemedic remediate), racing automation: it acts, or it is
+    refused with a clear error (the CLI prints it and exits 2); it never fails without saying why."""
+    if world.runbook_target is None:
+        kube = _kube(local)
+        if kube is None:
+            session = boto3.Session()
+        else:  # a person's IAM user, in NodeMedic's remediator group by an EKS access entry
+            session = local.aws.operator_session("soak")
+            local.aws.create_access_entry(kube.eks_cluster, session.client("sts").get_caller_identity()["Arn"],
+                                          ["nodemedic:remediator"], "STANDARD")
+        world.runbook_target = Target(local.stack.name, session=session)
+    target = world.runbook_target
+    try:
+        done = remediate(target, node, action, reason="soak runbook", by="soak@example.com")
+    except (NodeMedicError, ClientError, BotoCoreError) as exc:
+        world.log.append(f"runbook {action} {node}: refused ({str(exc)[:80]})")
+        return
+    except Exception as exc:  # what the CLI would print as a traceback
+        world.runbook_crashes.append(f"runbook {action} {node}: {exc!r}")
+        world.log.append(f"runbook {action} {node}: crashed ({exc!r:.80})")
+        return
+    if action == "drain":
+        world.operator_drained.add(node)
+    elif action == "resume":
+        world.operator_drained.discard(node)
+    world.log.append(f"runbook {action} {node}" + (f" (incident {done['incident']})" if "incident" in done else ""))
 
 
 def _owner_kept(reason: str, incidents: dict[str, Any]) -> tuple[bool, str]:
@@ -322,8 +366,9 @@ def _kube_nodes_hold(kube: KubeScheduler, world: World, incidents: dict[str, Any
             if reason.startswith("nodemedic:"):
                 kept, status = _owner_kept(reason, incidents)
                 check(kept, f"{node} is held by an incident that did not keep it ({reason[:60]}: {status})")
-            else:
-                check(not tainted, f"{node} carries NodeMedic's taint without naming its incident ({reason!r})")
+            else:  # or an operator's drain through nodemedic remediate, which taints as NodeMedic's does
+                check(not tainted or reason.startswith(f"{OPERATOR_DRAIN_PREFIX}:"),
+                      f"{node} carries NodeMedic's taint without naming its incident ({reason!r})")
 
 
 # what a reconciler run may start (a burn-in for a node held for one, a fault offered again after
@@ -402,6 +447,7 @@ def test_invariants_hold_after_a_soak(scheduler: str, seed: int, record_property
         check(all(i.status != "open" for i in incidents.values()),
               "every incident ended: " + ", ".join(f"{i.incident_id} {i.status}" for i in incidents.values()))
         check(not books.open_incidents, "no incident left open")
+        check(not world.runbook_crashes, f"every runbook step acts or says why not ({world.runbook_crashes})")
         check(all(incidents[x.incident_id].status in KEEPS_LOCK for x in books.locks if x.incident_id in incidents),
               "no lock outlives its incident")
         check(not books.claims, f"no claim outlives its incident ({books.claims})")
