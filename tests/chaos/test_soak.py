@@ -49,6 +49,7 @@ from tests.conftest import require
 from tests.e2e.support import OPEN, control, stack
 from tests.e2e.test_planned_events import _retirement
 from tests.e2e.test_spot_interruption import _warning
+from tests.kube.test_cli import operator
 
 # NODEMEDIC_SOAK_SEEDS=100:140 NODEMEDIC_SOAK_ACTIONS=30 make chaos: other seeds, longer soaks
 FIRST, _, LAST = os.environ.get("NODEMEDIC_SOAK_SEEDS", "0:12").partition(":")
@@ -272,14 +273,8 @@ def _act(local: LocalMode, rng: random.Random, world: World, action: str) -> Non
 def _runbook(local: LocalMode, world: World, node: str, action: str) -> None:
     """An operator's runbook step (nodemedic remediate), racing automation: it acts, or it is
     refused with a clear error (the CLI prints it and exits 2); it never fails without saying why."""
-    if world.runbook_target is None:
-        kube = _kube(local)
-        if kube is None:
-            session = boto3.Session()
-        else:  # a person's IAM user, in NodeMedic's remediator group by an EKS access entry
-            session = local.aws.operator_session("soak")
-            local.aws.create_access_entry(kube.eks_cluster, session.client("sts").get_caller_identity()["Arn"],
-                                          ["nodemedic:remediator"], "STANDARD")
+    if world.runbook_target is None:  # on Kubernetes a person's IAM user in NodeMedic's remediator group
+        session = boto3.Session() if _kube(local) is None else operator(local, "soak", ["nodemedic:remediator"])[0]
         world.runbook_target = Target(local.stack.name, session=session)
     target = world.runbook_target
     try:
