@@ -166,7 +166,8 @@ def remediate(
                                              "automation never lifts an operator's drain). resume, replace and "
                                              "reboot also end the hold of an ended incident (quarantined, "
                                              "escalated, retired) on the node: its next fault opens a new "
-                                             "incident.")],
+                                             "incident. replace / reboot wait until the state machine has "
+                                             "opened the incident (seconds), or say why it refused.")],
     reason: Reason,
     by: By = "",
     level: Annotated[str, typer.Option(help="health-check: quick or full.")] = "quick",
@@ -174,9 +175,14 @@ def remediate(
 ) -> None:
     """Remediate a node by hand (a runbook step)."""
     def show(r: dict[str, Any]) -> None:
-        if r.get("started"):
+        if r.get("started") and r.get("opened"):
             console.print(f"started incident [bold]{plain(r['incident'])}[/] ({plain(r['action'])} {plain(r['node'])}); "
                           f"follow it with `nodemedic show {plain(r['incident'])}`")
+            _say_released(r)
+        elif r.get("started"):
+            console.print(f"started execution {plain(r['execution_arn'])} ({plain(r['action'])} {plain(r['node'])}); "
+                          f"Detect has not opened incident {plain(r['incident'])} after {operator.DETECT_WAIT_S:.0f} s "
+                          "(AWS throttling, say): `aws stepfunctions describe-execution` says where it stands")
             _say_released(r)
         elif r["action"] == "health-check":
             colour = "green" if r["healthy"] else "red"

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from botocore.exceptions import ClientError
 from nodemedic import operations
 from nodemedic.contracts.events import RemediationRequest
 from nodemedic.contracts.incident import STAGES, Incident, StageRecord
@@ -81,10 +83,17 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
     if action in ("reboot", "replace"):
         released = _make_way_for(target, node, action)
         name = execution_name(action, node, datetime.now(UTC))
-        started = target.client("stepfunctions").start_execution(
-            stateMachineArn=target.output("StateMachineArn"), name=name, input=json.dumps(request))
+        try:
+            started = target.client("stepfunctions").start_execution(
+                stateMachineArn=target.output("StateMachineArn"), name=name, input=json.dumps(request))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":
+                raise
+            raise OperatorError(f"a {action} of {node} was started this second already, as incident {name}: follow "
+                                f"it with `nodemedic show {name}`") from None
+        opened = _await_detect(target, name, started["executionArn"], node, action)
         return {"action": action, "node": node, "incident": name, "execution_arn": started["executionArn"],
-                "started": True, "released": released}
+                "started": True, "opened": opened, "released": released}
     if action == "drain":
         # NodeMedic's own drain is taken over (the node stays out, e.g. for an RMA: automation
         # never lifts an operator's drain), checked and acted on in one scheduler command
@@ -106,6 +115,42 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
         return {"action": action, "node": node, "state": target.orchestrator.node_status(node).state,
                 "was": status.reason, "released": released}
     return health_check(target, node, level)
+
+
+DETECT_WAIT_S = 60.0  # Detect answers in seconds; AWS throttling retried may take it minutes
+
+
+def _await_detect(target: Target, name: str, execution_arn: str, node: str, action: str) -> bool:
+    """Wait until Detect opened incident ``name`` (True), or ``DETECT_WAIT_S`` passed without a
+    decision (False: it still may). An execution that ended without opening it was refused (two
+    requests for one node at once, an instance gone since the CLI looked): :class:`OperatorError`
+    with Detect's reason, as the command must not say it started what changed nothing."""
+    sfn = target.client("stepfunctions")
+    deadline = time.monotonic() + DETECT_WAIT_S
+    while True:
+        if target.ledger.statuses([name]):
+            return True
+        execution = sfn.describe_execution(executionArn=execution_arn)
+        if execution["status"] != "RUNNING":
+            if target.ledger.statuses([name]):  # opened, then ended at once (held by the gate, say)
+                return True
+            raise OperatorError(f"the {action} of {node} was refused, nothing was done: {_why_ended(execution)}")
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def _why_ended(execution: dict[str, Any]) -> str:
+    """What ended an execution before its incident opened: Detect's error message, or its decision."""
+    if execution["status"] == "SUCCEEDED":
+        detect = json.loads(execution.get("output") or "{}").get("detect", {})
+        return str(detect.get("reason") or f"Detect decided {detect.get('decision')!r}")
+    cause = execution.get("cause") or ""
+    try:
+        message = json.loads(cause).get("errorMessage")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or cause or f"{execution.get('error') or 'its execution'} {execution['status'].lower()}")
 
 
 def _make_way_for(target: Target, node: str, action: str) -> list[str]:

@@ -30,8 +30,13 @@ def incident(incident_id: str, instance: str = "i-0123456789abcdef0") -> Inciden
 
 def test_racing_events_for_one_node_open_exactly_one_incident(ledger: Ledger) -> None:
     results: list[str | None] = []
-    threads = [threading.Thread(target=lambda i=i: results.append(ledger.open_incident(incident(f"inc-{i}"))))
-               for i in range(20)]
+
+    def detect(event: str) -> None:  # as Detect does: a loser is folded into the winner, counted
+        results.append(existing := ledger.open_incident(incident(event)))
+        if existing:
+            ledger.count_duplicate(existing, event)
+
+    threads = [threading.Thread(target=detect, args=(f"inc-{i}",)) for i in range(20)]
     for t in threads:
         t.start()
     for t in threads:
@@ -80,6 +85,7 @@ def test_a_folded_event_is_counted_once_even_when_detect_is_retried(ledger: Ledg
     assert ledger.open_incident(incident("first")) is None
     for execution in ("dup-1", "dup-2", "dup-1"):  # dup-1's Detect ran twice (a timeout retry)
         assert ledger.open_incident(incident(execution)) == "first"
+        ledger.count_duplicate("first", execution)
     assert ledger.get("first").duplicate_events == 2
 
 
@@ -91,7 +97,7 @@ def test_an_incident_that_folds_events_for_days_stays_within_dynamodbs_item_size
     assert ledger.open_incident(incident("held")) is None
     long_ids = [f"exec-{n:04d}-" + "x" * 70 for n in range(6)]  # execution names of 80 characters
     for execution in (*long_ids, long_ids[0]):  # the last: a retried Detect, under the cap
-        assert ledger.open_incident(incident(execution)) == "held"
+        ledger.count_duplicate("held", execution)
     item = ledger._db.get_item(TableName="incidents", Key={"pk": {"S": "INCIDENT#held"}})["Item"]
     assert len(item["folded"]["SS"]) == 3  # kept up to the cap, then no more
     assert ledger.get("held").duplicate_events == 6  # every event counted, the retry once

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
+from nodemedic.operations import OperatorError
+from nodemedic_cli import operator as operator_commands
 from nodemedic_cli.main import app
 from nodemedic_cli.target import Target
 from nodemedic_sandbox.local import LocalMode
@@ -28,10 +32,12 @@ def local() -> Iterator[LocalMode]:
             yield running
 
 
-def cli(local: LocalMode, *args: str, code: int = 0) -> Any:
-    """Run ``nodemedic ARGS --json`` against the local stack; return the parsed JSON."""
+def cli(local: LocalMode, *args: str, code: int = 0, hold: bool = True) -> Any:
+    """Run ``nodemedic ARGS --json`` against the local stack; return the parsed JSON. With ``hold``
+    the stack holds still while the CLI reads it; a reboot or replace that starts the state machine
+    waits for its Detect, so the stack runs (``hold=False``)."""
     target = Target(local.stack.name, session=boto3.Session())
-    with local.aws.lambdas_held():  # the stack holds still while the CLI reads it
+    with local.aws.lambdas_held() if hold else contextlib.nullcontext():
         result = CliRunner().invoke(app, [*args, "--json"], obj=target)
     assert result.exit_code == code, result.output
     try:
@@ -43,7 +49,7 @@ def cli(local: LocalMode, *args: str, code: int = 0) -> Any:
 def test_remediate_starts_the_state_machine_and_show_explains_each_stage(local: LocalMode) -> None:
     job, nodes = running_job(local)
     sick = nodes[0]
-    started = cli(local, "remediate", sick, "--action", "replace", "--reason", "GPU 3 keeps failing NCCL")
+    started = cli(local, "remediate", sick, "--action", "replace", "--reason", "GPU 3 keeps failing NCCL", hold=False)
     assert started["started"] and started["action"] == "replace"
     [execution] = local.wait_for_executions(1, timeout=90)
     assert execution["status"] == "SUCCEEDED", execution.get("cause")
@@ -146,7 +152,7 @@ def test_approve_and_deny_answer_a_waiting_incident(local: LocalMode) -> None:
     try:
         waiting = []
         for node in ("gpu-1", "gpu-4"):
-            started = cli(local, "remediate", node, "--action", "reboot", "--reason", "flaky NVLink")
+            started = cli(local, "remediate", node, "--action", "reboot", "--reason", "flaky NVLink", hold=False)
             wait_for(lambda i=started["incident"]: any(x.incident_id == i and "approval" in x.stages
                                                        for x in local.incidents()), "the approval wait", timeout=60)
             waiting.append(started["incident"])
@@ -174,6 +180,40 @@ def test_approve_and_deny_answer_a_waiting_incident(local: LocalMode) -> None:
         ssm.put_parameter(Name=name, Value=json.dumps(policy), Overwrite=True)
 
 
+def test_two_requests_for_one_node_at_once_open_one_incident_and_refuse_the_other(local: LocalMode) -> None:
+    """Two on-calls ask for the same node within a second: both pass the CLI's look (no incident
+    holds it yet) and both start an execution. Before, the later Detect folded its request into the
+    first's incident while both commands said "started". Now the second is told it was refused
+    and why, and one incident holds the node."""
+    node = next(n for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5") if local.scheduler.node(n)["State"] == "IDLE"
+                and not any(i.slurm_node == n and i.status == "open" for i in local.incidents()))
+    before = len(local.executions())
+    answers: dict[str, Any] = {}
+
+    def request(action: str) -> None:
+        try:
+            answers[action] = operator_commands.remediate(Target(local.stack.name, session=boto3.Session()), node,
+                                                          action, "NCCL hangs on this node", OPERATOR)
+        except OperatorError as exc:
+            answers[action] = exc
+
+    with local.aws.lambdas_held():  # both look and start before either Detect runs
+        threads = [threading.Thread(target=request, args=(action,)) for action in ("reboot", "replace")]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(local.executions()) == before + 2, "both executions", timeout=30)
+    for t in threads:
+        t.join(timeout=90)
+    [opened] = [a for a in answers.values() if isinstance(a, dict)]
+    [refused] = [a for a in answers.values() if isinstance(a, OperatorError)]
+    assert opened["opened"] and local.incident(opened["incident"]).slurm_node == node
+    assert f"was refused, nothing was done: {node} is in incident {opened['incident']}, still open" in str(refused)
+    assert [i.incident_id for i in local.incidents() if i.slurm_node == node and i.status == "open"] in (
+        [opened["incident"]], [])  # the one incident holds the node (or has closed already)
+    wait_for(lambda: local.incident(opened["incident"]).status != "open", "the incident's end", timeout=120)
+    assert local.incident(opened["incident"]).duplicate_events == 0  # the refused request is not one of its events
+
+
 def closed_by_hand(local: LocalMode, count: int) -> None:
     """At least ``count`` incidents an operator started have closed on the module's stack: those
     the tests before made, or, where this test runs alone, ones it starts (a reboot of idle nodes)."""
@@ -182,7 +222,7 @@ def closed_by_hand(local: LocalMode, count: int) -> None:
 
     idle = [n for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-4") if local.scheduler.node(n)["State"] == "IDLE"]
     for node in idle[:max(0, count - closed())]:
-        cli(local, "remediate", node, "--action", "reboot", "--reason", "report needs a closed incident")
+        cli(local, "remediate", node, "--action", "reboot", "--reason", "report needs a closed incident", hold=False)
     wait_for(lambda: closed() >= count, f"{count} closed incidents", timeout=120)
 
 

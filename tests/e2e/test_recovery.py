@@ -116,9 +116,9 @@ def test_no_capacity_to_repair_retries_then_escalates_with_the_node_drained() ->
         # incident holds the node until someone acts; this request is that act (before, it folded
         # into the escalated incident and nothing was replaced)
         local.aws.ec2_capacity = True
-        with local.aws.lambdas_held():
-            again = remediate(Target(local.stack.name, session=boto3.Session()), "gpu-2", "replace",
-                              "capacity is back", OPERATOR)
+        again = remediate(Target(local.stack.name, session=boto3.Session()), "gpu-2", "replace",
+                          "capacity is back", OPERATOR)
+        assert again["opened"]  # the command returns once Detect opened it
         assert again["released"] == [incident.incident_id]
         retried = local.wait_for_executions(2, timeout=90)
         assert local.detect_decision(latest(retried)) == "remediate"

@@ -7,6 +7,7 @@ two minutes (``--authentication-token-webhook-cache-ttl``), so a changed entry i
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -51,12 +52,13 @@ def operator(local: LocalMode, user: str, groups: list[str] | None) -> tuple[Any
     return session, arn
 
 
-def cli(local: LocalMode, session: Any, *args: str, code: int = 0) -> Any:
-    """``nodemedic ARGS --json`` as the operator whose session this is; the parsed JSON."""
+def cli(local: LocalMode, session: Any, *args: str, code: int = 0, hold: bool = True) -> Any:
+    """``nodemedic ARGS --json`` as the operator whose session this is; the parsed JSON. With
+    ``hold`` no function runs meanwhile; a reboot or replace waits for its Detect (``hold=False``)."""
     original = checks.SimulatedPermissions  # the doctor's permission rows: the local IAM evaluator
     checks.SimulatedPermissions = lambda iam: checks.LocalPermissions(iam)  # type: ignore[assignment,misc]
     try:
-        with local.aws.lambdas_held():
+        with local.aws.lambdas_held() if hold else contextlib.nullcontext():
             result = CliRunner().invoke(app, [*args, "--json"], obj=Target(local.stack.name, session=session))
     finally:
         checks.SimulatedPermissions = original  # type: ignore[misc]
@@ -105,7 +107,7 @@ def test_a_remediator_drains_resumes_and_starts_an_incident_through_the_real_api
     resumed = cli(local, session, "remediate", "gpu-2", "--action", "resume", "--reason", "BIOS done")
     assert "DRAIN" not in resumed["state"] and "DRAIN" not in kube.node("gpu-2")["State"]
 
-    started = cli(local, session, "remediate", "gpu-1", "--action", "reboot", "--reason", "GPU 3 keeps failing NCCL")
+    started = cli(local, session, "remediate", "gpu-1", "--action", "reboot", "--reason", "GPU 3 keeps failing NCCL", hold=False)
     [execution] = local.wait_for_executions(1, timeout=120)
     assert execution["status"] == "SUCCEEDED", execution.get("cause")
     shown = cli(local, session, "show", started["incident"])

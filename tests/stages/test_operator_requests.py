@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 from nodemedic.contracts.stages import DetectInput
-from nodemedic.errors import InvalidEventError, UnknownNodeError
+from nodemedic.errors import IncidentStateError, InvalidEventError, UnknownNodeError
 from nodemedic.providers.base import Member
 from nodemedic.stages.detect import detect
 from nodemedic.store.control import ControlStore
@@ -39,6 +39,31 @@ def test_a_request_for_a_node_whose_incident_is_open_is_refused_naming_it(ledger
         _request(ledger, action, f"runbook-{action}")
     assert ledger.active_incident_id("c1", "i-gpu-1") == holder.incident_id  # nothing changed
     assert ledger.get(holder.incident_id).duplicate_events == 0
+
+
+@pytest.mark.parametrize("action", ["reboot", "replace"])
+def test_a_request_whose_node_another_took_meanwhile_is_refused_not_folded(ledger: Ledger, action: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two requests for one node at once (two operators, or a retried runbook) both look before
+    either writes: the one whose write comes second finds the other's incident holding the node.
+    Folded into it, it would change nothing while its execution succeeded: refused, naming it."""
+    looked = Ledger.lock_holder
+    first: list[str] = []
+
+    def racing(self: Ledger, cluster: str, instance_id: str):
+        seen = looked(self, cluster, instance_id)
+        if not first:  # the other request opens its incident right after this one looked
+            first.append(opened(ledger, "gpu-1").incident_id)
+        return seen
+
+    monkeypatch.setattr(Ledger, "lock_holder", racing)
+    with pytest.raises(InvalidEventError, match=f"gpu-1 is in incident inc-[0-9]+, still open .* a {action} request "
+                                                "would fold into it and change nothing"):
+        _request(ledger, action, f"runbook-{action}")
+    assert ledger.active_incident_id("c1", "i-gpu-1") == first[0]
+    assert ledger.get(first[0]).duplicate_events == 0  # not counted as one of its events
+    with pytest.raises(IncidentStateError):
+        ledger.get(f"runbook-{action}")
 
 
 def test_a_request_for_a_quarantined_node_releases_it_and_opens_its_own_incident(ledger: Ledger) -> None:

@@ -262,6 +262,16 @@ def _make_way_for(requested: str, member: Member, incident_id: str, cluster: str
     ledger.release_holder(cluster, member.instance_id, holder)
 
 
+def _taken_meanwhile(holder: Incident, node: str, requested: str) -> str:
+    """Why an operator's request is refused when another incident took the node's lock between
+    :func:`_make_way_for`'s look and this request's own write (two requests for one node at once, or
+    a fault's incident): folded, it would change nothing while its execution said it ran."""
+    if holder.status == "open":
+        return request_would_fold(holder, node, requested)
+    return (f"{node} was taken by incident {holder.incident_id} ({holder.status}) while this {requested} request "
+            f"was decided: nothing was done. Follow it with `nodemedic show {holder.incident_id}`, then ask again.")
+
+
 def _resolve_or_page(fault: Fault, provider: Provider, cluster: str, control: ControlStore, now: datetime,
                      limits: Limits) -> Member:
     """The member; an unknown node pages the on-call at most once per ``page_window`` (whoever
@@ -429,7 +439,10 @@ def _decide(request: DetectInput, trigger: TriggerEvent, fault: Fault, *, cluste
             **({"evidence": fault.evidence} if fault.evidence else {})})},
     )
     existing = ledger.open_incident(incident)
+    if existing is not None and fault.requested_action:
+        raise InvalidEventError(_taken_meanwhile(ledger.get(existing), member.slurm_node or "", fault.requested_action))
     if existing is not None:
+        ledger.count_duplicate(existing, request.incident_id)
         if action == "retire":
             _note_capacity_end(existing, fault, reason, ledger, now)
         return DetectOutput(

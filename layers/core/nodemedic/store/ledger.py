@@ -205,7 +205,6 @@ class Ledger:
                 return self.open_incident(incident)
             if existing == incident.incident_id:  # our own earlier attempt (Detect retried)
                 return None
-            self.count_duplicate(existing, incident.incident_id)
             return existing
         return None
 
