@@ -180,9 +180,11 @@ def remediate(
                           f"follow it with `nodemedic show {plain(r['incident'])}`")
             _say_released(r)
         elif r.get("started"):
+            why = (f"could not see whether Detect opened incident {plain(r['incident'])} ({plain(r['unseen'])})"
+                   if r.get("unseen") else f"Detect has not opened incident {plain(r['incident'])} after "
+                   f"{operator.DETECT_WAIT_S:.0f} s (AWS throttling, say)")
             console.print(f"started execution {plain(r['execution_arn'])} ({plain(r['action'])} {plain(r['node'])}); "
-                          f"Detect has not opened incident {plain(r['incident'])} after {operator.DETECT_WAIT_S:.0f} s "
-                          "(AWS throttling, say): `aws stepfunctions describe-execution` says where it stands")
+                          f"{why}: `aws stepfunctions describe-execution` says where it stands")
             _say_released(r)
         elif r["action"] == "health-check":
             colour = "green" if r["healthy"] else "red"

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from nodemedic import operations
+from nodemedic.aws_retries import retryable
 from nodemedic.contracts.events import RemediationRequest
 from nodemedic.contracts.incident import STAGES, Incident, StageRecord
 from nodemedic.contracts.problems import describe
@@ -91,9 +92,9 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
                 raise
             raise OperatorError(f"a {action} of {node} was started this second already, as incident {name}: follow "
                                 f"it with `nodemedic show {name}`") from None
-        opened = _await_detect(target, name, started["executionArn"], node, action)
+        opened, unseen = _await_detect(target, name, started["executionArn"], node, action)
         return {"action": action, "node": node, "incident": name, "execution_arn": started["executionArn"],
-                "started": True, "opened": opened, "released": released}
+                "started": True, "opened": opened, **({"unseen": unseen} if unseen else {}), "released": released}
     if action == "drain":
         # NodeMedic's own drain is taken over (the node stays out, e.g. for an RMA: automation
         # never lifts an operator's drain), checked and acted on in one scheduler command
@@ -120,23 +121,31 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
 DETECT_WAIT_S = 60.0  # Detect answers in seconds; AWS throttling retried may take it minutes
 
 
-def _await_detect(target: Target, name: str, execution_arn: str, node: str, action: str) -> bool:
+def _await_detect(target: Target, name: str, execution_arn: str, node: str, action: str) -> tuple[bool, str]:
     """Wait until Detect opened incident ``name`` (True), or ``DETECT_WAIT_S`` passed without a
-    decision (False: it still may). An execution that ended without opening it was refused (two
-    requests for one node at once, an instance gone since the CLI looked): :class:`OperatorError`
-    with Detect's reason, as the command must not say it started what changed nothing."""
+    decision (False: it still may), or AWS refused to say (False, and why: the execution runs all
+    the same). An execution that ended without opening it was refused (two requests for one node at
+    once, an instance gone since the CLI looked): :class:`OperatorError` with Detect's reason, as
+    the command must not say it started what changed nothing."""
     sfn = target.client("stepfunctions")
     deadline = time.monotonic() + DETECT_WAIT_S
     while True:
-        if target.ledger.statuses([name]):
-            return True
-        execution = sfn.describe_execution(executionArn=execution_arn)
-        if execution["status"] != "RUNNING":
-            if target.ledger.statuses([name]):  # opened, then ended at once (held by the gate, say)
-                return True
-            raise OperatorError(f"the {action} of {node} was refused, nothing was done: {_why_ended(execution)}")
+        try:
+            if target.ledger.statuses([name]):
+                return True, ""
+            execution = sfn.describe_execution(executionArn=execution_arn)
+            if execution["status"] != "RUNNING":
+                if target.ledger.statuses([name]):  # opened, then ended at once (held by the gate, say)
+                    return True, ""
+                raise OperatorError(f"the {action} of {node} was refused, nothing was done: {_why_ended(execution)}")
+        except ClientError as exc:
+            if not retryable(exc) or time.monotonic() >= deadline:  # AccessDenied to DescribeExecution, say
+                error = exc.response.get("Error", {})
+                return False, f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}"
+        except BotoCoreError as exc:  # the network
+            return False, str(exc)
         if time.monotonic() >= deadline:
-            return False
+            return False, ""
         time.sleep(0.5)
 
 

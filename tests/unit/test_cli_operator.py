@@ -6,9 +6,11 @@ from unittest import mock
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 from nodemedic import operations
-from nodemedic_cli.operator import execution_name
+from nodemedic.operations import OperatorError
+from nodemedic_cli.operator import _await_detect, execution_name
 
 
 def test_a_hand_started_execution_is_named_within_step_functions_limit_whatever_the_node_name() -> None:
@@ -54,3 +56,41 @@ def test_an_operators_reason_is_held_to_one_rule_whatever_the_command(by: str, r
     for call in calls:
         with pytest.raises(operations.OperatorError, match=refused):
             call()
+
+
+class _Following:
+    """What the CLI reads while it waits for Detect: the ledger's statuses and the execution, in turn."""
+
+    def __init__(self, answers: list) -> None:
+        self.answers = answers
+        self.ledger = mock.Mock(statuses=lambda ids: {})
+
+    def client(self, service: str) -> mock.Mock:
+        def describe_execution(**request: str) -> dict:
+            answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return mock.Mock(describe_execution=describe_execution)
+
+
+def _refused(code: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "no"}}, "DescribeExecution")
+
+
+def test_a_request_detect_refused_says_why_and_that_nothing_was_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("nodemedic_cli.operator.time.sleep", lambda s: None)
+    cause = json.dumps({"errorMessage": "gpu-1 is in incident inc-1, still open", "errorType": "InvalidEventError"})
+    target = _Following([_refused("ThrottlingException"), {"status": "RUNNING"},
+                         {"status": "FAILED", "error": "InvalidEventError", "cause": cause}])
+    with pytest.raises(OperatorError, match="the reboot of gpu-1 was refused, nothing was done: gpu-1 is in incident "
+                                            "inc-1, still open$"):
+        _await_detect(target, "reboot-gpu-1-x", "arn", "gpu-1", "reboot")  # type: ignore[arg-type]
+
+
+def test_a_request_whose_execution_aws_will_not_describe_is_started_not_refused() -> None:
+    """The operator may start executions and not describe them (AccessDenied): the execution runs
+    all the same, so the command says it started and that it could not see Detect's decision."""
+    opened, unseen = _await_detect(_Following([_refused("AccessDeniedException")]),  # type: ignore[arg-type]
+                                   "reboot-gpu-1-x", "arn", "gpu-1", "reboot")
+    assert not opened and unseen == "AWS refused DescribeExecution: AccessDeniedException: no"
