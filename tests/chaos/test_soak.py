@@ -290,7 +290,8 @@ def _runbook(local: LocalMode, world: World, node: str, action: str) -> None:
         world.operator_drained.add(node)
     elif action == "resume":
         world.operator_drained.discard(node)
-    world.log.append(f"runbook {action} {node}" + (f" (incident {done['incident']})" if "incident" in done else ""))
+    opened = "" if done.get("opened", True) else ", Detect not seen opening it"
+    world.log.append(f"runbook {action} {node}" + (f" (incident {done['incident']}{opened})" if "incident" in done else ""))
 
 
 def _owner_kept(reason: str, incidents: dict[str, Any]) -> tuple[bool, str]:
