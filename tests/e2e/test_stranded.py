@@ -116,3 +116,32 @@ def test_an_operator_keeps_a_node_nodemedic_drained_out_for_an_rma() -> None:
         # another operator's drain is not taken over by a second one
         with pytest.raises(OperatorError, match="already drained by someone else"):
             operator_commands.remediate(target, sick, "drain", "mine now", "someone@example.com")
+
+
+def test_controller_down_for_a_moment_at_resume_the_repaired_node_is_returned_all_the_same() -> None:
+    """slurmctld restarts as Resume begins (a HyperPod controller's failover, a crash): the
+    scheduler command fails. Before, the incident failed and the repaired node stayed drained until
+    a person returned it (found by tests/chaos/test_soak.py, seed 1293: "add spare gpu-2 ... is not
+    reserved"). Resume is tried again, the controller back by then: the node joins the spare pool
+    (its spare took the job) and the incident closes."""
+    with stack(spares=1, **OPEN) as local:
+        job, nodes = running_job(local)
+        sick = nodes[0]
+        def returning(event: dict) -> bool:  # the Resume stage proper (its function also waits for jobs)
+            return event.get("step", "return") == "return"
+
+        down = local.aws.before_invoke("ResumeFunction", lambda event: local.scheduler.stop_controller(),
+                                       when=returning)
+        back = local.aws.before_invoke("ResumeFunction", lambda event: local.scheduler.start_controller(),
+                                       when=lambda event: returning(event) and bool(down) and event is not down[0])
+        local.put_event(local.health_event(sick, "XID 79"))
+        [execution] = local.wait_for_executions(1, timeout=240)
+
+        assert down and back  # the first try found no controller; the next found it back
+        assert execution["status"] == "SUCCEEDED", execution.get("cause")
+        incident = local.incident(execution["name"])
+        assert incident.status == "closed" and incident.outcome.startswith("node back in the spare pool"), incident.outcome
+        state = local.scheduler.node(sick)
+        assert "RESERVED" in state["State"] and "DRAIN" not in state["State"], state
+        assert job_running(local, job)["JobState"] == "RUNNING"
+        assert local.ledger.hold_of(local.cluster.name, sick) is None
