@@ -168,10 +168,10 @@ def _make_way_for(target: Target, node: str, action: str) -> list[str]:
     said it started. Refused, naming that incident and where it stands. An ended incident
     (escalated, quarantined) holds the node on purpose until someone acts: this request is that
     act, so its lock is released and the request opens an incident of its own. The ids of the
-    incidents that no longer hold the node."""
+    incidents that no longer hold the node. A node no instance backs is refused as Detect refuses it."""
     member = target.provider.member_by_node(node)
-    if member is None:
-        return []
+    if member is None:  # Detect would refuse it, and page the on-call for a node it does not know
+        raise OperatorError(operations.no_instance_backs(node, target.cluster))
     holder = target.ledger.lock_holder(target.cluster, member.instance_id)
     if holder is not None and holder.status == "open":
         raise OperatorError(operations.request_would_fold(holder, node, action))

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 from nodemedic import operations
 from nodemedic.operations import OperatorError
-from nodemedic_cli.operator import _await_detect, execution_name
+from nodemedic_cli.operator import _await_detect, execution_name, remediate
 
 
 def test_a_hand_started_execution_is_named_within_step_functions_limit_whatever_the_node_name() -> None:
@@ -94,3 +94,16 @@ def test_a_request_whose_execution_aws_will_not_describe_is_started_not_refused(
     opened, unseen = _await_detect(_Following([_refused("AccessDeniedException")]),  # type: ignore[arg-type]
                                    "reboot-gpu-1-x", "arn", "gpu-1", "reboot")
     assert not opened and unseen == "AWS refused DescribeExecution: AccessDeniedException: no"
+
+
+@pytest.mark.parametrize("action", ["reboot", "replace"])
+def test_a_request_for_a_node_no_instance_backs_is_refused_before_anything_starts(action: str) -> None:
+    """Its instance ended (scaled in, interrupted): Detect would refuse the request, and page the
+    on-call about a node it does not know, while the command waited. Refused here, saying what
+    gives the node an instance; no execution is started."""
+    target = mock.Mock(cluster="c1")
+    target.provider.member_by_node.return_value = None
+    with pytest.raises(OperatorError, match="gpu-1 is not a member of cluster c1: no instance of it backs gpu-1 .*"
+                                            "INSTANCE_LOST"):
+        remediate(target, "gpu-1", action, "GPU 3 keeps failing", "alice")
+    target.client.assert_not_called()

@@ -30,6 +30,15 @@ class OperatorError(NodeMedicError):
     """The operator's request cannot be carried out; nothing was changed."""
 
 
+def no_instance_backs(node: str, cluster: str) -> str:
+    """Why an operator's reboot or replace of ``node`` is refused when no instance of the cluster
+    backs it, and what gives it one."""
+    return (f"{node} is not a member of cluster {cluster}: no instance of it backs {node} (its instance ended, or it "
+            f"never had one); nothing was drained. With Provider=autoscaling on Slurm the reconciler gives it the "
+            f"instance its group launched in its place (INSTANCE_LOST); else give it an instance "
+            f"tagged nodemedic:slurm-node={node}, joined as it")
+
+
 def request_would_fold(holder: Incident, node: str, action: str) -> str:
     """Why an operator's reboot or replace of ``node`` is refused while ``holder``, still open,
     holds it: NodeMedic acts on a node through one incident at a time, so the request would fold

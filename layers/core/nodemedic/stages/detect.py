@@ -37,7 +37,7 @@ from nodemedic.contracts.stages import DetectInput, DetectOutput
 from nodemedic.domain.classification import alarm_fault_code, classify, hyperpod_fault_code, parse_overrides
 from nodemedic.domain.freshness import fault_origin, staleness
 from nodemedic.errors import IncidentStateError, InvalidEventError, UnknownNodeError, UnknownNodeQuietError
-from nodemedic.operations import request_would_fold
+from nodemedic.operations import no_instance_backs, request_would_fold
 from nodemedic.planned_events import back_from_interruption, ended_by_interruption
 from nodemedic.providers.base import ENDED, Member, Provider
 from nodemedic.store.control import ControlStore
@@ -138,11 +138,7 @@ def resolve_member(fault: Fault, provider: Provider, cluster: str) -> Member:
     )
     who = fault.instance_id or fault.slurm_node
     if member is None and not fault.instance_id:  # an operator's request names the node: it has no instance
-        raise UnknownNodeError(
-            f"{who} is not a member of cluster {cluster}: no instance of it backs {who} (its instance ended, or it "
-            f"never had one); nothing was drained. With Provider=autoscaling on Slurm the reconciler gives it the "
-            f"instance its group launched in its place (INSTANCE_LOST); else give it an instance "
-            f"tagged nodemedic:slurm-node={who}, joined as it")
+        raise UnknownNodeError(no_instance_backs(who or "", cluster))
     if member is None:
         raise UnknownNodeError(f"{who} is not a member of cluster {cluster}; nothing was drained")
     if member.slurm_node is None:
