@@ -125,8 +125,9 @@ def _await_detect(target: Target, name: str, execution_arn: str, node: str, acti
     """Wait until Detect opened incident ``name`` (True), or ``DETECT_WAIT_S`` passed without a
     decision (False: it still may), or AWS refused to say (False, and why: the execution runs all
     the same). An execution that ended without opening it was refused (two requests for one node at
-    once, an instance gone since the CLI looked): :class:`OperatorError` with Detect's reason, as
-    the command must not say it started what changed nothing."""
+    once, an instance gone since the CLI looked) or failed (AWS throttled Detect past its retries):
+    :class:`OperatorError` with Detect's reason, as the command must not say it started what
+    changed nothing."""
     sfn = target.client("stepfunctions")
     deadline = time.monotonic() + DETECT_WAIT_S
     while True:
@@ -137,7 +138,7 @@ def _await_detect(target: Target, name: str, execution_arn: str, node: str, acti
             if execution["status"] != "RUNNING":
                 if target.ledger.statuses([name]):  # opened, then ended at once (held by the gate, say)
                     return True, ""
-                raise OperatorError(f"the {action} of {node} was refused, nothing was done: {_why_ended(execution)}")
+                raise OperatorError(f"the {action} of {node} opened no incident, nothing was done: {_why_ended(execution)}")
         except ClientError as exc:
             if not retryable(exc) or time.monotonic() >= deadline:  # AccessDenied to DescribeExecution, say
                 error = exc.response.get("Error", {})

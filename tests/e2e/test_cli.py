@@ -210,7 +210,7 @@ def test_two_requests_for_one_node_at_once_open_one_incident_and_refuse_the_othe
     [opened] = [a for a in answers if isinstance(a, dict)]
     [refused] = [a for a in answers if isinstance(a, OperatorError)]
     assert opened["opened"] and local.incident(opened["incident"]).slurm_node == node
-    assert (f"was refused, nothing was done: {node} is in incident {opened['incident']}, still open" in str(refused)
+    assert (f"opened no incident, nothing was done: {node} is in incident {opened['incident']}, still open" in str(refused)
             or f"was started this second already, as incident {opened['incident']}" in str(refused)), str(refused)
     assert [i.incident_id for i in local.incidents() if i.slurm_node == node and i.status == "open"] in (
         [opened["incident"]], [])  # the one incident holds the node (or has closed already)

@@ -83,7 +83,7 @@ def test_a_request_detect_refused_says_why_and_that_nothing_was_done(monkeypatch
     cause = json.dumps({"errorMessage": "gpu-1 is in incident inc-1, still open", "errorType": "InvalidEventError"})
     target = _Following([_refused("ThrottlingException"), {"status": "RUNNING"},
                          {"status": "FAILED", "error": "InvalidEventError", "cause": cause}])
-    with pytest.raises(OperatorError, match="the reboot of gpu-1 was refused, nothing was done: gpu-1 is in incident "
+    with pytest.raises(OperatorError, match="the reboot of gpu-1 opened no incident, nothing was done: gpu-1 is in incident "
                                             "inc-1, still open$"):
         _await_detect(target, "reboot-gpu-1-x", "arn", "gpu-1", "reboot")  # type: ignore[arg-type]
 
