@@ -167,7 +167,7 @@ def remediate(
                                              "reboot also end the hold of an ended incident (quarantined, "
                                              "escalated, retired) on the node: its next fault opens a new "
                                              "incident. replace / reboot wait until the state machine has "
-                                             "opened the incident (seconds), or say why it refused.")],
+                                             "opened the incident (seconds), or say why it opened none.")],
     reason: Reason,
     by: By = "",
     level: Annotated[str, typer.Option(help="health-check: quick or full.")] = "quick",
