@@ -127,10 +127,13 @@ def test_controller_down_for_a_moment_at_resume_the_repaired_node_is_returned_al
     with stack(spares=1, **OPEN) as local:
         job, nodes = running_job(local)
         sick = nodes[0]
+
         def returning(event: dict) -> bool:  # the Resume stage proper (its function also waits for jobs)
             return event.get("step", "return") == "return"
 
-        down = local.aws.before_invoke("ResumeFunction", lambda event: local.scheduler.stop_controller(),
+        # stopped with its state saved (a restart, a failover): killed, slurmctld would also forget the
+        # spare pool's last edit (gpu-5 taken), and Resume rightly return the node to service instead
+        down = local.aws.before_invoke("ResumeFunction", lambda event: local.scheduler.stop_controller(graceful=True),
                                        when=returning)
         back = local.aws.before_invoke("ResumeFunction", lambda event: local.scheduler.start_controller(),
                                        when=lambda event: returning(event) and bool(down) and event is not down[0])
