@@ -114,11 +114,8 @@ def _run(ctx: typer.Context, as_json: bool, work: Callable[[Target], Any], show:
         result = work(_target(ctx))
     except NodeMedicError as exc:  # OperatorError, TargetError, or the cluster refusing an action
         _fail(str(exc), as_json)
-    except ClientError as exc:  # AWS refused a call: say which and why (AccessDenied, throttled...), no traceback
-        error = exc.response.get("Error", {})
-        _fail(f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}", as_json)
-    except BotoCoreError as exc:  # no credentials, no network
-        _fail(f"cannot reach AWS: {exc}", as_json)
+    except (ClientError, BotoCoreError) as exc:  # which call AWS refused and why, or no AWS: no traceback
+        _fail(operator.aws_failure(exc), as_json)
     if as_json:
         print(json.dumps(_finite(result), indent=2, default=str, allow_nan=False))
     else:
@@ -175,16 +172,16 @@ def remediate(
 ) -> None:
     """Remediate a node by hand (a runbook step)."""
     def show(r: dict[str, Any]) -> None:
-        if r.get("started") and r.get("opened"):
-            console.print(f"started incident [bold]{plain(r['incident'])}[/] ({plain(r['action'])} {plain(r['node'])}); "
-                          f"follow it with `nodemedic show {plain(r['incident'])}`")
-            _say_released(r)
-        elif r.get("started"):
-            why = (f"could not see whether Detect opened incident {plain(r['incident'])} ({plain(r['unseen'])})"
-                   if r.get("unseen") else f"Detect has not opened incident {plain(r['incident'])} after "
-                   f"{operator.DETECT_WAIT_S:.0f} s (AWS throttling, say)")
-            console.print(f"started execution {plain(r['execution_arn'])} ({plain(r['action'])} {plain(r['node'])}); "
-                          f"{why}: `aws stepfunctions describe-execution` says where it stands")
+        if r.get("started"):
+            if r["opened"]:
+                console.print(f"started incident [bold]{plain(r['incident'])}[/] ({plain(r['action'])} "
+                              f"{plain(r['node'])}); follow it with `nodemedic show {plain(r['incident'])}`")
+            else:
+                why = (f"could not see whether Detect opened incident {plain(r['incident'])} ({plain(r['unseen'])})"
+                       if r.get("unseen") else f"Detect has not opened incident {plain(r['incident'])} after "
+                       f"{operator.DETECT_WAIT_S:.0f} s (AWS throttling, say)")
+                console.print(f"started execution {plain(r['execution_arn'])} ({plain(r['action'])} "
+                              f"{plain(r['node'])}); {why}: `aws stepfunctions describe-execution` says where it stands")
             _say_released(r)
         elif r["action"] == "health-check":
             colour = "green" if r["healthy"] else "red"

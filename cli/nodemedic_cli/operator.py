@@ -118,6 +118,15 @@ def remediate(target: Target, node: str, action: str, reason: str, by: str, leve
     return health_check(target, node, level)
 
 
+def aws_failure(exc: ClientError | BotoCoreError) -> str:
+    """An AWS call that failed, for a person: which call AWS refused and why (AccessDenied,
+    throttled...), or that AWS could not be reached (no credentials, no network)."""
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}"
+    return f"cannot reach AWS: {exc}"
+
+
 DETECT_WAIT_S = 60.0  # Detect answers in seconds; AWS throttling retried may take it minutes
 
 
@@ -141,10 +150,9 @@ def _await_detect(target: Target, name: str, execution_arn: str, node: str, acti
                 raise OperatorError(f"the {action} of {node} opened no incident, nothing was done: {_why_ended(execution)}")
         except ClientError as exc:
             if not retryable(exc) or time.monotonic() >= deadline:  # AccessDenied to DescribeExecution, say
-                error = exc.response.get("Error", {})
-                return False, f"AWS refused {exc.operation_name}: {error.get('Code', '?')}: {error.get('Message', '')}"
+                return False, aws_failure(exc)
         except BotoCoreError as exc:  # the network
-            return False, str(exc)
+            return False, aws_failure(exc)
         if time.monotonic() >= deadline:
             return False, ""
         time.sleep(0.5)
