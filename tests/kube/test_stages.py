@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from nodemedic.contracts.events import NodeHealthEvent
+from nodemedic.contracts.incident import SPARE_CLAIM
+from nodemedic.contracts.stages import GateOutput
 from nodemedic.domain.checkpoint import CheckpointPolicy, CheckpointRule
 from nodemedic.errors import (
     CheckpointPendingError,
@@ -37,6 +39,7 @@ from nodemedic.reconciler import reconcile
 from nodemedic.stages.drain import drain
 from nodemedic.stages.repair import GPU_CLIENTS_WAIT_S, repair
 from nodemedic.stages.resume import await_jobs, resume, retire
+from nodemedic.stages.shadow import shadow
 from nodemedic.stages.spares import swap_in
 from nodemedic.store.ledger import Ledger
 from nodemedic_sandbox.embedded_aws import EmbeddedAWS
@@ -466,3 +469,80 @@ def test_a_drain_of_a_deleted_node_moves_its_pods_and_a_retry_after_a_lost_answe
     assert out.node_gone and out.drained_by_pipeline and out.requeued_jobs == [job]
     assert ledger.hold_of(incident.cluster, node) is None
     assert "llm-worker-1" in cluster.live_pods(peer)
+
+
+@pytest.mark.parametrize("step", ["_mark_out_of_service", "_evicting"])
+def test_a_node_deleted_while_its_drain_holds_it_is_evacuated_as_gone_not_failed(
+        cluster: Cluster, ledger: Ledger, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    """Its instance ended (a spot interruption) after the cordon, while the eviction pass was
+    under way (a soak saw it): the cloud controller deleted the node between the pass's read and
+    its next write. The drain no longer fails the incident (which left the job's pod bound to a
+    node that will never run it): the node's pods are deleted and its job is requeued, as for a
+    node gone before the drain; the hold on its name is dropped; the job takes the spare."""
+    node, peer = cluster.node("gpu-1", ready=False), cluster.node("gpu-2")
+    spare = cluster.node("spare-1", taints=[{"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"}])
+    cluster.pod("llm-worker-0", node, owner=("PyTorchJob", "llm"))
+    cluster.pod("llm-worker-1", peer, owner=("PyTorchJob", "llm"))
+    cluster.pdb("llm", allowed=0)  # would hold the pod of a node that still exists
+    orch = KubernetesOrchestrator(cluster.api)
+    job = f"{cluster.namespace}/PyTorchJob/llm"
+    incident = opened(ledger, node)
+    original = getattr(orch, step)
+
+    def deleted_first(name: str, *args: Any) -> Any:
+        if name == node and name in {n.metadata.name for n in cluster.core.list_node().items}:
+            cluster.core.delete_node(name)
+        return original(name, *args)
+
+    monkeypatch.setattr(orch, step, deleted_first)
+    out = drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    assert (out.node_gone, out.drained_by_pipeline, out.requeued_jobs) == (True, True, [job])
+    assert "llm-worker-0" not in cluster.live_pods(node) and "llm-worker-1" in cluster.live_pods(peer)
+    assert ledger.hold_of(incident.cluster, node) is None
+    assert ledger.get(incident.incident_id).stages["drain"].completed_at is not None
+    spared = swap_in(incident, orchestrator=orch, provider=MemoryProvider(), ledger=ledger, pool_size=1, clock=clock)
+    assert (spared.spare, spared.destination) == (spare, "pool")
+
+
+def test_a_spare_deleted_before_it_is_taken_is_passed_over_for_the_next_one(
+        cluster: Cluster, ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first spare's instance ended (spot) between the pool's listing and its taking: the
+    incident no longer fails with the job requeued and no spare; the claim on the gone name is
+    released and the next ready spare takes the job."""
+    tainted = [{"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"}]
+    node, peer = cluster.node("gpu-1"), cluster.node("gpu-2")
+    first, second = cluster.node("spare-1", taints=tainted), cluster.node("spare-2", taints=tainted)
+    cluster.pod("llm-worker-0", node, owner=("PyTorchJob", "llm"))
+    cluster.pod("llm-worker-1", peer, owner=("PyTorchJob", "llm"))
+    orch = KubernetesOrchestrator(cluster.api)
+    incident = opened(ledger, node)
+    drain(incident, orchestrator=orch, ledger=ledger, prefix=PREFIX, clock=clock)
+    take = orch.take_spare
+
+    def deleted_first(name: str) -> None:
+        if name == first and name in {n.metadata.name for n in cluster.core.list_node().items}:
+            cluster.core.delete_node(name)
+        take(name)
+
+    monkeypatch.setattr(orch, "take_spare", deleted_first)
+    spared = swap_in(incident, orchestrator=orch, provider=MemoryProvider(), ledger=ledger, pool_size=2, clock=clock)
+    assert (spared.spare, spared.destination) == (second, "pool"), spared.reason
+    assert f"{first} is gone" in spared.reason
+    assert SPARE_TAINT not in cluster.taints(second)
+    assert [c.key for c in ledger.get(incident.incident_id).claims] == [second]
+    assert ledger.claim(SPARE_CLAIM, first, "another-incident")  # the gone name's claim was released
+
+
+def test_a_dry_run_for_a_node_deleted_meanwhile_ends_dry_run_saying_so_not_failed(cluster: Cluster,
+                                                                                   ledger: Ledger) -> None:
+    """Shadow mode, and the node was deleted (its instance ended) before the plan was made: the
+    incident ends ``dry_run`` with a plan that says so; it no longer fails and pages."""
+    node = cluster.node("gpu-1")
+    incident = opened(ledger, node)
+    cluster.core.delete_node(node)
+    gate = GateOutput(verdict="dry_run", reason="dry run: would proceed", rules=[], would="proceed")
+    out = shadow(incident, gate, orchestrator=KubernetesOrchestrator(cluster.api), ledger=ledger, prefix=PREFIX,
+                 health_check_command="nodemedic-check --level full", clock=clock)
+    assert out.actions[-1].startswith(f"retire: the API server has no node {node}")
+    ended = ledger.get(incident.incident_id)
+    assert (ended.status, ended.outcome.count("retire:")) == ("dry_run", 1)

@@ -66,6 +66,15 @@ def refuse_if_returned(incident: IncidentRef, moved: EvacuationResult) -> None:
                             f"longer drained ({moved.not_drained}): someone returned it to service")
 
 
+def _gone_since_drain(incident: IncidentRef, ledger: Ledger, progress: dict[str, object]) -> None:
+    """The node was deleted after this drain held it: recorded as gone, and its hold dropped, as
+    for a node gone before the drain (no hold is kept on a name a later instance may register
+    under)."""
+    progress["node_gone"] = True
+    ledger.record_progress(incident, "drain", {"node_gone": True})
+    ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
+
+
 def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger, started_at: float,
               now: datetime, progress: dict[str, object]) -> _Evacuated:
     """Evacuate, adding up what earlier invocations moved; while pods are still leaving (a
@@ -80,7 +89,14 @@ def _evacuate(incident: IncidentRef, orchestrator: Orchestrator, ledger: Ledger,
         if bound:
             before = before.model_copy(update={"requeued": before.requeued + bound})
             ledger.record_progress(incident, "drain", {"evacuated": before.model_dump()})
-    this = orchestrator.evacuate(incident.slurm_node, started_at)
+    try:
+        this = orchestrator.evacuate(incident.slurm_node, started_at)
+    except NodeGoneError:
+        if progress.get("node_gone") is True:
+            raise
+        # deleted while this pass held it (its instance ended meanwhile): evacuated as a gone node
+        _gone_since_drain(incident, ledger, progress)
+        return _evacuate(incident, orchestrator, ledger, started_at, now, progress)
     refuse_if_returned(incident, this)
     total = _Evacuated(
         requeued=list(dict.fromkeys(before.requeued + this.requeued)),

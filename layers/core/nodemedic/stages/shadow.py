@@ -11,6 +11,7 @@ from datetime import datetime
 
 from nodemedic.contracts.incident import IncidentRef
 from nodemedic.contracts.stages import GateOutput, ShadowOutput
+from nodemedic.errors import NodeGoneError
 from nodemedic.orchestrators.base import Orchestrator
 from nodemedic.stages.drain import drain_reason, owner_tag
 from nodemedic.store.ledger import Ledger
@@ -24,7 +25,10 @@ def plan(incident: IncidentRef, gate: GateOutput, orchestrator: Orchestrator, pr
     steps = []
     if gate.would == "verify":
         steps.append(f"verify: run the deep health check on {instance} first; act only if it fails")
-    status = orchestrator.node_status(node)
+    try:
+        status = orchestrator.node_status(node)
+    except NodeGoneError as exc:  # its instance ended meanwhile: nothing is left to act on
+        return [*steps, f"retire: {exc}; nothing to drain, repair or resume"]
     if status.drained:
         steps.append(f"drain: {node} is already {status.state} ({status.reason or 'no reason'}); leave the drain")
     else:

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from nodemedic.contracts.incident import NON_DISRUPTIVE, SPARE_CLAIM, IncidentRef
+from nodemedic.contracts.incident import NON_DISRUPTIVE, SPARE_CLAIM, Claim, IncidentRef
 from nodemedic.contracts.stages import SpareOutput
+from nodemedic.errors import NodeGoneError
 from nodemedic.orchestrators.base import UNREADY, Orchestrator
 from nodemedic.providers.base import Provider
 from nodemedic.safety.gate import HandsOff
@@ -39,6 +40,17 @@ def _ending_with(incident: IncidentRef, provider: Provider, names: list[str]) ->
         return set()
     return {name for name in names
             if (spare := provider.member_by_node(name)) and spare.topology.get("capacity_reservation") == block}
+
+
+def _take(orchestrator: Orchestrator, ledger: Ledger, incident: IncidentRef, spare: str) -> str | None:
+    """Take ``spare`` out of the pool; None when taken, else why not: the cluster deleted it since
+    the pool was listed (Kubernetes: its instance ended), and its claim is released."""
+    try:
+        orchestrator.take_spare(spare)
+        return None
+    except NodeGoneError as exc:
+        ledger.release_claim(Claim(kind=SPARE_CLAIM, key=spare, incident_id=incident.incident_id))
+        return str(exc)
 
 
 def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Provider, ledger: Ledger,
@@ -79,19 +91,27 @@ def swap_in(incident: IncidentRef, *, orchestrator: Orchestrator, provider: Prov
                 held[name] = why
             return not why
 
-        if not spare:
-            candidates = sorted(s.name for s in pool if ready(s.state) and s.name != incident.slurm_node)
-            spare = next((name for name in candidates if name not in ending and free(name)
-                          and ledger.claim(SPARE_CLAIM, name, incident.incident_id)), None)
-            ledger.record_progress(incident, "spare", {"spare": spare})
+        gone: dict[str, str] = {}
+        while True:
+            if not spare:
+                candidates = sorted(s.name for s in pool if ready(s.state) and s.name not in gone
+                                    and s.name != incident.slurm_node)
+                spare = next((name for name in candidates if name not in ending and free(name)
+                              and ledger.claim(SPARE_CLAIM, name, incident.incident_id)), None)
+                ledger.record_progress(incident, "spare", {"spare": spare})
+            if not spare or (why := _take(orchestrator, ledger, incident, str(spare))) is None:
+                break
+            gone[str(spare)] = why  # deleted since the listing (its instance ended): the next one
+            spare = None
+        passed = "".join(f"; {name} is gone ({why})" for name, why in gone.items())
         if spare:
-            orchestrator.take_spare(str(spare))
-            left = sorted(s.name for s in pool if s.name != spare)
+            left = sorted(s.name for s in pool if s.name != spare and s.name not in gone)
             out = SpareOutput(spare=str(spare), destination="pool", pool=left,
                               reason=f"{spare} left the spare pool to take {incident.slurm_node}'s jobs "
                                      f"({', '.join(str(j) for j in interrupted)}); "
-                                     f"{incident.slurm_node} joins the pool once repaired and fully checked")
+                                     f"{incident.slurm_node} joins the pool once repaired and fully checked{passed}")
         else:
+            held.update(gone)
             unready = ", ".join(f"{s.name} ({'its capacity ends too' if s.name in ending else held.get(s.name, s.state)})"
                                 for s in pool) or "none"
             out = SpareOutput(spare=None, destination="service", pool=sorted(s.name for s in pool),
