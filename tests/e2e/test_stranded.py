@@ -94,17 +94,18 @@ def test_controller_down_at_drain_then_restarted_without_its_state() -> None:
         assert local.reconcile()["returns_reasserted"] == []
 
 
-def test_controller_down_for_a_moment_at_drain_the_fault_is_remediated_all_the_same() -> None:
-    """slurmctld restarts as Drain begins (an upgrade, a HyperPod controller's failover): the drain
-    command fails. Before, the incident failed at once: a real XID 79 was never repaired, its job
-    ran on the sick node, and the on-call was paged. Drain is tried again, the controller back by
-    then: the node is drained, its job moves to the spare, the node is repaired and returns to the
-    pool, no page."""
+@pytest.mark.parametrize("function", ["DrainFunction", "SparesFunction", "RepairFunction"])
+def test_controller_down_for_a_moment_at_a_stage_the_fault_is_remediated_all_the_same(function: str) -> None:
+    """slurmctld restarts as Drain, the spare's swap or Repair begins (an upgrade, a HyperPod
+    controller's failover): the stage's scheduler command fails. Before, the incident failed at
+    once: a real XID 79 was never repaired (or its job waited with a spare left idle), and the
+    on-call was paged. The stage is tried again, the controller back by then: the node is drained,
+    its job moves to the spare, the node is repaired and returns to the pool, no page."""
     with stack(spares=1, **OPEN) as local:
         job, nodes = running_job(local)
         sick = nodes[0]
-        down = local.aws.before_invoke("DrainFunction", lambda event: local.scheduler.stop_controller(graceful=True))
-        back = local.aws.before_invoke("DrainFunction", lambda event: local.scheduler.start_controller(),
+        down = local.aws.before_invoke(function, lambda event: local.scheduler.stop_controller(graceful=True))
+        back = local.aws.before_invoke(function, lambda event: local.scheduler.start_controller(),
                                        when=lambda event: bool(down) and event is not down[0])
         local.put_event(local.health_event(sick, "XID 79"))
         [execution] = local.wait_for_executions(1, timeout=240)
@@ -114,6 +115,7 @@ def test_controller_down_for_a_moment_at_drain_the_fault_is_remediated_all_the_s
         incident = local.incident(execution["name"])
         assert incident.status == "closed", incident.outcome
         assert incident.stages["drain"].result["requeued_jobs"] == [job]
+        assert incident.stages["spare"].result["spare"]
         assert job_running(local, job)["JobState"] == "RUNNING"
         assert "RESERVED" in local.scheduler.node(sick)["State"]
         assert not [e for e in local.escalations() if incident.incident_id in e["Message"]]
