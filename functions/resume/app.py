@@ -71,7 +71,7 @@ def _step(request: ResumeInput) -> dict[str, Any]:
         return jobs.model_dump(mode="json")
     out = resume(incident, request.destination, orchestrator=wiring.orchestrator(), ledger=wiring.ledger(),
                  prefix=s.drain_reason_prefix, job_wait_s=s.job_start_wait_seconds, pool_size=s.hot_spares,
-                 clock=utc_now)
+                 clock=utc_now, hands_off=wiring.hands_off)
     if out.retired:  # its capacity ends: kept drained, so not recovered (no TimeToRecover)
         logger.info("incident retired", node_state=out.node_state)
         return out.model_dump(mode="json")

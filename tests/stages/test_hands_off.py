@@ -1,7 +1,7 @@
 """An operator who pauses automation, or excludes a node, while its incident is under way stops
-that incident before its next step that changes the node (the drain, the requeue, each rung);
-(the deep check after a rung included); the incident ends escalated with the node as it is
-and says why.
+that incident before its next step that changes the node (the drain, the requeue, each rung,
+the deep check after a rung, the node's return); the incident ends escalated with the node as it
+is and says why.
 
 Fast tier: the real Repair stage, the control item and the ledger in DynamoDB (embedded), the
 gate's own rule (:func:`nodemedic.safety.gate.hands_off`), Slurm in memory.
@@ -22,7 +22,7 @@ from nodemedic.safety.policy import parse_policy
 from nodemedic.stages.drain import drain
 from nodemedic.stages.health_check import start_check
 from nodemedic.stages.repair import repair
-from nodemedic.stages.resume import end_unrecovered
+from nodemedic.stages.resume import end_unrecovered, resume
 from nodemedic.stages.spares import swap_in
 from nodemedic.store.control import ControlStore
 from nodemedic.store.ledger import Ledger
@@ -243,3 +243,51 @@ def test_stopped_after_a_replace_the_incident_holds_the_replacement(ledger: Ledg
     end_unrecovered(incident, "escalated", ledger=ledger, clock=clock,
                     error={"Error": "HandsOffError", "Cause": '{"errorMessage": "paused"}'})
     assert ledger.node_lock("c1", "i-new") is not None and ledger.node_lock("c1", incident.instance_id) is not None
+
+
+@pytest.mark.parametrize("how", ["pause", "exclusion-tag"])
+def test_a_pause_or_exclusion_set_before_the_return_keeps_the_repaired_node_drained(
+        ledger: Ledger, slurm: MemorySlurm, how: str) -> None:
+    """The ladder rebooted gpu-1 and its check passed; before Resume returns it, the on-call pauses
+    automation or tags its instance excluded (they flash its firmware). Before, Resume returned it
+    to service all the same and jobs landed on a node under someone's hands. Now it stays drained,
+    NodeMedic keeps holding it, and the incident ends escalated saying how to return it."""
+    incident = opened(ledger, "gpu-1", ladder=("reboot", "replace"))
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    provider = RebootingProvider(_member("gpu-1"))
+    _climb(ledger, slurm, provider, control, "{}", incident)  # the reboot; its check passed
+    if how == "pause":
+        operations.pause(control, by="alice", reason="a bad rollout")
+    else:  # the instance tagged since
+        provider = RebootingProvider(_member("gpu-1", **{"nodemedic:exclude": "true"}))
+
+    with pytest.raises(HandsOffError, match="not returning gpu-1 .* to service: (automation paused by alice|"
+                                            "instance tag nodemedic:exclude=true)") as stopped:
+        resume(incident, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0,
+               clock=clock, hands_off=_held(control, provider))
+    assert slurm.n["gpu-1"].drained and not any(c.startswith("resume") for c in slurm.calls)
+    assert ledger.hold_of("c1", "gpu-1") is not None  # the reconciler still drains it again if it is lost
+
+    # the state machine's Catch: HandsOffError -> Escalate
+    end = end_unrecovered(incident, "escalated", ledger=ledger, clock=clock,
+                          error={"Error": "HandsOffError", "Cause": f'{{"errorMessage": "{stopped.value}"}}'})
+    assert end.status == "escalated" and "stopped before returning the node" in end.message
+    assert "nodemedic remediate gpu-1 --action resume" in end.message
+    assert ledger.node_lock("c1", incident.instance_id) is not None and slurm.n["gpu-1"].drained
+
+
+def test_with_automation_on_the_repaired_node_is_returned(ledger: Ledger, slurm: MemorySlurm) -> None:
+    """Nobody's hands in the way at the return (a pause lifted again counts for nothing): returned."""
+    incident = opened(ledger, "gpu-1", ladder=("reboot", "replace"))
+    drain(incident, orchestrator=slurm, ledger=ledger, prefix=PREFIX, clock=clock)
+    control = ControlStore(ledger._db, ledger._table, "c1")
+    provider = RebootingProvider(_member("gpu-1"))
+    _climb(ledger, slurm, provider, control, "{}", incident)
+    operations.pause(control, by="alice", reason="checking a switch")
+    operations.resume_automation(control, ledger, by="alice", reason="switch fine")
+
+    out = resume(incident, "service", orchestrator=slurm, ledger=ledger, prefix=PREFIX, job_wait_s=0, pool_size=0,
+                 clock=clock, hands_off=_held(control, provider))
+    assert out.resumed and not slurm.n["gpu-1"].drained
+    assert ledger.get(incident.incident_id).status == "closed"

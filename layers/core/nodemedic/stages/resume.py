@@ -16,8 +16,9 @@ from typing import NoReturn
 
 from nodemedic.contracts.incident import SPARE_CLAIM, Incident, IncidentRef, StageRecord
 from nodemedic.contracts.stages import Destination, EndOutput, JobsOutput, ResumeOutput
-from nodemedic.errors import JobsPendingError, NodeGoneError, ReturnLostError
+from nodemedic.errors import HandsOffError, JobsPendingError, NodeGoneError, ReturnLostError
 from nodemedic.orchestrators.base import JobState, NodeStatus, Orchestrator
+from nodemedic.safety.gate import HandsOff
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.repair import capacity_ends, serving
 from nodemedic.store.ledger import Ledger
@@ -89,9 +90,14 @@ def await_jobs(
 def resume(
     incident: IncidentRef, destination: Destination, *, orchestrator: Orchestrator, ledger: Ledger, prefix: str,
     job_wait_s: float, pool_size: int, clock: Callable[[], datetime],
+    hands_off: HandsOff = lambda node, instance: None,
 ) -> ResumeOutput:
     """``destination`` pool: the node refills the spare pool, unless the pool already has
-    ``pool_size`` nodes (an operator added some meanwhile): then it goes back into service."""
+    ``pool_size`` nodes (an operator added some meanwhile): then it goes back into service.
+
+    Returning the node changes it: not while automation is paused or the node is excluded (an
+    operator works on it), asked right before each return (:class:`HandsOffError`: the incident
+    is escalated, the node left drained)."""
     record = ledger.start_stage(incident, "resume", clock())
     if record.completed_at:
         return ResumeOutput.model_validate(record.result)
@@ -108,6 +114,7 @@ def resume(
         resumed = bool(record.result["resumed"])
         destination = record.result.get("destination", destination)  # type: ignore[assignment]
         if resumed and status.drained_by(owner):  # unless the scheduler lost its return: returned again
+            _refuse_return(incident, destination, hands_off)
             return_node(orchestrator, incident.slurm_node, destination, owner)
             status = _status(orchestrator, incident, ledger, returned=True)
     elif (returning := record.result.get("returning")) in ("service", "pool") and not status.drained:
@@ -122,8 +129,10 @@ def resume(
     else:
         # NodeMedic stops holding the node first, whoever's drain it carries: the reconciler never
         # drains again a node being returned (a failure from here on holds it again)
-        ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
         resumed = not operators and status.drained_by(owner)
+        if resumed:
+            _refuse_return(incident, destination, hands_off)
+        ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
         if destination == "pool" and len(orchestrator.spares()) >= pool_size:
             destination = "service"
         if resumed:  # recorded before the command: a retry that finds the node back knows why
@@ -144,6 +153,7 @@ def resume(
     if resumed:  # read again before closing: the scheduler may have lost the return meanwhile
         status = _status(orchestrator, incident, ledger, returned=True)
         if status.drained_by(owner):
+            _refuse_return(incident, destination, hands_off)
             return_node(orchestrator, incident.slurm_node, destination, owner)
             raise ReturnLostError(f"{incident.slurm_node} was returned, then read drained again by incident "
                                   f"{incident.incident_id} ({status.state}): the scheduler lost the change (a "
@@ -170,6 +180,15 @@ def _status(orchestrator: Orchestrator, incident: IncidentRef, ledger: Ledger, *
         if returned:
             return NodeStatus(incident.slurm_node, "GONE", "")
         _gone(incident, ledger, exc)
+
+
+def _refuse_return(incident: IncidentRef, destination: str, hands_off: HandsOff) -> None:
+    """:class:`HandsOffError` when a pause or an exclusion an operator set since the gate holds
+    the node: it stays drained, not returned to ``destination``."""
+    if held := hands_off(incident.slurm_node, incident.instance_id):
+        where = "the spare pool" if destination == "pool" else "service"
+        raise HandsOffError(f"not returning {incident.slurm_node} ({incident.instance_id}) to {where}: {held}; "
+                            "it passed its check and stays drained")
 
 
 def _gone(incident: IncidentRef, ledger: Ledger, exc: NodeGoneError) -> NoReturn:
@@ -271,9 +290,14 @@ def end_unrecovered(
     else:
         cause = (error or {}).get("Cause") or (error or {}).get("Error") or "unknown"
         if (error or {}).get("Error") in ("NodeBusyError", "HandsOffError"):
-            message = (f"NodeMedic escalated incident {incident.incident_id}: it stopped before a destructive step. "
-                       f"{lambda_error_message(cause)}. Rungs done: {tried}. Nothing more is done to the node; check "
-                       f"it and start a runbook if it still needs repair.")
+            if "resume" in current.stages:  # a pause or an exclusion stopped its return
+                message = (f"NodeMedic escalated incident {incident.incident_id}: it stopped before returning the "
+                           f"node. {lambda_error_message(cause)}. Rungs done: {tried}. Once the node may be used "
+                           f"again, `nodemedic remediate {incident.slurm_node} --action resume` returns it.")
+            else:
+                message = (f"NodeMedic escalated incident {incident.incident_id}: it stopped before a destructive "
+                           f"step. {lambda_error_message(cause)}. Rungs done: {tried}. Nothing more is done to the "
+                           f"node; check it and start a runbook if it still needs repair.")
             if repair and not repair.completed_at:
                 ledger.complete_stage(incident, "repair", clock(), repair.result)
             # stopped before its drain, it holds nothing: the node's next fault opens an incident
