@@ -109,7 +109,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                        execution_status=execution_status, prefix=s.drain_reason_prefix, now=utc_now(),
                        publish=publish, agents=AgentWatch(lambda: wiring.provider().members(), heard_agents,
                                                           ended=ended_instances(s),
-                                                          relaunched=s.provider == "autoscaling"))
+                                                          relaunched=s.provider == "autoscaling"),
+                       hands_off=wiring.hands_off)
     for kind, count in report.counts().items():
         with single_metric(name="ReconcilerRepairs", unit=MetricUnit.Count, value=count, namespace=NAMESPACE,
                            default_dimensions={"Cluster": s.cluster_name, "Kind": kind}):

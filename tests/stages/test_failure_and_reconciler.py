@@ -1000,3 +1000,30 @@ def test_a_node_held_drained_under_the_reason_of_an_ended_incident_is_drained_un
     slurm.n["gpu-3"].reason = "operator:bob RMA"
     assert not _reconcile(slurm, ledger).drains_reasserted  # once; an operator's drain stays theirs
     assert slurm.n["gpu-3"].reason == "operator:bob RMA"
+
+
+@pytest.mark.parametrize("why", ["automation paused by alice (a bad rollout)", "gpu-1 matches exclusion 'gpu-1'"])
+def test_a_lost_return_is_not_made_again_while_automation_is_paused_or_the_node_excluded(
+        slurm: MemorySlurm, ledger: Ledger, why: str) -> None:
+    """slurmctld lost a closed incident's return; meanwhile an operator paused automation, or
+    excluded the node they found drained to work on it. The reconciler leaves it drained (counted
+    as held, no page) and returns it on the first run after the pause or the exclusion is lifted."""
+    incident = _returned(ledger, slurm, "gpu-1")
+    slurm.n["gpu-1"].drained, slurm.n["gpu-1"].reason = True, drain_reason(PREFIX, incident)
+    held: dict[str, str] = {"gpu-1": why}
+    asked: list[str] = []
+
+    def hands_off(node: str, instance: str) -> str | None:
+        asked.append(node)
+        return held.get(node)
+
+    def run() -> ReconcileReport:
+        return reconcile(cluster="c1", ledger=ledger, orchestrator=slurm, execution_status=lambda i: "SUCCEEDED",
+                         prefix=PREFIX, now=datetime.now(UTC), publish=[].append, hands_off=hands_off)
+
+    report = run()
+    assert (report.returns_held, report.returns_reasserted, report.pages) == (["gpu-1"], [], [])
+    assert slurm.n["gpu-1"].drained and asked == ["gpu-1"]
+    held.clear()  # lifted
+    report = run()
+    assert report.returns_reasserted == ["gpu-1"] and not slurm.n["gpu-1"].drained

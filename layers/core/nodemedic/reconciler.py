@@ -14,7 +14,8 @@ index, :meth:`~nodemedic.store.ledger.Ledger.bookkeeping`), then:
   someone else's drain, and never while its incident is returning it to service;
 - a node still drained by an incident that ended after returning it (slurmctld lost the return:
   it restarted from state saved before it) is returned again, by the same command, which lifts
-  only that incident's drain: an incident that is over never keeps a node out of service;
+  only that incident's drain: an incident that is over never keeps a node out of service (not
+  while automation is paused or the node excluded: ``returns_held``, returned once lifted);
 - a node held out for its burn-in that no incident is checking - on Slurm drained ``<prefix>:burn-in
   <instance> joined`` by the agent, whose ``NODE_JOINED`` was folded into another incident for the
   node that ended without checking it (a verify that passed, a hold) or never arrived; on
@@ -83,6 +84,7 @@ from nodemedic.errors import IncidentStateError
 from nodemedic.orchestrators.base import NodeStatus, Orchestrator
 from nodemedic.planned_events import back_from_interruption, ended_by_interruption
 from nodemedic.providers.base import Member
+from nodemedic.safety.gate import HandsOff
 from nodemedic.stages.drain import owner_tag
 from nodemedic.stages.failure import fail
 from nodemedic.stages.gate import STORM_RULES
@@ -132,6 +134,8 @@ class ReconcileReport(BaseModel):
     drains_reasserted: list[str] = Field(default_factory=list)
     returns_reasserted: list[str] = Field(default_factory=list,
                                           description="returned by an incident that ended, drained again by the scheduler")
+    returns_held: list[str] = Field(default_factory=list, description=(
+        "a lost return not made again while automation is paused or the node excluded: made once lifted"))
     holds_dropped: list[str] = Field(default_factory=list)
     burn_ins_started: list[str] = Field(default_factory=list, description="held for a burn-in nobody ran: started")
     burn_ins_unchecked: list[str] = Field(default_factory=list, description="held for a burn-in nobody runs")
@@ -179,10 +183,12 @@ def burn_in_event(cluster: str, node: str, instance_id: str, reason: str, now: d
 
 def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
               execution_status: Callable[[str], str | None], prefix: str, now: datetime,
-              publish: Callable[[NodeHealthEvent], None], agents: AgentWatch | None = None) -> ReconcileReport:
+              publish: Callable[[NodeHealthEvent], None], agents: AgentWatch | None = None,
+              hands_off: HandsOff = lambda node, instance: None) -> ReconcileReport:
     """``execution_status(incident_id)``: its execution's status (RUNNING, SUCCEEDED, ...), None
     when there is no such execution. ``publish(event)`` puts a health event on the stack's bus.
-    ``agents``: where to learn which agents are heard (None: not checked)."""
+    ``agents``: where to learn which agents are heard (None: not checked). ``hands_off``: why a
+    node must not be returned now (a pause, an exclusion), as the stages ask it."""
     report = ReconcileReport()
     books = ledger.bookkeeping(cluster, now)
     _strays(books, ledger, orchestrator, execution_status, prefix, now, report)
@@ -200,7 +206,7 @@ def reconcile(*, cluster: str, ledger: Ledger, orchestrator: Orchestrator,
         except Exception as exc:  # noqa: BLE001 - the next run tries again
             report.errors.append(f"cannot list the cluster's instances: {exc}")
     _holds(books, ledger, orchestrator, nodes, prefix, report)
-    _lost_returns(books, ledger, orchestrator, nodes, prefix, report)
+    _lost_returns(books, ledger, orchestrator, nodes, prefix, report, hands_off)
     _unchecked_burn_ins(books, cluster, ledger, nodes, prefix, now, publish, report, members)
     _paused_gpu_clients(books, ledger, orchestrator, report)
     _stray_autoscaler_holds(books, orchestrator, report)
@@ -716,12 +722,13 @@ def _replacement_awaited(books: Bookkeeping) -> bool:
 
 
 def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator, nodes: dict[str, NodeStatus],
-                  prefix: str, report: ReconcileReport) -> None:
+                  prefix: str, report: ReconcileReport, hands_off: HandsOff) -> None:
     """A node that reads drained by an incident that ended (closed, or failed after that) after
     returning it: the scheduler lost the return (slurmctld restarted from state saved before it).
     Returned again, by the same command (it lifts only that incident's drain), so the node is not
     kept out of service for good by an incident that is over. A node an incident or a drain hold is
-    about is that one's."""
+    about is that one's. Not while automation is paused or the node excluded (an operator may work
+    on a node they found drained), asked right before the return: a run after it is lifted returns it."""
     busy = _in_hand(books) | {hold.slurm_node for hold in books.holds}
     owners = {node.name: node.reason.split()[0].removeprefix(f"{prefix}:") for node in nodes.values()
               if node.drained and node.reason.startswith(f"{prefix}:") and node.name not in busy}
@@ -735,6 +742,9 @@ def _lost_returns(books: Bookkeeping, ledger: Ledger, orchestrator: Orchestrator
                 or back.result.get("slurm_node", name) != name):
             continue
         try:
+            if hands_off(name, ""):
+                report.returns_held.append(name)
+                continue
             returned = return_node(orchestrator, name, "pool" if back.result.get("destination") == "pool" else "service",
                                    owner_tag(prefix, incident))
         except Exception as exc:  # noqa: BLE001 - one node's error never stops the others
