@@ -127,11 +127,11 @@ def resume(
     elif capacity_ends(current, rungs[-1].instance_id if rungs else incident.instance_id):
         return _retire_repaired(incident, current, destination, status.state, ledger=ledger, clock=clock)
     else:
+        resumed = not operators and status.drained_by(owner)
+        if resumed:  # held by a pause or an exclusion: the node stays drained, and held
+            _refuse_return(incident, destination, hands_off)
         # NodeMedic stops holding the node first, whoever's drain it carries: the reconciler never
         # drains again a node being returned (a failure from here on holds it again)
-        resumed = not operators and status.drained_by(owner)
-        if resumed:
-            _refuse_return(incident, destination, hands_off)
         ledger.drop_hold(incident.cluster, incident.slurm_node, incident.incident_id)
         if destination == "pool" and len(orchestrator.spares()) >= pool_size:
             destination = "service"
